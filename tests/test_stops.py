@@ -1,0 +1,42 @@
+"""Stop-sequence holding: text that may become a stop string is never released early."""
+
+from __future__ import annotations
+
+from worker.stops import StopMatcher
+
+
+def feed_all(matcher: StopMatcher, chunks: list[str]) -> tuple[str, bool]:
+    released = ""
+    for chunk in chunks:
+        check = matcher.feed(chunk)
+        released += check.released
+        if check.stopped:
+            return released, True
+    return released + matcher.flush(), False
+
+
+def test_stop_spanning_chunks_is_cut_and_never_released() -> None:
+    matcher = StopMatcher(["END"])
+    released = [matcher.feed(chunk) for chunk in ["The e", "xample E", "N", "D tail"]]
+    assert [check.released for check in released] == ["The e", "xample ", "", ""]
+    assert [check.stopped for check in released] == [False, False, False, True]
+
+
+def test_partial_match_is_released_when_it_diverges() -> None:
+    matcher = StopMatcher(["STOP"])
+    first = matcher.feed("ab ST")
+    assert first.released == "ab " and not first.stopped
+    second = matcher.feed("ART")
+    assert second.released == "START" and not second.stopped
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    assert feed_all(StopMatcher(["cd", "b"]), ["abcd"]) == ("a", True)
+
+
+def test_held_text_is_flushed_at_the_end() -> None:
+    assert feed_all(StopMatcher(["xyz"]), ["hello x", "y"]) == ("hello xy", False)
+
+
+def test_no_stops_passes_through() -> None:
+    assert feed_all(StopMatcher([]), ["a", "b"]) == ("ab", False)

@@ -1,0 +1,21 @@
+"""gunicorn settings for the web tier, taken from Trickle's own configuration.
+
+gevent workers: every SSE stream is a greenlet, so thousands fit in one process (a thread per
+stream, as with gthread, runs out long before).
+"""
+
+from __future__ import annotations
+
+import os
+
+from worker.config import load_settings
+
+_settings = load_settings(environ=os.environ)
+
+bind = f"{_settings.web.host}:{_settings.web.port}"
+worker_class = "gevent"
+workers = 1
+worker_connections = 10_000
+graceful_timeout = 10
+keepalive = 5
+accesslog = "-"

@@ -1,0 +1,31 @@
+"""Trickle web tier: ``create_app()`` builds the Flask app (``gunicorn 'web:create_app()'``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from flask import Flask
+
+from web.errors import register_error_handlers
+from web.services import EXTENSION_KEY, Services
+from worker.config import Settings, load_settings
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    """App factory: tests pass settings; servers read the file and environment once here."""
+    settings = settings or load_settings(environ=os.environ)
+    logging.basicConfig(level=logging.INFO)
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
+    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": settings.web.keepalive_seconds}
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions[EXTENSION_KEY] = Services.create(settings)
+
+    from web import health, jobs, stream
+
+    app.register_blueprint(jobs.blueprint)
+    app.register_blueprint(health.blueprint)
+    stream.register(app)
+    register_error_handlers(app)
+    return app

@@ -1,0 +1,89 @@
+"""API errors: every failure leaves as JSON ``{"error": {type, message, param}}``, never HTML.
+
+Bad input is a 4xx naming the field; Redis or the broker being away is a 503 with Retry-After;
+only a genuine bug becomes a 500 (logged with its traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kombu.exceptions
+import redis
+from flask import Flask, Response, jsonify
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 2
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        type: str,
+        message: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.message = message
+        self.param = param
+        self.headers = headers or {}
+
+
+def invalid(param: str | None, message: str) -> ApiError:
+    return ApiError(400, "invalid_request_error", message, param)
+
+
+def not_found(message: str, param: str | None = None) -> ApiError:
+    return ApiError(404, "not_found", message, param)
+
+
+def error_response(error: ApiError) -> Response:
+    response = jsonify(
+        {"error": {"type": error.type, "message": error.message, "param": error.param}}
+    )
+    response.status_code = error.status
+    response.headers.update(error.headers)
+    return response
+
+
+def unavailable(reason: str) -> ApiError:
+    return ApiError(
+        503, "service_unavailable", reason, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+    )
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(ApiError, error_response)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        kind = {
+            400: "invalid_request_error",
+            404: "not_found",
+            405: "method_not_allowed",
+            413: "request_too_large",
+        }.get(status, "http_error")
+        param = "body" if status in (400, 413) else None
+        return error_response(ApiError(status, kind, exc.description or exc.name, param))
+
+    @app.errorhandler(redis.RedisError)
+    def redis_down(exc: redis.RedisError) -> Response:
+        log.warning("redis unavailable: %s", exc)
+        return error_response(unavailable(f"job store (Redis) unavailable: {exc}"))
+
+    @app.errorhandler(kombu.exceptions.OperationalError)
+    def broker_down(exc: Exception) -> Response:
+        log.warning("broker unavailable: %s", exc)
+        return error_response(unavailable(f"job queue (Redis broker) unavailable: {exc}"))
+
+    @app.errorhandler(Exception)
+    def bug(exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return error_response(ApiError(500, "internal_error", "internal server error"))

@@ -1,0 +1,48 @@
+"""Liveness, readiness and the OpenAPI document."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from flask import Blueprint, Response, jsonify
+
+from web.openapi import openapi_document
+from web.services import services
+from worker import keys
+
+blueprint = Blueprint("health", __name__)
+
+
+@blueprint.get("/healthz")
+def healthz() -> Response:
+    """The process answers; says nothing about Redis or workers."""
+    return jsonify({"status": "ok"})
+
+
+@blueprint.get("/readyz")
+def readyz() -> Response:
+    """Ready when Redis answers and a live worker consumes the default model's queue."""
+    svc = services()
+    model = svc.settings.default_model
+    try:
+        svc.redis.ping()
+        fresh_since = time.time() - svc.settings.worker.heartbeat_ttl_seconds
+        workers = int(svc.redis.zcount(keys.model_workers(model), fresh_since, "+inf"))
+    except redis.RedisError as exc:
+        return _not_ready(f"redis unavailable: {exc}")
+    if workers == 0:
+        return _not_ready(f"no live worker serves the default model {model!r}")
+    return jsonify({"status": "ready", "default_model": model, "workers": workers})
+
+
+def _not_ready(reason: str) -> Response:
+    response = jsonify({"status": "unavailable", "reason": reason})
+    response.status_code = 503
+    response.headers["Retry-After"] = "2"
+    return response
+
+
+@blueprint.get("/openapi.json")
+def openapi() -> Response:
+    return jsonify(openapi_document(services().settings))

@@ -1,0 +1,74 @@
+"""What the web process shares between requests: settings, Redis, the queue client, the hub."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from celery import Celery
+from flask import Flask, current_app
+
+from web.hub import TokenHub
+from worker.config import Settings
+from worker.queueing import make_celery
+from worker.store import JobStore
+from worker.tokenizer import Tokenizer
+
+EXTENSION_KEY = "trickle"
+
+
+@dataclass
+class Services:
+    settings: Settings
+    redis: redis.Redis
+    store: JobStore
+    celery: Celery
+    hub: TokenHub
+    _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def create(cls, settings: Settings) -> Services:
+        redis_options: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_timeout": settings.redis.socket_timeout_seconds,
+            "socket_connect_timeout": settings.redis.socket_timeout_seconds,
+            "health_check_interval": 30,
+        }
+        # A blocking pool caps connections per web process however many streams are open.
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.redis.url,
+            max_connections=settings.redis.max_connections,
+            timeout=settings.redis.socket_timeout_seconds,
+            **redis_options,
+        )
+        client = redis.Redis(connection_pool=pool)
+
+        def connect_subscriber() -> redis.Redis:
+            # The subscriber blocks on reads, so it must not time out while the channel is quiet.
+            options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
+            return redis.Redis.from_url(settings.redis.url, **options)
+
+        return cls(
+            settings=settings,
+            redis=client,
+            store=JobStore(
+                client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
+            ),
+            celery=make_celery(settings, settings.models),
+            hub=TokenHub(connect_subscriber),
+        )
+
+    def tokenizer(self, model: str) -> Tokenizer:
+        """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""
+        with self._lock:
+            if model not in self._tokenizers:
+                spec = self.settings.model(model)
+                self._tokenizers[model] = Tokenizer(spec.tokenizer_path, add_bos=spec.add_bos)
+            return self._tokenizers[model]
+
+
+def services(app: Flask | None = None) -> Services:
+    return (app or current_app).extensions[EXTENSION_KEY]

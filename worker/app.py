@@ -1,0 +1,58 @@
+"""The Celery worker entry point: ``celery -A worker.app worker``.
+
+The app is built on first access (module ``__getattr__``), not at import, so settings are read
+once from the file and environment when the worker starts. The model is loaded once per process
+in ``worker_init``, before the worker consumes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery, signals
+
+from worker.config import load_settings
+from worker.queueing import make_celery
+from worker.runtime import WorkerRuntime
+from worker.tasks import current_runtime, install_runtime, register_tasks
+
+_app: Celery | None = None
+
+
+def create_worker_app() -> Celery:
+    settings = load_settings(environ=os.environ)
+    served = settings.served_models()
+    app = make_celery(settings, served)
+    app.conf.worker_pool = "threads"
+    # Enough task threads to fill every engine thread's batch for every served model.
+    app.conf.worker_concurrency = sum(
+        settings.model(name).max_batch_size * settings.model(name).inter_threads for name in served
+    )
+    register_tasks(app)
+
+    @signals.worker_init.connect(weak=False)
+    def load_models(sender: Any = None, **_: Any) -> None:
+        logging.basicConfig(level=logging.INFO)
+        install_runtime(WorkerRuntime(settings, node_name=getattr(sender, "hostname", "worker")))
+
+    @signals.worker_ready.connect(weak=False)
+    def announce(**_: Any) -> None:
+        current_runtime().start_heartbeat()
+
+    @signals.worker_shutdown.connect(weak=False)
+    def shutdown(**_: Any) -> None:
+        current_runtime().close()
+        install_runtime(None)
+
+    return app
+
+
+def __getattr__(name: str) -> Celery:
+    global _app
+    if name != "app":
+        raise AttributeError(name)
+    if _app is None:
+        _app = create_worker_app()
+    return _app

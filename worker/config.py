@@ -1,0 +1,269 @@
+"""Settings: embedded defaults, then a TOML file, then environment variables.
+
+Loaded once per process by ``load_settings`` and passed down; nothing here reads the environment at
+import time, so tests build settings explicitly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
+DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
+
+ENV_PREFIX = "TRICKLE_"
+# Short names operators type often; every other key is reachable as TRICKLE__SECTION__KEY.
+ENV_ALIASES: dict[str, tuple[str, ...]] = {
+    "TRICKLE_REDIS_URL": ("redis", "url"),
+    "TRICKLE_HOST": ("web", "host"),
+    "TRICKLE_PORT": ("web", "port"),
+    "TRICKLE_MODELS": ("worker", "models"),
+    "TRICKLE_DEFAULT_MODEL": ("default_model",),
+}
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message names the key to fix."""
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = "redis://127.0.0.1:6399/0"
+    socket_timeout_seconds: float = 5.0
+    # Per process: requests wait for a free connection rather than opening one each.
+    max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    keepalive_seconds: float = 15.0
+    max_body_bytes: int = 1_048_576
+    max_wait_seconds: int = 60
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    # Models this worker process serves; empty means every configured model.
+    models: tuple[str, ...] = ()
+    heartbeat_seconds: float = 2.0
+    heartbeat_ttl_seconds: float = 10.0
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    max_prompt_tokens: int = 2048
+    max_tokens_ceiling: int = 2048
+    default_max_tokens: int = 128
+    max_stop_sequences: int = 4
+    max_stop_chars: int = 64
+    result_ttl_seconds: int = 3600
+    # A job never picked up (no worker for its model) expires after this.
+    queued_ttl_seconds: int = 86_400
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    name: str
+    path: str
+    tokenizer: str = ""
+    device: str = "auto"
+    device_index: tuple[int, ...] = (0,)
+    compute_type: str = "default"
+    inter_threads: int = 1
+    intra_threads: int = 0
+    max_context_tokens: int = 4096
+    max_batch_size: int = 8
+    max_batch_wait_ms: float = 2.0
+    add_bos: bool = True
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or str(Path(self.path) / "tokenizer.model")
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    web: WebSettings = field(default_factory=WebSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    models: dict[str, ModelSettings] = field(
+        default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
+    )
+    default_model: str = "demo"
+
+    def model(self, name: str) -> ModelSettings:
+        return self.models[name]
+
+    def served_models(self) -> list[str]:
+        """Models this worker process should load: its list, or all of them."""
+        return list(self.worker.models) or list(self.models)
+
+
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Settings from the file (``path``, ``TRICKLE_CONFIG`` or the default), then environment."""
+    env = dict(environ or {})
+    config_path = Path(path or env.get("TRICKLE_CONFIG") or DEFAULT_CONFIG_PATH)
+    raw: dict[str, Any] = {}
+    if config_path.exists():
+        with config_path.open("rb") as fh:
+            try:
+                raw = tomllib.load(fh)
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{config_path}: {exc}") from exc
+    elif path or env.get("TRICKLE_CONFIG"):
+        raise ConfigError(f"config file {config_path} does not exist (TRICKLE_CONFIG)")
+    if "models" not in raw:
+        # No [models] in the file: the embedded demo model, still overridable key by key.
+        raw["models"] = {"demo": {"path": str(DEFAULT_MODEL_DIR)}}
+    _apply_environment(raw, env)
+    return settings_from_dict(raw, base_dir=config_path.parent)
+
+
+def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Settings:
+    """Validate a raw mapping (TOML shape) into ``Settings``; relative model paths use base_dir."""
+    data = dict(raw)
+    models_raw = data.pop("models", None)
+    unknown = set(data) - {f.name for f in dataclasses.fields(Settings)}
+    if unknown:
+        raise ConfigError(f"unknown configuration section(s): {', '.join(sorted(unknown))}")
+    kwargs: dict[str, Any] = {}
+    for section, cls in (
+        ("redis", RedisSettings),
+        ("web", WebSettings),
+        ("worker", WorkerSettings),
+        ("limits", LimitSettings),
+    ):
+        if section in data:
+            kwargs[section] = _build(cls, data[section], section)
+    if "default_model" in data:
+        kwargs["default_model"] = str(data["default_model"])
+    if models_raw is not None:
+        kwargs["models"] = _build_models(models_raw, base_dir)
+    settings = Settings(**kwargs)
+    _check(settings)
+    return settings
+
+
+def _build_models(models_raw: Any, base_dir: Path | None) -> dict[str, ModelSettings]:
+    if not isinstance(models_raw, Mapping) or not models_raw:
+        raise ConfigError("[models] must contain at least one [models.<name>] table")
+    models: dict[str, ModelSettings] = {}
+    for name, table in models_raw.items():
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"models.{name} must be a table")
+        values = {"name": name, **table}
+        model = _build(ModelSettings, values, f"models.{name}")
+        model = dataclasses.replace(
+            model,
+            path=_resolve(model.path, base_dir),
+            tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
+        )
+        models[name] = model
+    return models
+
+
+def _resolve(path: str, base_dir: Path | None) -> str:
+    candidate = Path(path).expanduser()
+    if not candidate.is_absolute() and base_dir is not None:
+        candidate = base_dir / candidate
+    return str(candidate.resolve()) if base_dir is not None else str(candidate)
+
+
+def _check(settings: Settings) -> None:
+    if settings.default_model not in settings.models:
+        raise ConfigError(f"default_model {settings.default_model!r} is not in [models]")
+    for name in settings.worker.models:
+        if name not in settings.models:
+            raise ConfigError(f"worker.models names unknown model {name!r}")
+    for model in settings.models.values():
+        if model.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"models.{model.name}.device must be auto, cpu or cuda")
+        if model.max_batch_size < 1:
+            raise ConfigError(f"models.{model.name}.max_batch_size must be >= 1")
+    limits = settings.limits
+    if limits.default_max_tokens > limits.max_tokens_ceiling:
+        raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")
+
+
+def _apply_environment(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    """Overlay TRICKLE_* variables onto the raw mapping, one key each."""
+    for name, value in sorted(env.items()):
+        if name in ENV_ALIASES:
+            key_path = ENV_ALIASES[name]
+        elif name.startswith(ENV_PREFIX + "_"):
+            key_path = tuple(part.lower() for part in name[len(ENV_PREFIX) + 1 :].split("__"))
+        else:
+            continue
+        target = raw
+        for part in key_path[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{name}: {'.'.join(key_path)} is not a table")
+        target[key_path[-1]] = value
+
+
+def _build(cls: type[Any], values: Any, where: str) -> Any:
+    """Instantiate a settings dataclass, coercing strings (from the environment) to field types."""
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"[{where}] must be a table")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
+    kwargs = {key: _coerce(value, hints[key], f"{where}.{key}") for key, value in values.items()}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"[{where}]: {exc}") from exc
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        (item_type, _ellipsis) = typing.get_args(hint)
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list")
+        return tuple(_coerce(item, item_type, where) for item in value)
+    if origin in (typing.Union, types.UnionType):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return lowered in ("1", "true", "yes", "on")
+            if not isinstance(value, bool):
+                raise ValueError(value)
+            return value
+        if hint is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if hint is str:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return value
+    except ValueError as exc:
+        raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}") from exc
+    return value

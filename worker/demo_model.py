@@ -1,0 +1,349 @@
+"""The demo model: a bigram language model over standard-library docstrings, built offline.
+
+Trickle needs a model that works with no network and no downloaded weights, so this module makes
+one from what every Python install already has. It trains a small SentencePiece tokenizer on the
+stdlib's docstrings, counts token bigrams, and compiles the bigram table *exactly* into a
+CTranslate2 decoder-only model:
+
+* the embeddings are one-hot rows (``d_model`` = vocabulary size, no embedding scaling, no
+  position encodings thanks to rotary attention),
+* the single decoder layer has all-zero output projections, so the residual stream after it is
+  still the one-hot embedding of the current token,
+* there is no final norm, so the logits are ``W @ onehot(t) = W[:, t] = log P(. | t)``.
+
+The output is word salad that reads like docstrings, which is all a streaming demo needs. The
+build is deterministic (same Python stdlib, same bytes) and takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+import re
+import shutil
+import sysconfig
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import ctranslate2
+import numpy as np
+import numpy.typing as npt
+import sentencepiece as spm
+from ctranslate2.specs import common_spec, transformer_spec
+
+VOCAB_SIZE = 2000
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+UNK_PIECE, BOS_PIECE, EOS_PIECE = "<unk>", "<s>", "</s>"
+MODEL_FILE = "model.bin"
+TOKENIZER_FILE = "tokenizer.model"
+
+# Enough text for a 2000-piece vocabulary while keeping the build a few seconds on two cores.
+MAX_CORPUS_CHARS = 1_000_000
+MIN_PARAGRAPH_CHARS = 40
+SKIPPED_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages", "__pycache__"})
+
+# Add-k smoothing: every transition is possible, unseen ones are ~1e-4/count unlikely.
+SMOOTHING_K = 1e-4
+# Paragraph ends are down-weighted so that generations usually run to max_tokens.
+EOS_WEIGHT = 0.02
+# The self-check after compiling tolerates float32 rounding only.
+MAX_LOGPROB_ERROR = 1e-4
+
+# The decoder layer is required by CTranslate2 (0 layers fails to load) but contributes nothing;
+# these keep its (all-zero) weights tiny.
+_LAYER_HEAD_DIM = 2
+_LAYER_FFN_DIM = 2
+
+FloatArray = npt.NDArray[np.float32]
+
+
+def demo_model_ready(output_dir: Path) -> bool:
+    """Whether a finished demo model is at ``output_dir`` (builds publish atomically)."""
+    return (output_dir / MODEL_FILE).is_file() and (output_dir / TOKENIZER_FILE).is_file()
+
+
+def build_demo_model(output_dir: Path, *, force: bool = False) -> Path:
+    """Build the demo model into ``output_dir`` unless it is already there; return the path.
+
+    The model is built in a sibling temp dir and renamed into place, so readers never see a
+    half-built one. ``force`` replaces whatever ``output_dir`` holds.
+    """
+    output_dir = Path(output_dir)
+    if demo_model_ready(output_dir) and not force:
+        return output_dir
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
+    try:
+        _build_into(staging)
+        publish_model_dir(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def verify_demo_model(model_dir: Path, tokens: Sequence[int] | None = None) -> float:
+    """Max abs difference between the model's next-token log-probs and the bigram table.
+
+    Recomputes the table from the stdlib corpus and the model's own tokenizer, so it checks the
+    published files rather than trusting the build.
+    """
+    sp = load_tokenizer(model_dir / TOKENIZER_FILE)
+    table = bigram_log_probs(encode_corpus(sp, collect_corpus()), sp.get_piece_size())
+    generator = ctranslate2.Generator(str(model_dir), device="cpu")
+    return max_logprob_error(generator, table, tokens)
+
+
+def max_logprob_error(
+    generator: ctranslate2.Generator, table: FloatArray, tokens: Sequence[int] | None = None
+) -> float:
+    """Compare ``log P(. | t)`` from one forward pass per token ``t`` with ``table[t]``."""
+    ids = list(tokens) if tokens is not None else _sample_token_ids(table.shape[0])
+    out = generator.forward_batch([[t] for t in ids], return_log_probs=True)
+    model = np.asarray(out, dtype=np.float64)[:, 0, :]
+    return float(np.abs(model - table[ids].astype(np.float64)).max())
+
+
+def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
+    """Load a SentencePiece model from a file."""
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+# --- corpus ---------------------------------------------------------------------------------
+
+
+@functools.cache
+def collect_corpus(max_chars: int = MAX_CORPUS_CHARS) -> tuple[str, ...]:
+    """Docstring paragraphs of the stdlib, in a fixed order, up to ``max_chars`` characters.
+
+    Cached because tests and the verifier ask for the same corpus more than once.
+    """
+    paragraphs: list[str] = []
+    total = 0
+    for path in iter_stdlib_files():
+        for docstring in extract_docstrings(path):
+            for paragraph in split_paragraphs(docstring):
+                paragraphs.append(paragraph)
+                total += len(paragraph)
+                if total >= max_chars:
+                    return tuple(paragraphs)
+    return tuple(paragraphs)
+
+
+def iter_stdlib_files() -> Iterator[Path]:
+    """Every stdlib ``.py`` file outside tests and tools, in sorted (deterministic) order."""
+    root = sysconfig.get_paths()["stdlib"]
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS)
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                yield Path(dirpath) / name
+
+
+def extract_docstrings(path: Path) -> Iterator[str]:
+    """Module, class and function docstrings of one file; unparsable files yield nothing."""
+    try:
+        source = path.read_bytes()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Invalid escape sequences in old stdlib code.
+            tree = ast.parse(source, filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            docstring = ast.get_docstring(node)
+            if docstring:
+                yield docstring
+
+
+def split_paragraphs(docstring: str) -> Iterator[str]:
+    """Blank-line separated paragraphs with whitespace collapsed; short ones are dropped."""
+    for block in re.split(r"\n\s*\n", docstring):
+        paragraph = " ".join(block.split())
+        if len(paragraph) >= MIN_PARAGRAPH_CHARS:
+            yield paragraph
+
+
+# --- tokenizer ------------------------------------------------------------------------------
+
+
+def train_tokenizer(paragraphs: Iterable[str], vocab_size: int = VOCAB_SIZE) -> bytes:
+    """Train the SentencePiece model and return its serialized bytes.
+
+    Byte fallback lets any UTF-8 text round-trip; the identity normalizer and kept whitespace
+    make decode(encode(text)) == text. Training from an iterator into a buffer keeps temp paths
+    out of the serialized trainer spec, so the bytes are reproducible.
+    """
+    buffer = _BytesSink()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(paragraphs),
+        model_writer=buffer,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=-1,
+        unk_piece=UNK_PIECE,
+        bos_piece=BOS_PIECE,
+        eos_piece=EOS_PIECE,
+        num_threads=1,
+        shuffle_input_sentence=False,
+        input_sentence_size=0,
+        minloglevel=2,
+    )
+    return buffer.data
+
+
+class _BytesSink:
+    """The ``model_writer`` SentencePiece calls ``write`` on with the whole model."""
+
+    def __init__(self) -> None:
+        self.data = b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+
+def encode_corpus(
+    sp: spm.SentencePieceProcessor, paragraphs: Sequence[str]
+) -> list[npt.NDArray[np.int64]]:
+    """Token ids of each paragraph (no BOS/EOS; the bigram counter adds them)."""
+    return [np.asarray(ids, dtype=np.int64) for ids in sp.encode(list(paragraphs))]
+
+
+# --- bigram model ---------------------------------------------------------------------------
+
+
+def bigram_counts(sequences: Iterable[npt.NDArray[np.int64]], vocab_size: int) -> np.ndarray:
+    """``counts[prev, next]`` over ``<s> ids... </s>``, with the end transition down-weighted."""
+    prev_parts: list[npt.NDArray[np.int64]] = []
+    next_parts: list[npt.NDArray[np.int64]] = []
+    for ids in sequences:
+        prev_parts.append(np.concatenate(([BOS_ID], ids)))
+        next_parts.append(np.concatenate((ids, [EOS_ID])))
+    prev = np.concatenate(prev_parts)
+    nxt = np.concatenate(next_parts)
+    weights = np.where(nxt == EOS_ID, EOS_WEIGHT, 1.0)
+    flat = np.bincount(prev * vocab_size + nxt, weights=weights, minlength=vocab_size**2)
+    return flat.reshape(vocab_size, vocab_size)
+
+
+def bigram_log_probs(
+    sequences: Iterable[npt.NDArray[np.int64]], vocab_size: int = VOCAB_SIZE
+) -> FloatArray:
+    """``table[t, v] = log P(v | t)`` with add-k smoothing; unseen contexts use the unigram."""
+    counts = bigram_counts(sequences, vocab_size)
+    row_totals = counts.sum(axis=1)
+    unigram = counts.sum(axis=0)
+    counts[row_totals == 0] = unigram
+    smoothed = counts + SMOOTHING_K
+    probs = smoothed / smoothed.sum(axis=1, keepdims=True)
+    return np.log(probs).astype(np.float32)
+
+
+def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.int64]]) -> float:
+    """P(</s>) averaged over the contexts the corpus actually visits (why outputs run long)."""
+    context_ids = np.concatenate([np.concatenate(([BOS_ID], ids)) for ids in sequences])
+    return float(np.exp(table[context_ids, EOS_ID].astype(np.float64)).mean())
+
+
+# --- CTranslate2 compilation ----------------------------------------------------------------
+
+
+def bigram_spec(
+    table: FloatArray, pieces: Sequence[str]
+) -> transformer_spec.TransformerDecoderModelSpec:
+    """A CTranslate2 decoder whose logits after token ``t`` are exactly ``table[t]``."""
+    vocab = table.shape[0]
+    decoder = transformer_spec.TransformerDecoderSpec(
+        num_layers=1,
+        num_heads=1,
+        pre_norm=True,
+        with_encoder_attention=False,
+        no_final_norm=True,
+        rotary_dim=0,  # Rotary instead of additive position encodings: embeddings stay one-hot.
+        head_dim=_LAYER_HEAD_DIM,
+        num_heads_kv=1,
+    )
+    decoder.scale_embeddings = False
+    decoder.embeddings.weight = np.eye(vocab, dtype=np.float32)
+    decoder.projection.weight = np.ascontiguousarray(table.T, dtype=np.float32)
+    decoder.projection.bias = np.zeros(vocab, dtype=np.float32)
+    _zero_layer(decoder.layer[0], vocab)
+    spec = transformer_spec.TransformerDecoderModelSpec(decoder)
+    spec.config.unk_token = UNK_PIECE
+    spec.config.bos_token = BOS_PIECE
+    spec.config.eos_token = EOS_PIECE
+    spec.register_vocabulary(list(pieces))
+    spec.validate()
+    spec.optimize(quantization="float32")
+    return spec
+
+
+def _zero_layer(layer: transformer_spec.TransformerDecoderLayerSpec, d_model: int) -> None:
+    """Fill a decoder layer so it adds exactly zero to the residual stream."""
+    attention = layer.self_attention
+    _identity_norm(attention.layer_norm, d_model)
+    _zero_linear(attention.linear[0], 3 * _LAYER_HEAD_DIM, d_model)
+    _zero_linear(attention.linear[1], d_model, _LAYER_HEAD_DIM)
+    _identity_norm(layer.ffn.layer_norm, d_model)
+    _zero_linear(layer.ffn.linear_0, _LAYER_FFN_DIM, d_model)
+    _zero_linear(layer.ffn.linear_1, d_model, _LAYER_FFN_DIM)
+
+
+def _identity_norm(norm: common_spec.LayerNormSpec, dim: int) -> None:
+    """LayerNorm with gamma=1, beta=0."""
+    norm.gamma = np.ones(dim, dtype=np.float32)
+    norm.beta = np.zeros(dim, dtype=np.float32)
+
+
+def _zero_linear(linear: common_spec.LinearSpec, out_dim: int, in_dim: int) -> None:
+    """An all-zero linear layer (weight and bias)."""
+    linear.weight = np.zeros((out_dim, in_dim), dtype=np.float32)
+    linear.bias = np.zeros(out_dim, dtype=np.float32)
+
+
+# --- build steps ----------------------------------------------------------------------------
+
+
+def _build_into(staging: Path) -> None:
+    """Train, count, compile, save and self-check the model inside ``staging``."""
+    paragraphs = collect_corpus()
+    sp_bytes = train_tokenizer(paragraphs)
+    sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
+    table = bigram_log_probs(encode_corpus(sp, paragraphs), sp.get_piece_size())
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    bigram_spec(table, pieces).save(str(staging))
+    (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
+    error = max_logprob_error(ctranslate2.Generator(str(staging), device="cpu"), table)
+    if error > MAX_LOGPROB_ERROR:
+        raise RuntimeError(f"demo model does not reproduce its bigram table (error {error:g})")
+
+
+def publish_model_dir(staging: Path, output_dir: Path) -> None:
+    """Move a finished build into place, replacing any previous (or partial) one.
+
+    The rename is atomic; when replacing, the old directory is moved aside first, so there is a
+    moment with no model at all but never one with a half-written model.
+    """
+    if output_dir.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.old-", dir=output_dir.parent))
+        os.replace(output_dir, trash / output_dir.name)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(staging, output_dir)
+    except OSError:
+        # Another process published first; its model is as good as ours.
+        if not demo_model_ready(output_dir):
+            raise
+
+
+def _sample_token_ids(vocab_size: int) -> list[int]:
+    """A spread of token ids for spot checks: specials, bytes and ordinary pieces."""
+    return sorted({0, 1, 2, 3, 100, 258, 259, 500, 1000, vocab_size // 2, vocab_size - 1})

@@ -1,0 +1,150 @@
+"""The job model shared by the web tier and the workers.
+
+Values crossing a process boundary are dataclasses with explicit ``to_dict``/``from_dict``; the
+Redis hash form lives in ``store``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class JobStatus(str, Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELED = "canceled"
+    ERROR = "error"
+
+
+def new_job_id() -> str:
+    """An unguessable id (128 random bits): knowing one job's id reveals nothing about another."""
+    return "job_" + secrets.token_hex(16)
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    max_tokens: int = 128
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "stop": list(self.stop),
+            "seed": self.seed,
+            "ignore_eos": self.ignore_eos,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationParams:
+        return cls(
+            max_tokens=int(data["max_tokens"]),
+            temperature=float(data["temperature"]),
+            top_k=int(data["top_k"]),
+            top_p=float(data["top_p"]),
+            stop=tuple(data.get("stop") or ()),
+            seed=None if data.get("seed") is None else int(data["seed"]),
+            ignore_eos=bool(data.get("ignore_eos", False)),
+        )
+
+
+@dataclass(frozen=True)
+class JobError:
+    type: str
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"type": self.type, "message": self.message}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobError:
+        return cls(type=str(data["type"]), message=str(data["message"]))
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+
+
+@dataclass
+class Job:
+    """One generation request and everything known about it so far."""
+
+    id: str
+    model: str
+    prompt: str
+    params: GenerationParams
+    status: JobStatus = JobStatus.QUEUED
+    output: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage = field(default_factory=Usage)
+    error: JobError | None = None
+    created_at: float = 0.0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    completed_at: float | None = None
+
+    def metrics(self) -> dict[str, float | None]:
+        """Timings a client cares about; time to first token counts from submission."""
+
+        def span(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else round(max(end - start, 0.0), 6)
+
+        generation = span(self.started_at, self.completed_at)
+        tokens_per_second = None
+        if generation and self.usage.completion_tokens:
+            tokens_per_second = round(self.usage.completion_tokens / generation, 3)
+        return {
+            "queue_seconds": span(self.created_at, self.started_at),
+            "time_to_first_token_seconds": span(self.created_at, self.first_token_at),
+            "generation_seconds": generation,
+            "tokens_per_second": tokens_per_second,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public job object served by the API (the prompt is not echoed back)."""
+        return {
+            "id": self.id,
+            "object": "job",
+            "model": self.model,
+            "status": self.status.value,
+            "output": self.output,
+            "finish_reason": self.finish_reason.value if self.finish_reason else None,
+            "usage": self.usage.to_dict(),
+            "metrics": self.metrics(),
+            "error": self.error.to_dict() if self.error else None,
+            "params": self.params.to_dict(),
+            "created_at": self.created_at,
+            "started_at": self.started_at,
+            "completed_at": self.completed_at,
+        }

@@ -1,0 +1,35 @@
+"""Every Redis key, channel and Celery queue name Trickle uses, and nothing else.
+
+One module owns the schema so the web tier and the workers can never drift apart; the exact strings
+are pinned by tests/test_keys.py.
+"""
+
+from __future__ import annotations
+
+PREFIX = "trickle"
+
+# One channel carries every token event of every job: workers publish one message per decoding
+# step, and each web process holds a single subscription that fans messages out to its readers.
+EVENTS_CHANNEL = f"{PREFIX}:events"
+
+GENERATE_TASK = "trickle.generate"
+
+
+def job(job_id: str) -> str:
+    """Hash holding the job's parameters, status, timings and final result."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_tokens(job_id: str) -> str:
+    """List of the job's token events (the replay log); list position == token index."""
+    return f"{PREFIX}:job:{job_id}:tokens"
+
+
+def model_queue(model: str) -> str:
+    """Celery queue (a Redis list under kombu) that carries the ids of one model's jobs."""
+    return f"{PREFIX}.{model}"
+
+
+def model_workers(model: str) -> str:
+    """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
+    return f"{PREFIX}:workers:{model}"

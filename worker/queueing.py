@@ -1,0 +1,42 @@
+"""The Celery side of the contract: one app factory, explicit queues, JSON only.
+
+Both tiers build their Celery app here: the web tier to enqueue by task name (without importing
+the engine), the workers to consume. Queues are declared explicitly and missing ones are not
+created on the fly, so a typo in a model name fails loudly instead of parking jobs forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery import Celery
+from kombu import Queue
+
+from worker import keys
+from worker.config import Settings
+
+
+def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
+    app = Celery("trickle", broker=settings.redis.url, set_as_current=False)
+    queues = [Queue(keys.model_queue(name), routing_key=keys.model_queue(name)) for name in models]
+    app.conf.update(
+        task_queues=queues,
+        task_default_queue=keys.model_queue(settings.default_model),
+        task_create_missing_queues=False,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 3600},
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+def enqueue_generation(app: Celery, job_id: str, model: str) -> None:
+    """Send a job id to its model's queue; the job itself lives in Redis (see store)."""
+    app.send_task(keys.GENERATE_TASK, args=[job_id], queue=keys.model_queue(model))

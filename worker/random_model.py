@@ -1,0 +1,181 @@
+"""Random-weight Llama-style models, for tests and benchmarks that need a real architecture.
+
+The demo bigram model exercises almost nothing of a transformer; these models run the same code
+paths as a converted Llama checkpoint (RMSNorm, rotary attention, gated SiLU FFN, pre-norm, no
+biases) at any size, from a fixed seed, with no download. Their output is random tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+from ctranslate2.specs import common_spec, model_spec, transformer_spec
+
+from worker.demo_model import TOKENIZER_FILE, demo_model_ready, publish_model_dir
+
+PARAMS_FILE = "random_model.json"
+LAYER_NORM_EPSILON = 1e-5
+EMBEDDING_STD = 0.02
+
+
+def build_random_llama(
+    output_dir: Path,
+    tokenizer_model: Path,
+    *,
+    d_model: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    ffn_dim: int = 128,
+    vocab_size: int | None = None,
+    seed: int = 0,
+    quantization: str | None = None,
+    force: bool = False,
+) -> Path:
+    """Build a random Llama-style CTranslate2 model into ``output_dir``; return the path.
+
+    An existing model is reused only if it was built with the same parameters and tokenizer.
+    The vocabulary is the tokenizer's pieces, padded with ``<extra_N>`` up to ``vocab_size``.
+    """
+    output_dir = Path(output_dir)
+    sp_bytes = Path(tokenizer_model).read_bytes()
+    sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
+    pieces = vocabulary(sp, vocab_size)
+    _check_shape(d_model, num_heads, quantization)
+    params = {
+        "d_model": d_model,
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "ffn_dim": ffn_dim,
+        "vocab_size": len(pieces),
+        "seed": seed,
+        "quantization": quantization,
+        "tokenizer_sha256": hashlib.sha256(sp_bytes).hexdigest(),
+    }
+    if not force and _built_with(output_dir, params):
+        return output_dir
+    rng = np.random.default_rng(seed)
+    spec = llama_spec(rng, pieces, d_model, num_layers, num_heads, ffn_dim, sp)
+    spec.optimize(quantization=quantization)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
+    try:
+        spec.save(str(staging))
+        (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
+        (staging / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
+        publish_model_dir(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def vocabulary(sp: spm.SentencePieceProcessor, vocab_size: int | None = None) -> list[str]:
+    """The tokenizer's pieces in id order, padded with ``<extra_N>`` to ``vocab_size``."""
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    if vocab_size is None:
+        return pieces
+    if vocab_size < len(pieces):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {len(pieces)}")
+    return pieces + [f"<extra_{i}>" for i in range(vocab_size - len(pieces))]
+
+
+def llama_spec(
+    rng: np.random.Generator,
+    pieces: list[str],
+    d_model: int,
+    num_layers: int,
+    num_heads: int,
+    ffn_dim: int,
+    sp: spm.SentencePieceProcessor,
+) -> transformer_spec.TransformerDecoderModelSpec:
+    """The spec the Llama converter would produce, filled with small random weights."""
+    spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+        num_layers,
+        num_heads,
+        activation=common_spec.Activation.SWISH,
+        pre_norm=True,
+        ffn_glu=True,
+        rms_norm=True,
+        rotary_dim=0,
+        rotary_interleave=False,
+    )
+    decoder = spec.decoder
+    vocab = len(pieces)
+    decoder.scale_embeddings = False
+    decoder.embeddings.weight = _normal(rng, (vocab, d_model), EMBEDDING_STD)
+    decoder.layer_norm.gamma = np.ones(d_model, dtype=np.float32)
+    decoder.projection.weight = _linear_weight(rng, vocab, d_model)
+    for layer in decoder.layer:
+        _fill_layer(layer, rng, d_model, ffn_dim)
+    _set_config(spec.config, sp)
+    spec.register_vocabulary(pieces)
+    spec.validate()
+    return spec
+
+
+def _fill_layer(
+    layer: transformer_spec.TransformerDecoderLayerSpec,
+    rng: np.random.Generator,
+    d_model: int,
+    ffn_dim: int,
+) -> None:
+    """Random attention and gated-FFN weights, unit RMSNorm gains, no biases (as in Llama)."""
+    attention = layer.self_attention
+    attention.layer_norm.gamma = np.ones(d_model, dtype=np.float32)
+    attention.linear[0].weight = _linear_weight(rng, 3 * d_model, d_model)  # Fused q, k, v.
+    attention.linear[1].weight = _linear_weight(rng, d_model, d_model)
+    ffn = layer.ffn
+    ffn.layer_norm.gamma = np.ones(d_model, dtype=np.float32)
+    ffn.linear_0.weight = _linear_weight(rng, ffn_dim, d_model)  # Gate (SiLU).
+    ffn.linear_0_noact.weight = _linear_weight(rng, ffn_dim, d_model)  # Up.
+    ffn.linear_1.weight = _linear_weight(rng, d_model, ffn_dim)  # Down.
+
+
+def _set_config(config: model_spec.ModelConfig, sp: spm.SentencePieceProcessor) -> None:
+    """Special tokens from the tokenizer, so generation stops on its EOS."""
+    config.bos_token = _piece_or(sp, sp.bos_id(), "<s>")
+    config.eos_token = _piece_or(sp, sp.eos_id(), "</s>")
+    config.unk_token = _piece_or(sp, sp.unk_id(), "<unk>")
+    config.layer_norm_epsilon = LAYER_NORM_EPSILON
+
+
+def _piece_or(sp: spm.SentencePieceProcessor, piece_id: int, default: str) -> str:
+    """The piece for a special id, or ``default`` when the tokenizer has none (id -1)."""
+    return str(sp.id_to_piece(piece_id)) if piece_id >= 0 else default
+
+
+def _linear_weight(rng: np.random.Generator, out_dim: int, in_dim: int) -> np.ndarray:
+    """Fan-in scaled weights: activations stay O(1) through any depth, so never NaN."""
+    return _normal(rng, (out_dim, in_dim), 1.0 / np.sqrt(in_dim))
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, int], std: float) -> np.ndarray:
+    """Float32 normal samples (CTranslate2 rejects float64)."""
+    return (rng.standard_normal(shape) * std).astype(np.float32)
+
+
+def _check_shape(d_model: int, num_heads: int, quantization: str | None) -> None:
+    """Reject shapes CTranslate2 would fail on later with a less helpful message."""
+    if d_model % num_heads:
+        raise ValueError(f"d_model {d_model} is not divisible by num_heads {num_heads}")
+    if (d_model // num_heads) % 2:
+        raise ValueError("rotary embeddings need an even head dimension")
+    if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
+        raise ValueError(f"unknown quantization {quantization!r}")
+
+
+def _built_with(output_dir: Path, params: Mapping[str, object]) -> bool:
+    """Whether ``output_dir`` holds a finished model built from exactly ``params``."""
+    if not demo_model_ready(output_dir):
+        return False
+    try:
+        stored = json.loads((output_dir / PARAMS_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(stored == dict(params))

@@ -1,0 +1,88 @@
+"""Per-job generation state: turns token ids into released text and decides when the job ends.
+
+Pure logic (no Redis, no CTranslate2), called from the engine callback for every new token.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.detok import Decoder, IncrementalDetokenizer
+from worker.jobs import FinishReason
+from worker.stops import StopMatcher
+
+
+@dataclass(frozen=True)
+class TokenOutcome:
+    """What one generated token produced: the event to publish (if any) and whether it ended."""
+
+    index: int | None
+    text: str
+    finish_reason: FinishReason | None
+
+
+class SequenceState:
+    def __init__(
+        self,
+        decoder: Decoder,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        stop: Sequence[str],
+        eos_id: int | None,
+    ):
+        self._detok = IncrementalDetokenizer(decoder, prompt_ids)
+        self._stops = StopMatcher(stop)
+        self._max_new_tokens = max_new_tokens
+        self._eos_id = eos_id
+        self._parts: list[str] = []
+        self.count = 0
+        self.finish_reason: FinishReason | None = None
+        # Set by the publisher thread when a client asked to cancel; read on the engine thread.
+        self.cancel_requested = threading.Event()
+
+    @property
+    def output(self) -> str:
+        return "".join(self._parts)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def on_token(self, token_id: int, is_last: bool) -> TokenOutcome:
+        """Account for one generated token; the end-of-sequence token counts and flushes text."""
+        if self.finished:
+            return TokenOutcome(None, "", self.finish_reason)
+        if self.cancel_requested.is_set():
+            self.finish_reason = FinishReason.CANCELED
+            return TokenOutcome(None, "", self.finish_reason)
+        index = self.count
+        self.count += 1
+        if token_id == self._eos_id:
+            text = self._release_rest()
+            reason: FinishReason | None = FinishReason.STOP
+        else:
+            check = self._stops.feed(self._detok.add(token_id))
+            text = check.released
+            reason = FinishReason.STOP if check.stopped else None
+            if reason is None and (is_last or self.count >= self._max_new_tokens):
+                text += self._release_rest()
+                reason = self.finish_reason or FinishReason.LENGTH
+        if reason is not None and self.finish_reason is None:
+            self.finish_reason = reason
+        self._parts.append(text)
+        return TokenOutcome(index, text, self.finish_reason)
+
+    def finish_without_token(self, reason: FinishReason) -> None:
+        """End the job outside the token path (cancel seen after the last step, engine failure)."""
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def _release_rest(self) -> str:
+        """Flush the detokenizer through the stop matcher; a stop found here still ends as stop."""
+        check = self._stops.feed(self._detok.flush())
+        if check.stopped:
+            self.finish_reason = FinishReason.STOP
+            return check.released
+        return check.released + self._stops.flush()

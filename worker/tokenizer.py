@@ -1,0 +1,37 @@
+"""SentencePiece tokenizer wrapper, light enough for the web tier to count prompt tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sentencepiece as spm
+
+
+class Tokenizer:
+    """Encodes prompts to the token strings CTranslate2 expects and decodes ids back to text."""
+
+    def __init__(self, model_path: str | Path, add_bos: bool = True):
+        path = Path(model_path)
+        if not path.is_file():
+            raise ValueError(f"tokenizer model {path} does not exist; build it or fix the config")
+        self._sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.add_bos = add_bos
+        self.bos_id = self._sp.bos_id()
+        self.eos_id = self._sp.eos_id()
+        self.vocab_size = self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids as the model sees them (with the start token when the model wants one)."""
+        ids: list[int] = self._sp.encode(text, out_type=int)
+        if self.add_bos and self.bos_id >= 0:
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def to_pieces(self, ids: list[int]) -> list[str]:
+        return [self._sp.id_to_piece(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._sp.decode(ids))
