@@ -53,6 +53,8 @@ def _die_with_parent() -> None:
 def run_stack(concurrency: str) -> int:
     _die_with_parent()  # make's SIGTERM kills only make; this carries it on to us
     env = dict(os.environ)
+    # The Procfile's gunicorn and celery are the ones installed beside this interpreter.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     settings = load_settings(environ=env)
     redis_process = None
     if "TRICKLE_REDIS_URL" not in env:
