@@ -7,6 +7,7 @@ import os
 
 from flask import Flask
 
+from web.auth import install_auth
 from web.errors import register_error_handlers
 from web.services import EXTENSION_KEY, Services
 from worker.config import Settings, load_settings
@@ -22,9 +23,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = Services.create(settings)
 
-    from web import health, jobs, stream
+    from web import health, jobs, openai_api, stream
 
+    install_auth(app, settings.auth.api_keys)
     app.register_blueprint(jobs.blueprint)
+    app.register_blueprint(openai_api.blueprint)
     app.register_blueprint(health.blueprint)
     stream.register(app)
     register_error_handlers(app)

@@ -7,6 +7,7 @@ only a genuine bug becomes a 500 (logged with its traceback).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import kombu.exceptions
 import redis
@@ -26,6 +27,7 @@ class ApiError(Exception):
         message: str,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -33,20 +35,30 @@ class ApiError(Exception):
         self.message = message
         self.param = param
         self.headers = headers or {}
+        self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error body, in the shape OpenAI clients parse (a superset of Trickle's own)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def invalid(param: str | None, message: str) -> ApiError:
     return ApiError(400, "invalid_request_error", message, param)
 
 
-def not_found(message: str, param: str | None = None) -> ApiError:
-    return ApiError(404, "not_found", message, param)
+def not_found(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(404, "not_found", message, param, code=code)
 
 
 def error_response(error: ApiError) -> Response:
-    response = jsonify(
-        {"error": {"type": error.type, "message": error.message, "param": error.param}}
-    )
+    response = jsonify(error.to_dict())
     response.status_code = error.status
     response.headers.update(error.headers)
     return response

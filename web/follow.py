@@ -7,6 +7,9 @@ Transport-free: the SSE and WebSocket views only format what this yields.
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
@@ -31,6 +34,26 @@ FollowEvent = TokenEvent | Done | KeepAlive
 
 class JobNotFound(LookupError):
     pass
+
+
+def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) -> Job | None:
+    """Block until the job ends or ``seconds`` pass; returns its latest state (None if unknown).
+
+    Subscribing before the first read means a completion cannot slip between read and wait.
+    """
+    deadline = time.monotonic() + seconds
+    with hub.subscribe(job_id) as subscription:
+        while True:
+            job = store.get(job_id)
+            if job is None or job.status.is_terminal:
+                return job
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return job
+                delivery = subscription.get(min(remaining, 1.0))
+                if delivery is None or delivery.signal is not None:
+                    break  # finished, reconnected, or a quiet second: look again
 
 
 class JobFollower:
@@ -82,3 +105,55 @@ class JobFollower:
         if fresh and fresh[0].index != self._next:
             return [], "gap"
         return fresh, None
+
+
+def follow_many(
+    followers: list[JobFollower], keepalive_seconds: float
+) -> Generator[tuple[int, FollowEvent], None, None]:
+    """Interleave several jobs' events as they arrive, tagged with the follower's position.
+
+    One reader thread per job (a greenlet under gevent) feeds a shared queue; closing this
+    generator stops them all after their current wait.
+    """
+    if len(followers) == 1:
+        events = followers[0].events(keepalive_seconds)
+        try:
+            for event in events:
+                yield 0, event
+        finally:
+            events.close()
+        return
+    merged: queue.SimpleQueue[tuple[int, FollowEvent | None]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def pump(position: int, follower: JobFollower) -> None:
+        events = follower.events(keepalive_seconds)
+        try:
+            for event in events:
+                if stop.is_set():
+                    return
+                if not isinstance(event, KeepAlive):
+                    merged.put((position, event))
+        finally:
+            events.close()
+            merged.put((position, None))
+
+    threads = [
+        threading.Thread(target=pump, args=(i, f), daemon=True) for i, f in enumerate(followers)
+    ]
+    for thread in threads:
+        thread.start()
+    running = len(threads)
+    try:
+        while running:
+            try:
+                position, item = merged.get(timeout=keepalive_seconds)
+            except queue.Empty:
+                yield -1, KeepAlive()
+                continue
+            if item is None:
+                running -= 1
+            else:
+                yield position, item
+    finally:
+        stop.set()

@@ -186,6 +186,13 @@ def _job_request_schema(settings: Settings) -> dict[str, Any]:
             },
             "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
             "ignore_eos": {"type": "boolean", "default": False},
+            "repetition_penalty": {
+                "type": "number",
+                "exclusiveMinimum": True,
+                "minimum": 0,
+                "maximum": 10,
+                "default": 1.0,
+            },
         },
     }
 

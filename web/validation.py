@@ -10,9 +10,11 @@ from web.errors import invalid, not_found
 from worker.config import Settings
 from worker.jobs import GenerationParams
 
-JOB_FIELDS = frozenset(
-    {"prompt", "model", "max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "ignore_eos"}
+SAMPLING_FIELDS = frozenset(
+    {"max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "ignore_eos"}
+    | {"repetition_penalty"}
 )
+JOB_FIELDS = frozenset({"prompt", "model"}) | SAMPLING_FIELDS
 MAX_SEED = 2**63 - 1
 MAX_TOP_K = 1000
 
@@ -36,16 +38,28 @@ def parse_job_request(body: Any, settings: Settings) -> JobRequest:
     prompt = body["prompt"]
     if not isinstance(prompt, str):
         raise invalid("prompt", "prompt must be a string")
-    _require_encodable(prompt, "prompt")
+    require_encodable(prompt, "prompt")
+    model = parse_model(body, settings)
+    return JobRequest(model=model, prompt=prompt, params=parse_sampling(body, settings))
+
+
+def parse_model(body: dict[str, Any], settings: Settings) -> str:
     model = body.get("model", settings.default_model)
     if not isinstance(model, str):
         raise invalid("model", "model must be a string")
     if model not in settings.models:
-        raise not_found(f"model {model!r} does not exist", "model")
+        raise not_found(f"model {model!r} does not exist", "model", code="model_not_found")
+    return model
+
+
+def parse_sampling(
+    body: dict[str, Any], settings: Settings, max_tokens_field: str = "max_tokens"
+) -> GenerationParams:
+    """The sampling fields shared by the native and OpenAI-compatible APIs."""
     limits = settings.limits
-    params = GenerationParams(
+    return GenerationParams(
         max_tokens=_integer(
-            body, "max_tokens", limits.default_max_tokens, 1, limits.max_tokens_ceiling
+            body, max_tokens_field, limits.default_max_tokens, 1, limits.max_tokens_ceiling
         ),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_k=_integer(body, "top_k", 0, 0, MAX_TOP_K),
@@ -53,8 +67,8 @@ def parse_job_request(body: Any, settings: Settings) -> JobRequest:
         stop=_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_chars),
         seed=_optional_integer(body, "seed", 0, MAX_SEED),
         ignore_eos=_boolean(body, "ignore_eos", False),
+        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_exclusive=True),
     )
-    return JobRequest(model=model, prompt=prompt, params=params)
 
 
 def check_prompt_length(
@@ -128,7 +142,7 @@ def _stop(value: Any, max_count: int, max_chars: int) -> tuple[str, ...]:
     if len(stops) > max_count:
         raise invalid("stop", f"at most {max_count} stop sequences are allowed")
     for stop in stops:
-        _require_encodable(stop, "stop")
+        require_encodable(stop, "stop")
         if not stop:
             raise invalid("stop", "stop sequences must not be empty")
         if len(stop) > max_chars:
@@ -136,7 +150,7 @@ def _stop(value: Any, max_count: int, max_chars: int) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _require_encodable(text: str, name: str) -> None:
+def require_encodable(text: str, name: str) -> None:
     """JSON can smuggle lone surrogates (\\ud800) that are not text; refuse them here."""
     try:
         text.encode("utf-8")

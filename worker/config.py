@@ -27,6 +27,7 @@ ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "TRICKLE_PORT": ("web", "port"),
     "TRICKLE_MODELS": ("worker", "models"),
     "TRICKLE_DEFAULT_MODEL": ("default_model",),
+    "TRICKLE_API_KEYS": ("auth", "api_keys"),
 }
 
 
@@ -49,6 +50,8 @@ class WebSettings:
     keepalive_seconds: float = 15.0
     max_body_bytes: int = 1_048_576
     max_wait_seconds: int = 60
+    # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
+    completion_timeout_seconds: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,14 @@ class LimitSettings:
     result_ttl_seconds: int = 3600
     # A job never picked up (no worker for its model) expires after this.
     queued_ttl_seconds: int = 86_400
+    # Per model: beyond this many waiting jobs, submissions get 429 instead of queueing forever.
+    max_queued_jobs: int = 1000
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
+    api_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,8 @@ class ModelSettings:
     max_batch_size: int = 8
     max_batch_wait_ms: float = 2.0
     add_bos: bool = True
+    # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
+    chat_template: str = ""
 
     @property
     def tokenizer_path(self) -> str:
@@ -97,6 +110,7 @@ class Settings:
     web: WebSettings = field(default_factory=WebSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
     models: dict[str, ModelSettings] = field(
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
@@ -145,6 +159,7 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         ("web", WebSettings),
         ("worker", WorkerSettings),
         ("limits", LimitSettings),
+        ("auth", AuthSettings),
     ):
         if section in data:
             kwargs[section] = _build(cls, data[section], section)

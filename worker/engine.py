@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ctranslate2
+import numpy as np
 
 from worker.config import ModelSettings
+from worker.jobs import GenerationParams
+from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
 
 
@@ -24,14 +27,21 @@ class SamplingKey:
     temperature: float
     top_k: int
     top_p: float
+    repetition_penalty: float
     ignore_eos: bool
 
     @classmethod
-    def create(cls, temperature: float, top_k: int, top_p: float, ignore_eos: bool) -> SamplingKey:
-        if temperature == 0.0 or top_k == 1:
+    def from_params(cls, params: GenerationParams) -> SamplingKey:
+        if params.is_greedy:
             # Greedy: CTranslate2 spells it top_k=1; temperature and top_p no longer matter.
-            return cls(temperature=1.0, top_k=1, top_p=1.0, ignore_eos=ignore_eos)
-        return cls(temperature=temperature, top_k=top_k, top_p=top_p, ignore_eos=ignore_eos)
+            return cls(1.0, 1, 1.0, params.repetition_penalty, params.ignore_eos)
+        return cls(
+            params.temperature,
+            params.top_k,
+            params.top_p,
+            params.repetition_penalty,
+            params.ignore_eos,
+        )
 
 
 @dataclass(frozen=True)
@@ -39,10 +49,12 @@ class EngineRequest:
     prompt_ids: Sequence[int]
     max_new_tokens: int
     sampling: SamplingKey
+    # Seeded sampling runs alone, sampled by Trickle (see worker.sampling); None: CTranslate2's.
+    seed: int | None = None
 
 
-# (position in batch, token id, is_last) -> True to stop that sequence.
-StepCallback = Callable[[int, int, bool], bool]
+# (position in batch, token id, log-probability, is_last) -> True to stop that sequence.
+StepCallback = Callable[[int, int, float | None, bool], bool]
 
 
 def resolve_device(device: str) -> str:
@@ -85,12 +97,17 @@ class Engine:
         sampling = requests[0].sampling
         if any(request.sampling != sampling for request in requests):
             raise ValueError("a batch must share one sampling configuration")
+        if requests[0].seed is not None:
+            if len(requests) != 1:
+                raise ValueError("seeded requests run one at a time")
+            self._generate_seeded(requests[0], on_step)
+            return
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
         prompts = [self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests]
 
         def callback(step: ctranslate2.GenerationStepResult) -> bool:
-            return on_step(step.batch_id, step.token_id, step.is_last)
+            return on_step(step.batch_id, step.token_id, step.log_prob, step.is_last)
 
         self.generator.generate_batch(
             prompts,
@@ -98,8 +115,42 @@ class Engine:
             sampling_temperature=sampling.temperature,
             sampling_topk=sampling.top_k,
             sampling_topp=sampling.top_p,
+            repetition_penalty=sampling.repetition_penalty,
             beam_size=1,
+            return_scores=True,  # the sampled token's log-probability reaches the callback
             include_prompt_in_result=False,
             end_token=[] if sampling.ignore_eos else None,
             callback=callback,
         )
+
+    def _generate_seeded(self, request: EngineRequest, on_step: StepCallback) -> None:
+        """One token per CTranslate2 call, sampled here from the returned logits.
+
+        Every step re-runs the prefix (CTranslate2 keeps no cache across calls), so this costs
+        O(n^2) in the output length: the price of a repeatable seed, paid only by seeded jobs.
+        """
+        sampling = request.sampling
+        rng = np.random.default_rng(request.seed)
+        ids = list(request.prompt_ids)
+        pieces = self.tokenizer.to_pieces(ids)
+        for step in range(request.max_new_tokens):
+            result = self.generator.generate_batch(
+                [pieces],
+                max_length=1,
+                sampling_topk=1,
+                include_prompt_in_result=False,
+                return_logits_vocab=True,
+                end_token=[],
+            )
+            logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
+            logits = apply_repetition_penalty(logits, ids, sampling.repetition_penalty)
+            token_id = sample_token(
+                logits, sampling.temperature, sampling.top_k, sampling.top_p, rng
+            )
+            logprob = float(log_softmax(logits)[token_id])
+            at_end = token_id == self.eos_id and not sampling.ignore_eos
+            is_last = at_end or step == request.max_new_tokens - 1
+            if on_step(0, token_id, logprob, is_last) or is_last:
+                return
+            ids.append(token_id)
+            pieces.append(self.tokenizer.to_pieces([token_id])[0])

@@ -13,20 +13,26 @@ from typing import Any
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """Token ``index`` (0-based) of a job and the text it released (may be empty while held)."""
+    """Token ``index`` (0-based) of a job and the text it released (may be empty while held).
+
+    ``logprob`` is the sampled token's log-probability under the model (None if unknown).
+    """
 
     job_id: str
     index: int
     text: str
+    logprob: float | None = None
 
     def to_log_entry(self) -> str:
         """The replay-log form; the job id is implied by the list's key."""
-        return json.dumps({"index": self.index, "text": self.text}, ensure_ascii=False)
+        return json.dumps(
+            {"index": self.index, "text": self.text, "logprob": self.logprob}, ensure_ascii=False
+        )
 
     @classmethod
     def from_log_entry(cls, job_id: str, raw: str | bytes) -> TokenEvent:
         data = json.loads(raw)
-        return cls(job_id=job_id, index=int(data["index"]), text=str(data["text"]))
+        return cls(job_id, int(data["index"]), str(data["text"]), _logprob(data.get("logprob")))
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "text": self.text}
@@ -41,7 +47,10 @@ class StepMessage:
 
     def encode(self) -> str:
         return json.dumps(
-            {"t": [[e.job_id, e.index, e.text] for e in self.tokens], "d": self.finished},
+            {
+                "t": [[e.job_id, e.index, e.text, e.logprob] for e in self.tokens],
+                "d": self.finished,
+            },
             ensure_ascii=False,
         )
 
@@ -49,6 +58,13 @@ class StepMessage:
     def decode(cls, raw: str | bytes) -> StepMessage:
         data = json.loads(raw)
         return cls(
-            tokens=[TokenEvent(str(j), int(i), str(t)) for j, i, t in data.get("t", [])],
+            tokens=[
+                TokenEvent(str(job), int(index), str(text), _logprob(logprob))
+                for job, index, text, logprob in data.get("t", [])
+            ],
             finished=[str(job_id) for job_id in data.get("d", [])],
         )
+
+
+def _logprob(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -45,6 +45,7 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
 
     @property
     def is_greedy(self) -> bool:
@@ -59,6 +60,7 @@ class GenerationParams:
             "stop": list(self.stop),
             "seed": self.seed,
             "ignore_eos": self.ignore_eos,
+            "repetition_penalty": self.repetition_penalty,
         }
 
     @classmethod
@@ -71,6 +73,7 @@ class GenerationParams:
             stop=tuple(data.get("stop") or ()),
             seed=None if data.get("seed") is None else int(data["seed"]),
             ignore_eos=bool(data.get("ignore_eos", False)),
+            repetition_penalty=float(data.get("repetition_penalty", 1.0)),
         )
 
 

@@ -122,9 +122,7 @@ class WorkerRuntime:
             )
         self.store.set_prompt_tokens(job.id, len(prompt_ids))
         params = job.params
-        sampling = SamplingKey.create(
-            params.temperature, params.top_k, params.top_p, params.ignore_eos
-        )
+        sampling = SamplingKey.from_params(params)
         state = SequenceState(
             engine.tokenizer,
             prompt_ids,
@@ -132,9 +130,10 @@ class WorkerRuntime:
             params.stop,
             None if params.ignore_eos else engine.eos_id,
         )
-        scheduled = ScheduledJob(
-            job.id, EngineRequest(prompt_ids, params.max_tokens, sampling), state
-        )
+        # A seed matters only when sampling; greedy jobs batch with everyone.
+        seed = None if params.is_greedy else params.seed
+        request = EngineRequest(prompt_ids, params.max_tokens, sampling, seed)
+        scheduled = ScheduledJob(job.id, request, state)
         with self._lock:
             self._in_flight[job.id] = scheduled
         self.schedulers[job.model].submit(scheduled)

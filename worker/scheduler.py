@@ -87,9 +87,15 @@ class BatchScheduler:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            key = self._pending[0].request.sampling
-            batch = [job for job in self._pending if job.request.sampling == key]
-            batch = batch[: self._max_batch_size]
+            first = self._pending[0].request
+            if first.seed is not None:
+                batch = [self._pending[0]]  # seeded jobs sample step by step, alone
+            else:
+                batch = [
+                    job
+                    for job in self._pending
+                    if job.request.sampling == first.sampling and job.request.seed is None
+                ][: self._max_batch_size]
             chosen = {id(job) for job in batch}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return batch
@@ -97,12 +103,13 @@ class BatchScheduler:
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
         self.batch_sizes.append(len(batch))
 
-        def on_step(position: int, token_id: int, is_last: bool) -> bool:
+        def on_step(position: int, token_id: int, logprob: float | None, is_last: bool) -> bool:
             job = batch[position]
             outcome = job.state.on_token(token_id, is_last)
             if outcome.index is not None:
                 first = time.time() if outcome.index == 0 else None
-                self._publish_token(TokenEvent(job.job_id, outcome.index, outcome.text), first)
+                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
+                self._publish_token(event, first)
             return outcome.finish_reason is not None
 
         try:

@@ -1,0 +1,204 @@
+"""The official `openai` client (sync and async) against the real running stack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from tests.clients import get_job, poll_until_finished
+from worker.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def client(stack_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack_url}/v1", api_key="not-needed", max_retries=0)
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    models = client.models.list()
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "late"}
+    assert all(m.owned_by == "trickle" for m in models.data)
+    assert client.models.retrieve("demo").id == "demo"
+
+
+def test_completion_is_a_job(client: openai.OpenAI, stack_url: str, demo_model_dir: Path) -> None:
+    result = client.completions.create(model="demo", prompt="The socket", max_tokens=20)
+    choice = result.choices[0]
+    assert result.object == "text_completion"
+    assert choice.finish_reason in ("stop", "length")
+    job = get_job(stack_url, result.id)  # the completion's id is a Trickle job id
+    assert job["output"] == choice.text
+    tokenizer = Tokenizer(demo_model_dir / "tokenizer.model")
+    assert result.usage is not None
+    assert result.usage.prompt_tokens == tokenizer.count("The socket")
+    assert result.usage.completion_tokens == job["usage"]["completion_tokens"]
+    assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
+
+
+def test_greedy_stream_equals_non_stream(client: openai.OpenAI) -> None:
+    args = {"model": "demo", "prompt": "Return the", "max_tokens": 40, "temperature": 0}
+    whole = client.completions.create(**args)  # type: ignore[call-overload]
+    chunks = list(client.completions.create(stream=True, **args))  # type: ignore[call-overload]
+    streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    assert streamed == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_n_and_prompt_lists_make_one_choice_each(client: openai.OpenAI) -> None:
+    result = client.completions.create(
+        model="demo",
+        prompt=["The", "A file"],
+        n=2,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in result.choices] == [0, 1, 2, 3]
+    assert result.choices[0].text == result.choices[1].text  # greedy: same prompt, same text
+    assert len(result.job_ids) == 4  # type: ignore[attr-defined]
+    assert result.usage is not None
+    assert result.usage.completion_tokens == 4 * 8
+
+
+def test_stop_spanning_tokens_is_cut_in_stream_and_result(client: openai.OpenAI) -> None:
+    base = {"model": "demo", "prompt": "The file", "max_tokens": 40, "temperature": 0}
+    text = client.completions.create(**base).choices[0].text  # type: ignore[call-overload]
+    stop = text[len(text) // 3 : len(text) // 3 + 6]
+    result = client.completions.create(stop=[stop], **base)  # type: ignore[call-overload]
+    assert result.choices[0].text == text[: text.index(stop)]
+    assert result.choices[0].finish_reason == "stop"
+    chunks = client.completions.create(stop=stop, stream=True, **base)  # type: ignore[call-overload]
+    streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert streamed == result.choices[0].text and stop not in streamed
+
+
+def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
+    args = {"model": "demo", "prompt": "The", "max_tokens": 30, "temperature": 1.0}
+    first = client.completions.create(seed=1234, **args).choices[0].text  # type: ignore[call-overload]
+    # Same seed while other jobs share the worker: still the same text.
+    noise = [client.completions.create(**args) for _ in range(2)]  # type: ignore[call-overload]
+    again = client.completions.create(seed=1234, **args).choices[0].text  # type: ignore[call-overload]
+    other = client.completions.create(seed=99, **args).choices[0].text  # type: ignore[call-overload]
+    assert first == again
+    assert other != first
+    assert all(n.choices for n in noise)
+
+
+def test_logprobs_are_per_token(client: openai.OpenAI) -> None:
+    result = client.completions.create(
+        model="demo", prompt="The", max_tokens=10, logprobs=1, extra_body={"ignore_eos": True}
+    )
+    logprobs = result.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens is not None
+    assert len(logprobs.tokens) == 10
+    assert "".join(logprobs.tokens) == result.choices[0].text
+    assert logprobs.token_logprobs is not None
+    assert all(lp is not None and lp <= 0 for lp in logprobs.token_logprobs)
+
+
+def test_extra_body_top_k_and_repetition_penalty(client: openai.OpenAI) -> None:
+    result = client.completions.create(
+        model="demo",
+        prompt="The",
+        max_tokens=12,
+        extra_body={"top_k": 5, "repetition_penalty": 1.3},
+    )
+    assert result.choices[0].text
+
+
+def test_chat_completion_and_stream_with_usage(client: openai.OpenAI) -> None:
+    messages = [
+        {"role": "system", "content": "You write docstrings."},
+        {"role": "user", "content": [{"type": "text", "text": "Describe sockets."}]},
+    ]
+    whole = client.chat.completions.create(
+        model="demo",
+        messages=messages,
+        max_completion_tokens=24,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert whole.object == "chat.completion"
+    assert whole.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(
+        model="demo",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content == whole.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert whole.usage is not None
+    assert usage_chunk.usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_logprobs(client: openai.OpenAI) -> None:
+    result = client.chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=6,
+        logprobs=True,
+        top_logprobs=1,
+        extra_body={"ignore_eos": True},
+    )
+    content = result.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == 6
+    assert "".join(item.token for item in content) == result.choices[0].message.content
+
+
+def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model="no-such-model", prompt="x")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="demo", prompt="x", max_tokens=-1)
+    assert bad.value.body["param"] == "max_tokens"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="demo", messages=[], max_tokens=3)
+    with pytest.raises(openai.BadRequestError) as penalty:
+        client.completions.create(model="demo", prompt="x", presence_penalty=1.0)
+    assert penalty.value.body["param"] == "presence_penalty"  # type: ignore[index]
+
+
+def test_disconnect_mid_stream_cancels_the_job(stack_url: str) -> None:
+    body = {"model": "demo", "prompt": "The", "max_tokens": 1000, "stream": True}
+    body["ignore_eos"] = True
+    with requests.post(f"{stack_url}/v1/completions", json=body, stream=True, timeout=30) as r:
+        assert r.headers["X-Accel-Buffering"] == "no"
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith(b"data: "))
+    job_id = first.split(b'"id": "')[1].split(b'"')[0].decode()
+    final = poll_until_finished(stack_url, job_id, timeout=30)
+    assert final["status"] == "canceled"
+    assert final["usage"]["completion_tokens"] < 1000
+
+
+def test_async_client_streams(stack_url: str) -> None:
+    async def run() -> str:
+        client = openai.AsyncOpenAI(base_url=f"{stack_url}/v1", api_key="x", max_retries=0)
+        stream = await client.chat.completions.create(
+            model="demo",
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=16,
+            stream=True,
+        )
+        parts = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        await client.close()
+        return "".join(parts)
+
+    started = time.monotonic()
+    assert asyncio.run(run())
+    assert time.monotonic() - started < 30

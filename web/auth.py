@@ -1,0 +1,58 @@
+"""Optional API keys: with keys configured, every /v1 route wants ``Authorization: Bearer``.
+
+Keys are compared as SHA-256 digests in constant time, so a config may hold ``sha256:<hex>``
+digests instead of the keys themselves. Health routes stay open for probes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from flask import Flask, g, request
+
+from web.errors import ApiError
+
+PROTECTED_PREFIX = "/v1/"
+DIGEST_PREFIX = "sha256:"
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def accepted_digests(api_keys: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(
+        entry[len(DIGEST_PREFIX) :].lower()
+        if entry.startswith(DIGEST_PREFIX)
+        else key_digest(entry)
+        for entry in api_keys
+    )
+
+
+def unauthorized(message: str) -> ApiError:
+    return ApiError(
+        401,
+        "invalid_request_error",
+        message,
+        headers={"WWW-Authenticate": "Bearer"},
+        code="invalid_api_key",
+    )
+
+
+def install_auth(app: Flask, api_keys: tuple[str, ...]) -> None:
+    digests = accepted_digests(api_keys)
+    if not digests:
+        return
+
+    @app.before_request
+    def require_api_key() -> None:
+        if not request.path.startswith(PROTECTED_PREFIX):
+            return
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise unauthorized("missing API key: send Authorization: Bearer <key>")
+        digest = key_digest(token.strip())
+        if not any(hmac.compare_digest(digest, known) for known in digests):
+            raise unauthorized("invalid API key")
+        g.api_key_digest = digest

@@ -1,0 +1,223 @@
+"""OpenAI-compatible endpoints on the same queue: every choice of every request is a Trickle job.
+
+``/v1/completions`` and ``/v1/chat/completions`` create one job per (prompt, n) choice, so the
+workers, token stream and result store are exactly those of ``/v1/jobs`` and each job is visible
+at ``/v1/jobs/<id>``. Streams are SSE ``data:`` lines; a client that disconnects cancels its jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+from flask import Blueprint, Response, jsonify, stream_with_context
+
+from web import openai_responses as shapes
+from web.errors import ApiError, not_found
+from web.follow import Done, JobFollower, KeepAlive, follow_many, wait_for_job
+from web.openai_requests import (
+    OpenAIRequest,
+    RequestKind,
+    parse_chat_request,
+    parse_completion_request,
+)
+from web.services import Services, services
+from web.submission import check_queue_capacity, enqueue, prepare_job, read_json_body
+from worker.events import TokenEvent
+from worker.jobs import Job, JobStatus
+
+log = logging.getLogger(__name__)
+blueprint = Blueprint("openai", __name__)
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+STARTED_AT = int(time.time())
+
+
+@blueprint.get("/v1/models")
+def list_models() -> Response:
+    names = services().settings.models
+    return jsonify({"object": "list", "data": [_model_object(name) for name in names]})
+
+
+@blueprint.get("/v1/models/<path:model_id>")
+def get_model(model_id: str) -> Response:
+    if model_id not in services().settings.models:
+        raise not_found(f"model {model_id!r} does not exist", "model", code="model_not_found")
+    return jsonify(_model_object(model_id))
+
+
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": STARTED_AT, "owned_by": "trickle"}
+
+
+@blueprint.post("/v1/completions")
+def completions() -> Response:
+    svc = services()
+    return _respond(svc, parse_completion_request(read_json_body(), svc.settings))
+
+
+@blueprint.post("/v1/chat/completions")
+def chat_completions() -> Response:
+    svc = services()
+    return _respond(svc, parse_chat_request(read_json_body(), svc.settings))
+
+
+def _respond(svc: Services, req: OpenAIRequest) -> Response:
+    jobs = _create_jobs(svc, req)
+    envelope = shapes.Envelope(
+        id=jobs[0].id, created=int(time.time()), model=req.model, job_ids=tuple(j.id for j in jobs)
+    )
+    if req.stream:
+        followers = [JobFollower(svc.store, svc.hub, job.id, -1) for job in jobs]
+        body = stream_with_context(_stream(svc, req, jobs, followers, envelope))
+        return Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+    return jsonify(_complete(svc, req, jobs, envelope))
+
+
+def _create_jobs(svc: Services, req: OpenAIRequest) -> list[Job]:
+    """Validate every choice first, then enqueue them all (all or nothing for bad input)."""
+    jobs = []
+    for prompt_index, prompt in enumerate(req.prompts):
+        for sample in range(req.n):
+            params = req.params
+            if params.seed is not None:
+                # Each choice gets its own seed, derived so the whole request stays repeatable.
+                choice = prompt_index * req.n + sample
+                params = dataclasses.replace(params, seed=params.seed + choice)
+            jobs.append(prepare_job(svc, req.model, prompt, params))
+    check_queue_capacity(svc, req.model, adding=len(jobs))
+    for job in jobs:
+        enqueue(svc, job)
+    return jobs
+
+
+def _prompt_tokens(req: OpenAIRequest, jobs: list[Job]) -> int:
+    # Counted once per prompt, as OpenAI does, however many samples were drawn from it.
+    return sum(jobs[i * req.n].usage.prompt_tokens for i in range(len(req.prompts)))
+
+
+def _complete(
+    svc: Services, req: OpenAIRequest, jobs: list[Job], envelope: shapes.Envelope
+) -> dict[str, Any]:
+    deadline = time.monotonic() + svc.settings.web.completion_timeout_seconds
+    finished: list[tuple[Job, list[TokenEvent]]] = []
+    for job in jobs:
+        done = wait_for_job(svc.store, svc.hub, job.id, max(deadline - time.monotonic(), 0))
+        if done is None or not done.status.is_terminal:
+            _cancel(svc, jobs)
+            raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
+        final, events = svc.store.snapshot(job.id, 0)
+        assert final is not None
+        if final.status is JobStatus.FAILED:
+            _cancel(svc, jobs)
+            raise _generation_failed(final)
+        finished.append((final, events))
+    choices = [
+        _choice(req, index, job, events, prompt)
+        for index, ((job, events), prompt) in enumerate(
+            zip(finished, _choice_prompts(req), strict=True)
+        )
+    ]
+    completion_tokens = sum(job.usage.completion_tokens for job, _ in finished)
+    usage = shapes.usage(_prompt_tokens(req, jobs), completion_tokens)
+    if req.kind is RequestKind.CHAT:
+        return shapes.chat_object(envelope, choices, usage)
+    return shapes.completion_object(envelope, choices, usage)
+
+
+def _choice(
+    req: OpenAIRequest, index: int, job: Job, events: list[TokenEvent], prompt: str
+) -> dict[str, Any]:
+    reason = shapes.finish_reason(job)
+    wants_logprobs = req.logprobs is not None
+    if req.kind is RequestKind.CHAT:
+        logprobs = shapes.chat_logprobs(events, req.logprobs or 0) if wants_logprobs else None
+        return shapes.chat_choice(index, job.output, reason, logprobs)
+    text = (prompt if req.echo else "") + job.output
+    logprobs = shapes.completion_logprobs(events, 0) if wants_logprobs else None
+    return shapes.completion_choice(index, text, reason, logprobs)
+
+
+def _choice_prompts(req: OpenAIRequest) -> list[str]:
+    return [prompt for prompt in req.prompts for _ in range(req.n)]
+
+
+def _stream(
+    svc: Services,
+    req: OpenAIRequest,
+    jobs: list[Job],
+    followers: list[JobFollower],
+    envelope: shapes.Envelope,
+) -> Iterator[str]:
+    chat = req.kind is RequestKind.CHAT
+    finished: set[int] = set()
+    offsets = [0] * len(jobs)
+    completion_tokens = 0
+    try:
+        for index, prompt in enumerate(_choice_prompts(req)):
+            if chat:
+                yield _sse(shapes.chat_chunk(envelope, index, {"role": "assistant", "content": ""}))
+            elif req.echo:
+                offsets[index] = len(prompt)
+                yield _sse(shapes.completion_chunk(envelope, index, prompt))
+        for index, event in follow_many(followers, svc.settings.web.keepalive_seconds):
+            if isinstance(event, KeepAlive):
+                yield ": keep-alive\n\n"
+            elif isinstance(event, TokenEvent):
+                if event.text or req.logprobs is not None:
+                    yield _sse(_token_chunk(req, envelope, index, event, offsets[index]))
+                    offsets[index] += len(event.text)
+            elif isinstance(event, Done):
+                finished.add(index)
+                job = event.job
+                if job.status is JobStatus.FAILED:
+                    yield _sse(_generation_failed(job).to_dict())
+                    return
+                completion_tokens += job.usage.completion_tokens
+                reason = shapes.finish_reason(job)
+                if chat:
+                    yield _sse(shapes.chat_chunk(envelope, index, {}, reason))
+                else:
+                    yield _sse(shapes.completion_chunk(envelope, index, "", reason))
+        if req.include_usage:
+            kind = "chat.completion.chunk" if chat else "text_completion"
+            usage = shapes.usage(_prompt_tokens(req, jobs), completion_tokens)
+            yield _sse(shapes.usage_chunk(envelope, kind, usage))
+        yield "data: [DONE]\n\n"
+    finally:
+        # The client went away (or generation failed): stop what still runs, within one step.
+        unfinished = [job for index, job in enumerate(jobs) if index not in finished]
+        _cancel(svc, unfinished)
+
+
+def _token_chunk(
+    req: OpenAIRequest, envelope: shapes.Envelope, index: int, event: TokenEvent, offset: int
+) -> dict[str, Any]:
+    if req.kind is RequestKind.CHAT:
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = shapes.chat_logprobs([event], req.logprobs)
+        return shapes.chat_chunk(envelope, index, {"content": event.text}, logprobs=logprobs)
+    logprobs = shapes.completion_logprobs([event], offset) if req.logprobs is not None else None
+    return shapes.completion_chunk(envelope, index, event.text, logprobs=logprobs)
+
+
+def _generation_failed(job: Job) -> ApiError:
+    detail = job.error.message if job.error else "unknown error"
+    return ApiError(500, "server_error", f"generation failed: {detail}", code="generation_failed")
+
+
+def _cancel(svc: Services, jobs: list[Job]) -> None:
+    for job in jobs:
+        try:
+            svc.store.cancel(job.id, time.time())
+        except redis.RedisError as exc:
+            log.warning("could not cancel job %s: %s", job.id, exc)
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"

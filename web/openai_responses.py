@@ -1,0 +1,128 @@
+"""Build OpenAI-shaped response objects and stream chunks from Trickle jobs and token events."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from worker.events import TokenEvent
+from worker.jobs import FinishReason, Job
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The fields every object and chunk of one response shares."""
+
+    id: str
+    created: int
+    model: str
+    job_ids: tuple[str, ...]
+
+
+def finish_reason(job: Job) -> str:
+    # OpenAI knows only stop and length; a job canceled through /cancel ended at our request.
+    return "length" if job.finish_reason is FinishReason.LENGTH else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_logprobs(events: Sequence[TokenEvent], text_offset: int) -> dict[str, Any]:
+    """Legacy completions shape; only the sampled token is known, so top_logprobs has one entry."""
+    offsets = []
+    for event in events:
+        offsets.append(text_offset)
+        text_offset += len(event.text)
+    return {
+        "tokens": [event.text for event in events],
+        "token_logprobs": [event.logprob for event in events],
+        "top_logprobs": [{event.text: event.logprob} for event in events],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
+    def entry(event: TokenEvent) -> dict[str, Any]:
+        return {
+            "token": event.text,
+            "logprob": event.logprob,
+            "bytes": list(event.text.encode("utf-8")),
+        }
+
+    return {
+        "content": [
+            {**entry(event), "top_logprobs": [entry(event)] if top > 0 else []} for event in events
+        ]
+    }
+
+
+def _base(envelope: Envelope, kind: str) -> dict[str, Any]:
+    return {
+        "id": envelope.id,
+        "object": kind,
+        "created": envelope.created,
+        "model": envelope.model,
+        "system_fingerprint": None,
+        "job_ids": list(envelope.job_ids),
+    }
+
+
+def completion_object(
+    envelope: Envelope, choices: list[dict[str, Any]], usage_: dict[str, int]
+) -> dict[str, Any]:
+    return {**_base(envelope, "text_completion"), "choices": choices, "usage": usage_}
+
+
+def chat_object(
+    envelope: Envelope, choices: list[dict[str, Any]], usage_: dict[str, int]
+) -> dict[str, Any]:
+    return {**_base(envelope, "chat.completion"), "choices": choices, "usage": usage_}
+
+
+def completion_choice(
+    index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def chat_choice(
+    index: int, text: str, reason: str, logprobs: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": reason,
+    }
+
+
+def completion_chunk(
+    envelope: Envelope,
+    index: int,
+    text: str,
+    reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice = completion_choice(index, text, reason, logprobs)
+    return {**_base(envelope, "text_completion"), "choices": [choice]}
+
+
+def chat_chunk(
+    envelope: Envelope,
+    index: int,
+    delta: dict[str, Any],
+    reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    return {**_base(envelope, "chat.completion.chunk"), "choices": [choice]}
+
+
+def usage_chunk(envelope: Envelope, kind: str, usage_: dict[str, int]) -> dict[str, Any]:
+    return {**_base(envelope, kind), "choices": [], "usage": usage_}

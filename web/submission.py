@@ -1,0 +1,75 @@
+"""Turning a validated request into a queued job: the one path every API takes to the workers."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from flask import request
+
+from web.errors import ApiError, invalid, unavailable
+from web.services import Services
+from web.validation import check_prompt_length
+from worker import keys
+from worker.jobs import GenerationParams, Job, Usage, new_job_id
+from worker.queueing import enqueue_generation
+
+QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+
+
+def read_json_body() -> Any:
+    """The request body as JSON; bad UTF-8 or syntax is a 400 naming the body."""
+    raw = request.get_data(cache=False)
+    if not raw:
+        raise invalid("body", "request body must be a JSON object")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid("body", f"request body is not valid UTF-8 (byte {exc.start})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid("body", f"request body is not valid JSON: {exc}") from exc
+
+
+def count_prompt_tokens(svc: Services, model: str, prompt: str) -> int:
+    try:
+        tokenizer = svc.tokenizer(model)
+    except ValueError as exc:
+        raise unavailable(f"model {model!r} is not available: {exc}") from exc
+    return tokenizer.count(prompt)
+
+
+def prepare_job(svc: Services, model: str, prompt: str, params: GenerationParams) -> Job:
+    """Check the prompt against the limits and build the job (not stored yet)."""
+    prompt_tokens = count_prompt_tokens(svc, model, prompt)
+    check_prompt_length(prompt_tokens, params, svc.settings, model)
+    return Job(
+        id=new_job_id(),
+        model=model,
+        prompt=prompt,
+        params=params,
+        usage=Usage(prompt_tokens=prompt_tokens),
+        created_at=time.time(),
+    )
+
+
+def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
+    """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
+    waiting = int(svc.redis.llen(keys.model_queue(model)))
+    limit = svc.settings.limits.max_queued_jobs
+    if waiting + adding > limit:
+        raise ApiError(
+            429,
+            "queue_full",
+            f"model {model!r} has {waiting} jobs waiting (limit {limit}); retry later",
+            headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)},
+            code="queue_full",
+        )
+
+
+def enqueue(svc: Services, job: Job) -> None:
+    """Record the job, then hand its id to the model's queue."""
+    svc.store.create(job)
+    enqueue_generation(svc.celery, job.id, job.model)
