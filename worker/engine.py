@@ -53,8 +53,11 @@ class EngineRequest:
     seed: int | None = None
 
 
-# (position in batch, token id, log-probability, is_last) -> True to stop that sequence.
-StepCallback = Callable[[int, int, float | None, bool], bool]
+# (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.
+# The step counts decoding-loop iterations of the batch: a sequence whose prompt is longer than
+# the batch's shortest reports its first token at a later step (CTranslate2 feeds the extra
+# prompt tokens through the loop).
+StepCallback = Callable[[int, int, int, float | None, bool], bool]
 
 
 def resolve_device(device: str) -> str:
@@ -107,7 +110,7 @@ class Engine:
         prompts = [self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests]
 
         def callback(step: ctranslate2.GenerationStepResult) -> bool:
-            return on_step(step.batch_id, step.token_id, step.log_prob, step.is_last)
+            return on_step(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
 
         self.generator.generate_batch(
             prompts,
@@ -150,7 +153,7 @@ class Engine:
             logprob = float(log_softmax(logits)[token_id])
             at_end = token_id == self.eos_id and not sampling.ignore_eos
             is_last = at_end or step == request.max_new_tokens - 1
-            if on_step(0, token_id, logprob, is_last) or is_last:
+            if on_step(0, step, token_id, logprob, is_last) or is_last:
                 return
             ids.append(token_id)
             pieces.append(self.tokenizer.to_pieces([token_id])[0])

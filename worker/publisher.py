@@ -34,6 +34,13 @@ class TokenItem:
 
 
 @dataclass(frozen=True)
+class StepItem:
+    """Every token one decoding step produced across a batch: published together."""
+
+    tokens: tuple[TokenItem, ...]
+
+
+@dataclass(frozen=True)
 class FinishItem:
     job_id: str
     result: JobResult
@@ -44,14 +51,15 @@ class TokenPublisher:
     def __init__(self, store: JobStore, on_cancel_requested: Callable[[str], None]):
         self._store = store
         self._on_cancel_requested = on_cancel_requested
-        self._queue: queue.SimpleQueue[TokenItem | FinishItem | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[StepItem | FinishItem | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
         self._thread.start()
 
-    def publish_token(self, event: TokenEvent, first_token_at: float | None = None) -> None:
+    def publish_step(self, tokens: tuple[TokenItem, ...]) -> None:
         """Called on the engine thread: never blocks, never touches the network."""
-        self._queue.put(TokenItem(event, first_token_at))
+        if tokens:
+            self._queue.put(StepItem(tokens))
 
     def publish_finish(self, job_id: str, result: JobResult) -> threading.Event:
         """Queue a job's final state; the returned event is set once Redis has it."""
@@ -70,11 +78,12 @@ class TokenPublisher:
                 return
             self._flush(items)
 
-    def _drain(self) -> list[TokenItem | FinishItem] | None:
+    def _drain(self) -> list[StepItem | FinishItem] | None:
+        """Everything queued since the last round trip: one step, or several when Redis lags."""
         first = self._queue.get()
         if first is None:
             return None
-        items: list[TokenItem | FinishItem] = [first]
+        items: list[StepItem | FinishItem] = [first]
         while len(items) < MAX_ITEMS_PER_FLUSH:
             try:
                 item = self._queue.get_nowait()
@@ -86,12 +95,15 @@ class TokenPublisher:
             items.append(item)
         return items
 
-    def _flush(self, items: list[TokenItem | FinishItem]) -> None:
-        tokens = [item.event for item in items if isinstance(item, TokenItem)]
+    def _flush(self, items: list[StepItem | FinishItem]) -> None:
+        token_items = [
+            token for item in items if isinstance(item, StepItem) for token in item.tokens
+        ]
+        tokens = [item.event for item in token_items]
         first_token_at = {
             item.event.job_id: item.first_token_at
-            for item in items
-            if isinstance(item, TokenItem) and item.first_token_at is not None
+            for item in token_items
+            if item.first_token_at is not None
         }
         finishes = [item for item in items if isinstance(item, FinishItem)]
         finished_ids = {item.job_id for item in finishes}

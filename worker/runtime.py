@@ -13,11 +13,10 @@ import redis
 
 from worker import keys
 from worker.config import Settings
-from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine import Engine
 from worker.jobs import FinishReason, Job, JobError, JobStatus
 from worker.publisher import TokenPublisher
-from worker.scheduler import BatchScheduler, ScheduledJob
-from worker.sequence import SequenceState
+from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.store import JobResult, JobStore
 
 log = logging.getLogger(__name__)
@@ -52,7 +51,7 @@ class WorkerRuntime:
             self.engines[name] = engine
             self.schedulers[name] = BatchScheduler(
                 engine,
-                self.publisher.publish_token,
+                self.publisher.publish_step,
                 max_batch_size=model.max_batch_size,
                 max_batch_wait_ms=model.max_batch_wait_ms,
                 engine_threads=model.inter_threads,
@@ -121,19 +120,7 @@ class WorkerRuntime:
                 f"exceeds the model's context of {limit} tokens"
             )
         self.store.set_prompt_tokens(job.id, len(prompt_ids))
-        params = job.params
-        sampling = SamplingKey.from_params(params)
-        state = SequenceState(
-            engine.tokenizer,
-            prompt_ids,
-            params.max_tokens,
-            params.stop,
-            None if params.ignore_eos else engine.eos_id,
-        )
-        # A seed matters only when sampling; greedy jobs batch with everyone.
-        seed = None if params.is_greedy else params.seed
-        request = EngineRequest(prompt_ids, params.max_tokens, sampling, seed)
-        scheduled = ScheduledJob(job.id, request, state)
+        scheduled = make_scheduled_job(engine, job.id, prompt_ids, job.params)
         with self._lock:
             self._in_flight[job.id] = scheduled
         self.schedulers[job.model].submit(scheduled)

@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.engine import Engine, EngineRequest
+from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.events import TokenEvent
-from worker.jobs import FinishReason
+from worker.jobs import FinishReason, GenerationParams
+from worker.publisher import TokenItem
 from worker.sequence import SequenceState
 
 log = logging.getLogger(__name__)
@@ -31,20 +32,38 @@ class ScheduledJob:
     error: BaseException | None = None
 
 
-TokenSink = Callable[[TokenEvent, float | None], None]
+def make_scheduled_job(
+    engine: Engine, job_id: str, prompt_ids: list[int], params: GenerationParams
+) -> ScheduledJob:
+    """Engine request plus per-job state for one job's parameters."""
+    state = SequenceState(
+        engine.tokenizer,
+        prompt_ids,
+        params.max_tokens,
+        params.stop,
+        None if params.ignore_eos else engine.eos_id,
+    )
+    # A seed matters only when sampling; greedy jobs batch with everyone.
+    seed = None if params.is_greedy else params.seed
+    request = EngineRequest(prompt_ids, params.max_tokens, SamplingKey.from_params(params), seed)
+    return ScheduledJob(job_id, request, state)
+
+
+# Receives every token of one decoding step of one batch at once.
+StepSink = Callable[[tuple[TokenItem, ...]], None]
 
 
 class BatchScheduler:
     def __init__(
         self,
         engine: Engine,
-        publish_token: TokenSink,
+        publish_step: StepSink,
         max_batch_size: int,
         max_batch_wait_ms: float,
         engine_threads: int = 1,
     ):
         self._engine = engine
-        self._publish_token = publish_token
+        self._publish_step = publish_step
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
         self._pending: list[ScheduledJob] = []
@@ -102,15 +121,22 @@ class BatchScheduler:
 
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
         self.batch_sizes.append(len(batch))
+        step_buffer = StepBuffer(batch, self._publish_step)
 
-        def on_step(position: int, token_id: int, logprob: float | None, is_last: bool) -> bool:
+        def on_step(
+            position: int, step: int, token_id: int, logprob: float | None, is_last: bool
+        ) -> bool:
             job = batch[position]
             outcome = job.state.on_token(token_id, is_last)
+            item = None
             if outcome.index is not None:
                 first = time.time() if outcome.index == 0 else None
-                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
-                self._publish_token(event, first)
-            return outcome.finish_reason is not None
+                item = TokenItem(
+                    TokenEvent(job.job_id, outcome.index, outcome.text, logprob), first
+                )
+            finished = outcome.finish_reason is not None
+            step_buffer.add(position, step, item, finished)
+            return finished
 
         try:
             self._engine.generate([job.request for job in batch], on_step)
@@ -119,6 +145,7 @@ class BatchScheduler:
             for job in batch:
                 job.error = exc
                 job.state.finish_without_token(FinishReason.ERROR)
+        step_buffer.flush()
         for job in batch:
             # Ended without a final callback (a cancel seen after the last step, a short batch).
             job.state.finish_without_token(
@@ -127,3 +154,41 @@ class BatchScheduler:
                 else FinishReason.LENGTH
             )
             job.ended.set()
+
+
+class StepBuffer:
+    """Collects one decoding step's tokens across a batch, handing them off as one item.
+
+    The step is complete when every sequence expected to speak in it has (a sequence with a
+    longer prompt starts later: CTranslate2 feeds its extra prompt tokens through the loop), or
+    as soon as a later step begins, so a wrong expectation costs a split step, never a token.
+    """
+
+    def __init__(self, batch: list[ScheduledJob], publish_step: StepSink):
+        self._publish_step = publish_step
+        lengths = [len(job.request.prompt_ids) for job in batch]
+        shortest = min(lengths)
+        self._first_step = [length - shortest for length in lengths]
+        self._live = set(range(len(batch)))
+        self._step = -1
+        self._reported: set[int] = set()
+        self._items: list[TokenItem] = []
+
+    def add(self, position: int, step: int, item: TokenItem | None, finished: bool) -> None:
+        if step != self._step:
+            self.flush()
+            self._step = step
+        self._reported.add(position)
+        if item is not None:
+            self._items.append(item)
+        if finished:
+            self._live.discard(position)
+        expected = {p for p in self._live if self._first_step[p] <= step}
+        if expected <= self._reported:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._items:
+            self._publish_step(tuple(self._items))
+        self._items = []
+        self._reported = set()
