@@ -13,7 +13,7 @@ import redis
 
 from worker.config import ModelSettings
 from worker.engine import Engine
-from worker.jobs import FinishReason, GenerationParams
+from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
 from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.store import JobStore
@@ -34,19 +34,20 @@ class Harness:
     def __init__(self, engine: Engine, client: redis.Redis, max_batch_size: int, wait_ms: float):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
-        self.publisher = TokenPublisher(self.store, lambda job_id: None)
+        self.publisher = TokenPublisher(self.store, lambda job_id: None, lambda job_id: None)
         self.scheduler = BatchScheduler(
             engine, self.publisher.publish_step, max_batch_size, max_batch_wait_ms=wait_ms
         )
-        self._counter = 0
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:
-        self._counter += 1
-        ids = self.engine.tokenizer.encode(prompt)
+        """A job stored and claimed as a worker would, so its writes carry a real fence."""
         options = GenerationParams(**params)  # type: ignore[arg-type]
-        return make_scheduled_job(
-            self.engine, f"job_batch_{id(self)}_{self._counter}", ids, options
-        )
+        job = Job(new_job_id(), self.engine.settings.name, prompt, options, created_at=time.time())
+        self.store.create(job)
+        claim = self.store.claim(job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3)
+        assert claim.claimed
+        ids = self.engine.tokenizer.encode(prompt)
+        return make_scheduled_job(self.engine, job.id, ids, options, claim.fence)
 
     def run(self, jobs: list[ScheduledJob]) -> list[ScheduledJob]:
         for job in jobs:
@@ -145,7 +146,7 @@ def test_cancel_stops_only_its_own_sequence(harness: Harness, redis_client: redi
     def cancel_when_started() -> None:
         while victim.state.count < 10:
             time.sleep(0.0005)
-        victim.state.cancel_requested.set()
+        victim.state.request_stop(FinishReason.CANCELED)
 
     canceller = threading.Thread(target=cancel_when_started)
     canceller.start()

@@ -12,3 +12,7 @@ def test_exact_key_strings() -> None:
     assert keys.model_workers("demo") == "trickle:workers:demo"
     assert keys.EVENTS_CHANNEL == "trickle:events"
     assert keys.GENERATE_TASK == "trickle.generate"
+    assert keys.job_lease("job_abc") == "trickle:job:job_abc:lease"
+    assert keys.RUNNING_JOBS == "trickle:running"
+    assert keys.QUEUED_JOBS == "trickle:queued"
+    assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:k1:requests:29000000"

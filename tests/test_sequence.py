@@ -60,7 +60,7 @@ def test_end_of_sequence_counts_as_a_token_and_flushes_held_text() -> None:
 def test_cancel_ends_before_the_next_token() -> None:
     state = make()
     run(state, "ab", ends=False)
-    state.cancel_requested.set()
+    state.request_stop(FinishReason.CANCELED)
     outcome = state.on_token(ord("c"), is_last=False)
     assert outcome.index is None and outcome.finish_reason is FinishReason.CANCELED
     assert state.output == "ab"

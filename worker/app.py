@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery, signals
 
 from worker.config import load_settings
-from worker.queueing import make_celery
+from worker.queueing import enqueue_generation, make_celery
 from worker.runtime import WorkerRuntime
 from worker.tasks import current_runtime, install_runtime, register_tasks
 
@@ -31,15 +31,26 @@ def create_worker_app() -> Celery:
         settings.model(name).max_batch_size * settings.model(name).inter_threads for name in served
     )
     register_tasks(app)
+    # Requeued jobs may belong to any model, not only those this worker consumes.
+    producer = make_celery(settings, settings.models)
+
+    def requeue(job_id: str, model: str) -> None:
+        enqueue_generation(producer, job_id, model)
 
     @signals.worker_init.connect(weak=False)
     def load_models(sender: Any = None, **_: Any) -> None:
         logging.basicConfig(level=logging.INFO)
-        install_runtime(WorkerRuntime(settings, node_name=getattr(sender, "hostname", "worker")))
+        node = getattr(sender, "hostname", "worker")
+        install_runtime(WorkerRuntime(settings, requeue, node_name=node))
 
     @signals.worker_ready.connect(weak=False)
     def announce(**_: Any) -> None:
-        current_runtime().start_heartbeat()
+        current_runtime().start()
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def hand_back(**_: Any) -> None:
+        handed = current_runtime().hand_back_pending()
+        logging.getLogger(__name__).info("warm shutdown: %d waiting job(s) handed back", handed)
 
     @signals.worker_shutdown.connect(weak=False)
     def shutdown(**_: Any) -> None:

@@ -60,6 +60,18 @@ class WorkerSettings:
     models: tuple[str, ...] = ()
     heartbeat_seconds: float = 2.0
     heartbeat_ttl_seconds: float = 10.0
+    # A worker holds a lease on each job it runs and renews it every lease/3; a job whose lease
+    # lapses (its worker died) is requeued by any live worker's sweep, and resumes where its
+    # stream stopped. Recovery takes at most lease_seconds + recovery_interval_seconds.
+    lease_seconds: float = 10.0
+    recovery_interval_seconds: float = 2.0
+    # Claims per job: past this, a job whose workers keep dying fails instead of looping.
+    max_attempts: int = 3
+    # Celery/kombu redelivery of unacknowledged messages; leases make recovery fast, so this is
+    # only the backstop and must exceed the longest job.
+    visibility_timeout_seconds: int = 7200
+    # How long a worker keeps retrying Redis before giving a job up.
+    redis_retry_seconds: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,8 @@ class LimitSettings:
     queued_ttl_seconds: int = 86_400
     # Per model: beyond this many waiting jobs, submissions get 429 instead of queueing forever.
     max_queued_jobs: int = 1000
+    # A running job is stopped and failed after this long (from its first start).
+    max_job_seconds: float = 600.0
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,10 @@ class Job:
     started_at: float | None = None
     first_token_at: float | None = None
     completed_at: float | None = None
+    # How many times a worker claimed it (more than one: it survived a worker's death).
+    attempts: int = 0
+    # Digest of the API key that created it ("" without keys): only that key may see it.
+    owner: str = ""
 
     def metrics(self) -> dict[str, float | None]:
         """Timings a client cares about; time to first token counts from submission."""
@@ -150,4 +154,5 @@ class Job:
             "created_at": self.created_at,
             "started_at": self.started_at,
             "completed_at": self.completed_at,
+            "attempts": self.attempts,
         }

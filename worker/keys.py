@@ -25,6 +25,23 @@ def job_tokens(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:tokens"
 
 
+def job_lease(job_id: str) -> str:
+    """String naming the worker attempt that may run the job ("<node>:<attempt>"); expires
+    unless renewed, which is how a dead worker's jobs are noticed."""
+    return f"{PREFIX}:job:{job_id}:lease"
+
+
+# Sorted sets of job ids: running ones (scored by claim time) and queued ones (scored by the
+# moment they expire unless started). Workers sweep them to recover and expire jobs.
+RUNNING_JOBS = f"{PREFIX}:running"
+QUEUED_JOBS = f"{PREFIX}:queued"
+
+
+def rate_window(subject: str, kind: str, window: int) -> str:
+    """Counter of requests or tokens one API key used in one fixed window (minute number)."""
+    return f"{PREFIX}:rate:{subject}:{kind}:{window}"
+
+
 def model_queue(model: str) -> str:
     """Celery queue (a Redis list under kombu) that carries the ids of one model's jobs."""
     return f"{PREFIX}.{model}"

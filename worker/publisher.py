@@ -14,12 +14,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
-from worker import keys
-from worker.events import StepMessage, TokenEvent
-from worker.store import JobResult, JobStore
+from worker.events import TokenEvent
+from worker.store import JobResult, JobStore, StepAppend
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 @dataclass(frozen=True)
 class TokenItem:
     event: TokenEvent
+    fence: str  # the lease this worker holds on the job: writes without it are refused
     first_token_at: float | None = None
 
 
@@ -43,14 +44,21 @@ class StepItem:
 @dataclass(frozen=True)
 class FinishItem:
     job_id: str
+    fence: str
     result: JobResult
     persisted: threading.Event = field(default_factory=threading.Event)
 
 
 class TokenPublisher:
-    def __init__(self, store: JobStore, on_cancel_requested: Callable[[str], None]):
+    def __init__(
+        self,
+        store: JobStore,
+        on_cancel_requested: Callable[[str], None],
+        on_lease_lost: Callable[[str], None],
+    ):
         self._store = store
         self._on_cancel_requested = on_cancel_requested
+        self._on_lease_lost = on_lease_lost
         self._queue: queue.SimpleQueue[StepItem | FinishItem | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
@@ -61,9 +69,9 @@ class TokenPublisher:
         if tokens:
             self._queue.put(StepItem(tokens))
 
-    def publish_finish(self, job_id: str, result: JobResult) -> threading.Event:
-        """Queue a job's final state; the returned event is set once Redis has it."""
-        item = FinishItem(job_id, result)
+    def publish_finish(self, job_id: str, fence: str, result: JobResult) -> threading.Event:
+        """Queue a job's final state after its tokens; the event is set once Redis answered."""
+        item = FinishItem(job_id, fence, result)
         self._queue.put(item)
         return item.persisted
 
@@ -96,44 +104,36 @@ class TokenPublisher:
         return items
 
     def _flush(self, items: list[StepItem | FinishItem]) -> None:
-        token_items = [
-            token for item in items if isinstance(item, StepItem) for token in item.tokens
-        ]
-        tokens = [item.event for item in token_items]
-        first_token_at = {
-            item.event.job_id: item.first_token_at
-            for item in token_items
-            if item.first_token_at is not None
-        }
+        appends = _group_by_job(
+            [t for item in items if isinstance(item, StepItem) for t in item.tokens]
+        )
         finishes = [item for item in items if isinstance(item, FinishItem)]
-        finished_ids = {item.job_id for item in finishes}
-        running_ids = sorted({event.job_id for event in tokens} - finished_ids)
-        message = StepMessage(tokens=tokens, finished=[item.job_id for item in finishes])
 
         def build(pipe: redis.client.Pipeline) -> None:
-            self._store.queue_tokens(pipe, tokens, first_token_at)
+            if appends:
+                self._store.queue_step(pipe, appends)
             for item in finishes:
-                self._store.queue_finish(pipe, item.job_id, item.result)
-            pipe.publish(keys.EVENTS_CHANNEL, message.encode())
-            for job_id in running_ids:
-                self._store.queue_cancel_check(pipe, job_id)
+                self._store.queue_finish(pipe, item.job_id, item.fence, item.result)
 
         replies = self._execute_with_retry(build)
         self.round_trips += 1
-        for job_id, flag in zip(
-            running_ids, replies[len(replies) - len(running_ids) :], strict=True
-        ):
-            if flag:
+        if appends:
+            outcome = self._store.step_outcome(appends, replies[0])
+            for job_id in outcome.cancel_requested:
                 self._on_cancel_requested(job_id)
-        for item in finishes:
+            for job_id in outcome.fenced_out:
+                self._on_lease_lost(job_id)
+        for item, stored in zip(finishes, replies[1 if appends else 0 :], strict=True):
+            if not stored:
+                log.warning("final state of %s not stored: this worker lost its lease", item.job_id)
             item.persisted.set()
 
-    def _execute_with_retry(self, build: Callable[[redis.client.Pipeline], None]) -> list[object]:
+    def _execute_with_retry(self, build: Callable[[redis.client.Pipeline], None]) -> list[Any]:
         """Redis being away must not lose tokens: retry the same flush until it lands."""
         attempt = 0
         while True:
-            # MULTI/EXEC: a flush lands whole or not at all, so a retry cannot duplicate tokens.
-            pipe = self._store.redis.pipeline(transaction=True)
+            # Each script is atomic and skips what a lost-reply attempt already wrote.
+            pipe = self._store.redis.pipeline(transaction=False)
             build(pipe)
             try:
                 return list(pipe.execute())
@@ -142,3 +142,21 @@ class TokenPublisher:
                 log.warning("publishing tokens failed (%s); retrying in %.2fs", exc, delay)
                 time.sleep(delay)
                 attempt += 1
+
+
+def _group_by_job(tokens: list[TokenItem]) -> list[StepAppend]:
+    """One StepAppend per job, its tokens in order (a flush may span several steps)."""
+    grouped: dict[str, list[TokenItem]] = {}
+    for item in tokens:
+        grouped.setdefault(item.event.job_id, []).append(item)
+    return [
+        StepAppend(
+            job_id=job_id,
+            fence=items[0].fence,
+            events=[item.event for item in items],
+            first_token_at=next(
+                (item.first_token_at for item in items if item.first_token_at is not None), None
+            ),
+        )
+        for job_id, items in grouped.items()
+    ]

@@ -31,7 +31,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport_options={"visibility_timeout": settings.worker.visibility_timeout_seconds},
         worker_hijack_root_logger=False,
     )
     return app

@@ -1,6 +1,8 @@
 """Everything one worker process holds: Redis, the publisher, and a loaded engine per model.
 
-Built once per process (models are loaded once) and used by every Celery task thread.
+Built once per process (models are loaded once) and used by every Celery task thread. A job is
+run under a lease (see ``store.claim``): the fence travels with every write, so a worker that
+lost its lease can never write over the one that took the job over.
 """
 
 from __future__ import annotations
@@ -8,18 +10,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
-from worker import keys
 from worker.config import Settings
 from worker.engine import Engine
 from worker.jobs import FinishReason, Job, JobError, JobStatus
+from worker.maintenance import Maintenance
 from worker.publisher import TokenPublisher
-from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
-from worker.store import JobResult, JobStore
+from worker.retry import with_redis_retry
+from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
+from worker.store import Claim, JobResult, JobStore
 
 log = logging.getLogger(__name__)
+
+LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
+
+# (job id, model) -> put the job id on the model's queue again.
+Enqueue = Callable[[str, str], None]
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -33,16 +42,17 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings, node_name: str = "worker"):
+    def __init__(self, settings: Settings, enqueue: Enqueue, node_name: str = "worker"):
         self.settings = settings
         self.node_name = node_name
         self.redis = redis_client(settings)
         self.store = JobStore(
             self.redis, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
         )
+        self._enqueue = enqueue
         self._in_flight: dict[str, ScheduledJob] = {}
         self._lock = threading.Lock()
-        self.publisher = TokenPublisher(self.store, self._cancel_requested)
+        self.publisher = TokenPublisher(self.store, self._cancel_requested, self._lease_lost)
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}
         for name in settings.served_models():
@@ -57,99 +67,148 @@ class WorkerRuntime:
                 engine_threads=model.inter_threads,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
-        self._stop_heartbeat = threading.Event()
-        self._heartbeat = threading.Thread(
-            target=self._heartbeat_loop, name="trickle-heartbeat", daemon=True
-        )
+        self.maintenance = Maintenance(self)
 
-    def start_heartbeat(self) -> None:
-        """Announce this worker per model, so /readyz knows someone consumes the queue."""
-        self._beat()
-        self._heartbeat.start()
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.worker.lease_seconds * 1000)
+
+    def start(self) -> None:
+        """Heartbeats, lease renewal and the orphan sweep start once the worker is ready."""
+        self.maintenance.start()
+
+    def leases(self) -> dict[str, str]:
+        with self._lock:
+            return {job_id: job.fence for job_id, job in self._in_flight.items()}
+
+    def enqueue(self, job_id: str, model: str) -> None:
+        self._enqueue(job_id, model)
+
+    def hand_back_pending(self) -> int:
+        """Graceful shutdown: jobs not yet in a batch go back to the queue, uncounted."""
+        handed = 0
+        for model, scheduler in self.schedulers.items():
+            for job in scheduler.take_pending():
+                try:
+                    if self.store.release(job.job_id, job.fence, time.time()):
+                        self._enqueue(job.job_id, model)
+                        handed += 1
+                except redis.RedisError as exc:
+                    log.warning("hand back %s failed (%s); its lease will lapse", job.job_id, exc)
+                job.handed_back = True
+                job.ended.set()
+        return handed
 
     def close(self) -> None:
-        self._stop_heartbeat.set()
+        self.maintenance.stop()
         for scheduler in self.schedulers.values():
             scheduler.close()
         self.publisher.close()
         for engine in self.engines.values():
             engine.close()
-        try:
-            for name in self.engines:
-                self.redis.zrem(keys.model_workers(name), self.node_name)
-        except redis.RedisError:
-            log.warning("could not withdraw heartbeat for %s", self.node_name)
+        self.maintenance.withdraw()
 
     def run_job(self, job_id: str) -> None:
         """Claim, generate and store one job; returns once its final state is in Redis."""
-        job = self.store.get(job_id)
-        if job is None:
-            log.warning("job %s vanished before it ran (expired or deleted)", job_id)
-            return
-        claim = self.store.claim(job_id, time.time())
-        if claim != "claimed":
-            log.info("job %s not run: status was %s", job_id, claim)
+        retry = self.settings.worker.redis_retry_seconds
+        claim = with_redis_retry(
+            lambda: self.store.claim(
+                job_id,
+                self.node_name,
+                time.time(),
+                self.lease_ms,
+                self.settings.worker.max_attempts,
+            ),
+            retry,
+            f"claim {job_id}",
+        )
+        if not claim.claimed:
+            log.info("job %s not run: %s", job_id, claim.outcome)
             return
         try:
-            scheduled = self._schedule(job)
+            scheduled = with_redis_retry(lambda: self._schedule(job_id, claim), retry, job_id)
         except ValueError as exc:
-            self._fail(job_id, JobError("invalid_request", str(exc)))
+            self._fail(job_id, claim.fence, JobError("invalid_request", str(exc)))
+            return
+        if scheduled is None:
             return
         scheduled.ended.wait()
         with self._lock:
             self._in_flight.pop(job_id, None)
         state = scheduled.state
-        if scheduled.error is not None:
-            error = JobError("engine_error", str(scheduled.error))
-            self._fail(job_id, error, state.output, state.count)
+        if scheduled.handed_back or state.error is LEASE_LOST:
+            return
+        if scheduled.error is not None or state.error is not None:
+            error = state.error or JobError("engine_error", str(scheduled.error))
+            self._fail(job_id, claim.fence, error, state.output, state.count)
             return
         reason = state.finish_reason or FinishReason.LENGTH
         status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
         result = JobResult(status, state.output, reason, state.count, time.time())
-        self.publisher.publish_finish(job_id, result).wait()
+        self.publisher.publish_finish(job_id, claim.fence, result).wait()
+        log.info(
+            "job %s %s: %d tokens, attempt %d", job_id, status.value, state.count, claim.attempt
+        )
 
-    def _schedule(self, job: Job) -> ScheduledJob:
+    def _schedule(self, job_id: str, claim: Claim) -> ScheduledJob | None:
+        """Build the job's engine request, resuming after whatever was already streamed."""
+        job, events = self.store.snapshot(job_id, 0)
+        if job is None:
+            return None
         engine = self.engines.get(job.model)
         if engine is None:
             raise ValueError(f"this worker does not serve model {job.model!r}")
-        prompt_ids = engine.tokenizer.encode(job.prompt)
-        limit = engine.settings.max_context_tokens
-        if len(prompt_ids) + job.params.max_tokens > limit:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) plus max_tokens ({job.params.max_tokens}) "
-                f"exceeds the model's context of {limit} tokens"
-            )
-        self.store.set_prompt_tokens(job.id, len(prompt_ids))
-        scheduled = make_scheduled_job(engine, job.id, prompt_ids, job.params)
+        resume = Resume("".join(event.text for event in events), len(events))
+        prompt_ids = engine.tokenizer.encode(job.prompt + resume.text)
+        if resume.count == 0:
+            self._check_context(engine, job, len(prompt_ids))
+            self.store.set_prompt_tokens(job.id, len(prompt_ids))
+        else:
+            log.info("job %s resumes after %d tokens", job_id, resume.count)
+        deadline = (job.started_at or time.time()) + self.settings.limits.max_job_seconds
+        scheduled = make_scheduled_job(
+            engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline
+        )
+        if resume.count >= job.params.max_tokens:
+            # It died after its last token but before storing the result: finish it now.
+            scheduled.state.finish_without_token(FinishReason.LENGTH)
+            scheduled.ended.set()
+            return scheduled
         with self._lock:
             self._in_flight[job.id] = scheduled
         self.schedulers[job.model].submit(scheduled)
         return scheduled
 
-    def _fail(self, job_id: str, error: JobError, output: str = "", tokens: int = 0) -> None:
+    @staticmethod
+    def _check_context(engine: Engine, job: Job, prompt_tokens: int) -> None:
+        limit = engine.settings.max_context_tokens
+        if prompt_tokens + job.params.max_tokens > limit:
+            raise ValueError(
+                f"prompt ({prompt_tokens} tokens) plus max_tokens ({job.params.max_tokens}) "
+                f"exceeds the model's context of {limit} tokens"
+            )
+
+    def _fail(
+        self, job_id: str, fence: str, error: JobError, output: str = "", tokens: int = 0
+    ) -> None:
         """Mark a job failed; output keeps whatever was already streamed, so the two agree."""
         log.error("job %s failed: %s: %s", job_id, error.type, error.message)
         result = JobResult(JobStatus.FAILED, output, FinishReason.ERROR, tokens, time.time(), error)
-        self.store.finish(job_id, result)
+        self.publisher.publish_finish(job_id, fence, result).wait()
 
     def _cancel_requested(self, job_id: str) -> None:
+        self._stop(job_id, FinishReason.CANCELED, None)
+
+    def _lease_lost(self, job_id: str) -> None:
+        log.warning("job %s: lease lost; stopping this copy", job_id)
+        self._stop(job_id, FinishReason.ERROR, LEASE_LOST)
+
+    def lease_lost(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._lease_lost(job_id)
+
+    def _stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
         with self._lock:
             scheduled = self._in_flight.get(job_id)
         if scheduled is not None:
-            scheduled.state.cancel_requested.set()
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop_heartbeat.wait(self.settings.worker.heartbeat_seconds):
-            try:
-                self._beat()
-            except redis.RedisError as exc:
-                log.warning("heartbeat failed: %s", exc)
-
-    def _beat(self) -> None:
-        now = time.time()
-        stale = now - self.settings.worker.heartbeat_ttl_seconds
-        pipe = self.redis.pipeline(transaction=False)
-        for name in self.engines:
-            pipe.zadd(keys.model_workers(name), {self.node_name: now})
-            pipe.zremrangebyscore(keys.model_workers(name), "-inf", stale)
-        pipe.execute()
+            scheduled.state.request_stop(reason, error)

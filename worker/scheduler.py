@@ -16,37 +16,59 @@ from dataclasses import dataclass, field
 
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.events import TokenEvent
-from worker.jobs import FinishReason, GenerationParams
+from worker.jobs import FinishReason, GenerationParams, JobError
 from worker.publisher import TokenItem
 from worker.sequence import SequenceState
 
 log = logging.getLogger(__name__)
 
+DEADLINE_ERROR = JobError("deadline_exceeded", "the job ran past limits.max_job_seconds")
+
 
 @dataclass
 class ScheduledJob:
     job_id: str
+    fence: str  # this worker's lease on the job: every write carries it
     request: EngineRequest
     state: SequenceState
+    deadline: float | None = None  # wall-clock time past which the job is stopped and failed
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a job had already streamed before its previous worker died."""
+
+    text: str = ""
+    count: int = 0
 
 
 def make_scheduled_job(
-    engine: Engine, job_id: str, prompt_ids: list[int], params: GenerationParams
+    engine: Engine,
+    job_id: str,
+    prompt_ids: list[int],
+    params: GenerationParams,
+    fence: str,
+    resume: Resume = Resume(),
+    deadline: float | None = None,
 ) -> ScheduledJob:
-    """Engine request plus per-job state for one job's parameters."""
+    """Engine request plus per-job state; ``prompt_ids`` include any resumed text."""
     state = SequenceState(
         engine.tokenizer,
         prompt_ids,
         params.max_tokens,
         params.stop,
         None if params.ignore_eos else engine.eos_id,
+        resumed_text=resume.text,
+        resumed_count=resume.count,
     )
     # A seed matters only when sampling; greedy jobs batch with everyone.
     seed = None if params.is_greedy else params.seed
-    request = EngineRequest(prompt_ids, params.max_tokens, SamplingKey.from_params(params), seed)
-    return ScheduledJob(job_id, request, state)
+    remaining = params.max_tokens - resume.count
+    request = EngineRequest(prompt_ids, remaining, SamplingKey.from_params(params), seed)
+    return ScheduledJob(job_id, fence, request, state, deadline)
 
 
 # Receives every token of one decoding step of one batch at once.
@@ -76,6 +98,12 @@ class BatchScheduler:
         ]
         for thread in self._threads:
             thread.start()
+
+    def take_pending(self) -> list[ScheduledJob]:
+        """Remove and return every job not yet in a batch (to hand back on shutdown)."""
+        with self._cond:
+            pending, self._pending = self._pending, []
+            return pending
 
     def submit(self, job: ScheduledJob) -> None:
         with self._cond:
@@ -127,13 +155,15 @@ class BatchScheduler:
             position: int, step: int, token_id: int, logprob: float | None, is_last: bool
         ) -> bool:
             job = batch[position]
+            now = time.time()
+            if job.deadline is not None and now > job.deadline:
+                job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)
             outcome = job.state.on_token(token_id, is_last)
             item = None
             if outcome.index is not None:
-                first = time.time() if outcome.index == 0 else None
-                item = TokenItem(
-                    TokenEvent(job.job_id, outcome.index, outcome.text, logprob), first
-                )
+                first = now if outcome.index == 0 else None
+                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
+                item = TokenItem(event, job.fence, first)
             finished = outcome.finish_reason is not None
             step_buffer.add(position, step, item, finished)
             return finished
@@ -147,12 +177,8 @@ class BatchScheduler:
                 job.state.finish_without_token(FinishReason.ERROR)
         step_buffer.flush()
         for job in batch:
-            # Ended without a final callback (a cancel seen after the last step, a short batch).
-            job.state.finish_without_token(
-                FinishReason.CANCELED
-                if job.state.cancel_requested.is_set()
-                else FinishReason.LENGTH
-            )
+            # Ended without a final callback (a stop seen after the last step, a short batch).
+            job.state.finish_without_token(job.state.stop_requested or FinishReason.LENGTH)
             job.ended.set()
 
 

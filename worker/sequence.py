@@ -5,12 +5,11 @@ Pure logic (no Redis, no CTranslate2), called from the engine callback for every
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.detok import Decoder, IncrementalDetokenizer
-from worker.jobs import FinishReason
+from worker.jobs import FinishReason, JobError
 from worker.stops import StopMatcher
 
 
@@ -31,16 +30,31 @@ class SequenceState:
         max_new_tokens: int,
         stop: Sequence[str],
         eos_id: int | None,
+        resumed_text: str = "",
+        resumed_count: int = 0,
     ):
+        """``max_new_tokens`` counts the whole job; a resumed job starts with what it had
+        already streamed before its previous worker died (``prompt_ids`` then cover both)."""
         self._detok = IncrementalDetokenizer(decoder, prompt_ids)
         self._stops = StopMatcher(stop)
         self._max_new_tokens = max_new_tokens
         self._eos_id = eos_id
-        self._parts: list[str] = []
-        self.count = 0
+        self._parts: list[str] = [resumed_text] if resumed_text else []
+        self.count = resumed_count
         self.finish_reason: FinishReason | None = None
-        # Set by the publisher thread when a client asked to cancel; read on the engine thread.
-        self.cancel_requested = threading.Event()
+        self.error: JobError | None = None
+        # Set from other threads (a cancel, a deadline, a lost lease); read on the engine thread.
+        self._stop_reason: FinishReason | None = None
+
+    def request_stop(self, reason: FinishReason, error: JobError | None = None) -> None:
+        """Ask the engine to end this sequence at its next token (thread-safe)."""
+        if self._stop_reason is None:
+            self.error = error
+            self._stop_reason = reason
+
+    @property
+    def stop_requested(self) -> FinishReason | None:
+        return self._stop_reason
 
     @property
     def output(self) -> str:
@@ -54,8 +68,8 @@ class SequenceState:
         """Account for one generated token; the end-of-sequence token counts and flushes text."""
         if self.finished:
             return TokenOutcome(None, "", self.finish_reason)
-        if self.cancel_requested.is_set():
-            self.finish_reason = FinishReason.CANCELED
+        if self._stop_reason is not None:
+            self.finish_reason = self._stop_reason
             return TokenOutcome(None, "", self.finish_reason)
         index = self.count
         self.count += 1

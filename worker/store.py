@@ -1,8 +1,9 @@
 """JobStore: the only code that writes job state to Redis.
 
 Jobs live in a hash (``keys.job``) and their tokens in a list (``keys.job_tokens``). Transitions
-that race (a worker claiming a job while a client cancels it) are single Lua scripts, so each job
-has exactly one outcome.
+that race (a worker claiming a job while a client cancels it, a crashed worker's job being
+recovered while a stalled one wakes up) are single Lua scripts (``worker.scripts``), so each job
+has exactly one outcome and only the current lease holder can write its tokens.
 """
 
 from __future__ import annotations
@@ -15,34 +16,9 @@ from typing import Any
 
 import redis
 
-from worker import keys
+from worker import keys, scripts
 from worker.events import StepMessage, TokenEvent
 from worker.jobs import FinishReason, GenerationParams, Job, JobError, JobStatus, Usage
-
-_CLAIM = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return 'missing' end
-if status ~= 'queued' then return status end
-redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1])
-return 'claimed'
-"""
-
-_CANCEL = """
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return 'missing' end
-if status == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
-             'completed_at', ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('PUBLISH', ARGV[3], ARGV[4])
-  return 'canceled'
-end
-if status == 'running' then
-  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
-  return 'requested'
-end
-return status
-"""
 
 
 class CancelOutcome(str, Enum):
@@ -50,6 +26,19 @@ class CancelOutcome(str, Enum):
     CANCELED = "canceled"  # it was still queued: canceled on the spot
     REQUESTED = "requested"  # it is running: the worker stops it within one step
     ALREADY_FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The result of trying to take a job: ``claimed`` with a fence, or why not."""
+
+    outcome: str  # claimed | missing | poisoned | the status the job already had
+    attempt: int
+    fence: str
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome == "claimed"
 
 
 @dataclass(frozen=True)
@@ -63,14 +52,57 @@ class JobResult:
     completed_at: float
     error: JobError | None = None
 
+    def fields(self) -> dict[str, str]:
+        values = {
+            "status": self.status.value,
+            "output": self.output,
+            "finish_reason": self.finish_reason.value,
+            "completion_tokens": str(self.completion_tokens),
+            "completed_at": repr(self.completed_at),
+        }
+        if self.error is not None:
+            values["error"] = json.dumps(self.error.to_dict())
+        return values
+
+
+@dataclass(frozen=True)
+class StepAppend:
+    """One job's share of a publisher flush."""
+
+    job_id: str
+    fence: str
+    events: Sequence[TokenEvent]
+    first_token_at: float | None = None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    fenced_out: list[str]  # jobs whose lease this worker no longer holds
+    cancel_requested: list[str]
+
+
+def _done(job_id: str) -> str:
+    return StepMessage(finished=[job_id]).encode()
+
 
 class JobStore:
     def __init__(self, client: redis.Redis, result_ttl_seconds: int, queued_ttl_seconds: int):
         self.redis = client
         self.result_ttl_seconds = result_ttl_seconds
         self.queued_ttl_seconds = queued_ttl_seconds
-        self._claim = client.register_script(_CLAIM)
-        self._cancel = client.register_script(_CANCEL)
+        self._scripts = {
+            name: client.register_script(getattr(scripts, name))
+            for name in (
+                "CLAIM",
+                "CANCEL",
+                "RENEW",
+                "RECOVER",
+                "RELEASE",
+                "EXPIRE_QUEUED",
+                "APPEND_STEP",
+                "FINISH",
+            )
+        }
 
     # -- web side -------------------------------------------------------------------------------
 
@@ -83,10 +115,15 @@ class JobStore:
             "status": job.status.value,
             "created_at": repr(job.created_at),
             "prompt_tokens": str(job.usage.prompt_tokens),
+            "attempts": "0",
         }
+        if job.owner:
+            fields["owner_key"] = job.owner
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.job(job.id), mapping=fields)
-        pipe.expire(keys.job(job.id), self.queued_ttl_seconds)
+        # Long enough to stay queued, then to be read as expired for a result TTL.
+        pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
+        pipe.zadd(keys.QUEUED_JOBS, {job.id: job.created_at + self.queued_ttl_seconds})
         pipe.execute()
 
     def get(self, job_id: str) -> Job | None:
@@ -112,60 +149,186 @@ class JobStore:
         return job, events[from_index:]
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
-        done = StepMessage(finished=[job_id]).encode()
-        result = self._cancel(
-            keys=[keys.job(job_id)],
-            args=[repr(now), self.result_ttl_seconds, keys.EVENTS_CHANNEL, done],
+        result = self._scripts["CANCEL"](
+            keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
+            args=[job_id, repr(now), self.result_ttl_seconds, keys.EVENTS_CHANNEL, _done(job_id)],
         )
         if result in ("missing", "canceled", "requested"):
             return CancelOutcome(result)
         return CancelOutcome.ALREADY_FINISHED
 
-    # -- worker side ----------------------------------------------------------------------------
+    # -- worker side: ownership -----------------------------------------------------------------
 
-    def claim(self, job_id: str, now: float) -> str:
-        """Move a queued job to running; returns 'claimed', 'missing' or the status it had."""
-        return str(self._claim(keys=[keys.job(job_id)], args=[repr(now)]))
+    def claim(self, job_id: str, node: str, now: float, lease_ms: int, max_attempts: int) -> Claim:
+        """Take a queued job under a lease; the fence ("<node>:<attempt>") guards every write.
+
+        Beyond ``max_attempts`` claims (its workers kept dying) the job fails instead.
+        """
+        error = JobError(
+            "worker_lost",
+            f"the job was attempted {max_attempts} times and its worker died each time",
+        )
+        outcome, attempt = self._scripts["CLAIM"](
+            keys=[
+                keys.job(job_id),
+                keys.job_lease(job_id),
+                keys.RUNNING_JOBS,
+                keys.QUEUED_JOBS,
+                keys.job_tokens(job_id),
+            ],
+            args=[
+                job_id,
+                repr(now),
+                node,
+                lease_ms,
+                max_attempts,
+                json.dumps(error.to_dict()),
+                self.result_ttl_seconds,
+                keys.EVENTS_CHANNEL,
+                _done(job_id),
+            ],
+        )
+        attempt = int(attempt)
+        return Claim(str(outcome), attempt, f"{node}:{attempt}" if outcome == "claimed" else "")
+
+    def renew(self, leases: dict[str, str], lease_ms: int) -> list[str]:
+        """Extend the leases this worker holds; returns the jobs whose lease it lost."""
+        if not leases:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, fence in leases.items():
+            self._scripts["RENEW"](
+                keys=[keys.job_lease(job_id)], args=[fence, lease_ms], client=pipe
+            )
+        results = pipe.execute()
+        return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
+
+    def release(self, job_id: str, fence: str, now: float) -> bool:
+        """Hand a claimed, not yet started job back to the queue (graceful shutdown)."""
+        return bool(
+            self._scripts["RELEASE"](
+                keys=[
+                    keys.job(job_id),
+                    keys.job_lease(job_id),
+                    keys.RUNNING_JOBS,
+                    keys.QUEUED_JOBS,
+                ],
+                args=[job_id, fence, now + self.queued_ttl_seconds],
+            )
+        )
+
+    def recover_orphans(self, now: float) -> dict[str, str]:
+        """Requeue running jobs whose lease expired (their worker died): id -> outcome."""
+        running = [str(job_id) for job_id in self.redis.zrange(keys.RUNNING_JOBS, 0, -1)]
+        outcomes: dict[str, str] = {}
+        for job_id in running:
+            outcome = self._scripts["RECOVER"](
+                keys=[
+                    keys.job(job_id),
+                    keys.job_lease(job_id),
+                    keys.RUNNING_JOBS,
+                    keys.QUEUED_JOBS,
+                    keys.job_tokens(job_id),
+                ],
+                args=[
+                    job_id,
+                    repr(now),
+                    now + self.queued_ttl_seconds,
+                    self.result_ttl_seconds,
+                    keys.EVENTS_CHANNEL,
+                    _done(job_id),
+                ],
+            )
+            if outcome != "alive":
+                outcomes[job_id] = str(outcome)
+        return outcomes
+
+    def expire_queued(self, now: float) -> list[str]:
+        """Fail queued jobs that waited past the queue TTL without any worker starting them."""
+        expired = []
+        overdue = [str(j) for j in self.redis.zrangebyscore(keys.QUEUED_JOBS, "-inf", now)]
+        for job_id in overdue:
+            error = JobError(
+                "queue_timeout",
+                f"no worker started the job within {self.queued_ttl_seconds} s",
+            )
+            done = self._scripts["EXPIRE_QUEUED"](
+                keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
+                args=[
+                    job_id,
+                    repr(now),
+                    json.dumps(error.to_dict()),
+                    self.result_ttl_seconds,
+                    keys.EVENTS_CHANNEL,
+                    _done(job_id),
+                ],
+            )
+            if done:
+                expired.append(job_id)
+        return expired
+
+    # -- worker side: output --------------------------------------------------------------------
 
     def set_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
         self.redis.hset(keys.job(job_id), "prompt_tokens", str(prompt_tokens))
 
-    def queue_tokens(
-        self, pipe: Any, events: Sequence[TokenEvent], first_token_at: dict[str, float]
-    ) -> None:
-        """Add one flush worth of tokens to ``pipe``: an RPUSH per job, one timestamp per job."""
-        by_job: dict[str, list[str]] = {}
-        for event in events:
-            by_job.setdefault(event.job_id, []).append(event.to_log_entry())
-        for job_id, entries in by_job.items():
-            pipe.rpush(keys.job_tokens(job_id), *entries)
-            if job_id in first_token_at:
-                pipe.hset(keys.job(job_id), "first_token_at", repr(first_token_at[job_id]))
+    def queue_step(self, pipe: Any, appends: Sequence[StepAppend]) -> None:
+        """Add one flush of tokens to ``pipe``: one script, one PUBLISH, fenced per job."""
+        script_keys: list[str] = [keys.EVENTS_CHANNEL]
+        args: list[Any] = [len(appends)]
+        for append in appends:
+            script_keys += [
+                keys.job(append.job_id),
+                keys.job_tokens(append.job_id),
+                keys.job_lease(append.job_id),
+            ]
+            first = "" if append.first_token_at is None else repr(append.first_token_at)
+            fragment = ",".join(
+                json.dumps([e.job_id, e.index, e.text, e.logprob], ensure_ascii=False)
+                for e in append.events
+            )
+            args += [append.fence, first, append.events[0].index, len(append.events)]
+            args += [event.to_log_entry() for event in append.events]
+            args.append(fragment)
+        self._scripts["APPEND_STEP"](keys=script_keys, args=args, client=pipe)
 
-    def queue_finish(self, pipe: Any, job_id: str, result: JobResult) -> None:
-        """Add the final state of a job to ``pipe`` and start its result TTL."""
-        fields = {
-            "status": result.status.value,
-            "output": result.output,
-            "finish_reason": result.finish_reason.value,
-            "completion_tokens": str(result.completion_tokens),
-            "completed_at": repr(result.completed_at),
-        }
-        if result.error is not None:
-            fields["error"] = json.dumps(result.error.to_dict())
-        pipe.hset(keys.job(job_id), mapping=fields)
-        pipe.expire(keys.job(job_id), self.result_ttl_seconds)
-        pipe.expire(keys.job_tokens(job_id), self.result_ttl_seconds)
+    @staticmethod
+    def step_outcome(appends: Sequence[StepAppend], reply: Sequence[Any]) -> StepOutcome:
+        count = len(appends)
+        accepted, cancels = reply[:count], reply[count:]
+        return StepOutcome(
+            fenced_out=[a.job_id for a, ok in zip(appends, accepted, strict=True) if not ok],
+            cancel_requested=[a.job_id for a, flag in zip(appends, cancels, strict=True) if flag],
+        )
 
-    def queue_cancel_check(self, pipe: Any, job_id: str) -> None:
-        pipe.hget(keys.job(job_id), "cancel_requested")
+    def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
+        """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
+        args: list[Any] = [
+            job_id,
+            fence,
+            self.result_ttl_seconds,
+            keys.EVENTS_CHANNEL,
+            _done(job_id),
+        ]
+        for name, value in result.fields().items():
+            args += [name, value]
+        self._scripts["FINISH"](
+            keys=[
+                keys.job(job_id),
+                keys.job_tokens(job_id),
+                keys.job_lease(job_id),
+                keys.RUNNING_JOBS,
+            ],
+            args=args,
+            client=pipe,
+        )
 
-    def finish(self, job_id: str, result: JobResult) -> None:
-        """Store a final state and announce it, outside the token path (failures, skips)."""
-        pipe = self.redis.pipeline(transaction=True)
-        self.queue_finish(pipe, job_id, result)
-        pipe.publish(keys.EVENTS_CHANNEL, StepMessage(finished=[job_id]).encode())
-        pipe.execute()
+    def finish(self, job_id: str, fence: str, result: JobResult) -> bool:
+        """Store a final state outside the token path (failures before generation)."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.queue_finish(pipe, job_id, fence, result)
+        (stored,) = pipe.execute()
+        return bool(stored)
 
 
 def _job_from_hash(fields: dict[str, str]) -> Job:
@@ -192,4 +355,6 @@ def _job_from_hash(fields: dict[str, str]) -> Job:
         started_at=optional_float("started_at"),
         first_token_at=optional_float("first_token_at"),
         completed_at=optional_float("completed_at"),
+        attempts=int(fields.get("attempts", 0)),
+        owner=fields.get("owner_key", ""),
     )

@@ -1,0 +1,96 @@
+"""A worker's background duties: heartbeats, lease renewal, and sweeping up other workers' mess.
+
+Every live worker sweeps: running jobs whose lease lapsed (their worker died) are requeued and
+resume where their stream stopped; queued jobs past the queue TTL fail with a clear error.
+The sweep is idempotent and race-free (each transition is one Lua script), so any number of
+workers may run it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import redis
+
+from worker import keys
+
+if TYPE_CHECKING:
+    from worker.runtime import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.25
+
+
+class Maintenance:
+    def __init__(self, runtime: WorkerRuntime):
+        self._runtime = runtime
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trickle-maintenance", daemon=True)
+        self._next: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.heartbeat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def withdraw(self) -> None:
+        """Leave the per-model worker sets so /readyz stops counting this worker at once."""
+        runtime = self._runtime
+        try:
+            for name in runtime.engines:
+                runtime.redis.zrem(keys.model_workers(name), runtime.node_name)
+        except redis.RedisError:
+            log.warning("could not withdraw heartbeat for %s", runtime.node_name)
+
+    def _run(self) -> None:
+        worker = self._runtime.settings.worker
+        duties = (
+            ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
+            ("renew", worker.lease_seconds / 3, self.renew_leases),
+            ("sweep", worker.recovery_interval_seconds, self.sweep),
+        )
+        while not self._stop.wait(TICK_SECONDS):
+            now = time.monotonic()
+            for name, interval, duty in duties:
+                if now < self._next.get(name, 0.0):
+                    continue
+                self._next[name] = now + interval
+                try:
+                    duty()
+                except redis.RedisError as exc:
+                    log.warning("%s failed: %s", name, exc)
+
+    def heartbeat(self) -> None:
+        runtime = self._runtime
+        now = time.time()
+        stale = now - runtime.settings.worker.heartbeat_ttl_seconds
+        pipe = runtime.redis.pipeline(transaction=False)
+        for name in runtime.engines:
+            pipe.zadd(keys.model_workers(name), {runtime.node_name: now})
+            pipe.zremrangebyscore(keys.model_workers(name), "-inf", stale)
+        pipe.execute()
+
+    def renew_leases(self) -> None:
+        runtime = self._runtime
+        lost = runtime.store.renew(runtime.leases(), runtime.lease_ms)
+        runtime.lease_lost(lost)
+
+    def sweep(self) -> None:
+        runtime = self._runtime
+        now = time.time()
+        for job_id, outcome in runtime.store.recover_orphans(now).items():
+            log.warning("job %s lost its worker: %s", job_id, outcome)
+            if outcome == "requeued":
+                model = runtime.redis.hget(keys.job(job_id), "model")
+                if model:
+                    runtime.enqueue(job_id, str(model))
+        for job_id in runtime.store.expire_queued(now):
+            log.warning("job %s expired in the queue", job_id)
