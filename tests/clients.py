@@ -15,7 +15,9 @@ import websocket
 class StreamResult:
     tokens: list[dict[str, Any]] = field(default_factory=list)
     done: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
     comments: int = 0
+    arrivals: list[float] = field(default_factory=list)  # monotonic time of each token
 
     @property
     def text(self) -> str:
@@ -80,10 +82,14 @@ def read_sse(
                 data = json.loads(event["data"])
                 assert event["id"] == str(data["index"])
                 result.tokens.append(data)
+                result.arrivals.append(time.monotonic())
                 if max_tokens is not None and len(result.tokens) >= max_tokens:
                     return result
             elif event.get("event") == "done":
                 result.done = json.loads(event["data"])
+                return result
+            elif event.get("event") == "error":
+                result.error = json.loads(event["data"])["error"]
                 return result
             event = {}
     return result

@@ -66,6 +66,7 @@ max_prompt_tokens = 256
 max_tokens_ceiling = 1024
 default_max_tokens = 32
 result_ttl_seconds = 600
+max_queued_jobs = 100
 [models.demo]
 path = "{demo_model_dir}"
 max_batch_size = 8

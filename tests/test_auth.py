@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import uuid
 
 import pytest
 from flask.testing import FlaskClient
 
 from web import create_app
-from worker.config import AuthSettings, Settings, load_settings
+from worker.config import AuthSettings, RateLimitSettings, Settings, load_settings
 
 DIGESTED = "second-key"
 
@@ -49,3 +50,50 @@ def test_health_routes_stay_open(client: FlaskClient) -> None:
 def test_keys_from_the_environment() -> None:
     settings = load_settings(environ={"TRICKLE_API_KEYS": "a, sha256:ABC"})
     assert settings.auth.api_keys == ("a", "sha256:ABC")
+
+
+def test_a_job_is_visible_only_to_the_key_that_created_it(client: FlaskClient) -> None:
+    first = {"Authorization": "Bearer first-key"}
+    second = {"Authorization": f"Bearer {DIGESTED}"}
+    created = client.post("/v1/jobs", json={"prompt": "mine", "max_tokens": 2}, headers=first)
+    assert created.status_code == 202
+    job_id = created.get_json()["id"]
+    assert client.get(f"/v1/jobs/{job_id}", headers=first).status_code == 200
+    for response in (
+        client.get(f"/v1/jobs/{job_id}", headers=second),
+        client.post(f"/v1/jobs/{job_id}/cancel", headers=second),
+        client.get(f"/v1/jobs/{job_id}/events", headers=second),
+    ):
+        assert response.status_code == 404
+        assert response.get_json()["error"]["param"] == "job_id"
+
+
+@pytest.fixture
+def limited(settings: Settings) -> FlaskClient:
+    limits = RateLimitSettings(requests_per_minute=3, tokens_per_minute=0)
+    return create_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
+
+
+def test_requests_per_minute_limit(limited: FlaskClient) -> None:
+    address = {"REMOTE_ADDR": f"requests-{uuid.uuid4()}"}
+    statuses = [
+        limited.post(
+            "/v1/jobs", json={"prompt": "x", "max_tokens": 1}, environ_base=address
+        ).status_code
+        for _ in range(4)
+    ]
+    assert statuses[:3] == [202, 202, 202]
+    assert statuses[3] == 429
+
+
+def test_tokens_per_minute_limit(settings: Settings) -> None:
+    limits = RateLimitSettings(requests_per_minute=0, tokens_per_minute=100)
+    app = create_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
+    address = {"REMOTE_ADDR": f"tokens-{uuid.uuid4()}"}
+    ok = app.post("/v1/jobs", json={"prompt": "x", "max_tokens": 90}, environ_base=address)
+    assert ok.status_code == 202
+    refused = app.post("/v1/jobs", json={"prompt": "x", "max_tokens": 90}, environ_base=address)
+    assert refused.status_code == 429
+    body = refused.get_json()["error"]
+    assert body["code"] == "rate_limit_exceeded" and "tokens" in body["message"]
+    assert 0 < int(refused.headers["Retry-After"]) <= 61

@@ -40,6 +40,11 @@ def unauthorized(message: str) -> ApiError:
     )
 
 
+def current_owner() -> str:
+    """The caller's key digest ("" when no API keys are configured): jobs belong to it."""
+    return str(g.get("api_key_digest", ""))
+
+
 def install_auth(app: Flask, api_keys: tuple[str, ...]) -> None:
     digests = accepted_digests(api_keys)
     if not digests:

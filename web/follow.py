@@ -36,6 +36,11 @@ class JobNotFound(LookupError):
     pass
 
 
+def visible_to(job: Job, owner: str) -> bool:
+    """With API keys, a job exists only for the key that created it."""
+    return not owner or job.owner == owner
+
+
 def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) -> Job | None:
     """Block until the job ends or ``seconds`` pass; returns its latest state (None if unknown).
 
@@ -57,14 +62,15 @@ def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) ->
 
 
 class JobFollower:
-    def __init__(self, store: JobStore, hub: TokenHub, job_id: str, after: int):
-        """Subscribe and take the first snapshot; raises JobNotFound for unknown ids."""
+    def __init__(self, store: JobStore, hub: TokenHub, job_id: str, after: int, owner: str = ""):
+        """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
+        another API key's job (``owner`` is the caller's key digest, "" without keys)."""
         self._store = store
         self._job_id = job_id
         self._next = after + 1
         self._subscription: Subscription = hub.subscribe(job_id)
         job, events = store.snapshot(job_id, self._next)
-        if job is None:
+        if job is None or not visible_to(job, owner):
             self._subscription.close()
             raise JobNotFound(job_id)
         self._first: tuple[Job, list[TokenEvent]] = (job, events)

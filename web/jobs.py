@@ -6,10 +6,11 @@ import time
 
 from flask import Blueprint, Response, jsonify, request
 
-from web.errors import not_found
-from web.follow import wait_for_job
+from web.auth import current_owner
+from web.errors import ApiError, not_found
+from web.follow import visible_to, wait_for_job
 from web.services import services
-from web.submission import check_queue_capacity, enqueue, prepare_job, read_json_body
+from web.submission import admit, enqueue, prepare_job, read_json_body
 from web.validation import parse_job_request, parse_wait
 from worker.jobs import Job
 
@@ -22,7 +23,7 @@ def submit_job() -> Response:
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
     job_request = parse_job_request(read_json_body(), svc.settings)
     job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
-    check_queue_capacity(svc, job.model)
+    admit(svc, [job])
     enqueue(svc, job)
     current = wait_for_job(svc.store, svc.hub, job.id, wait) if wait > 0 else None
     return job_response(current or job, headers={"Location": f"/v1/jobs/{job.id}"})
@@ -32,22 +33,32 @@ def submit_job() -> Response:
 def get_job(job_id: str) -> Response:
     svc = services()
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-    job = wait_for_job(svc.store, svc.hub, job_id, wait) if wait > 0 else svc.store.get(job_id)
+    visible_job(job_id)
+    job = wait_for_job(svc.store, svc.hub, job_id, wait) if wait > 0 else visible_job(job_id)
     if job is None:
-        raise not_found(f"job {job_id!r} does not exist or has expired", "job_id")
+        raise missing(job_id)
     return job_response(job, finished_status=200, running_status=200)
 
 
 @blueprint.post("/v1/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     svc = services()
-    outcome = svc.store.cancel(job_id, time.time())
-    if outcome.value == "missing":
-        raise not_found(f"job {job_id!r} does not exist or has expired", "job_id")
-    job = svc.store.get(job_id)
-    if job is None:
-        raise not_found(f"job {job_id!r} does not exist or has expired", "job_id")
+    visible_job(job_id)
+    svc.store.cancel(job_id, time.time())
+    job = visible_job(job_id)
     return job_response(job, finished_status=200, running_status=202)
+
+
+def visible_job(job_id: str) -> Job:
+    """The job, if it exists for this caller (another API key's job is a 404 too)."""
+    job = services().store.get(job_id)
+    if job is None or not visible_to(job, current_owner()):
+        raise missing(job_id)
+    return job
+
+
+def missing(job_id: str) -> ApiError:
+    return not_found(f"job {job_id!r} does not exist or has expired", "job_id")
 
 
 def job_response(

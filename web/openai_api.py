@@ -18,7 +18,7 @@ import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
 
 from web import openai_responses as shapes
-from web.errors import ApiError, not_found
+from web.errors import ApiError, not_found, unavailable
 from web.follow import Done, JobFollower, KeepAlive, follow_many, wait_for_job
 from web.openai_requests import (
     OpenAIRequest,
@@ -27,7 +27,7 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
-from web.submission import check_queue_capacity, enqueue, prepare_job, read_json_body
+from web.submission import admit, enqueue, prepare_job, read_json_body
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
 
@@ -72,7 +72,7 @@ def _respond(svc: Services, req: OpenAIRequest) -> Response:
         id=jobs[0].id, created=int(time.time()), model=req.model, job_ids=tuple(j.id for j in jobs)
     )
     if req.stream:
-        followers = [JobFollower(svc.store, svc.hub, job.id, -1) for job in jobs]
+        followers = [JobFollower(svc.store, svc.hub, job.id, -1, job.owner) for job in jobs]
         body = stream_with_context(_stream(svc, req, jobs, followers, envelope))
         return Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     return jsonify(_complete(svc, req, jobs, envelope))
@@ -89,7 +89,7 @@ def _create_jobs(svc: Services, req: OpenAIRequest) -> list[Job]:
                 choice = prompt_index * req.n + sample
                 params = dataclasses.replace(params, seed=params.seed + choice)
             jobs.append(prepare_job(svc, req.model, prompt, params))
-    check_queue_capacity(svc, req.model, adding=len(jobs))
+    admit(svc, jobs)
     for job in jobs:
         enqueue(svc, job)
     return jobs
@@ -188,6 +188,9 @@ def _stream(
             usage = shapes.usage(_prompt_tokens(req, jobs), completion_tokens)
             yield _sse(shapes.usage_chunk(envelope, kind, usage))
         yield "data: [DONE]\n\n"
+    except redis.RedisError as exc:
+        log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
+        yield _sse(unavailable(f"job store (Redis) unavailable: {exc}").to_dict())
     finally:
         # The client went away (or generation failed): stop what still runs, within one step.
         unfinished = [job for index, job in enumerate(jobs) if index not in finished]

@@ -11,6 +11,7 @@ from celery import Celery
 from flask import Flask, current_app
 
 from web.hub import TokenHub
+from web.ratelimit import RateLimiter
 from worker.config import Settings
 from worker.queueing import make_celery
 from worker.store import JobStore
@@ -26,6 +27,7 @@ class Services:
     store: JobStore
     celery: Celery
     hub: TokenHub
+    rate_limiter: RateLimiter
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +61,7 @@ class Services:
             ),
             celery=make_celery(settings, settings.models),
             hub=TokenHub(connect_subscriber),
+            rate_limiter=RateLimiter(client, settings.rate_limits),
         )
 
     def tokenizer(self, model: str) -> Tokenizer:

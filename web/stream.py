@@ -1,19 +1,28 @@
-"""Token streams over Server-Sent Events and WebSocket: thin formatting around ``JobFollower``."""
+"""Token streams over Server-Sent Events and WebSocket: thin formatting around ``JobFollower``.
+
+If Redis goes away mid-stream the client gets an ``error`` event and the stream ends, instead of
+a connection cut without explanation; it can resume with ``Last-Event-ID`` once Redis is back.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import redis
 from flask import Flask, Response, request, stream_with_context
 from flask_sock import Sock
 
+from web.auth import current_owner
 from web.errors import not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive
 from web.services import services
 from web.validation import parse_after
 from worker.events import TokenEvent
+
+log = logging.getLogger(__name__)
 
 SSE_HEADERS = {
     "Cache-Control": "no-cache",
@@ -21,14 +30,23 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
 }
 WS_CLOSE_NOT_FOUND = 4404
+WS_CLOSE_UNAVAILABLE = 1011
 
 
 def open_follower(job_id: str, after: int) -> JobFollower:
     svc = services()
     try:
-        return JobFollower(svc.store, svc.hub, job_id, after)
+        return JobFollower(svc.store, svc.hub, job_id, after, current_owner())
     except JobNotFound:
         raise not_found(f"job {job_id!r} does not exist or has expired", "job_id") from None
+
+
+def unavailable_error(exc: Exception) -> dict[str, Any]:
+    return {
+        "type": "service_unavailable",
+        "message": f"job store (Redis) unavailable: {exc}; reconnect to resume",
+        "param": None,
+    }
 
 
 def sse_events(job_id: str) -> Response:
@@ -43,8 +61,15 @@ def sse_events(job_id: str) -> Response:
 
     def body() -> Iterator[str]:
         yield "retry: 2000\n\n"
-        for event in follower.events(keepalive):
-            yield format_sse(event)
+        events = follower.events(keepalive)
+        try:
+            for event in events:
+                yield format_sse(event)
+        except redis.RedisError as exc:
+            log.warning("stream of %s ended: redis unavailable: %s", job_id, exc)
+            yield f"event: error\ndata: {json.dumps({'error': unavailable_error(exc)})}\n\n"
+        finally:
+            events.close()
 
     return Response(stream_with_context(body()), mimetype="text/event-stream", headers=SSE_HEADERS)
 
@@ -77,14 +102,10 @@ def register(app: Flask) -> None:
         svc = services()
         try:
             after = parse_after(request.args.get("after"), "after")
-            follower = JobFollower(svc.store, svc.hub, job_id, after)
+            follower = JobFollower(svc.store, svc.hub, job_id, after, current_owner())
         except JobNotFound:
-            error = {
-                "type": "not_found",
-                "message": f"job {job_id!r} does not exist",
-                "param": "job_id",
-            }
-            ws.send(json.dumps({"event": "error", "error": error}))
+            error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
+            ws.send(json.dumps({"event": "error", "error": {**error, "param": "job_id"}}))
             ws.close(reason=WS_CLOSE_NOT_FOUND, message="job not found")
             return
         events = follower.events(svc.settings.web.keepalive_seconds)
@@ -93,6 +114,10 @@ def register(app: Flask) -> None:
                 message = ws_message(event)
                 if message is not None:
                     ws.send(json.dumps(message, ensure_ascii=False))
+        except redis.RedisError as exc:
+            ws.send(json.dumps({"event": "error", "error": unavailable_error(exc)}))
+            ws.close(reason=WS_CLOSE_UNAVAILABLE, message="redis unavailable")
+            return
         finally:
             events.close()  # drop the hub subscription even when the client vanished
         ws.close(reason=1000, message="done")

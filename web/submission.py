@@ -8,6 +8,7 @@ from typing import Any
 
 from flask import request
 
+from web.auth import current_owner
 from web.errors import ApiError, invalid, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
@@ -52,7 +53,14 @@ def prepare_job(svc: Services, model: str, prompt: str, params: GenerationParams
         params=params,
         usage=Usage(prompt_tokens=prompt_tokens),
         created_at=time.time(),
+        owner=current_owner(),
     )
+
+
+def admit(svc: Services, jobs: list[Job]) -> None:
+    """Rate limits, then queue capacity: 429 before anything is stored."""
+    svc.rate_limiter.admit(sum(j.usage.prompt_tokens + j.params.max_tokens for j in jobs))
+    check_queue_capacity(svc, jobs[0].model, adding=len(jobs))
 
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:

@@ -91,6 +91,13 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
+class RateLimitSettings:
+    # Per API key (per client address without keys) and per minute; 0 disables a limit.
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
+
+
+@dataclass(frozen=True)
 class AuthSettings:
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
     api_keys: tuple[str, ...] = ()
@@ -125,6 +132,7 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
+    rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
     models: dict[str, ModelSettings] = field(
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
@@ -174,6 +182,7 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         ("worker", WorkerSettings),
         ("limits", LimitSettings),
         ("auth", AuthSettings),
+        ("rate_limits", RateLimitSettings),
     ):
         if section in data:
             kwargs[section] = _build(cls, data[section], section)

@@ -1,0 +1,172 @@
+"""Worker faults on real processes: SIGKILL, SIGSTOP, poison jobs, SIGTERM and deadlines.
+
+A job whose worker dies resumes on another worker from the tokens already published, so the
+client's stream goes on without a gap or a duplicate.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
+from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from worker import keys
+
+LEASE_SECONDS = 2.0
+SWEEP_SECONDS = 0.5
+LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
+    from worker.random_model import build_random_llama
+
+    root = tmp_path_factory.mktemp("worker-faults")
+    slow = build_random_llama(
+        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+    )
+    stack = build_fault_stack(
+        root,
+        models_toml=(
+            f'[models.demo]\npath = "{demo_model_dir}"\n'
+            f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+            f'[models.nobody]\npath = "{demo_model_dir}"\n'
+        ),
+        settings_toml=(
+            f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
+            f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
+            "max_attempts = 2\n"
+            "[limits]\nqueued_ttl_seconds = 6\nmax_tokens_ceiling = 2000\n"
+            "[web]\nkeepalive_seconds = 1.0\n"
+        ),
+    )
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_workers(faults: FaultStack) -> Iterator[None]:
+    """Each test starts the workers it needs; none survive into the next test."""
+    yield
+    faults.stop_workers()
+
+
+def stream_in_background(base: str, job_id: str) -> tuple[threading.Thread, list[StreamResult]]:
+    results: list[StreamResult] = []
+    thread = threading.Thread(target=lambda: results.append(read_sse(base, job_id, timeout=90)))
+    thread.start()
+    return thread, results
+
+
+def assert_gapless(stream: StreamResult) -> None:
+    assert stream.done is not None, stream.error
+    assert stream.indexes == list(range(len(stream.tokens)))
+    assert stream.text == stream.done["output"]
+    assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
+
+
+def test_killed_worker_job_resumes_on_another_without_gap(faults: FaultStack) -> None:
+    doomed = faults.worker("crash-a", ("slow",))
+    job = submit(faults.web_url, {"prompt": "The", **LONG})
+    reader, results = stream_in_background(faults.web_url, job["id"])
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 100, 30, "tokens from a")
+    faults.worker("crash-b", ("slow",))
+    os.kill(doomed.pid, signal.SIGKILL)
+    reader.join(90)
+    (stream,) = results
+    assert_gapless(stream)
+    assert stream.done is not None
+    assert stream.done["status"] == "succeeded"
+    assert stream.done["attempts"] == 2
+    assert len(stream.tokens) == 1500
+    # The client saw one pause: the lease lapsing plus a sweep, then the resumed stream.
+    gaps = [b - a for a, b in zip(stream.arrivals, stream.arrivals[1:], strict=False)]
+    assert max(gaps) < LEASE_SECONDS + SWEEP_SECONDS + 3.0
+
+
+def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(
+    faults: FaultStack,
+) -> None:
+    first = faults.worker("poison-a", ("slow",))
+    job = submit(faults.web_url, {"prompt": "A", **LONG})
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) > 0, 30, "first attempt")
+    os.kill(first.pid, signal.SIGKILL)
+    second = faults.worker("poison-b", ("slow",))
+    wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "second attempt")
+    os.kill(second.pid, signal.SIGKILL)
+    faults.worker("poison-c", ("slow",))
+    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
+    assert final["status"] == "failed"
+    assert final["error"]["type"] == "worker_lost"
+    assert "2 times" in final["error"]["message"]
+
+
+def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
+    stalled = faults.worker("stall-a", ("slow",))
+    job = submit(faults.web_url, {"prompt": "If", **LONG})
+    reader, results = stream_in_background(faults.web_url, job["id"])
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 50, 30, "tokens from a")
+    faults.worker("stall-b", ("slow",))
+    os.kill(stalled.pid, signal.SIGSTOP)  # alive but silent: its lease lapses
+    try:
+        wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "takeover")
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)  # wakes up believing it still runs the job
+    reader.join(90)
+    (stream,) = results
+    assert_gapless(stream)
+    assert stream.done is not None and stream.done["status"] == "succeeded"
+    log = faults.client().lrange(keys.job_tokens(job["id"]), 0, -1)
+    indexes = [int(entry.split('"index": ')[1].split(",")[0]) for entry in log]
+    assert indexes == list(range(1500))  # the woken worker wrote nothing after losing its lease
+
+
+def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
+    leaving = faults.worker("term-a", ("slow",))
+    running = submit(faults.web_url, {"prompt": "The", **{**LONG, "max_tokens": 600}})
+    wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
+    # A different sampling configuration cannot join the running batch: these wait.
+    waiting = [
+        submit(
+            faults.web_url, {"prompt": "A", "model": "slow", "max_tokens": 50, "temperature": 0.8}
+        )
+        for _ in range(3)
+    ]
+    time.sleep(0.3)
+    leaving.send_signal(signal.SIGTERM)
+    faults.worker("term-b", ("slow",))
+    finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
+    assert [job["status"] for job in finished] == ["succeeded"] * 4
+    assert all(job["attempts"] == 1 for job in finished)  # handing back is not an attempt
+    assert finished[0]["usage"]["completion_tokens"] == 600
+    leaving.wait(30)
+    log = (faults.log_dir / "term-a.log").read_text()
+    assert "3 waiting job(s) handed back" in log
+
+
+def test_execution_deadline_stops_and_fails_the_job(faults: FaultStack) -> None:
+    faults.worker("deadline", ("slow",), TRICKLE__LIMITS__MAX_JOB_SECONDS="1")
+    job = submit(faults.web_url, {"prompt": "The", **LONG})
+    stream = read_sse(faults.web_url, job["id"], timeout=60)
+    assert stream.done is not None
+    assert stream.done["status"] == "failed"
+    assert stream.done["error"]["type"] == "deadline_exceeded"
+    assert stream.text == stream.done["output"]
+    assert 0 < len(stream.tokens) < 1500
+
+
+def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> None:
+    faults.worker("sweeper", ("demo",))
+    job = submit(faults.web_url, {"prompt": "The", "model": "nobody", "max_tokens": 5})
+    stream = read_sse(faults.web_url, job["id"], timeout=30)
+    assert stream.done is not None and stream.done["status"] == "failed"
+    assert stream.done["error"]["type"] == "queue_timeout"
+    assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
