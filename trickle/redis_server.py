@@ -51,6 +51,7 @@ def start_redis(
     data_dir: Path,
     append_only: bool = True,
     extra_args: Sequence[str] = (),
+    password: str = "",
     new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start redis-server on 127.0.0.1:port and wait until it answers PING."""
@@ -63,13 +64,15 @@ def start_redis(
         "--save", "",
         "--appendonly", "yes" if append_only else "no",
         "--protected-mode", "yes",
+        *(["--requirepass", password] if password else []),
         *extra_args,
     ]  # fmt: skip
     with (data_dir / "redis.log").open("ab") as log_file:
         process = subprocess.Popen(
             args, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=new_session
         )
-    wait_for_redis(f"redis://127.0.0.1:{port}/0", process)
+    auth = f":{password}@" if password else ""
+    wait_for_redis(f"redis://{auth}127.0.0.1:{port}/0", process)
     return process
 
 

@@ -41,7 +41,7 @@ def parse_messages(raw: Any) -> list[ChatMessage]:
         if not isinstance(item, dict):
             raise invalid(where, f"{where} must be an object")
         role = item.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"{where}.role", f"{where}.role must be one of {sorted(ROLES)}")
         messages.append(
             ChatMessage("system" if role == "developer" else role, _content(item, where))

@@ -1,37 +1,72 @@
-"""The OpenAPI 3 description of the job API, served at ``/openapi.json``.
+"""The OpenAPI 3 description of every HTTP operation, served at ``/openapi.json``.
 
 Built from the same limits the validator enforces, so the document cannot promise more than the
-server accepts.
+server accepts; CI fuzzes the running server from it (tests/test_schema_fuzz.py). The WebSocket
+route is described in the job-events operation, since OpenAPI cannot express it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from web.openapi_openai import openai_paths, openai_schemas
+from web.validation import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, MIN_TOP_P
 from worker.config import Settings
 from worker.jobs import FinishReason, JobStatus
 
-ERROR_RESPONSE = {"$ref": "#/components/responses/Error"}
+JSON = "application/json"
+SSE = "text/event-stream"
+
+
+# One Server-Sent Event as a client parses it; ``data`` holds JSON (or [DONE]).
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
+    """Success responses plus the error statuses an operation can return (all JSON errors).
+
+    401 (API keys configured) and 503 (Redis unavailable) can come from every /v1 operation.
+    """
+    described = dict(ok)
+    for status in sorted({*errors, 401, 503}):
+        described[str(status)] = {"$ref": "#/components/responses/Error"}
+    return described
+
+
+def body(schema: str) -> dict[str, Any]:
+    return {"required": True, "content": {JSON: {"schema": ref(schema)}}}
 
 
 def openapi_document(settings: Settings) -> dict[str, Any]:
-    limits = settings.limits
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     prefer = {
         "name": "Prefer",
         "in": "header",
         "required": False,
-        "description": "wait=N: wait up to N seconds (max "
+        "description": "wait=N: wait up to N seconds (at most "
         f"{settings.web.max_wait_seconds}) for the job to finish",
         "schema": {"type": "string", "example": "wait=10"},
     }
-    job_ok = {"description": "The job", "content": {"application/json": {"schema": _ref("Job")}}}
+    job = {JSON: {"schema": ref("Job")}}
     return {
         "openapi": "3.0.3",
         "info": {
             "title": "Trickle",
             "version": "0.1.0",
-            "description": "Batch-and-stream text generation: submit, poll, wait or stream jobs.",
+            "description": "Batch-and-stream text generation: submit, poll, wait or stream "
+            "jobs, natively or through the OpenAI-compatible endpoints.",
         },
         "paths": {
             "/v1/jobs": {
@@ -39,44 +74,49 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "operationId": "submitJob",
                     "summary": "Submit a generation job",
                     "parameters": [prefer],
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": _ref("JobRequest")}},
-                    },
-                    "responses": {
-                        "200": {**job_ok, "description": "Finished within Prefer: wait"},
-                        "202": {**job_ok, "description": "Accepted (queued or running)"},
-                        "400": ERROR_RESPONSE,
-                        "404": ERROR_RESPONSE,
-                        "413": ERROR_RESPONSE,
-                        "503": ERROR_RESPONSE,
-                    },
+                    "requestBody": body("JobRequest"),
+                    "responses": responses(
+                        {
+                            "200": {"description": "Finished within Prefer: wait", "content": job},
+                            "202": {"description": "Accepted: queued or running", "content": job},
+                        },
+                        400,
+                        404,
+                        413,
+                        429,
+                    ),
                 }
             },
             "/v1/jobs/{job_id}": {
                 "get": {
                     "operationId": "getJob",
-                    "summary": "Read a job (output so far, or the final result)",
+                    "summary": "Read a job: the output so far, or the final result",
                     "parameters": [job_id, prefer],
-                    "responses": {"200": job_ok, "400": ERROR_RESPONSE, "404": ERROR_RESPONSE},
+                    "responses": responses(
+                        {"200": {"description": "The job", "content": job}}, 400, 404
+                    ),
                 }
             },
             "/v1/jobs/{job_id}/cancel": {
                 "post": {
                     "operationId": "cancelJob",
-                    "summary": "Cancel a job; it ends as canceled within one decoding step",
+                    "summary": "Cancel a job; a running one ends within one decoding step",
                     "parameters": [job_id],
-                    "responses": {
-                        "200": {**job_ok, "description": "Canceled (or already finished)"},
-                        "202": {**job_ok, "description": "Cancellation requested"},
-                        "404": ERROR_RESPONSE,
-                    },
+                    "responses": responses(
+                        {
+                            "200": {"description": "Canceled or already finished", "content": job},
+                            "202": {"description": "Cancellation requested", "content": job},
+                        },
+                        404,
+                    ),
                 }
             },
             "/v1/jobs/{job_id}/events": {
                 "get": {
                     "operationId": "streamJobEvents",
-                    "summary": "Server-Sent Events: token events, then done",
+                    "summary": "Server-Sent Events: one token event per token, then done. The "
+                    "same events are served as JSON messages over WebSocket at "
+                    "/v1/jobs/{job_id}/ws (?after=n resumes).",
                     "parameters": [
                         job_id,
                         {
@@ -90,23 +130,32 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                             "name": "Last-Event-ID",
                             "in": "header",
                             "required": False,
+                            "description": "resume after this token index",
                             "schema": {"type": "string"},
                         },
                     ],
-                    "responses": {
-                        "200": {
-                            "description": "event: token (data {index, text}) ... event: done",
-                            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    "responses": responses(
+                        {
+                            "200": {
+                                "description": "event: token ... event: done (or error)",
+                                "content": {SSE: {"schema": ref("SseEvent")}},
+                            }
                         },
-                        "400": ERROR_RESPONSE,
-                        "404": ERROR_RESPONSE,
-                    },
+                        400,
+                        404,
+                    ),
                 }
             },
+            **openai_paths(responses, body, ref),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
-                    "responses": {"200": {"description": "The process is alive"}},
+                    "responses": {
+                        "200": {
+                            "description": "The process answers",
+                            "content": {JSON: {"schema": {"type": "object"}}},
+                        }
+                    },
                 }
             },
             "/readyz": {
@@ -114,9 +163,13 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "operationId": "readyz",
                     "responses": {
                         "200": {
-                            "description": "Redis answers and a worker serves the default model"
+                            "description": "Redis answers and a worker serves the default model",
+                            "content": {JSON: {"schema": {"type": "object"}}},
                         },
-                        "503": {"description": "Not ready; the body says why"},
+                        "503": {
+                            "description": "Not ready; the body says why",
+                            "content": {JSON: {"schema": {"type": "object"}}},
+                        },
                     },
                 }
             },
@@ -125,74 +178,75 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             "schemas": {
                 "JobRequest": _job_request_schema(settings),
                 "Job": _job_schema(),
-                "Error": {
-                    "type": "object",
-                    "required": ["error"],
-                    "properties": {
-                        "error": {
-                            "type": "object",
-                            "required": ["type", "message"],
-                            "properties": {
-                                "type": {"type": "string"},
-                                "message": {"type": "string"},
-                                "param": {"type": "string", "nullable": True},
-                            },
-                        }
-                    },
-                },
+                "Error": _error_schema(),
+                "SseEvent": SSE_EVENT_SCHEMA,
+                **openai_schemas(settings),
             },
             "responses": {
-                "Error": {
-                    "description": "Error",
-                    "content": {"application/json": {"schema": _ref("Error")}},
-                }
+                "Error": {"description": "Error", "content": {JSON: {"schema": ref("Error")}}}
             },
-        },
-        "x-limits": {
-            "max_prompt_tokens": limits.max_prompt_tokens,
-            "max_tokens_ceiling": limits.max_tokens_ceiling,
         },
     }
 
 
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+def sampling_properties(settings: Settings) -> dict[str, Any]:
+    """Fields shared by the job API and the OpenAI-compatible API (web.validation)."""
+    limits = settings.limits
+    stop_item = {"type": "string", "minLength": 1, "maxLength": limits.max_stop_chars}
+    return {
+        "model": {"type": "string", "enum": sorted(settings.models)},
+        "max_tokens": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": limits.max_tokens_ceiling,
+            "nullable": True,
+        },
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True},
+        "top_k": {"type": "integer", "minimum": 0, "maximum": 1000, "nullable": True},
+        "top_p": {"type": "number", "minimum": MIN_TOP_P, "maximum": 1, "nullable": True},
+        "stop": {
+            "nullable": True,
+            "oneOf": [
+                stop_item,
+                {"type": "array", "items": stop_item, "maxItems": limits.max_stop_sequences},
+            ],
+        },
+        "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
+        "ignore_eos": {"type": "boolean", "nullable": True},
+        "repetition_penalty": {
+            "type": "number",
+            "minimum": MIN_REPETITION_PENALTY,
+            "maximum": MAX_REPETITION_PENALTY,
+            "nullable": True,
+        },
+    }
 
 
 def _job_request_schema(settings: Settings) -> dict[str, Any]:
-    limits = settings.limits
-    stop_item = {"type": "string", "minLength": 1, "maxLength": limits.max_stop_chars}
     return {
         "type": "object",
         "required": ["prompt"],
         "additionalProperties": False,
+        "properties": {"prompt": {"type": "string"}, **sampling_properties(settings)},
+    }
+
+
+def _error_schema() -> dict[str, Any]:
+    nullable_string = {"type": "string", "nullable": True}
+    return {
+        "type": "object",
+        "required": ["error"],
         "properties": {
-            "prompt": {"type": "string"},
-            "model": {"type": "string", "enum": sorted(settings.models)},
-            "max_tokens": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": limits.max_tokens_ceiling,
-                "default": limits.default_max_tokens,
-            },
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2, "default": 1.0},
-            "top_k": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 0},
-            "top_p": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1},
-            "stop": {
-                "oneOf": [
-                    stop_item,
-                    {"type": "array", "items": stop_item, "maxItems": limits.max_stop_sequences},
-                ]
-            },
-            "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
-            "ignore_eos": {"type": "boolean", "default": False},
-            "repetition_penalty": {
-                "type": "number",
-                "exclusiveMinimum": True,
-                "minimum": 0,
-                "maximum": 10,
-                "default": 1.0,
-            },
+            "error": {
+                "type": "object",
+                "required": ["type", "message"],
+                "properties": {
+                    "type": {"type": "string"},
+                    "message": {"type": "string"},
+                    "param": nullable_string,
+                    "code": nullable_string,
+                },
+            }
         },
     }
 
@@ -215,6 +269,7 @@ def _job_schema() -> dict[str, Any]:
             },
             "usage": {
                 "type": "object",
+                "required": ["prompt_tokens", "completion_tokens"],
                 "properties": {
                     "prompt_tokens": {"type": "integer"},
                     "completion_tokens": {"type": "integer"},
@@ -238,5 +293,6 @@ def _job_schema() -> dict[str, Any]:
             "created_at": {"type": "number"},
             "started_at": number,
             "completed_at": number,
+            "attempts": {"type": "integer"},
         },
     }

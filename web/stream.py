@@ -50,10 +50,10 @@ def unavailable_error(exc: Exception) -> dict[str, Any]:
 
 
 def sse_events(job_id: str) -> Response:
-    header = request.headers.get("Last-Event-ID")
+    header = request.headers.get("Last-Event-ID", "").strip()
     after = (
         parse_after(header, "Last-Event-ID")
-        if header is not None
+        if header
         else parse_after(request.args.get("after"), "after")
     )
     follower = open_follower(job_id, after)

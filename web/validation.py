@@ -16,6 +16,11 @@ SAMPLING_FIELDS = frozenset(
 )
 JOB_FIELDS = frozenset({"prompt", "model"}) | SAMPLING_FIELDS
 MAX_SEED = 2**63 - 1
+# CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
+# CTranslate2 needs 0 < top_p <= 1 in float32.
+MIN_TOP_P = 1e-6
 MAX_TOP_K = 1000
 
 
@@ -63,11 +68,13 @@ def parse_sampling(
         ),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
         top_k=_integer(body, "top_k", 0, 0, MAX_TOP_K),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_exclusive=True),
+        top_p=_number(body, "top_p", 1.0, MIN_TOP_P, 1.0),
         stop=_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_chars),
         seed=_optional_integer(body, "seed", 0, MAX_SEED),
         ignore_eos=_boolean(body, "ignore_eos", False),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_exclusive=True),
+        repetition_penalty=_number(
+            body, "repetition_penalty", 1.0, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
+        ),
     )
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+MIN_SAMPLING_TEMPERATURE = 1e-5
+
 
 class JobStatus(str, Enum):
     QUEUED = "queued"
@@ -49,7 +51,8 @@ class GenerationParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # A temperature that rounds to zero in float32 is greedy decoding, not a division by 0.
+        return self.temperature < MIN_SAMPLING_TEMPERATURE or self.top_k == 1
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -7,7 +7,9 @@ created on the fly, so a typo in a model name fails loudly instead of parking jo
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable
+from urllib.parse import urlparse
 
 from celery import Celery
 from kombu import Queue
@@ -34,6 +36,12 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         broker_transport_options={"visibility_timeout": settings.worker.visibility_timeout_seconds},
         worker_hijack_root_logger=False,
     )
+    if (
+        urlparse(settings.redis.url).scheme == "rediss"
+        and "ssl_cert_reqs" not in settings.redis.url
+    ):
+        # kombu refuses a rediss:// URL without a certificate policy; verify by default.
+        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     return app
 
 

@@ -1,0 +1,244 @@
+"""OpenAPI description of the OpenAI-compatible operations (see web.openai_requests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from web.openai_requests import (
+    MAX_CHAT_TOP_LOGPROBS,
+    MAX_CHOICES,
+    MAX_COMPLETION_LOGPROBS,
+    MAX_PROMPTS,
+)
+from worker.config import Settings
+
+JSON = "application/json"
+SSE = "text/event-stream"
+
+Responses = Callable[..., dict[str, Any]]
+Body = Callable[[str], dict[str, Any]]
+Ref = Callable[[str], dict[str, str]]
+
+
+def json_ok(description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def openai_paths(responses: Responses, body: Body, ref: Ref) -> dict[str, Any]:
+    def generated(schema: str) -> dict[str, Any]:
+        return {
+            "200": {
+                "description": "The result, or with stream: true an SSE stream of chunks "
+                "ending with data: [DONE]",
+                "content": {JSON: {"schema": ref(schema)}, SSE: {"schema": ref("SseEvent")}},
+            }
+        }
+
+    model_id = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    return {
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "responses": responses(
+                    {
+                        "200": {
+                            "description": "Models",
+                            "content": {JSON: {"schema": ref("ModelList")}},
+                        }
+                    }
+                ),
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "operationId": "getModel",
+                "parameters": [model_id],
+                "responses": responses(
+                    {
+                        "200": {
+                            "description": "A model",
+                            "content": {JSON: {"schema": ref("Model")}},
+                        }
+                    },
+                    404,
+                ),
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "summary": "OpenAI-compatible text completion; each choice is a Trickle job",
+                "requestBody": body("CompletionRequest"),
+                "responses": responses(generated("Completion"), 400, 404, 413, 429, 504),
+            }
+        },
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "OpenAI-compatible chat completion through the model's chat template",
+                "requestBody": body("ChatCompletionRequest"),
+                "responses": responses(generated("ChatCompletion"), 400, 404, 413, 429, 504),
+            }
+        },
+    }
+
+
+def openai_schemas(settings: Settings) -> dict[str, Any]:
+    from web.openapi import sampling_properties
+
+    common = {
+        **sampling_properties(settings),
+        "n": {"type": "integer", "minimum": 1, "maximum": MAX_CHOICES, "nullable": True},
+        "stream": {"type": "boolean", "nullable": True},
+        "stream_options": {
+            "type": "object",
+            "nullable": True,
+            "additionalProperties": False,
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
+        "user": {"type": "string"},
+        "frequency_penalty": {"type": "number", "enum": [0], "nullable": True},
+        "presence_penalty": {"type": "number", "enum": [0], "nullable": True},
+    }
+    text_part = {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+    }
+    message = {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+            "content": {
+                "oneOf": [{"type": "string"}, {"type": "array", "items": text_part}],
+            },
+        },
+    }
+    usage = {
+        "type": "object",
+        "properties": {
+            "prompt_tokens": {"type": "integer"},
+            "completion_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+        },
+    }
+    envelope = {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "job_ids": {"type": "array", "items": {"type": "string"}},
+        "usage": usage,
+    }
+    finish = {"type": "string", "nullable": True, "enum": ["stop", "length"]}
+    return {
+        "Model": {
+            "type": "object",
+            "required": ["id", "object", "created", "owned_by"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"type": "string", "enum": ["model"]},
+                "created": {"type": "integer"},
+                "owned_by": {"type": "string"},
+            },
+        },
+        "ModelList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}},
+            },
+        },
+        "CompletionRequest": {
+            "type": "object",
+            "required": ["prompt"],
+            "additionalProperties": False,
+            "properties": {
+                **common,
+                "prompt": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {
+                            "type": "array",
+                            "items": {"type": "string"},
+                            "minItems": 1,
+                            "maxItems": MAX_PROMPTS,
+                        },
+                    ]
+                },
+                "logprobs": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_COMPLETION_LOGPROBS,
+                    "nullable": True,
+                },
+                "echo": {"type": "boolean", "nullable": True},
+            },
+        },
+        "ChatCompletionRequest": {
+            "type": "object",
+            "required": ["messages"],
+            "additionalProperties": False,
+            "properties": {
+                **common,
+                "messages": {"type": "array", "items": message, "minItems": 1},
+                "max_completion_tokens": common["max_tokens"],
+                "logprobs": {"type": "boolean", "nullable": True},
+                "top_logprobs": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "maximum": MAX_CHAT_TOP_LOGPROBS,
+                    "nullable": True,
+                },
+            },
+        },
+        "Completion": {
+            "type": "object",
+            "required": ["id", "object", "choices"],
+            "properties": {
+                **envelope,
+                "choices": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["index", "text", "finish_reason"],
+                        "properties": {
+                            "index": {"type": "integer"},
+                            "text": {"type": "string"},
+                            "finish_reason": finish,
+                            "logprobs": {"type": "object", "nullable": True},
+                        },
+                    },
+                },
+            },
+        },
+        "ChatCompletion": {
+            "type": "object",
+            "required": ["id", "object", "choices"],
+            "properties": {
+                **envelope,
+                "choices": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["index", "message", "finish_reason"],
+                        "properties": {
+                            "index": {"type": "integer"},
+                            "message": {
+                                "type": "object",
+                                "properties": {
+                                    "role": {"type": "string"},
+                                    "content": {"type": "string"},
+                                },
+                            },
+                            "finish_reason": finish,
+                            "logprobs": {"type": "object", "nullable": True},
+                        },
+                    },
+                },
+            },
+        },
+    }
