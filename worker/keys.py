@@ -37,6 +37,15 @@ RUNNING_JOBS = f"{PREFIX}:running"
 QUEUED_JOBS = f"{PREFIX}:queued"
 
 
+# Metrics workers record and /metrics exposes: one hash of counters ("<name>|<labels>" ->
+# value) and one hash per histogram ("<labels>|<upper bound>" -> count, plus "|sum", "|count").
+METRIC_COUNTERS = f"{PREFIX}:metrics:counters"
+
+
+def metric_histogram(name: str) -> str:
+    return f"{PREFIX}:metrics:hist:{name}"
+
+
 def rate_window(subject: str, kind: str, window: int) -> str:
     """Counter of requests or tokens one API key used in one fixed window (minute number)."""
     return f"{PREFIX}:rate:{subject}:{kind}:{window}"

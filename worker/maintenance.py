@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import redis
 
 from worker import keys
+from worker.joblog import log_job_event
+from worker.metric_defs import JOBS
 
 if TYPE_CHECKING:
     from worker.runtime import WorkerRuntime
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
+METRICS_FLUSH_SECONDS = 2.0
 
 
 class Maintenance:
@@ -56,6 +59,7 @@ class Maintenance:
             ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
             ("renew", worker.lease_seconds / 3, self.renew_leases),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
+            ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
         )
         while not self._stop.wait(TICK_SECONDS):
             now = time.monotonic()
@@ -67,6 +71,9 @@ class Maintenance:
                     duty()
                 except redis.RedisError as exc:
                     log.warning("%s failed: %s", name, exc)
+
+    def flush_metrics(self) -> None:
+        self._runtime.metrics.flush(self._runtime.redis)
 
     def heartbeat(self) -> None:
         runtime = self._runtime
@@ -87,10 +94,13 @@ class Maintenance:
         runtime = self._runtime
         now = time.time()
         for job_id, outcome in runtime.store.recover_orphans(now).items():
-            log.warning("job %s lost its worker: %s", job_id, outcome)
+            model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
+            log_job_event("worker_lost", job_id, model, outcome=outcome, swept_by=runtime.node_name)
             if outcome == "requeued":
-                model = runtime.redis.hget(keys.job(job_id), "model")
-                if model:
-                    runtime.enqueue(job_id, str(model))
+                runtime.enqueue(job_id, model)
+            elif outcome == "canceled":
+                runtime.metrics.count(JOBS, model=model, status="canceled")
         for job_id in runtime.store.expire_queued(now):
-            log.warning("job %s expired in the queue", job_id)
+            model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
+            log_job_event("expired_in_queue", job_id, model)
+            runtime.metrics.count(JOBS, model=model, status="failed")

@@ -35,6 +35,9 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={"visibility_timeout": settings.worker.visibility_timeout_seconds},
         worker_hijack_root_logger=False,
+        # Task events on, so Flower (or `celery events`) can watch the same broker.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     if (
         urlparse(settings.redis.url).scheme == "rediss"

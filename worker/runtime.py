@@ -14,10 +14,23 @@ from collections.abc import Callable
 
 import redis
 
+from worker import keys
 from worker.config import Settings
 from worker.engine import Engine
+from worker.events import TokenEvent
+from worker.joblog import log_job_event
 from worker.jobs import FinishReason, Job, JobError, JobStatus
 from worker.maintenance import Maintenance
+from worker.metric_defs import (
+    BATCH_SIZE,
+    E2E_LATENCY,
+    INTER_TOKEN_LATENCY,
+    JOBS,
+    QUEUE_TIME,
+    TIME_TO_FIRST_TOKEN,
+    TOKENS,
+)
+from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
@@ -50,6 +63,7 @@ class WorkerRuntime:
             self.redis, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
         )
         self._enqueue = enqueue
+        self.metrics = MetricsRecorder()
         self._in_flight: dict[str, ScheduledJob] = {}
         self._lock = threading.Lock()
         self.publisher = TokenPublisher(self.store, self._cancel_requested, self._lease_lost)
@@ -65,6 +79,7 @@ class WorkerRuntime:
                 max_batch_size=model.max_batch_size,
                 max_batch_wait_ms=model.max_batch_wait_ms,
                 engine_threads=model.inter_threads,
+                on_batch=self._batch_observer(name),
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.maintenance = Maintenance(self)
@@ -124,37 +139,99 @@ class WorkerRuntime:
         )
         if not claim.claimed:
             log.info("job %s not run: %s", job_id, claim.outcome)
+            if claim.outcome == "poisoned":
+                self.metrics.count(JOBS, model=self._model_of(job_id), status="failed")
             return
+        job, events = with_redis_retry(lambda: self.store.snapshot(job_id, 0), retry, job_id)
+        if job is None:
+            return
+        queued = (job.started_at or time.time()) - job.created_at
+        if claim.attempt == 1:
+            self.metrics.observe(QUEUE_TIME, queued, model=job.model)
+        log_job_event(
+            "claimed",
+            job.id,
+            job.model,
+            worker=self.node_name,
+            attempt=claim.attempt,
+            queue_seconds=queued,
+            resumed_tokens=len(events),
+        )
         try:
-            scheduled = with_redis_retry(lambda: self._schedule(job_id, claim), retry, job_id)
+            scheduled = with_redis_retry(lambda: self._schedule(job, events, claim), retry, job_id)
         except ValueError as exc:
-            self._fail(job_id, claim.fence, JobError("invalid_request", str(exc)))
-            return
-        if scheduled is None:
+            error = JobError("invalid_request", str(exc))
+            self._finish(job, claim, JobResult.failed(error, "", 0))
             return
         scheduled.ended.wait()
         with self._lock:
             self._in_flight.pop(job_id, None)
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
+            log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
             return
         if scheduled.error is not None or state.error is not None:
             error = state.error or JobError("engine_error", str(scheduled.error))
-            self._fail(job_id, claim.fence, error, state.output, state.count)
-            return
-        reason = state.finish_reason or FinishReason.LENGTH
-        status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
-        result = JobResult(status, state.output, reason, state.count, time.time())
-        self.publisher.publish_finish(job_id, claim.fence, result).wait()
-        log.info(
-            "job %s %s: %d tokens, attempt %d", job_id, status.value, state.count, claim.attempt
+            result = JobResult.failed(error, state.output, state.count)
+        else:
+            reason = state.finish_reason or FinishReason.LENGTH
+            status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
+            result = JobResult(status, state.output, reason, state.count, time.time())
+        self._finish(job, claim, result, scheduled, resumed=len(events))
+
+    def _finish(
+        self,
+        job: Job,
+        claim: Claim,
+        result: JobResult,
+        scheduled: ScheduledJob | None = None,
+        resumed: int = 0,
+    ) -> None:
+        """Store the final state (fenced), then account for it in metrics and the job log."""
+        if result.error is not None:
+            log.error("job %s failed: %s: %s", job.id, result.error.type, result.error.message)
+        self.publisher.publish_finish(job.id, claim.fence, result).wait()
+        model = job.model
+        self.metrics.count(JOBS, model=model, status=result.status.value)
+        generated = result.completion_tokens - resumed
+        self.metrics.count(TOKENS, max(generated, 0), model=model)
+        e2e = result.completed_at - job.created_at
+        self.metrics.observe(E2E_LATENCY, e2e, model=model)
+        timings: dict[str, float] = {"e2e_seconds": e2e}
+        first, last = (
+            (scheduled.first_token_at, scheduled.last_token_at) if scheduled else (None, None)
+        )
+        if first is not None and resumed == 0:
+            timings["ttft_seconds"] = first - job.created_at
+            self.metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
+        if first is not None and last is not None and generated > 1:
+            timings["itl_seconds"] = (last - first) / (generated - 1)
+            self.metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)
+            timings["tokens_per_second"] = (generated - 1) / max(last - first, 1e-9)
+        log_job_event(
+            "finished",
+            job.id,
+            model,
+            status=result.status.value,
+            finish_reason=result.finish_reason.value,
+            attempt=claim.attempt,
+            prompt_tokens=job.usage.prompt_tokens,
+            completion_tokens=result.completion_tokens,
+            error=result.error.type if result.error else None,
+            **timings,
         )
 
-    def _schedule(self, job_id: str, claim: Claim) -> ScheduledJob | None:
+    def _batch_observer(self, model: str) -> Callable[[int], None]:
+        def observe(size: int) -> None:
+            self.metrics.observe(BATCH_SIZE, size, model=model)
+
+        return observe
+
+    def _model_of(self, job_id: str) -> str:
+        return str(self.redis.hget(keys.job(job_id), "model") or "unknown")
+
+    def _schedule(self, job: Job, events: list[TokenEvent], claim: Claim) -> ScheduledJob:
         """Build the job's engine request, resuming after whatever was already streamed."""
-        job, events = self.store.snapshot(job_id, 0)
-        if job is None:
-            return None
         engine = self.engines.get(job.model)
         if engine is None:
             raise ValueError(f"this worker does not serve model {job.model!r}")
@@ -163,8 +240,6 @@ class WorkerRuntime:
         if resume.count == 0:
             self._check_context(engine, job, len(prompt_ids))
             self.store.set_prompt_tokens(job.id, len(prompt_ids))
-        else:
-            log.info("job %s resumes after %d tokens", job_id, resume.count)
         deadline = (job.started_at or time.time()) + self.settings.limits.max_job_seconds
         scheduled = make_scheduled_job(
             engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline
@@ -187,14 +262,6 @@ class WorkerRuntime:
                 f"prompt ({prompt_tokens} tokens) plus max_tokens ({job.params.max_tokens}) "
                 f"exceeds the model's context of {limit} tokens"
             )
-
-    def _fail(
-        self, job_id: str, fence: str, error: JobError, output: str = "", tokens: int = 0
-    ) -> None:
-        """Mark a job failed; output keeps whatever was already streamed, so the two agree."""
-        log.error("job %s failed: %s: %s", job_id, error.type, error.message)
-        result = JobResult(JobStatus.FAILED, output, FinishReason.ERROR, tokens, time.time(), error)
-        self.publisher.publish_finish(job_id, fence, result).wait()
 
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +36,9 @@ class ScheduledJob:
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
+    # Token arrival times in this attempt, for the latency metrics.
+    first_token_at: float | None = None
+    last_token_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,15 +87,17 @@ class BatchScheduler:
         max_batch_size: int,
         max_batch_wait_ms: float,
         engine_threads: int = 1,
+        on_batch: Callable[[int], None] | None = None,
     ):
         self._engine = engine
+        self._on_batch = on_batch
         self._publish_step = publish_step
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
         self._pending: list[ScheduledJob] = []
         self._cond = threading.Condition()
         self._closed = False
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
         self._threads = [
             threading.Thread(target=self._run, name=f"trickle-engine-{i}", daemon=True)
             for i in range(engine_threads)
@@ -149,6 +155,8 @@ class BatchScheduler:
 
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
         self.batch_sizes.append(len(batch))
+        if self._on_batch is not None:
+            self._on_batch(len(batch))
         step_buffer = StepBuffer(batch, self._publish_step)
 
         def on_step(
@@ -161,6 +169,9 @@ class BatchScheduler:
             outcome = job.state.on_token(token_id, is_last)
             item = None
             if outcome.index is not None:
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                job.last_token_at = now
                 first = now if outcome.index == 0 else None
                 event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
                 item = TokenItem(event, job.fence, first)

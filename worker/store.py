@@ -9,6 +9,7 @@ has exactly one outcome and only the current lease holder can write its tokens.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -51,6 +52,13 @@ class JobResult:
     completion_tokens: int
     completed_at: float
     error: JobError | None = None
+
+    @classmethod
+    def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
+        """A failure keeps what was already streamed, so output and stream still agree."""
+        return cls(
+            JobStatus.FAILED, output, FinishReason.ERROR, completion_tokens, time.time(), error
+        )
 
     def fields(self) -> dict[str, str]:
         values = {

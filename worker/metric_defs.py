@@ -1,0 +1,56 @@
+"""The metrics Trickle exports: names, help, label names and histogram buckets.
+
+Shared contract: workers record into Redis (``worker.metrics``), the web tier exposes them in
+Prometheus text format at /metrics (``web.metrics``). Names follow the ecosystem (vLLM, TGI).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TOKEN_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    name: str
+    help: str
+    buckets: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Counter:
+    name: str
+    help: str
+
+
+TIME_TO_FIRST_TOKEN = Histogram(
+    "trickle_time_to_first_token_seconds",
+    "Time from submission to the first token, per job.",
+    LATENCY_BUCKETS,
+)
+QUEUE_TIME = Histogram(
+    "trickle_queue_time_seconds",
+    "Time from submission to a worker starting the job.",
+    LATENCY_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "trickle_inter_token_latency_seconds",
+    "Mean time between consecutive tokens, observed once per job.",
+    TOKEN_LATENCY_BUCKETS,
+)
+E2E_LATENCY = Histogram(
+    "trickle_e2e_request_latency_seconds",
+    "Time from submission to the stored result, per job.",
+    LATENCY_BUCKETS,
+)
+BATCH_SIZE = Histogram(
+    "trickle_batch_size", "Jobs per CTranslate2 generate_batch call.", BATCH_BUCKETS
+)
+HISTOGRAMS = (TIME_TO_FIRST_TOKEN, QUEUE_TIME, INTER_TOKEN_LATENCY, E2E_LATENCY, BATCH_SIZE)
+
+JOBS = Counter("trickle_jobs_total", "Jobs that reached a final status, by model and status.")
+TOKENS = Counter("trickle_tokens_generated_total", "Tokens generated, by model.")
+COUNTERS = (JOBS, TOKENS)
