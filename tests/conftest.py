@@ -67,6 +67,10 @@ max_tokens_ceiling = 1024
 default_max_tokens = 32
 result_ttl_seconds = 600
 max_queued_jobs = 100
+[webhooks]
+allowed_hosts = ["127.0.0.1"]
+secret = "test-secret"
+max_attempts = 3
 [models.demo]
 path = "{demo_model_dir}"
 max_batch_size = 8

@@ -23,11 +23,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = Services.create(settings)
 
-    from web import health, jobs, metrics, openai_api, stream
+    from web import batches, health, jobs, metrics, openai_api, stream
 
     install_auth(app, settings.auth.api_keys)
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_api.blueprint)
+    app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
     stream.register(app)

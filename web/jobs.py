@@ -23,6 +23,7 @@ def submit_job() -> Response:
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
     job_request = parse_job_request(read_json_body(), svc.settings)
     job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
+    job.webhook_url = job_request.webhook_url
     admit(svc, [job])
     enqueue(svc, job)
     current = wait_for_job(svc.store, svc.hub, job.id, wait) if wait > 0 else None

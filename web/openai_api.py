@@ -80,6 +80,15 @@ def _respond(svc: Services, req: OpenAIRequest) -> Response:
 
 def _create_jobs(svc: Services, req: OpenAIRequest) -> list[Job]:
     """Validate every choice first, then enqueue them all (all or nothing for bad input)."""
+    jobs = jobs_for_request(svc, req)
+    admit(svc, jobs)
+    for job in jobs:
+        enqueue(svc, job)
+    return jobs
+
+
+def jobs_for_request(svc: Services, req: OpenAIRequest, priority: int = 0) -> list[Job]:
+    """One job per choice (prompt x n), checked against the limits but not stored yet."""
     jobs = []
     for prompt_index, prompt in enumerate(req.prompts):
         for sample in range(req.n):
@@ -88,16 +97,10 @@ def _create_jobs(svc: Services, req: OpenAIRequest) -> list[Job]:
                 # Each choice gets its own seed, derived so the whole request stays repeatable.
                 choice = prompt_index * req.n + sample
                 params = dataclasses.replace(params, seed=params.seed + choice)
-            jobs.append(prepare_job(svc, req.model, prompt, params))
-    admit(svc, jobs)
-    for job in jobs:
-        enqueue(svc, job)
+            job = prepare_job(svc, req.model, prompt, params)
+            job.priority = priority
+            jobs.append(job)
     return jobs
-
-
-def _prompt_tokens(req: OpenAIRequest, jobs: list[Job]) -> int:
-    # Counted once per prompt, as OpenAI does, however many samples were drawn from it.
-    return sum(jobs[i * req.n].usage.prompt_tokens for i in range(len(req.prompts)))
 
 
 def _complete(
@@ -116,34 +119,7 @@ def _complete(
             _cancel(svc, jobs)
             raise _generation_failed(final)
         finished.append((final, events))
-    choices = [
-        _choice(req, index, job, events, prompt)
-        for index, ((job, events), prompt) in enumerate(
-            zip(finished, _choice_prompts(req), strict=True)
-        )
-    ]
-    completion_tokens = sum(job.usage.completion_tokens for job, _ in finished)
-    usage = shapes.usage(_prompt_tokens(req, jobs), completion_tokens)
-    if req.kind is RequestKind.CHAT:
-        return shapes.chat_object(envelope, choices, usage)
-    return shapes.completion_object(envelope, choices, usage)
-
-
-def _choice(
-    req: OpenAIRequest, index: int, job: Job, events: list[TokenEvent], prompt: str
-) -> dict[str, Any]:
-    reason = shapes.finish_reason(job)
-    wants_logprobs = req.logprobs is not None
-    if req.kind is RequestKind.CHAT:
-        logprobs = shapes.chat_logprobs(events, req.logprobs or 0) if wants_logprobs else None
-        return shapes.chat_choice(index, job.output, reason, logprobs)
-    text = (prompt if req.echo else "") + job.output
-    logprobs = shapes.completion_logprobs(events, 0) if wants_logprobs else None
-    return shapes.completion_choice(index, text, reason, logprobs)
-
-
-def _choice_prompts(req: OpenAIRequest) -> list[str]:
-    return [prompt for prompt in req.prompts for _ in range(req.n)]
+    return shapes.result_object(req, envelope, finished)
 
 
 def _stream(
@@ -158,7 +134,7 @@ def _stream(
     offsets = [0] * len(jobs)
     completion_tokens = 0
     try:
-        for index, prompt in enumerate(_choice_prompts(req)):
+        for index, prompt in enumerate(shapes.choice_prompts(req)):
             if chat:
                 yield _sse(shapes.chat_chunk(envelope, index, {"role": "assistant", "content": ""}))
             elif req.echo:
@@ -185,7 +161,7 @@ def _stream(
                     yield _sse(shapes.completion_chunk(envelope, index, "", reason))
         if req.include_usage:
             kind = "chat.completion.chunk" if chat else "text_completion"
-            usage = shapes.usage(_prompt_tokens(req, jobs), completion_tokens)
+            usage = shapes.usage(shapes.prompt_tokens(req, jobs), completion_tokens)
             yield _sse(shapes.usage_chunk(envelope, kind, usage))
         yield "data: [DONE]\n\n"
     except redis.RedisError as exc:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from web.openai_requests import OpenAIRequest, RequestKind
 from worker.events import TokenEvent
 from worker.jobs import FinishReason, Job
 
@@ -126,3 +127,42 @@ def chat_chunk(
 
 def usage_chunk(envelope: Envelope, kind: str, usage_: dict[str, int]) -> dict[str, Any]:
     return {**_base(envelope, kind), "choices": [], "usage": usage_}
+
+
+def prompt_tokens(req: OpenAIRequest, jobs: Sequence[Job]) -> int:
+    # Counted once per prompt, as OpenAI does, however many samples were drawn from it.
+    return sum(jobs[i * req.n].usage.prompt_tokens for i in range(len(req.prompts)))
+
+
+def choice_prompts(req: OpenAIRequest) -> list[str]:
+    return [prompt for prompt in req.prompts for _ in range(req.n)]
+
+
+def result_object(
+    req: OpenAIRequest, envelope: Envelope, finished: Sequence[tuple[Job, list[TokenEvent]]]
+) -> dict[str, Any]:
+    """The whole non-streamed response, from each choice's finished job and its tokens."""
+    choices = [
+        _choice(req, index, job, events, prompt)
+        for index, ((job, events), prompt) in enumerate(
+            zip(finished, choice_prompts(req), strict=True)
+        )
+    ]
+    completion_tokens = sum(job.usage.completion_tokens for job, _ in finished)
+    usage_ = usage(prompt_tokens(req, [job for job, _ in finished]), completion_tokens)
+    if req.kind is RequestKind.CHAT:
+        return chat_object(envelope, choices, usage_)
+    return completion_object(envelope, choices, usage_)
+
+
+def _choice(
+    req: OpenAIRequest, index: int, job: Job, events: list[TokenEvent], prompt: str
+) -> dict[str, Any]:
+    reason = finish_reason(job)
+    wants_logprobs = req.logprobs is not None
+    if req.kind is RequestKind.CHAT:
+        logprobs = chat_logprobs(events, req.logprobs or 0) if wants_logprobs else None
+        return chat_choice(index, job.output, reason, logprobs)
+    text = (prompt if req.echo else "") + job.output
+    logprobs = completion_logprobs(events, 0) if wants_logprobs else None
+    return completion_choice(index, text, reason, logprobs)

@@ -227,7 +227,14 @@ def _job_request_schema(settings: Settings) -> dict[str, Any]:
         "type": "object",
         "required": ["prompt"],
         "additionalProperties": False,
-        "properties": {"prompt": {"type": "string"}, **sampling_properties(settings)},
+        "properties": {
+            "prompt": {"type": "string"},
+            "webhook_url": {
+                "type": "string",
+                "description": "POST the finished job here (host must be allowlisted)",
+            },
+            **sampling_properties(settings),
+        },
     }
 
 

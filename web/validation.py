@@ -9,12 +9,13 @@ from typing import Any
 from web.errors import invalid, not_found
 from worker.config import Settings
 from worker.jobs import GenerationParams
+from worker.webhooks import WebhookRejected, check_webhook_url
 
 SAMPLING_FIELDS = frozenset(
     {"max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "ignore_eos"}
     | {"repetition_penalty"}
 )
-JOB_FIELDS = frozenset({"prompt", "model"}) | SAMPLING_FIELDS
+JOB_FIELDS = frozenset({"prompt", "model", "webhook_url"}) | SAMPLING_FIELDS
 MAX_SEED = 2**63 - 1
 # CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
 MIN_REPETITION_PENALTY = 0.01
@@ -29,6 +30,7 @@ class JobRequest:
     model: str
     prompt: str
     params: GenerationParams
+    webhook_url: str = ""
 
 
 def parse_job_request(body: Any, settings: Settings) -> JobRequest:
@@ -45,7 +47,19 @@ def parse_job_request(body: Any, settings: Settings) -> JobRequest:
         raise invalid("prompt", "prompt must be a string")
     require_encodable(prompt, "prompt")
     model = parse_model(body, settings)
-    return JobRequest(model=model, prompt=prompt, params=parse_sampling(body, settings))
+    params = parse_sampling(body, settings)
+    return JobRequest(model, prompt, params, _webhook_url(body.get("webhook_url"), settings))
+
+
+def _webhook_url(value: Any, settings: Settings) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise invalid("webhook_url", "webhook_url must be a string")
+    try:
+        return check_webhook_url(value, settings.webhooks)
+    except WebhookRejected as exc:
+        raise invalid("webhook_url", str(exc)) from exc
 
 
 def parse_model(body: dict[str, Any], settings: Settings) -> str:

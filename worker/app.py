@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery, signals
 
 from worker.config import load_settings
-from worker.queueing import enqueue_generation, make_celery
+from worker.queueing import enqueue_generation, enqueue_webhook, make_celery
 from worker.runtime import WorkerRuntime
 from worker.tasks import current_runtime, install_runtime, register_tasks
 
@@ -34,14 +34,17 @@ def create_worker_app() -> Celery:
     # Requeued jobs may belong to any model, not only those this worker consumes.
     producer = make_celery(settings, settings.models)
 
-    def requeue(job_id: str, model: str) -> None:
-        enqueue_generation(producer, job_id, model)
+    def requeue(job_id: str, model: str, priority: int) -> None:
+        enqueue_generation(producer, job_id, model, priority)
+
+    def notify(job_id: str) -> None:
+        enqueue_webhook(producer, job_id)
 
     @signals.worker_init.connect(weak=False)
     def load_models(sender: Any = None, **_: Any) -> None:
         logging.basicConfig(level=logging.INFO)
         node = getattr(sender, "hostname", "worker")
-        install_runtime(WorkerRuntime(settings, requeue, node_name=node))
+        install_runtime(WorkerRuntime(settings, requeue, node_name=node, notify=notify))
 
     @signals.worker_ready.connect(weak=False)
     def announce(**_: Any) -> None:

@@ -88,6 +88,9 @@ class LimitSettings:
     max_queued_jobs: int = 1000
     # A running job is stopped and failed after this long (from its first start).
     max_job_seconds: float = 600.0
+    # POST /v1/batches: requests per batch and size of the JSONL input.
+    max_batch_requests: int = 10_000
+    max_batch_bytes: int = 16_777_216
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,15 @@ class RateLimitSettings:
     # Per API key (per client address without keys) and per minute; 0 disables a limit.
     requests_per_minute: int = 0
     tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
+    allowed_hosts: tuple[str, ...] = ()
+    secret: str = ""  # HMAC key for X-Trickle-Signature
+    max_attempts: int = 5
+    timeout_seconds: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +145,7 @@ class Settings:
     limits: LimitSettings = field(default_factory=LimitSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
+    webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     models: dict[str, ModelSettings] = field(
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
@@ -183,6 +196,7 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         ("limits", LimitSettings),
         ("auth", AuthSettings),
         ("rate_limits", RateLimitSettings),
+        ("webhooks", WebhookSettings),
     ):
         if section in data:
             kwargs[section] = _build(cls, data[section], section)

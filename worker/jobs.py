@@ -12,6 +12,9 @@ from enum import Enum
 from typing import Any
 
 MIN_SAMPLING_TEMPERATURE = 1e-5
+# Celery priorities on the Redis transport: 0 is fetched first.
+INTERACTIVE_PRIORITY = 0
+BATCH_PRIORITY = 9
 
 
 class JobStatus(str, Enum):
@@ -123,6 +126,10 @@ class Job:
     attempts: int = 0
     # Digest of the API key that created it ("" without keys): only that key may see it.
     owner: str = ""
+    # Queue priority: INTERACTIVE jobs are always fetched before BATCH ones.
+    priority: int = 0
+    # Where to POST the finished job (allowlisted host), "" for none.
+    webhook_url: str = ""
 
     def metrics(self) -> dict[str, float | None]:
         """Timings a client cares about; time to first token counts from submission."""

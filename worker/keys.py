@@ -13,6 +13,9 @@ PREFIX = "trickle"
 EVENTS_CHANNEL = f"{PREFIX}:events"
 
 GENERATE_TASK = "trickle.generate"
+WEBHOOK_TASK = "trickle.webhook"
+# Every worker consumes this queue, whatever models it serves.
+WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
 
 
 def job(job_id: str) -> str:
@@ -44,6 +47,16 @@ METRIC_COUNTERS = f"{PREFIX}:metrics:counters"
 
 def metric_histogram(name: str) -> str:
     return f"{PREFIX}:metrics:hist:{name}"
+
+
+def batch(batch_id: str) -> str:
+    """Hash of a batch: status, owner, timestamps, request count."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_items(batch_id: str) -> str:
+    """List of a batch's requests in input order: custom_id, url, body, job ids or error."""
+    return f"{PREFIX}:batch:{batch_id}:items"
 
 
 def rate_window(subject: str, kind: str, window: int) -> str:

@@ -94,11 +94,12 @@ class Maintenance:
         runtime = self._runtime
         now = time.time()
         for job_id, outcome in runtime.store.recover_orphans(now).items():
-            model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
-            log_job_event("worker_lost", job_id, model, outcome=outcome, swept_by=runtime.node_name)
             if outcome == "requeued":
-                runtime.enqueue(job_id, model)
-            elif outcome == "canceled":
+                model = runtime.requeue(job_id)
+            else:
+                model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
+            log_job_event("worker_lost", job_id, model, outcome=outcome, swept_by=runtime.node_name)
+            if outcome == "canceled":
                 runtime.metrics.count(JOBS, model=model, status="canceled")
         for job_id in runtime.store.expire_queued(now):
             model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")

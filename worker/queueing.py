@@ -16,11 +16,13 @@ from kombu import Queue
 
 from worker import keys
 from worker.config import Settings
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     app = Celery("trickle", broker=settings.redis.url, set_as_current=False)
-    queues = [Queue(keys.model_queue(name), routing_key=keys.model_queue(name)) for name in models]
+    names = [keys.model_queue(name) for name in models] + [keys.WEBHOOK_QUEUE]
+    queues = [Queue(name, routing_key=name) for name in names]
     app.conf.update(
         task_queues=queues,
         task_default_queue=keys.model_queue(settings.default_model),
@@ -33,7 +35,10 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": settings.worker.visibility_timeout_seconds},
+        broker_transport_options={
+            "visibility_timeout": settings.worker.visibility_timeout_seconds,
+            "priority_steps": [INTERACTIVE_PRIORITY, BATCH_PRIORITY],
+        },
         worker_hijack_root_logger=False,
         # Task events on, so Flower (or `celery events`) can watch the same broker.
         worker_send_task_events=True,
@@ -48,6 +53,16 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     return app
 
 
-def enqueue_generation(app: Celery, job_id: str, model: str) -> None:
-    """Send a job id to its model's queue; the job itself lives in Redis (see store)."""
-    app.send_task(keys.GENERATE_TASK, args=[job_id], queue=keys.model_queue(model))
+def enqueue_webhook(app: Celery, job_id: str) -> None:
+    app.send_task(keys.WEBHOOK_TASK, args=[job_id], queue=keys.WEBHOOK_QUEUE)
+
+
+def enqueue_generation(app: Celery, job_id: str, model: str, priority: int = 0) -> None:
+    """Send a job id to its model's queue; the job itself lives in Redis (see store).
+
+    On the Redis transport each priority is its own list and workers read lower numbers
+    first, so batch work (BATCH_PRIORITY) never delays an interactive job's fetch.
+    """
+    app.send_task(
+        keys.GENERATE_TASK, args=[job_id], queue=keys.model_queue(model), priority=priority
+    )

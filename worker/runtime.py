@@ -35,13 +35,14 @@ from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, JobResult, JobStore
+from worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
 
 LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
 
-# (job id, model) -> put the job id on the model's queue again.
-Enqueue = Callable[[str, str], None]
+# (job id, model, priority) -> put the job id on the model's queue again.
+Enqueue = Callable[[str, str, int], None]
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -55,7 +56,13 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 
 class WorkerRuntime:
-    def __init__(self, settings: Settings, enqueue: Enqueue, node_name: str = "worker"):
+    def __init__(
+        self,
+        settings: Settings,
+        enqueue: Enqueue,
+        node_name: str = "worker",
+        notify: Callable[[str], None] | None = None,
+    ):
         self.settings = settings
         self.node_name = node_name
         self.redis = redis_client(settings)
@@ -63,6 +70,7 @@ class WorkerRuntime:
             self.redis, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
         )
         self._enqueue = enqueue
+        self._notify = notify or (lambda job_id: None)
         self.metrics = MetricsRecorder()
         self._in_flight: dict[str, ScheduledJob] = {}
         self._lock = threading.Lock()
@@ -96,8 +104,12 @@ class WorkerRuntime:
         with self._lock:
             return {job_id: job.fence for job_id, job in self._in_flight.items()}
 
-    def enqueue(self, job_id: str, model: str) -> None:
-        self._enqueue(job_id, model)
+    def requeue(self, job_id: str) -> str:
+        """Put a recovered job back on its model's queue, at its priority; returns the model."""
+        model, priority = self.redis.hmget(keys.job(job_id), ["model", "priority"])
+        if model:
+            self._enqueue(job_id, str(model), int(priority or 0))
+        return str(model or "unknown")
 
     def hand_back_pending(self) -> int:
         """Graceful shutdown: jobs not yet in a batch go back to the queue, uncounted."""
@@ -106,7 +118,7 @@ class WorkerRuntime:
             for job in scheduler.take_pending():
                 try:
                     if self.store.release(job.job_id, job.fence, time.time()):
-                        self._enqueue(job.job_id, model)
+                        self._enqueue(job.job_id, model, job.priority)
                         handed += 1
                 except redis.RedisError as exc:
                     log.warning("hand back %s failed (%s); its lease will lapse", job.job_id, exc)
@@ -191,6 +203,8 @@ class WorkerRuntime:
         if result.error is not None:
             log.error("job %s failed: %s: %s", job.id, result.error.type, result.error.message)
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
+        if job.webhook_url:
+            self._notify(job.id)
         model = job.model
         self.metrics.count(JOBS, model=model, status=result.status.value)
         generated = result.completion_tokens - resumed
@@ -221,6 +235,13 @@ class WorkerRuntime:
             **timings,
         )
 
+    def deliver_webhook(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is None or not job.webhook_url:
+            return
+        deliver(job.webhook_url, job.to_dict(), self.settings.webhooks)
+        log_job_event("webhook_delivered", job.id, job.model, url=job.webhook_url)
+
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:
             self.metrics.observe(BATCH_SIZE, size, model=model)
@@ -242,7 +263,7 @@ class WorkerRuntime:
             self.store.set_prompt_tokens(job.id, len(prompt_ids))
         deadline = (job.started_at or time.time()) + self.settings.limits.max_job_seconds
         scheduled = make_scheduled_job(
-            engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline
+            engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline, job.priority
         )
         if resume.count >= job.params.max_tokens:
             # It died after its last token but before storing the result: finish it now.

@@ -36,6 +36,7 @@ class ScheduledJob:
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
+    priority: int = 0  # lower runs first (interactive before batch)
     # Token arrival times in this attempt, for the latency metrics.
     first_token_at: float | None = None
     last_token_at: float | None = None
@@ -57,6 +58,7 @@ def make_scheduled_job(
     fence: str,
     resume: Resume = Resume(),
     deadline: float | None = None,
+    priority: int = 0,
 ) -> ScheduledJob:
     """Engine request plus per-job state; ``prompt_ids`` include any resumed text."""
     state = SequenceState(
@@ -72,7 +74,7 @@ def make_scheduled_job(
     seed = None if params.is_greedy else params.seed
     remaining = params.max_tokens - resume.count
     request = EngineRequest(prompt_ids, remaining, SamplingKey.from_params(params), seed)
-    return ScheduledJob(job_id, fence, request, state, deadline)
+    return ScheduledJob(job_id, fence, request, state, deadline, priority=priority)
 
 
 # Receives every token of one decoding step of one batch at once.
@@ -140,13 +142,15 @@ class BatchScheduler:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            first = self._pending[0].request
+            # Interactive before batch work; arrival order within a priority (sort is stable).
+            waiting = sorted(self._pending, key=lambda job: job.priority)
+            first = waiting[0].request
             if first.seed is not None:
-                batch = [self._pending[0]]  # seeded jobs sample step by step, alone
+                batch = [waiting[0]]  # seeded jobs sample step by step, alone
             else:
                 batch = [
                     job
-                    for job in self._pending
+                    for job in waiting
                     if job.request.sampling == first.sampling and job.request.seed is None
                 ][: self._max_batch_size]
             chosen = {id(job) for job in batch}

@@ -127,6 +127,10 @@ class JobStore:
         }
         if job.owner:
             fields["owner_key"] = job.owner
+        if job.priority:
+            fields["priority"] = str(job.priority)
+        if job.webhook_url:
+            fields["webhook_url"] = job.webhook_url
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.job(job.id), mapping=fields)
         # Long enough to stay queued, then to be read as expired for a result TTL.
@@ -365,4 +369,6 @@ def _job_from_hash(fields: dict[str, str]) -> Job:
         completed_at=optional_float("completed_at"),
         attempts=int(fields.get("attempts", 0)),
         owner=fields.get("owner_key", ""),
+        priority=int(fields.get("priority", 0)),
+        webhook_url=fields.get("webhook_url", ""),
     )

@@ -1,0 +1,124 @@
+"""Batches in Redis: a hash per batch and a list of its requests, each mapped to its jobs.
+
+A batch holds no results of its own: its status, counts and output are derived from its jobs,
+which run through the same queue and workers as everything else (at batch priority).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from worker import keys
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(16)
+
+
+@dataclass
+class BatchItem:
+    """One input line: its jobs when valid, else the error it was refused with."""
+
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    job_ids: list[str] = field(default_factory=list)
+    error_status: int | None = None
+    error: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "custom_id": self.custom_id,
+            "url": self.url,
+            "body": self.body,
+            "job_ids": self.job_ids,
+            "error_status": self.error_status,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchItem:
+        return cls(
+            custom_id=str(data["custom_id"]),
+            url=str(data["url"]),
+            body=dict(data["body"]),
+            job_ids=[str(job_id) for job_id in data.get("job_ids") or []],
+            error_status=data.get("error_status"),
+            error=data.get("error"),
+        )
+
+
+@dataclass
+class Batch:
+    id: str
+    owner: str
+    created_at: float
+    endpoint: str
+    total: int
+    cancelled_at: float | None = None
+
+    def to_hash(self) -> dict[str, str]:
+        fields = {
+            "id": self.id,
+            "owner": self.owner,
+            "created_at": repr(self.created_at),
+            "endpoint": self.endpoint,
+            "total": str(self.total),
+        }
+        if self.cancelled_at is not None:
+            fields["cancelled_at"] = repr(self.cancelled_at)
+        return fields
+
+    @classmethod
+    def from_hash(cls, fields: dict[str, str]) -> Batch:
+        cancelled = fields.get("cancelled_at")
+        return cls(
+            id=fields["id"],
+            owner=fields.get("owner", ""),
+            created_at=float(fields["created_at"]),
+            endpoint=fields["endpoint"],
+            total=int(fields["total"]),
+            cancelled_at=float(cancelled) if cancelled else None,
+        )
+
+
+class BatchStore:
+    def __init__(self, client: redis.Redis, ttl_seconds: int):
+        self.redis = client
+        self.ttl_seconds = ttl_seconds
+
+    def create(self, batch: Batch, items: list[BatchItem]) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())  # type: ignore[arg-type]
+        pipe.rpush(keys.batch_items(batch.id), *[json.dumps(item.to_dict()) for item in items])
+        pipe.expire(keys.batch(batch.id), self.ttl_seconds)
+        pipe.expire(keys.batch_items(batch.id), self.ttl_seconds)
+        pipe.execute()
+
+    def get(self, batch_id: str) -> tuple[Batch, list[BatchItem]] | None:
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(keys.batch(batch_id))
+        pipe.lrange(keys.batch_items(batch_id), 0, -1)
+        fields, entries = pipe.execute()
+        if not fields:
+            return None
+        items = [BatchItem.from_dict(json.loads(entry)) for entry in entries]
+        return Batch.from_hash(fields), items
+
+    def mark_cancelled(self, batch_id: str, now: float) -> None:
+        self.redis.hsetnx(keys.batch(batch_id), "cancelled_at", repr(now))
+
+    def job_statuses(self, items: list[BatchItem]) -> dict[str, str]:
+        """The status of every job of the batch (missing: expired)."""
+        job_ids = [job_id for item in items for job_id in item.job_ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        return {
+            job_id: str(s or "expired") for job_id, s in zip(job_ids, pipe.execute(), strict=True)
+        }

@@ -1,0 +1,238 @@
+"""OpenAI Batch API: submit JSONL of completion/chat requests, poll, fetch JSONL output, cancel.
+
+Every valid line becomes Trickle jobs at batch priority on the same queues: workers always take
+interactive jobs first, and batch jobs still share the engine's batching with everyone else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import Blueprint, Response, jsonify, request
+
+from web import openai_responses as shapes
+from web.auth import current_owner
+from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
+from web.errors import ApiError, invalid, not_found
+from web.openai_api import jobs_for_request
+from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
+from web.services import Services, services
+from web.submission import enqueue
+from worker.config import Settings
+from worker.jobs import BATCH_PRIORITY, JobStatus
+
+blueprint = Blueprint("batches", __name__)
+
+PARSERS: dict[str, Callable[[Any, Settings], OpenAIRequest]] = {
+    "/v1/completions": parse_completion_request,
+    "/v1/chat/completions": parse_chat_request,
+}
+JSONL = "application/jsonl"
+
+
+@blueprint.post("/v1/batches")
+def create_batch() -> Response:
+    svc = services()
+    limits = svc.settings.limits
+    request.max_content_length = limits.max_batch_bytes
+    lines = _input_lines()
+    if not lines:
+        raise invalid("input", "the batch input has no requests")
+    if len(lines) > limits.max_batch_requests:
+        raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
+    items = [_parse_line(number, line) for number, line in lines]
+    _check_unique_ids(items)
+    jobs = []
+    for item in items:
+        try:
+            req = PARSERS[item.url](item.body, svc.settings)
+            if req.stream:
+                raise invalid("body.stream", "batch requests cannot stream")
+            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY)
+        except ApiError as exc:
+            item.error_status, item.error = exc.status, exc.to_dict()["error"]
+            continue
+        item.job_ids = [job.id for job in item_jobs]
+        jobs += item_jobs
+    svc.rate_limiter.admit(sum(job.usage.prompt_tokens + job.params.max_tokens for job in jobs))
+    urls = {item.url for item in items}
+    batch = Batch(
+        new_batch_id(),
+        current_owner(),
+        time.time(),
+        urls.pop() if len(urls) == 1 else "mixed",
+        len(items),
+    )
+    _store(svc).create(batch, items)
+    for job in jobs:
+        enqueue(svc, job)
+    response = jsonify(_batch_object(svc, batch, items))
+    response.headers["Location"] = f"/v1/batches/{batch.id}"
+    return response
+
+
+@blueprint.get("/v1/batches/<batch_id>")
+def get_batch(batch_id: str) -> Response:
+    svc = services()
+    batch, items = _visible(svc, batch_id)
+    return jsonify(_batch_object(svc, batch, items))
+
+
+@blueprint.post("/v1/batches/<batch_id>/cancel")
+def cancel_batch(batch_id: str) -> Response:
+    svc = services()
+    batch, items = _visible(svc, batch_id)
+    now = time.time()
+    _store(svc).mark_cancelled(batch_id, now)
+    for item in items:
+        for job_id in item.job_ids:
+            svc.store.cancel(job_id, now)
+    batch.cancelled_at = batch.cancelled_at or now
+    return jsonify(_batch_object(svc, batch, items))
+
+
+@blueprint.get("/v1/batches/<batch_id>/output")
+def batch_output(batch_id: str) -> Response:
+    """OpenAI Batch output JSONL for the requests that have finished, in input order."""
+    svc = services()
+    batch, items = _visible(svc, batch_id)
+    statuses = _store(svc).job_statuses(items)
+    lines = [
+        json.dumps(line, ensure_ascii=False) for line in _output_lines(svc, batch, items, statuses)
+    ]
+    response = Response("".join(f"{line}\n" for line in lines), content_type=JSONL)
+    response.headers["X-Batch-Status"] = _status(batch, items, statuses)
+    return response
+
+
+def _store(svc: Services) -> BatchStore:
+    limits = svc.settings.limits
+    return BatchStore(svc.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
+
+
+def _visible(svc: Services, batch_id: str) -> tuple[Batch, list[BatchItem]]:
+    found = _store(svc).get(batch_id)
+    owner = current_owner()
+    if found is None or (owner and found[0].owner != owner):
+        raise not_found(f"batch {batch_id!r} does not exist or has expired", "batch_id")
+    return found
+
+
+def _input_lines() -> list[tuple[int, str]]:
+    """JSONL from an uploaded file (multipart field ``file``) or the raw body."""
+    upload = request.files.get("file")
+    raw = upload.read() if upload is not None else request.get_data(cache=False)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid("input", f"the batch input is not valid UTF-8 (byte {exc.start})") from exc
+    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def _parse_line(number: int, line: str) -> BatchItem:
+    where = f"line {number}"
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise invalid(where, f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise invalid(where, f"{where} must be a JSON object")
+    custom_id, method, url, body = (data.get(k) for k in ("custom_id", "method", "url", "body"))
+    if not isinstance(custom_id, str) or not custom_id:
+        raise invalid(f"{where}.custom_id", f"{where} needs a non-empty string custom_id")
+    if method != "POST":
+        raise invalid(f"{where}.method", f"{where}: method must be POST")
+    if url not in PARSERS:
+        raise invalid(f"{where}.url", f"{where}: url must be one of {sorted(PARSERS)}")
+    if not isinstance(body, dict):
+        raise invalid(f"{where}.body", f"{where}: body must be a JSON object")
+    return BatchItem(custom_id=custom_id, url=url, body=body)
+
+
+def _check_unique_ids(items: list[BatchItem]) -> None:
+    repeated = [cid for cid, n in Counter(item.custom_id for item in items).items() if n > 1]
+    if repeated:
+        raise invalid("custom_id", f"custom_id values must be unique; repeated: {repeated[0]!r}")
+
+
+def _item_state(item: BatchItem, statuses: dict[str, str]) -> str:
+    """pending | completed | failed for one request."""
+    if item.error is not None:
+        return "failed"
+    states = [statuses.get(job_id, "expired") for job_id in item.job_ids]
+    if any(s in ("queued", "running") for s in states):
+        return "pending"
+    return "completed" if all(s == JobStatus.SUCCEEDED.value for s in states) else "failed"
+
+
+def _status(batch: Batch, items: list[BatchItem], statuses: dict[str, str]) -> str:
+    pending = any(_item_state(item, statuses) == "pending" for item in items)
+    if batch.cancelled_at is not None:
+        return "cancelling" if pending else "cancelled"
+    return "in_progress" if pending else "completed"
+
+
+def _batch_object(svc: Services, batch: Batch, items: list[BatchItem]) -> dict[str, Any]:
+    statuses = _store(svc).job_statuses(items)
+    states = Counter(_item_state(item, statuses) for item in items)
+    status = _status(batch, items, statuses)
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "completion_window": "24h",
+        "status": status,
+        "created_at": int(batch.created_at),
+        "cancelled_at": int(batch.cancelled_at) if batch.cancelled_at else None,
+        "request_counts": {
+            "total": batch.total,
+            "completed": states["completed"],
+            "failed": states["failed"],
+        },
+        "output_url": f"/v1/batches/{batch.id}/output",
+    }
+
+
+def _output_lines(
+    svc: Services, batch: Batch, items: list[BatchItem], statuses: dict[str, str]
+) -> Iterator[dict[str, Any]]:
+    for index, item in enumerate(items):
+        state = _item_state(item, statuses)
+        if state == "pending":
+            continue
+        line: dict[str, Any] = {"id": f"{batch.id}_req_{index}", "custom_id": item.custom_id}
+        if item.error is not None:
+            line["response"] = {"status_code": item.error_status, "body": {"error": item.error}}
+            line["error"] = {
+                "code": item.error.get("code") or item.error["type"],
+                "message": item.error["message"],
+            }
+            yield line
+            continue
+        finished = [svc.store.snapshot(job_id, 0) for job_id in item.job_ids]
+        jobs = [(job, events) for job, events in finished if job is not None]
+        if state == "completed" and len(jobs) == len(item.job_ids):
+            req = PARSERS[item.url](item.body, svc.settings)
+            envelope = shapes.Envelope(
+                item.job_ids[0], int(batch.created_at), req.model, tuple(item.job_ids)
+            )
+            body = shapes.result_object(req, envelope, jobs)
+            line["response"] = {"status_code": 200, "request_id": item.job_ids[0], "body": body}
+            line["error"] = None
+        else:
+            line["response"] = None
+            line["error"] = _failure(jobs, batch)
+        yield line
+
+
+def _failure(jobs: list[Any], batch: Batch) -> dict[str, str]:
+    for job, _events in jobs:
+        if job.status is JobStatus.FAILED and job.error is not None:
+            return {"code": job.error.type, "message": job.error.message}
+    if batch.cancelled_at is not None:
+        return {"code": "batch_cancelled", "message": "the batch was cancelled first"}
+    return {"code": "not_completed", "message": "the request's jobs were canceled or expired"}
