@@ -231,6 +231,7 @@ def _job_request_schema(settings: Settings) -> dict[str, Any]:
             "prompt": {"type": "string"},
             "webhook_url": {
                 "type": "string",
+                "nullable": True,
                 "description": "POST the finished job here (host must be allowlisted)",
             },
             **sampling_properties(settings),

@@ -36,6 +36,7 @@ def openai_paths(responses: Responses, body: Body, ref: Ref) -> dict[str, Any]:
         }
 
     model_id = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    batch_id = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
     return {
         "/v1/models": {
             "get": {
@@ -71,6 +72,57 @@ def openai_paths(responses: Responses, body: Body, ref: Ref) -> dict[str, Any]:
                 "summary": "OpenAI-compatible text completion; each choice is a Trickle job",
                 "requestBody": body("CompletionRequest"),
                 "responses": responses(generated("Completion"), 400, 404, 413, 429, 504),
+            }
+        },
+        "/v1/batches": {
+            "post": {
+                "operationId": "createBatch",
+                "summary": "OpenAI Batch input (JSONL lines with custom_id, method, url, body), "
+                "as the request body or an uploaded file; runs at batch priority",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/jsonl": {"schema": {"type": "string"}},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["file"],
+                                "properties": {"file": {"type": "string", "format": "binary"}},
+                            }
+                        },
+                    },
+                },
+                "responses": responses({"200": json_ok("The batch", ref("Batch"))}, 400, 413, 429),
+            }
+        },
+        "/v1/batches/{batch_id}": {
+            "get": {
+                "operationId": "getBatch",
+                "parameters": [batch_id],
+                "responses": responses({"200": json_ok("The batch", ref("Batch"))}, 404),
+            }
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": {
+                "operationId": "cancelBatch",
+                "parameters": [batch_id],
+                "responses": responses({"200": json_ok("The batch", ref("Batch"))}, 404),
+            }
+        },
+        "/v1/batches/{batch_id}/output": {
+            "get": {
+                "operationId": "getBatchOutput",
+                "summary": "OpenAI Batch output JSONL for the requests finished so far",
+                "parameters": [batch_id],
+                "responses": responses(
+                    {
+                        "200": {
+                            "description": "One JSON object per line",
+                            "content": {"application/jsonl": {"schema": {"type": "string"}}},
+                        }
+                    },
+                    404,
+                ),
             }
         },
         "/v1/chat/completions": {
@@ -134,6 +186,29 @@ def openai_schemas(settings: Settings) -> dict[str, Any]:
     }
     finish = {"type": "string", "nullable": True, "enum": ["stop", "length"]}
     return {
+        "Batch": {
+            "type": "object",
+            "required": ["id", "object", "status", "request_counts"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"type": "string", "enum": ["batch"]},
+                "endpoint": {"type": "string"},
+                "status": {
+                    "type": "string",
+                    "enum": ["in_progress", "completed", "cancelling", "cancelled"],
+                },
+                "created_at": {"type": "integer"},
+                "cancelled_at": {"type": "integer", "nullable": True},
+                "request_counts": {
+                    "type": "object",
+                    "properties": {
+                        "total": {"type": "integer"},
+                        "completed": {"type": "integer"},
+                        "failed": {"type": "integer"},
+                    },
+                },
+            },
+        },
         "Model": {
             "type": "object",
             "required": ["id", "object", "created", "owned_by"],

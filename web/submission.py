@@ -80,4 +80,4 @@ def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
 def enqueue(svc: Services, job: Job) -> None:
     """Record the job, then hand its id to the model's queue."""
     svc.store.create(job)
-    enqueue_generation(svc.celery, job.id, job.model)
+    enqueue_generation(svc.celery, job.id, job.model, job.priority)
