@@ -1,4 +1,9 @@
-"""The ``trickle`` command: ``demo-model`` builds the offline demo model, ``up`` runs the stack."""
+"""The ``trickle`` command.
+
+Operators: ``demo-model`` builds the offline demo model, ``up`` runs the whole stack.
+Clients (talking to ``TRICKLE_URL``, default http://127.0.0.1:8000, with ``TRICKLE_API_KEY``
+as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from urllib.parse import urlparse
 from worker.config import DEFAULT_MODEL_DIR, PROJECT_ROOT, load_settings
 
 PR_SET_PDEATHSIG = 1
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,10 +32,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
     up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")
     up.add_argument("-c", "--concurrency", default="", help="honcho concurrency, e.g. worker=2")
+    gen = commands.add_parser("generate", help="generate text for a prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--model")
+    gen.add_argument("--max-tokens", type=int)
+    gen.add_argument("--temperature", type=float)
+    gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+    jobs = commands.add_parser("jobs", help="inspect jobs").add_subparsers(
+        dest="action", required=True
+    )
+    jobs.add_parser("get", help="print a job as JSON").add_argument("job_id")
+    batch = commands.add_parser("batch", help="OpenAI Batch files").add_subparsers(
+        dest="action", required=True
+    )
+    submit = batch.add_parser("submit", help="submit a JSONL file of requests")
+    submit.add_argument("file", type=Path)
+    submit.add_argument("--wait", action="store_true", help="show progress, then the output")
+    submit.add_argument("--output", type=Path, help="write the output JSONL here")
     args = parser.parse_args(argv)
     if args.command == "demo-model":
         return build_demo(args.output, args.force)
-    return run_stack(args.concurrency)
+    if args.command == "up":
+        return run_stack(args.concurrency)
+    return run_client_command(args)
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    from trickle import commands
+    from trickle.client import ApiError, TrickleClient
+
+    client = TrickleClient(
+        os.environ.get("TRICKLE_URL", DEFAULT_URL), os.environ.get("TRICKLE_API_KEY", "")
+    )
+    try:
+        if args.command == "generate":
+            return commands.generate(
+                client, args.prompt, args.model, args.max_tokens, args.temperature, args.stream
+            )
+        if args.command == "jobs":
+            return commands.get_job(client, args.job_id)
+        return commands.submit_batch(client, args.file, args.wait, args.output)
+    except (ApiError, OSError) as exc:
+        print(f"trickle: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_demo(output: Path, force: bool) -> int:

@@ -1,0 +1,66 @@
+"""The `trickle` command line client against the real stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.clients import get_job
+
+TRICKLE = str(Path(sys.executable).parent / "trickle")
+
+
+def run(stack_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRICKLE_URL": stack_url}
+    return subprocess.run([TRICKLE, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_generate_streams_and_reports_ttft(stack_url: str) -> None:
+    result = run(stack_url, "generate", "The socket", "--max-tokens", "40", "--stream")
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    job_id = summary.split(" ")[0]
+    assert "TTFT" in summary and "tokens/s" in summary and "40 tokens" in summary
+    assert result.stdout == get_job(stack_url, job_id)["output"] + "\n"
+
+
+def test_generate_without_streaming_and_jobs_get(stack_url: str) -> None:
+    result = run(stack_url, "generate", "Return the", "--max-tokens", "12", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    job_id = result.stderr.split(" ")[0]
+    shown = run(stack_url, "jobs", "get", job_id)
+    assert shown.returncode == 0
+    job = json.loads(shown.stdout)
+    assert job["id"] == job_id and result.stdout == job["output"] + "\n"
+
+
+def test_api_errors_are_reported_not_raised(stack_url: str) -> None:
+    result = run(stack_url, "generate", "x", "--model", "nope")
+    assert result.returncode == 2
+    assert "HTTP 404" in result.stderr and "model" in result.stderr
+    missing = run(stack_url, "jobs", "get", "job_missing")
+    assert missing.returncode == 2 and "HTTP 404" in missing.stderr
+
+
+def test_batch_submit_waits_with_progress_and_writes_output(stack_url: str, tmp_path: Path) -> None:
+    lines = [
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "demo", "prompt": "The", "max_tokens": 5},
+        }
+        for i in range(6)
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    target = tmp_path / "out.jsonl"
+    result = run(stack_url, "batch", "submit", str(source), "--wait", "--output", str(target))
+    assert result.returncode == 0, result.stderr
+    assert "6/6" in result.stderr and "completed" in result.stderr
+    outputs = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [o["custom_id"] for o in outputs] == [f"r{i}" for i in range(6)]
+    assert all(o["response"]["status_code"] == 200 for o in outputs)
