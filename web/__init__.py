@@ -17,13 +17,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     """App factory: tests pass settings; servers read the file and environment once here."""
     settings = settings or load_settings(environ=os.environ)
     logging.basicConfig(level=logging.INFO)
-    app = Flask(__name__)
+    # The page blueprint serves web/static itself (with no-cache headers).
+    app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": settings.web.keepalive_seconds}
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = Services.create(settings)
 
-    from web import batches, health, jobs, metrics, openai_api, stream
+    from web import batches, health, jobs, metrics, openai_api, page, stream
 
     install_auth(app, settings.auth.api_keys)
     app.register_blueprint(jobs.blueprint)
@@ -31,6 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
+    app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)
     return app
