@@ -28,6 +28,7 @@ from web.openai_requests import (
 )
 from web.services import Services, services
 from web.submission import admit, enqueue, prepare_job, read_json_body
+from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
 
@@ -51,7 +52,22 @@ def get_model(model_id: str) -> Response:
 
 
 def _model_object(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": STARTED_AT, "owned_by": "trickle"}
+    """OpenAI's model object, plus what a client needs to fill a form (extra fields are
+    ignored by OpenAI clients)."""
+    svc = services()
+    settings = svc.settings
+    fresh_since = time.time() - settings.worker.heartbeat_ttl_seconds
+    return {
+        "id": name,
+        "object": "model",
+        "created": STARTED_AT,
+        "owned_by": "trickle",
+        "default": name == settings.default_model,
+        "workers": int(svc.redis.zcount(keys.model_workers(name), fresh_since, "+inf")),
+        "max_context_tokens": settings.model(name).max_context_tokens,
+        "max_prompt_tokens": settings.limits.max_prompt_tokens,
+        "max_tokens": settings.limits.max_tokens_ceiling,
+    }
 
 
 @blueprint.post("/v1/completions")

@@ -217,6 +217,11 @@ def openai_schemas(settings: Settings) -> dict[str, Any]:
                 "object": {"type": "string", "enum": ["model"]},
                 "created": {"type": "integer"},
                 "owned_by": {"type": "string"},
+                "default": {"type": "boolean"},
+                "workers": {"type": "integer"},
+                "max_context_tokens": {"type": "integer"},
+                "max_prompt_tokens": {"type": "integer"},
+                "max_tokens": {"type": "integer"},
             },
         },
         "ModelList": {
