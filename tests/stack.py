@@ -72,10 +72,10 @@ def start_web(config_path: Path, port: int, log_dir: Path) -> subprocess.Popen[b
         if process.poll() is not None:
             raise RuntimeError(f"web server exited; see {log_path}")
         try:
-            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5).ok:
                 return process
-        except requests.ConnectionError:
-            pass
+        except requests.RequestException:
+            pass  # not listening yet, or too busy starting to answer
         if time.monotonic() > deadline:
             process.kill()
             raise TimeoutError(f"web server never answered; see {log_path}")

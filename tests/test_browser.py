@@ -229,7 +229,7 @@ def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
     assert page.get_attribute("#output", "data-state") == "idle"
     # A seeded job takes the sequential sampling path (see the README): slow enough to watch
     # grow on any machine, where 600 batched tokens can land within two frames.
-    fill_form(page, "The socket module", max_tokens=200, seed=7)
+    fill_form(page, "The socket module", max_tokens=400, seed=7)
     record_lengths(page)
     page.focus("#prompt")
     page.keyboard.press("Control+Enter")
@@ -243,7 +243,7 @@ def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
     assert len(intermediate) >= 3, f"the text never visibly grew: {lengths}"
     data = attributes(page)
     assert int(data["renders"]) >= 3
-    assert data["tokens"] == "200"
+    assert data["tokens"] == "400"
     assert data["reconnects"] == data["duplicates"] == "0"
     assert_exactly_once(page, stack_url)
     assert page.get_attribute("#output", "class") == "output final"

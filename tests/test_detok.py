@@ -56,3 +56,9 @@ def test_incomplete_character_at_the_end_is_flushed_as_replacement(tokenizer: To
     detok = IncrementalDetokenizer(tokenizer)
     assert [detok.add(token_id) for token_id in ids[:-1]] == [""] * (len(ids) - 1)
     assert detok.flush().endswith("\ufffd")
+
+
+def test_ids_beyond_the_tokenizer_decode_as_unknown(tokenizer: Tokenizer) -> None:
+    # A model with a padded vocabulary may emit ids the tokenizer has no piece for.
+    assert tokenizer.decode([tokenizer.vocab_size + 5]) == tokenizer.decode([0])
+    assert tokenizer.to_pieces([tokenizer.vocab_size]) == ["<unk>"]

@@ -13,7 +13,7 @@ import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
-from web.hub import Signal, Subscription, TokenHub
+from web.hub import Subscription, TokenHub
 from worker.events import TokenEvent
 from worker.jobs import Job
 from worker.store import JobStore
@@ -76,17 +76,30 @@ class JobFollower:
         self._first: tuple[Job, list[TokenEvent]] = (job, events)
 
     def events(self, keepalive_seconds: float) -> Generator[FollowEvent, None, None]:
+        """Every event, one at a time (see ``chunks`` for the batched form)."""
+        chunks = self.chunks(keepalive_seconds)
+        try:
+            for chunk in chunks:
+                yield from chunk
+        finally:
+            chunks.close()
+
+    def chunks(self, keepalive_seconds: float) -> Generator[list[FollowEvent], None, None]:
+        """Events grouped by wake-up: everything that arrived while the reader was busy goes
+        out together, so a slow connection gets one write per wake-up, not one per token."""
         try:
             job, pending = self._first
             while True:
-                yield from self._take(pending)
+                chunk: list[FollowEvent] = list(self._take(pending))
                 if job.status.is_terminal:
-                    yield Done(job)
+                    yield [*chunk, Done(job)]
                     return
+                if chunk:
+                    yield chunk
                 pending, resync = self._wait(keepalive_seconds)
                 if resync is not None:
                     if resync == "quiet":
-                        yield KeepAlive()
+                        yield [KeepAlive()]
                     latest, pending = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
                         return
@@ -101,15 +114,23 @@ class JobFollower:
                 yield event
 
     def _wait(self, timeout: float) -> tuple[list[TokenEvent], str | None]:
-        """Live tokens that continue the sequence, or why the log must be re-read."""
-        delivery = self._subscription.get(timeout)
-        if delivery is None:
+        """Live tokens that continue the sequence (all that are queued), or why the log must be
+        re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap."""
+        deliveries = self._subscription.get_all(timeout)
+        if not deliveries:
             return [], "quiet"
-        if delivery.signal is Signal.DONE or delivery.signal is Signal.RESYNC:
+        if any(delivery.signal is not None for delivery in deliveries):
             return [], "signal"
-        fresh = [event for event in delivery.tokens if event.index >= self._next]
-        if fresh and fresh[0].index != self._next:
-            return [], "gap"
+        expected = self._next
+        fresh = []
+        for delivery in deliveries:
+            for event in delivery.tokens:
+                if event.index < expected:
+                    continue
+                if event.index != expected:
+                    return [], "gap"
+                fresh.append(event)
+                expected += 1
         return fresh, None
 
 

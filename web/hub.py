@@ -24,6 +24,7 @@ from worker.events import StepMessage, TokenEvent
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2.0
+MAX_PENDING = 256
 POLL_SECONDS = 1.0
 
 
@@ -39,12 +40,21 @@ class Delivery:
 
 
 class Subscription:
+    """One reader's mailbox. Bounded: a reader that falls MAX_PENDING deliveries behind gets
+    its backlog replaced by one RESYNC, and catches up from the replay log instead, so a slow
+    client costs a re-read, never unbounded memory in the web process."""
+
     def __init__(self, hub: TokenHub, job_id: str):
         self.job_id = job_id
         self._hub = hub
-        self._queue: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
+        self._queue: queue.Queue[Delivery] = queue.Queue()
+        self.overflows = 0
 
     def put(self, delivery: Delivery) -> None:
+        if self._queue.qsize() >= MAX_PENDING:
+            self._drain()
+            self.overflows += 1
+            delivery = Delivery(signal=Signal.RESYNC)
         self._queue.put(delivery)
 
     def get(self, timeout: float) -> Delivery | None:
@@ -52,6 +62,19 @@ class Subscription:
             return self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def get_all(self, timeout: float) -> list[Delivery]:
+        """Wait for one delivery, then take every other one already queued."""
+        first = self.get(timeout)
+        return [] if first is None else [first, *self._drain()]
+
+    def _drain(self) -> list[Delivery]:
+        taken = []
+        while True:
+            try:
+                taken.append(self._queue.get_nowait())
+            except queue.Empty:
+                return taken
 
     def close(self) -> None:
         self._hub.unsubscribe(self)

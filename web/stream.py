@@ -61,15 +61,15 @@ def sse_events(job_id: str) -> Response:
 
     def body() -> Iterator[str]:
         yield "retry: 2000\n\n"
-        events = follower.events(keepalive)
+        chunks = follower.chunks(keepalive)
         try:
-            for event in events:
-                yield format_sse(event)
+            for chunk in chunks:
+                yield "".join(format_sse(event) for event in chunk)
         except redis.RedisError as exc:
             log.warning("stream of %s ended: redis unavailable: %s", job_id, exc)
             yield f"event: error\ndata: {json.dumps({'error': unavailable_error(exc)})}\n\n"
         finally:
-            events.close()
+            chunks.close()
 
     return Response(stream_with_context(body()), mimetype="text/event-stream", headers=SSE_HEADERS)
 

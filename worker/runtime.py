@@ -117,7 +117,7 @@ class WorkerRuntime:
         for model, scheduler in self.schedulers.items():
             for job in scheduler.take_pending():
                 try:
-                    if self.store.release(job.job_id, job.fence, time.time()):
+                    if self.store.release(job.job_id, job.fence, time.time()) == "queued":
                         self._enqueue(job.job_id, model, job.priority)
                         handed += 1
                 except redis.RedisError as exc:

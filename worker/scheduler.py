@@ -170,7 +170,14 @@ class BatchScheduler:
             now = time.time()
             if job.deadline is not None and now > job.deadline:
                 job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)
-            outcome = job.state.on_token(token_id, is_last)
+            try:
+                outcome = job.state.on_token(token_id, is_last)
+            except Exception as exc:  # one job's failure must not take down the whole batch
+                log.exception("job %s: token %d could not be processed", job.job_id, token_id)
+                job.state.request_stop(FinishReason.ERROR, JobError("engine_error", str(exc)))
+                job.state.finish_without_token(FinishReason.ERROR)
+                step_buffer.add(position, step, None, True)
+                return True
             item = None
             if outcome.index is not None:
                 if job.first_token_at is None:

@@ -83,13 +83,21 @@ redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 return 'requeued'
 """
 
-# Give a claimed job back without counting an attempt (graceful shutdown).
-# KEYS: job, lease, running, queued   ARGV: id, fence, queue_deadline
+# Give a claimed job back without counting an attempt (graceful shutdown); one whose cancel is
+# pending is canceled instead. KEYS: job, lease, running, queued
+# ARGV: id, fence, queue_deadline, now, result_ttl, channel, done_msg
 RELEASE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[1], 'owner')
+if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
+  redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
+             'completed_at', ARGV[4])
+  redis.call('EXPIRE', KEYS[1], ARGV[5])
+  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  return 2
+end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])

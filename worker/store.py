@@ -215,19 +215,24 @@ class JobStore:
         results = pipe.execute()
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
-    def release(self, job_id: str, fence: str, now: float) -> bool:
-        """Hand a claimed, not yet started job back to the queue (graceful shutdown)."""
-        return bool(
-            self._scripts["RELEASE"](
-                keys=[
-                    keys.job(job_id),
-                    keys.job_lease(job_id),
-                    keys.RUNNING_JOBS,
-                    keys.QUEUED_JOBS,
-                ],
-                args=[job_id, fence, now + self.queued_ttl_seconds],
-            )
+    def release(self, job_id: str, fence: str, now: float) -> str:
+        """Hand a claimed, not yet started job back (graceful shutdown).
+
+        Returns "queued" (requeue it), "canceled" (a cancel was pending) or "lost" (not ours).
+        """
+        outcome = self._scripts["RELEASE"](
+            keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING_JOBS, keys.QUEUED_JOBS],
+            args=[
+                job_id,
+                fence,
+                now + self.queued_ttl_seconds,
+                repr(now),
+                self.result_ttl_seconds,
+                keys.EVENTS_CHANNEL,
+                _done(job_id),
+            ],
         )
+        return {1: "queued", 2: "canceled"}.get(int(outcome), "lost")
 
     def recover_orphans(self, now: float) -> dict[str, str]:
         """Requeue running jobs whose lease expired (their worker died): id -> outcome."""

@@ -31,7 +31,13 @@ class Tokenizer:
         return len(self.encode(text))
 
     def to_pieces(self, ids: list[int]) -> list[str]:
-        return [self._sp.id_to_piece(i) for i in ids]
+        return [self._sp.id_to_piece(i) for i in self._in_vocabulary(ids)]
 
     def decode(self, ids: list[int]) -> str:
-        return str(self._sp.decode(ids))
+        return str(self._sp.decode(self._in_vocabulary(ids)))
+
+    def _in_vocabulary(self, ids: list[int]) -> list[int]:
+        """A model may have more output ids than the tokenizer has pieces (padded vocabularies):
+        those decode as the unknown piece instead of failing the whole batch."""
+        unk = self._sp.unk_id()
+        return [i if 0 <= i < self.vocab_size else unk for i in ids]

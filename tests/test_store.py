@@ -1,0 +1,80 @@
+"""JobStore transitions on a real Redis: claims, poison, recovery, hand-back, fencing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from trickle.redis_server import free_port, start_redis, stop_redis
+from worker import keys
+from worker.events import TokenEvent
+from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
+from worker.store import JobStore, StepAppend
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
+    """A Redis of our own: the stack's workers sweep the shared one and would requeue the
+    orphans these tests make on purpose."""
+    port = free_port()
+    process = start_redis(port, Path(tmp_path_factory.mktemp("store-redis")), append_only=False)
+    client = redis.Redis(port=port, decode_responses=True)
+    yield client
+    client.close()
+    stop_redis(process)
+
+
+def stored_job(store: JobStore) -> Job:
+    job = Job(new_job_id(), "demo", "hi", GenerationParams(), created_at=time.time())
+    store.create(job)
+    return job
+
+
+def test_claim_fences_and_recovery_requeues(private_redis: redis.Redis) -> None:
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = stored_job(store)
+    first = store.claim(job.id, "a", time.time(), lease_ms=50, max_attempts=2)
+    assert first.claimed and first.fence == "a:1"
+    assert not store.claim(job.id, "b", time.time(), lease_ms=50, max_attempts=2).claimed
+    time.sleep(0.1)  # a's lease lapses
+    assert store.recover_orphans(time.time()) == {job.id: "requeued"}
+    second = store.claim(job.id, "b", time.time(), lease_ms=5000, max_attempts=2)
+    assert second.fence == "b:2"
+    # The first worker wakes up: its writes are refused.
+    stale = StepAppend(job.id, first.fence, [TokenEvent(job.id, 0, "x")])
+    pipe = private_redis.pipeline(transaction=False)
+    store.queue_step(pipe, [stale])
+    (reply,) = pipe.execute()
+    assert store.step_outcome([stale], reply).fenced_out == [job.id]
+    assert private_redis.llen(keys.job_tokens(job.id)) == 0
+
+
+def test_third_claim_past_max_attempts_fails_the_job(private_redis: redis.Redis) -> None:
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = stored_job(store)
+    for _ in range(2):  # two attempts whose worker "dies" (the lease lapses)
+        assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).claimed
+        time.sleep(0.01)
+        store.recover_orphans(time.time())
+    assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).outcome == "poisoned"
+    failed = store.get(job.id)
+    assert failed is not None and failed.status is JobStatus.FAILED
+    assert failed.error is not None and failed.error.type == "worker_lost"
+
+
+def test_hand_back_respects_a_pending_cancel(private_redis: redis.Redis) -> None:
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    plain, canceled = stored_job(store), stored_job(store)
+    claims = {j.id: store.claim(j.id, "w", time.time(), 5000, 3) for j in (plain, canceled)}
+    store.cancel(canceled.id, time.time())  # running: only a request
+    assert store.release(plain.id, claims[plain.id].fence, time.time()) == "queued"
+    assert store.release(canceled.id, claims[canceled.id].fence, time.time()) == "canceled"
+    assert store.release(plain.id, claims[plain.id].fence, time.time()) == "lost"
+    states = {j.id: store.get(j.id) for j in (plain, canceled)}
+    assert states[plain.id].status is JobStatus.QUEUED  # type: ignore[union-attr]
+    assert states[plain.id].attempts == 0  # type: ignore[union-attr]
+    assert states[canceled.id].status is JobStatus.CANCELED  # type: ignore[union-attr]
