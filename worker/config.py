@@ -123,8 +123,10 @@ class ModelSettings:
     device: str = "auto"
     device_index: tuple[int, ...] = (0,)
     compute_type: str = "default"
-    inter_threads: int = 1
-    intra_threads: int = 0
+    # Two engine threads: a job arriving while a batch runs starts at once in a second batch
+    # instead of waiting for the first to finish (bench/join.py). inter x intra ~ cores.
+    inter_threads: int = 2
+    intra_threads: int = 1
     max_context_tokens: int = 4096
     max_batch_size: int = 8
     max_batch_wait_ms: float = 2.0
