@@ -130,7 +130,8 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
 
 
 def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
-    leaving = faults.worker("term-a", ("slow",))
+    # One engine thread, so jobs that cannot join the running batch really wait.
+    leaving = faults.worker("term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1")
     running = submit(faults.web_url, {"prompt": "The", **{**LONG, "max_tokens": 600}})
     wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
     # A different sampling configuration cannot join the running batch: these wait.

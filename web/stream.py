@@ -6,6 +6,7 @@ a connection cut without explanation; it can resume with ``Last-Event-ID`` once 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -57,11 +58,12 @@ def sse_events(job_id: str) -> Response:
         else parse_after(request.args.get("after"), "after")
     )
     follower = open_follower(job_id, after)
-    keepalive = services().settings.web.keepalive_seconds
+    settings = services().settings.web
+    keepalive = settings.keepalive_seconds
 
     def body() -> Iterator[str]:
         yield "retry: 2000\n\n"
-        chunks = follower.chunks(keepalive)
+        chunks = follower.chunks(keepalive, settings.stream_flush_interval_ms / 1000)
         try:
             for chunk in chunks:
                 yield "".join(format_sse(event) for event in chunk)
@@ -76,13 +78,19 @@ def sse_events(job_id: str) -> Response:
 
 def format_sse(event: FollowEvent) -> str:
     if isinstance(event, TokenEvent):
-        data = json.dumps(event.to_dict(), ensure_ascii=False)
-        return f"id: {event.index}\nevent: token\ndata: {data}\n\n"
+        return token_sse(event)
     if isinstance(event, Done):
         return f"event: done\ndata: {json.dumps(event.job.to_dict(), ensure_ascii=False)}\n\n"
     if isinstance(event, KeepAlive):
         return ": keep-alive\n\n"
     raise TypeError(f"unknown event {event!r}")
+
+
+@functools.lru_cache(maxsize=65_536)
+def token_sse(event: TokenEvent) -> str:
+    """Every reader of a job gets the same token events: format each one once, not per reader."""
+    data = json.dumps(event.to_dict(), ensure_ascii=False)
+    return f"id: {event.index}\nevent: token\ndata: {data}\n\n"
 
 
 def ws_message(event: FollowEvent) -> dict[str, Any] | None:
@@ -108,16 +116,18 @@ def register(app: Flask) -> None:
             ws.send(json.dumps({"event": "error", "error": {**error, "param": "job_id"}}))
             ws.close(reason=WS_CLOSE_NOT_FOUND, message="job not found")
             return
-        events = follower.events(svc.settings.web.keepalive_seconds)
+        web = svc.settings.web
+        chunks = follower.chunks(web.keepalive_seconds, web.stream_flush_interval_ms / 1000)
         try:
-            for event in events:
-                message = ws_message(event)
-                if message is not None:
-                    ws.send(json.dumps(message, ensure_ascii=False))
+            for chunk in chunks:
+                for event in chunk:
+                    message = ws_message(event)
+                    if message is not None:
+                        ws.send(json.dumps(message, ensure_ascii=False))
         except redis.RedisError as exc:
             ws.send(json.dumps({"event": "error", "error": unavailable_error(exc)}))
             ws.close(reason=WS_CLOSE_UNAVAILABLE, message="redis unavailable")
             return
         finally:
-            events.close()  # drop the hub subscription even when the client vanished
+            chunks.close()  # drop the hub subscription even when the client vanished
         ws.close(reason=1000, message="done")

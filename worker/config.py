@@ -48,6 +48,9 @@ class WebSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
+    # Native SSE streams write at most once per this interval after the first token (tokens
+    # that arrive meanwhile go out together): what lets one process feed thousands of readers.
+    stream_flush_interval_ms: float = 10.0
     max_body_bytes: int = 1_048_576
     max_wait_seconds: int = 60
     # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
