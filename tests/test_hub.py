@@ -1,32 +1,48 @@
-"""The web process's fan-out mailbox: bounded, and a slow reader is told to re-read the log."""
+"""The web process's fan-out: one shared feed per job, a cursor per reader."""
 
 from __future__ import annotations
 
 import redis
 
-from web.hub import MAX_PENDING, Delivery, Signal, Subscription, TokenHub
-from worker.events import TokenEvent
+from web.hub import Delivery, Signal, TokenHub
 
 
-def make_subscription() -> Subscription:
-    hub = TokenHub(lambda: redis.Redis())  # never started: these tests only use the mailbox
-    return Subscription(hub, "job_x")
+def make_hub() -> TokenHub:
+    hub = TokenHub(lambda: redis.Redis())
+    hub._ready.set()  # these tests feed the hub by hand; no Redis subscription is started
+    hub._thread = object()  # type: ignore[assignment]
+    return hub
 
 
-def test_queued_deliveries_are_taken_together() -> None:
-    subscription = make_subscription()
-    for index in range(3):
-        subscription.put(Delivery(tokens=(TokenEvent("job_x", index, "a"),)))
-    taken = subscription.get_all(timeout=0.1)
-    assert [d.tokens[0].index for d in taken] == [0, 1, 2]
-    assert subscription.get_all(timeout=0.01) == []
+def test_every_reader_sees_every_delivery_from_when_it_subscribed() -> None:
+    hub = make_hub()
+    early = hub.subscribe("job_x")
+    hub._dispatch('{"t": [["job_x", 0, "a", null]], "d": []}')
+    late = hub.subscribe("job_x")
+    hub._dispatch('{"t": [["job_x", 1, "b", null], ["job_x", 2, "c", null]], "d": ["job_x"]}')
+    seen_early = early.get_all(timeout=0.1)
+    assert [e.index for d in seen_early for e in d.tokens] == [0, 1, 2]
+    assert seen_early[-1].signal is Signal.DONE
+    assert [e.index for d in late.get_all(timeout=0.1) for e in d.tokens] == [1, 2]
+    assert early.get_all(timeout=0.01) == []
 
 
-def test_a_reader_that_falls_behind_gets_one_resync_instead_of_a_backlog() -> None:
-    subscription = make_subscription()
-    for index in range(MAX_PENDING + 50):
-        subscription.put(Delivery(tokens=(TokenEvent("job_x", index, "a"),)))
-    taken = subscription.get_all(timeout=0.1)
-    assert len(taken) < MAX_PENDING  # memory stays bounded
-    assert taken[0].signal is Signal.RESYNC  # and the reader knows to re-read the replay log
-    assert subscription.overflows == 1
+def test_a_message_costs_one_append_per_job_whatever_the_readers() -> None:
+    hub = make_hub()
+    readers = [hub.subscribe("job_x") for _ in range(1000)]
+    for index in range(50):
+        hub._dispatch(f'{{"t": [["job_x", {index}, "a", null]], "d": []}}')
+    assert len(hub._feeds["job_x"].deliveries) == 50  # shared, not copied per reader
+    assert hub.active_subscriptions == 1000
+    assert len(readers[-1].get_all(timeout=0.1)) == 50
+    for reader in readers:
+        reader.close()
+    assert hub._feeds == {} and hub.active_subscriptions == 0
+
+
+def test_a_reconnect_tells_every_reader_to_resync() -> None:
+    hub = make_hub()
+    reader = hub.subscribe("job_x")
+    hub._broadcast(Delivery(signal=Signal.RESYNC))
+    (delivery,) = reader.get_all(timeout=0.1)
+    assert delivery.signal is Signal.RESYNC

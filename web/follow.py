@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 from web.hub import Subscription, TokenHub
@@ -85,14 +85,14 @@ class JobFollower:
             chunks.close()
 
     def chunks(
-        self, keepalive_seconds: float, min_interval: float = 0.0
+        self, keepalive_seconds: float, pace: Callable[[], float] = lambda: 0.0
     ) -> Generator[list[FollowEvent], None, None]:
         """Events grouped by wake-up: everything that arrived while the reader was busy goes
         out together, so a slow connection gets one write per wake-up, not one per token.
 
-        ``min_interval`` spaces wake-ups after a chunk (the first token is never held): with
-        thousands of readers, one wake-up per reader per 10 ms instead of per decoding step is
-        what keeps a web process responsive, at a cost of at most that much added latency.
+        ``pace()`` gives the least time between chunks (the first token is never held): with
+        thousands of readers, a bounded number of wake-ups per second instead of one per reader
+        per decoding step is what keeps a web process responsive.
         """
         try:
             job, pending = self._first
@@ -105,7 +105,7 @@ class JobFollower:
                 if chunk:
                     yield chunk
                     last_chunk = time.monotonic()
-                pause = last_chunk + min_interval - time.monotonic()
+                pause = last_chunk + pace() - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)  # a greenlet sleep under gevent
                 pending, resync = self._wait(keepalive_seconds)

@@ -2,15 +2,14 @@
 
 Workers publish each decoding step on one channel. Rather than a Redis connection per client
 (thousands of SSE streams would mean thousands of connections), a single listener thread (a
-greenlet under gunicorn's gevent worker) reads that channel and drops each job's events into the
-queues of the readers following that job. When the subscription breaks, every reader is told to
-resynchronise from the replay log, so nothing is lost across a reconnect.
+greenlet under gunicorn's gevent worker) reads that channel and appends each job's events to that
+job's feed, which all local readers of the job share. When the subscription breaks, every feed
+gets a RESYNC, and its readers re-read the replay log, so nothing is lost across a reconnect.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from worker.events import StepMessage, TokenEvent
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2.0
-MAX_PENDING = 256
 POLL_SECONDS = 1.0
 
 
@@ -39,42 +37,58 @@ class Delivery:
     signal: Signal | None = None
 
 
-class Subscription:
-    """One reader's mailbox. Bounded: a reader that falls MAX_PENDING deliveries behind gets
-    its backlog replaced by one RESYNC, and catches up from the replay log instead, so a slow
-    client costs a re-read, never unbounded memory in the web process."""
+class JobFeed:
+    """Everything this process heard live about one job, shared by all of its local readers.
 
-    def __init__(self, hub: TokenHub, job_id: str):
+    The hub appends once per message whatever the number of readers; each reader keeps its own
+    cursor. So a message costs O(jobs), not O(readers), and a slow reader holds no backlog of
+    its own: it just has further to read when it wakes.
+    """
+
+    def __init__(self) -> None:
+        self.deliveries: list[Delivery] = []
+        self.readers = 0
+        self._changed = threading.Event()
+
+    def append(self, delivery: Delivery) -> None:
+        self.deliveries.append(delivery)
+        changed, self._changed = self._changed, threading.Event()
+        changed.set()
+
+    def wait(self, cursor: int, timeout: float) -> bool:
+        """True once there is something past ``cursor`` (at most ``timeout`` seconds)."""
+        if len(self.deliveries) > cursor:
+            return True
+        changed = self._changed
+        if len(self.deliveries) > cursor:
+            return True
+        changed.wait(timeout)
+        return len(self.deliveries) > cursor
+
+
+class Subscription:
+    """One reader's cursor on its job's feed; live deliveries count from subscription time."""
+
+    def __init__(self, hub: TokenHub, job_id: str, feed: JobFeed):
         self.job_id = job_id
         self._hub = hub
-        self._queue: queue.Queue[Delivery] = queue.Queue()
-        self.overflows = 0
-
-    def put(self, delivery: Delivery) -> None:
-        if self._queue.qsize() >= MAX_PENDING:
-            self._drain()
-            self.overflows += 1
-            delivery = Delivery(signal=Signal.RESYNC)
-        self._queue.put(delivery)
+        self._feed = feed
+        self._cursor = len(feed.deliveries)
 
     def get(self, timeout: float) -> Delivery | None:
-        try:
-            return self._queue.get(timeout=timeout)
-        except queue.Empty:
+        if not self._feed.wait(self._cursor, timeout):
             return None
+        delivery = self._feed.deliveries[self._cursor]
+        self._cursor += 1
+        return delivery
 
     def get_all(self, timeout: float) -> list[Delivery]:
-        """Wait for one delivery, then take every other one already queued."""
-        first = self.get(timeout)
-        return [] if first is None else [first, *self._drain()]
-
-    def _drain(self) -> list[Delivery]:
-        taken = []
-        while True:
-            try:
-                taken.append(self._queue.get_nowait())
-            except queue.Empty:
-                return taken
+        """Wait for one delivery, then take every other one already there."""
+        if not self._feed.wait(self._cursor, timeout):
+            return []
+        taken = self._feed.deliveries[self._cursor :]
+        self._cursor += len(taken)
+        return taken
 
     def close(self) -> None:
         self._hub.unsubscribe(self)
@@ -89,7 +103,7 @@ class Subscription:
 class TokenHub:
     def __init__(self, connect: Callable[[], redis.Redis]):
         self._connect = connect
-        self._subscriptions: dict[str, set[Subscription]] = {}
+        self._feeds: dict[str, JobFeed] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
@@ -101,25 +115,26 @@ class TokenHub:
     @property
     def active_subscriptions(self) -> int:
         with self._lock:
-            return sum(len(subs) for subs in self._subscriptions.values())
+            return sum(feed.readers for feed in self._feeds.values())
 
     def subscribe(self, job_id: str) -> Subscription:
         """Register interest in a job; live events flow from this moment on."""
         self._ensure_started()
-        subscription = Subscription(self, job_id)
         with self._lock:
-            self._subscriptions.setdefault(job_id, set()).add(subscription)
+            feed = self._feeds.setdefault(job_id, JobFeed())
+            feed.readers += 1
+            subscription = Subscription(self, job_id, feed)
         # Without the subscription the reader still works, only by resyncing on its poll timer.
         self._ready.wait(READY_TIMEOUT_SECONDS)
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
-            subs = self._subscriptions.get(subscription.job_id)
-            if subs is not None:
-                subs.discard(subscription)
-                if not subs:
-                    del self._subscriptions[subscription.job_id]
+            feed = self._feeds.get(subscription.job_id)
+            if feed is not None:
+                feed.readers -= 1
+                if feed.readers <= 0:
+                    del self._feeds[subscription.job_id]
 
     def _ensure_started(self) -> None:
         with self._lock:
@@ -158,7 +173,7 @@ class TokenHub:
 
     def _dispatch(self, raw: str | bytes) -> None:
         with self._lock:
-            if not self._subscriptions:
+            if not self._feeds:
                 return
         step = StepMessage.decode(raw)
         by_job: dict[str, list[TokenEvent]] = {}
@@ -166,14 +181,15 @@ class TokenHub:
             by_job.setdefault(event.job_id, []).append(event)
         with self._lock:
             for job_id, events in by_job.items():
-                for subscription in self._subscriptions.get(job_id, ()):
-                    subscription.put(Delivery(tokens=tuple(events)))
+                feed = self._feeds.get(job_id)
+                if feed is not None:
+                    feed.append(Delivery(tokens=tuple(events)))
             for job_id in step.finished:
-                for subscription in self._subscriptions.get(job_id, ()):
-                    subscription.put(Delivery(signal=Signal.DONE))
+                feed = self._feeds.get(job_id)
+                if feed is not None:
+                    feed.append(Delivery(signal=Signal.DONE))
 
     def _broadcast(self, delivery: Delivery) -> None:
         with self._lock:
-            for subs in self._subscriptions.values():
-                for subscription in subs:
-                    subscription.put(delivery)
+            for feed in self._feeds.values():
+                feed.append(delivery)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -19,7 +19,7 @@ from flask_sock import Sock
 from web.auth import current_owner
 from web.errors import not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive
-from web.services import services
+from web.services import Services, services
 from web.validation import parse_after
 from worker.events import TokenEvent
 
@@ -32,6 +32,20 @@ SSE_HEADERS = {
 }
 WS_CLOSE_NOT_FOUND = 4404
 WS_CLOSE_UNAVAILABLE = 1011
+
+
+# Writes per second one web process spends on streams, whatever their number: each reader's
+# least interval between chunks grows with the readers (10 ms floor, 250 ms at 5,000).
+STREAM_WRITES_PER_SECOND = 20_000
+
+
+def stream_pace(svc: Services) -> Callable[[], float]:
+    floor = svc.settings.web.stream_flush_interval_ms / 1000
+
+    def pace() -> float:
+        return max(floor, svc.hub.active_subscriptions / STREAM_WRITES_PER_SECOND)
+
+    return pace
 
 
 def open_follower(job_id: str, after: int) -> JobFollower:
@@ -63,7 +77,7 @@ def sse_events(job_id: str) -> Response:
 
     def body() -> Iterator[str]:
         yield "retry: 2000\n\n"
-        chunks = follower.chunks(keepalive, settings.stream_flush_interval_ms / 1000)
+        chunks = follower.chunks(keepalive, stream_pace(services()))
         try:
             for chunk in chunks:
                 yield "".join(format_sse(event) for event in chunk)
@@ -116,8 +130,7 @@ def register(app: Flask) -> None:
             ws.send(json.dumps({"event": "error", "error": {**error, "param": "job_id"}}))
             ws.close(reason=WS_CLOSE_NOT_FOUND, message="job not found")
             return
-        web = svc.settings.web
-        chunks = follower.chunks(web.keepalive_seconds, web.stream_flush_interval_ms / 1000)
+        chunks = follower.chunks(svc.settings.web.keepalive_seconds, stream_pace(svc))
         try:
             for chunk in chunks:
                 for event in chunk:
