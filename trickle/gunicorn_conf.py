@@ -17,5 +17,8 @@ worker_class = "gevent"
 workers = 1
 worker_connections = 10_000
 graceful_timeout = 10
+# A gevent worker saturated by thousands of streams can miss its heartbeat for a while; only
+# kill it when it is really stuck.
+timeout = 120
 keepalive = 5
 accesslog = "-"

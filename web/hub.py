@@ -23,6 +23,7 @@ from worker.events import StepMessage, TokenEvent
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2.0
+MAX_DELIVERIES_PER_WAKE = 256
 POLL_SECONDS = 1.0
 
 
@@ -83,10 +84,11 @@ class Subscription:
         return delivery
 
     def get_all(self, timeout: float) -> list[Delivery]:
-        """Wait for one delivery, then take every other one already there."""
+        """Wait for one delivery, then take the others already there (a bounded number, so a
+        reader far behind writes in pieces instead of building one huge chunk)."""
         if not self._feed.wait(self._cursor, timeout):
             return []
-        taken = self._feed.deliveries[self._cursor :]
+        taken = self._feed.deliveries[self._cursor : self._cursor + MAX_DELIVERIES_PER_WAKE]
         self._cursor += len(taken)
         return taken
 
