@@ -64,6 +64,11 @@ def error_response(error: ApiError) -> Response:
     return response
 
 
+def too_many(code: str, message: str, retry_after: int) -> ApiError:
+    """429 with Retry-After: the client may come back, and when."""
+    return ApiError(429, code, message, headers={"Retry-After": str(retry_after)}, code=code)
+
+
 def unavailable(reason: str) -> ApiError:
     return ApiError(
         503, "service_unavailable", reason, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}

@@ -14,6 +14,8 @@ from web.chat_template import parse_messages, render_chat
 from web.errors import invalid
 from web.validation import (
     SAMPLING_FIELDS,
+    boolean,
+    optional_integer,
     parse_model,
     parse_sampling,
     require_encodable,
@@ -61,12 +63,12 @@ def parse_completion_request(body: Any, settings: Settings) -> OpenAIRequest:
     prompts = _prompts(body.get("prompt"))
     if body.get("suffix") not in (None, ""):
         raise invalid("suffix", "suffix is not supported")
-    logprobs = _bounded_int(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
-    echo = _flag(body, "echo")
+    logprobs = optional_integer(body, "logprobs", 0, MAX_COMPLETION_LOGPROBS)
+    echo = boolean(body, "echo", False)
     if echo and logprobs is not None:
         raise invalid("echo", "echo together with logprobs is not supported")
-    n = _bounded_int(body, "n", 1, MAX_CHOICES) or 1
-    best_of = _bounded_int(body, "best_of", 1, MAX_CHOICES)
+    n = optional_integer(body, "n", 1, MAX_CHOICES) or 1
+    best_of = optional_integer(body, "best_of", 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
         raise invalid("best_of", "best_of must equal n (server-side ranking is not supported)")
     return _request(RequestKind.COMPLETION, body, settings, prompts, n, logprobs, echo)
@@ -83,14 +85,14 @@ def parse_chat_request(body: Any, settings: Settings) -> OpenAIRequest:
     if response_format not in (None, {"type": "text"}):
         raise invalid("response_format", "only response_format {'type': 'text'} is supported")
     logprobs = None
-    if _flag(body, "logprobs"):
-        logprobs = _bounded_int(body, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS) or 0
+    if boolean(body, "logprobs", False):
+        logprobs = optional_integer(body, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS) or 0
     elif body.get("top_logprobs") is not None:
         raise invalid("top_logprobs", "top_logprobs requires logprobs: true")
     if body.get("max_completion_tokens") is not None:
         body = {**body, "max_tokens": body["max_completion_tokens"]}
     prompt = render_chat(messages, settings.model(model).chat_template)
-    n = _bounded_int(body, "n", 1, MAX_CHOICES) or 1
+    n = optional_integer(body, "n", 1, MAX_CHOICES) or 1
     return _request(RequestKind.CHAT, body, settings, (prompt,), n, logprobs, echo=False)
 
 
@@ -110,7 +112,7 @@ def _request(
     if body.get("logit_bias") not in (None, {}):
         raise invalid("logit_bias", "logit_bias is not supported")
     params = parse_sampling(body, settings)
-    stream = _flag(body, "stream")
+    stream = boolean(body, "stream", False)
     return OpenAIRequest(
         kind=kind,
         model=model,
@@ -146,26 +148,6 @@ def _prompts(raw: Any) -> tuple[str, ...]:
     for prompt in prompts:
         require_encodable(prompt, "prompt")
     return tuple(prompts)
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise invalid(name, f"{name} must be true or false")
-    return value
-
-
-def _bounded_int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"{name} must be an integer")
-    if not low <= value <= high:
-        raise invalid(name, f"{name} must be between {low} and {high}")
-    return value
 
 
 def _include_usage(options: Any, stream: bool) -> bool:

@@ -13,7 +13,7 @@ import redis
 from flask import request
 
 from web.auth import current_owner
-from web.errors import ApiError
+from web.errors import too_many
 from worker import keys
 from worker.config import RateLimitSettings
 
@@ -70,10 +70,8 @@ class RateLimiter:
                 if verdict == "requests"
                 else f"{self._limits.tokens_per_minute} tokens"
             )
-            raise ApiError(
-                429,
+            raise too_many(
                 "rate_limit_exceeded",
                 f"rate limit of {limit} per minute reached; retry in {retry_after} s",
-                headers={"Retry-After": str(retry_after)},
-                code="rate_limit_exceeded",
+                retry_after,
             )

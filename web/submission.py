@@ -9,7 +9,7 @@ from typing import Any
 from flask import request
 
 from web.auth import current_owner
-from web.errors import ApiError, invalid, unavailable
+from web.errors import invalid, too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
 from worker import keys
@@ -68,12 +68,10 @@ def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
     waiting = int(svc.redis.llen(keys.model_queue(model)))
     limit = svc.settings.limits.max_queued_jobs
     if waiting + adding > limit:
-        raise ApiError(
-            429,
+        raise too_many(
             "queue_full",
             f"model {model!r} has {waiting} jobs waiting (limit {limit}); retry later",
-            headers={"Retry-After": str(QUEUE_FULL_RETRY_AFTER_SECONDS)},
-            code="queue_full",
+            QUEUE_FULL_RETRY_AFTER_SECONDS,
         )
 
 

@@ -84,8 +84,8 @@ def parse_sampling(
         top_k=_integer(body, "top_k", 0, 0, MAX_TOP_K),
         top_p=_number(body, "top_p", 1.0, MIN_TOP_P, 1.0),
         stop=_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_chars),
-        seed=_optional_integer(body, "seed", 0, MAX_SEED),
-        ignore_eos=_boolean(body, "ignore_eos", False),
+        seed=optional_integer(body, "seed", 0, MAX_SEED),
+        ignore_eos=boolean(body, "ignore_eos", False),
         repetition_penalty=_number(
             body, "repetition_penalty", 1.0, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
         ),
@@ -119,7 +119,7 @@ def _integer(body: dict[str, Any], name: str, default: int, low: int, high: int)
     return value
 
 
-def _optional_integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+def optional_integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
     if body.get(name) is None:
         return None
     return _integer(body, name, 0, low, high)
@@ -145,7 +145,7 @@ def _number(
     return float(value)
 
 
-def _boolean(body: dict[str, Any], name: str, default: bool) -> bool:
+def boolean(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default

@@ -89,6 +89,17 @@ class StepOutcome:
     cancel_requested: list[str]
 
 
+def _ownership_keys(job_id: str) -> list[str]:
+    """The keys CLAIM and RECOVER touch, in the order the scripts expect them."""
+    return [
+        keys.job(job_id),
+        keys.job_lease(job_id),
+        keys.RUNNING_JOBS,
+        keys.QUEUED_JOBS,
+        keys.job_tokens(job_id),
+    ]
+
+
 def _done(job_id: str) -> str:
     return StepMessage(finished=[job_id]).encode()
 
@@ -181,13 +192,7 @@ class JobStore:
             f"the job was attempted {max_attempts} times and its worker died each time",
         )
         outcome, attempt = self._scripts["CLAIM"](
-            keys=[
-                keys.job(job_id),
-                keys.job_lease(job_id),
-                keys.RUNNING_JOBS,
-                keys.QUEUED_JOBS,
-                keys.job_tokens(job_id),
-            ],
+            keys=_ownership_keys(job_id),
             args=[
                 job_id,
                 repr(now),
@@ -240,13 +245,7 @@ class JobStore:
         outcomes: dict[str, str] = {}
         for job_id in running:
             outcome = self._scripts["RECOVER"](
-                keys=[
-                    keys.job(job_id),
-                    keys.job_lease(job_id),
-                    keys.RUNNING_JOBS,
-                    keys.QUEUED_JOBS,
-                    keys.job_tokens(job_id),
-                ],
+                keys=_ownership_keys(job_id),
                 args=[
                     job_id,
                     repr(now),
