@@ -7,14 +7,17 @@ redis-server on a free port, the models are built offline by the project.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from flask import Flask
 
 from tests import stack
 from trickle.redis_server import free_port, start_redis, stop_redis
+from web import create_app
+from web.services import services
 from worker.config import DEFAULT_MODEL_DIR, Settings, load_settings
 
 
@@ -119,6 +122,21 @@ def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
 def stack_url(web_url: str, worker_process: subprocess.Popen[bytes]) -> str:
     """The whole service: web tier plus one worker serving demo and tiny-llama."""
     return web_url
+
+
+@pytest.fixture(scope="session")
+def make_app(redis_url: str) -> Iterator[Callable[[Settings], Flask]]:
+    """In-process Flask apps on the test Redis, closed (connections, subscriber) at the end."""
+    apps: list[Flask] = []
+
+    def make(settings: Settings) -> Flask:
+        app = create_app(settings)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        services(app).close()
 
 
 @pytest.fixture

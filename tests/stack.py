@@ -44,18 +44,18 @@ def start_worker(
             ],
             cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
     deadline = time.monotonic() + 90
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"worker {name} exited; see {log_path}")
-        members = [set(client.zrange(keys.model_workers(m), 0, -1)) for m in models]
-        if all(any(member.startswith(name + "@") for member in found) for found in members):
-            return process
-        if time.monotonic() > deadline:
-            process.kill()
-            raise TimeoutError(f"worker {name} never became ready; see {log_path}")
-        time.sleep(0.1)
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"worker {name} exited; see {log_path}")
+            members = [set(client.zrange(keys.model_workers(m), 0, -1)) for m in models]
+            if all(any(member.startswith(name + "@") for member in found) for found in members):
+                return process
+            if time.monotonic() > deadline:
+                process.kill()
+                raise TimeoutError(f"worker {name} never became ready; see {log_path}")
+            time.sleep(0.1)
 
 
 def start_web(config_path: Path, port: int, log_dir: Path) -> subprocess.Popen[bytes]:

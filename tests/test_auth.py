@@ -5,21 +5,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import uuid
+from collections.abc import Callable
 
 import pytest
+from flask import Flask
 from flask.testing import FlaskClient
 
-from web import create_app
 from worker.config import AuthSettings, RateLimitSettings, Settings, load_settings
 
 DIGESTED = "second-key"
 
 
 @pytest.fixture(scope="module")
-def client(settings: Settings) -> FlaskClient:
+def client(settings: Settings, make_app: Callable[[Settings], Flask]) -> FlaskClient:
     digest = hashlib.sha256(DIGESTED.encode()).hexdigest()
     keyed = dataclasses.replace(settings, auth=AuthSettings(("first-key", f"sha256:{digest}")))
-    return create_app(keyed).test_client()
+    return make_app(keyed).test_client()
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic Zmlyc3Qta2V5", "Bearer "])
@@ -69,9 +70,9 @@ def test_a_job_is_visible_only_to_the_key_that_created_it(client: FlaskClient) -
 
 
 @pytest.fixture
-def limited(settings: Settings) -> FlaskClient:
+def limited(settings: Settings, make_app: Callable[[Settings], Flask]) -> FlaskClient:
     limits = RateLimitSettings(requests_per_minute=3, tokens_per_minute=0)
-    return create_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
+    return make_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
 
 
 def test_requests_per_minute_limit(limited: FlaskClient) -> None:
@@ -86,9 +87,9 @@ def test_requests_per_minute_limit(limited: FlaskClient) -> None:
     assert statuses[3] == 429
 
 
-def test_tokens_per_minute_limit(settings: Settings) -> None:
+def test_tokens_per_minute_limit(settings: Settings, make_app: Callable[[Settings], Flask]) -> None:
     limits = RateLimitSettings(requests_per_minute=0, tokens_per_minute=100)
-    app = create_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
+    app = make_app(dataclasses.replace(settings, rate_limits=limits)).test_client()
     address = {"REMOTE_ADDR": f"tokens-{uuid.uuid4()}"}
     ok = app.post("/v1/jobs", json={"prompt": "x", "max_tokens": 90}, environ_base=address)
     assert ok.status_code == 202

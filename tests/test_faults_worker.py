@@ -124,7 +124,8 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
     (stream,) = results
     assert_gapless(stream)
     assert stream.done is not None and stream.done["status"] == "succeeded"
-    log = faults.client().lrange(keys.job_tokens(job["id"]), 0, -1)
+    with faults.client() as client:
+        log = client.lrange(keys.job_tokens(job["id"]), 0, -1)
     indexes = [int(entry.split('"index": ')[1].split(",")[0]) for entry in log]
     assert indexes == list(range(1500))  # the woken worker wrote nothing after losing its lease
 

@@ -47,6 +47,7 @@ def test_password_url_reaches_store_and_queue(protected_port: int, demo_model_di
     app = make_celery(settings_for(url, demo_model_dir), ["demo"])
     enqueue_generation(app, job.id, "demo")
     assert client.llen(keys.model_queue("demo")) == 1
+    client.close()
 
 
 def test_rediss_url_gets_certificate_verification(demo_model_dir: Path) -> None:

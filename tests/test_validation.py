@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from web import create_app
 from worker.config import Settings
 
 
 @pytest.fixture(scope="module")
-def app(settings: Settings) -> Flask:
-    return create_app(settings)
+def app(settings: Settings, make_app: Callable[[Settings], Flask]) -> Flask:
+    return make_app(settings)
 
 
 @pytest.fixture

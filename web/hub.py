@@ -108,6 +108,7 @@ class TokenHub:
         self._feeds: dict[str, JobFeed] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
@@ -144,16 +145,23 @@ class TokenHub:
                 self._thread = threading.Thread(target=self._run, name="trickle-hub", daemon=True)
                 self._thread.start()
 
+    def close(self) -> None:
+        """Stop listening (the app is shutting down); returns within one poll interval."""
+        self._stopping.set()
+        thread = self._thread
+        if isinstance(thread, threading.Thread):
+            thread.join(timeout=POLL_SECONDS * 3)
+
     def _run(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._stopping.is_set():
             try:
                 self._listen()
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.warning("token subscription lost (%s); reconnecting in %.1fs", exc, backoff)
             self._ready.clear()
             self._broadcast(Delivery(signal=Signal.RESYNC))
-            threading.Event().wait(backoff)
+            self._stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
     def _listen(self) -> None:
@@ -165,7 +173,7 @@ class TokenHub:
             self._ready.set()
             # Anything published while we were away is in the replay logs.
             self._broadcast(Delivery(signal=Signal.RESYNC))
-            while True:
+            while not self._stopping.is_set():
                 message = pubsub.get_message(timeout=POLL_SECONDS)
                 if message is not None and message.get("type") == "message":
                     self._dispatch(message["data"])

@@ -64,6 +64,12 @@ class Services:
             rate_limiter=RateLimiter(client, settings.rate_limits),
         )
 
+    def close(self) -> None:
+        """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
+        self.hub.close()
+        self.redis.close()
+        self.redis.connection_pool.disconnect()
+
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""
         with self._lock:
