@@ -144,3 +144,15 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
+    """A Redis of the module's own, for tests that count commands or make orphans on purpose:
+    the stack's workers use the shared one (heartbeats, Celery events, recovery sweeps)."""
+    port = free_port()
+    process = start_redis(port, tmp_path_factory.mktemp("private-redis"), append_only=False)
+    client = redis.Redis(port=port, decode_responses=True)
+    yield client
+    client.close()
+    stop_redis(process)

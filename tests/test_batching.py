@@ -80,8 +80,8 @@ def llama_engine(llama_model_dir: Path) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def harness(demo_engine: Engine, redis_client: redis.Redis) -> Iterator[Harness]:
-    h = Harness(demo_engine, redis_client, max_batch_size=8, wait_ms=100)
+def harness(demo_engine: Engine, private_redis: redis.Redis) -> Iterator[Harness]:
+    h = Harness(demo_engine, private_redis, max_batch_size=8, wait_ms=100)
     yield h
     h.close()
 
@@ -96,24 +96,24 @@ def solo_outputs(engine: Engine, client: redis.Redis, specs: list[dict[str, obje
 
 @pytest.mark.parametrize("model", ["demo", "tiny-llama"])
 def test_batched_greedy_equals_solo_greedy(
-    model: str, demo_engine: Engine, llama_engine: Engine, redis_client: redis.Redis
+    model: str, demo_engine: Engine, llama_engine: Engine, private_redis: redis.Redis
 ) -> None:
     engine = demo_engine if model == "demo" else llama_engine
     specs: list[dict[str, object]] = [
         {"prompt": prompt, "max_tokens": 10 + 7 * i, "temperature": 0.0, "ignore_eos": True}
         for i, prompt in enumerate(PROMPTS)
     ]
-    batched = Harness(engine, redis_client, max_batch_size=8, wait_ms=200)
+    batched = Harness(engine, private_redis, max_batch_size=8, wait_ms=200)
     try:
         jobs = batched.run([batched.job(**spec) for spec in specs])  # type: ignore[arg-type]
         assert max(batched.scheduler.batch_sizes) == len(specs)  # they really ran together
     finally:
         batched.close()
-    assert [job.state.output for job in jobs] == solo_outputs(engine, redis_client, specs)
+    assert [job.state.output for job in jobs] == solo_outputs(engine, private_redis, specs)
     assert [job.state.count for job in jobs] == [spec["max_tokens"] for spec in specs]
 
 
-def test_mixed_parameters_each_get_their_own(harness: Harness, redis_client: redis.Redis) -> None:
+def test_mixed_parameters_each_get_their_own(harness: Harness, private_redis: redis.Redis) -> None:
     greedy = {"temperature": 0.0, "ignore_eos": True}
     jobs = harness.run(
         [
@@ -135,7 +135,7 @@ def test_mixed_parameters_each_get_their_own(harness: Harness, redis_client: red
     assert stopped.state.output == long_text[: long_text.index(stop)]
 
 
-def test_cancel_stops_only_its_own_sequence(harness: Harness, redis_client: redis.Redis) -> None:
+def test_cancel_stops_only_its_own_sequence(harness: Harness, private_redis: redis.Redis) -> None:
     specs = [
         {"prompt": p, "max_tokens": 200, "temperature": 0.0, "ignore_eos": True}
         for p in PROMPTS[:4]
@@ -156,16 +156,16 @@ def test_cancel_stops_only_its_own_sequence(harness: Harness, redis_client: redi
     assert 10 <= victim.state.count < 200
     others = [job for job in jobs if job is not victim]
     assert all(job.state.count == 200 for job in others)
-    expected = solo_outputs(harness.engine, redis_client, [specs[0], specs[2], specs[3]])
+    expected = solo_outputs(harness.engine, private_redis, [specs[0], specs[2], specs[3]])
     assert [job.state.output for job in others] == expected
 
 
 def test_one_redis_round_trip_per_decoding_step(
-    harness: Harness, redis_client: redis.Redis
+    harness: Harness, private_redis: redis.Redis
 ) -> None:
     steps, batch = 40, 8
     before = harness.publisher.round_trips
-    publishes_before = redis_client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0)
+    publishes_before = private_redis.info("commandstats").get("cmdstat_publish", {}).get("calls", 0)
     jobs = harness.run(
         [
             harness.job("The", max_tokens=steps, ignore_eos=True, temperature=0.0)
@@ -175,10 +175,10 @@ def test_one_redis_round_trip_per_decoding_step(
     assert [job.state.count for job in jobs] == [steps] * batch
     time.sleep(0.2)  # let the last flush land
     round_trips = harness.publisher.round_trips - before
-    publishes = redis_client.info("commandstats")["cmdstat_publish"]["calls"] - publishes_before
+    publishes = private_redis.info("commandstats")["cmdstat_publish"]["calls"] - publishes_before
     # 320 tokens went out in at most one round trip (and one PUBLISH) per decoding step.
     assert round_trips <= steps
     assert publishes == round_trips
     for job in jobs:
-        stored = redis_client.lrange(f"trickle:job:{job.job_id}:tokens", 0, -1)
+        stored = private_redis.lrange(f"trickle:job:{job.job_id}:tokens", 0, -1)
         assert len(stored) == steps

@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 import redis
 
-from trickle.redis_server import free_port, start_redis, stop_redis
 from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
 from worker.store import JobStore, StepAppend
-
-
-@pytest.fixture(scope="module")
-def private_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
-    """A Redis of our own: the stack's workers sweep the shared one and would requeue the
-    orphans these tests make on purpose."""
-    port = free_port()
-    process = start_redis(port, Path(tmp_path_factory.mktemp("store-redis")), append_only=False)
-    client = redis.Redis(port=port, decode_responses=True)
-    yield client
-    client.close()
-    stop_redis(process)
 
 
 def stored_job(store: JobStore) -> Job:
