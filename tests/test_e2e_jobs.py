@@ -106,6 +106,9 @@ def test_cancel_queued_job_is_immediate(stack_url: str) -> None:
     stream = read_sse(stack_url, job["id"])
     assert stream.tokens == [] and stream.done is not None
     assert stream.done["status"] == "canceled"
+    # A job canceled before any worker saw it is still counted among the ended jobs.
+    metrics = requests.get(f"{stack_url}/metrics", timeout=10).text
+    assert 'trickle_jobs_total{model="late",status="canceled"}' in metrics
 
 
 def test_result_expires_after_ttl(stack_url: str, redis_client: redis.Redis) -> None:

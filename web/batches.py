@@ -21,7 +21,7 @@ from web.errors import ApiError, invalid, not_found
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
-from web.submission import enqueue
+from web.submission import cancel, enqueue
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, JobStatus
 
@@ -89,8 +89,9 @@ def cancel_batch(batch_id: str) -> Response:
     now = time.time()
     _store(svc).mark_cancelled(batch_id, now)
     for item in items:
+        model = str(item.body.get("model", svc.settings.default_model))
         for job_id in item.job_ids:
-            svc.store.cancel(job_id, now)
+            cancel(svc, job_id, model)
     batch.cancelled_at = batch.cancelled_at or now
     return jsonify(_batch_object(svc, batch, items))
 

@@ -112,10 +112,6 @@ class TokenHub:
         self._thread: threading.Thread | None = None
 
     @property
-    def connected(self) -> bool:
-        return self._ready.is_set()
-
-    @property
     def active_subscriptions(self) -> int:
         with self._lock:
             return sum(feed.readers for feed in self._feeds.values())

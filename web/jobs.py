@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 from flask import Blueprint, Response, jsonify, request
 
 from web.auth import current_owner
 from web.errors import ApiError, not_found
 from web.follow import visible_to, wait_for_job
 from web.services import services
-from web.submission import admit, enqueue, prepare_job, read_json_body
+from web.submission import admit, cancel, enqueue, prepare_job, read_json_body
 from web.validation import parse_job_request, parse_wait
 from worker.jobs import Job
 
@@ -34,18 +32,16 @@ def submit_job() -> Response:
 def get_job(job_id: str) -> Response:
     svc = services()
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-    visible_job(job_id)
-    job = wait_for_job(svc.store, svc.hub, job_id, wait) if wait > 0 else visible_job(job_id)
-    if job is None:
-        raise missing(job_id)
+    job = visible_job(job_id)
+    if wait > 0:
+        job = wait_for_job(svc.store, svc.hub, job_id, wait) or job
     return job_response(job, finished_status=200, running_status=200)
 
 
 @blueprint.post("/v1/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     svc = services()
-    visible_job(job_id)
-    svc.store.cancel(job_id, time.time())
+    cancel(svc, job_id, visible_job(job_id).model)
     job = visible_job(job_id)
     return job_response(job, finished_status=200, running_status=202)
 

@@ -27,7 +27,7 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
-from web.submission import admit, enqueue, prepare_job, read_json_body
+from web.submission import admit, cancel, enqueue, prepare_job, read_json_body
 from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
@@ -209,7 +209,7 @@ def _generation_failed(job: Job) -> ApiError:
 def _cancel(svc: Services, jobs: list[Job]) -> None:
     for job in jobs:
         try:
-            svc.store.cancel(job.id, time.time())
+            cancel(svc, job.id, job.model)
         except redis.RedisError as exc:
             log.warning("could not cancel job %s: %s", job.id, exc)
 

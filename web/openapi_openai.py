@@ -275,48 +275,38 @@ def openai_schemas(settings: Settings) -> dict[str, Any]:
                 },
             },
         },
-        "Completion": {
-            "type": "object",
-            "required": ["id", "object", "choices"],
-            "properties": {
-                **envelope,
-                "choices": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["index", "text", "finish_reason"],
-                        "properties": {
-                            "index": {"type": "integer"},
-                            "text": {"type": "string"},
-                            "finish_reason": finish,
-                            "logprobs": {"type": "object", "nullable": True},
-                        },
-                    },
-                },
+        "Completion": _result_schema(envelope, "text", {"type": "string"}, finish),
+        "ChatCompletion": _result_schema(
+            envelope,
+            "message",
+            {
+                "type": "object",
+                "properties": {"role": {"type": "string"}, "content": {"type": "string"}},
             },
-        },
-        "ChatCompletion": {
-            "type": "object",
-            "required": ["id", "object", "choices"],
-            "properties": {
-                **envelope,
-                "choices": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["index", "message", "finish_reason"],
-                        "properties": {
-                            "index": {"type": "integer"},
-                            "message": {
-                                "type": "object",
-                                "properties": {
-                                    "role": {"type": "string"},
-                                    "content": {"type": "string"},
-                                },
-                            },
-                            "finish_reason": finish,
-                            "logprobs": {"type": "object", "nullable": True},
-                        },
+            finish,
+        ),
+    }
+
+
+def _result_schema(
+    envelope: dict[str, Any], field: str, schema: dict[str, Any], finish: dict[str, Any]
+) -> dict[str, Any]:
+    """A completion or chat result: the shared envelope, choices differing in one field."""
+    return {
+        "type": "object",
+        "required": ["id", "object", "choices"],
+        "properties": {
+            **envelope,
+            "choices": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["index", field, "finish_reason"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        field: schema,
+                        "finish_reason": finish,
+                        "logprobs": {"type": "object", "nullable": True},
                     },
                 },
             },

@@ -14,7 +14,10 @@ from web.services import Services
 from web.validation import check_prompt_length
 from worker import keys
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
+from worker.metric_defs import JOBS
+from worker.metrics import count_now
 from worker.queueing import enqueue_generation
+from worker.store import CancelOutcome
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
 
@@ -73,6 +76,14 @@ def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
             f"model {model!r} has {waiting} jobs waiting (limit {limit}); retry later",
             QUEUE_FULL_RETRY_AFTER_SECONDS,
         )
+
+
+def cancel(svc: Services, job_id: str, model: str) -> CancelOutcome:
+    """Cancel a job; one still queued ends here, so it is counted here (workers count the rest)."""
+    outcome = svc.store.cancel(job_id, time.time())
+    if outcome is CancelOutcome.CANCELED:
+        count_now(svc.redis, JOBS, model=model, status="canceled")
+    return outcome
 
 
 def enqueue(svc: Services, job: Job) -> None:
