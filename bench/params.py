@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worker.config import ModelSettings
+from worker.config import ModelSettings, available_cores
 
 # Trickle's defaults for the engine knobs (worker.config.ModelSettings), used on both sides.
-_DEFAULTS = ModelSettings(name="defaults", path="")
+_DEFAULTS = ModelSettings(name="defaults", path="").with_threads(available_cores())
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+from worker.config import (
+    DEFAULT_CONFIG_PATH,
+    ConfigError,
+    Settings,
+    available_cores,
+    derive_threads,
+    load_settings,
+)
 
 
 def test_default_file_matches_embedded_defaults() -> None:
@@ -15,7 +22,25 @@ def test_default_file_matches_embedded_defaults() -> None:
     assert from_file.redis == embedded.redis
     assert from_file.web == embedded.web
     assert from_file.limits == embedded.limits
-    assert from_file.models["demo"] == embedded.models["demo"]
+    # The loader derives engine threads left at 0 (the default) from the cores.
+    assert from_file.models["demo"] == embedded.models["demo"].with_threads(available_cores())
+
+
+@pytest.mark.parametrize(
+    ("inter", "intra", "cores", "expected"),
+    [
+        (0, 0, 1, (1, 1)),
+        (0, 0, 2, (2, 1)),
+        (0, 0, 16, (2, 8)),
+        (0, 0, 3, (2, 1)),
+        (1, 0, 8, (1, 8)),
+        (4, 3, 2, (4, 3)),  # pinned values are kept, even when they oversubscribe
+    ],
+)
+def test_engine_threads_are_derived_from_the_cores(
+    inter: int, intra: int, cores: int, expected: tuple[int, int]
+) -> None:
+    assert derive_threads(inter, intra, cores) == expected
 
 
 def test_environment_overrides_single_keys(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import time, so tests build settings explicitly.
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import types
 import typing
@@ -125,17 +126,23 @@ class ModelSettings:
     tokenizer: str = ""
     device: str = "auto"
     device_index: tuple[int, ...] = (0,)
-    compute_type: str = "default"
-    # Two engine threads: a job arriving while a batch runs starts at once in a second batch
-    # instead of waiting for the first to finish (bench/join.py). inter x intra ~ cores.
-    inter_threads: int = 2
-    intra_threads: int = 1
+    # CTranslate2 picks the fastest type the device supports (int8 on this CPU: ~3x float32).
+    compute_type: str = "auto"
+    # 0 = derived from the cores (see derive_threads): two engine threads, so a job arriving
+    # while a batch runs starts at once in a second batch (bench/join.py), sharing the cores.
+    inter_threads: int = 0
+    intra_threads: int = 0
     max_context_tokens: int = 4096
-    max_batch_size: int = 8
+    max_batch_size: int = 32
     max_batch_wait_ms: float = 2.0
     add_bos: bool = True
     # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
     chat_template: str = ""
+
+    def with_threads(self, cores: int) -> ModelSettings:
+        """These settings with engine threads left at 0 derived from ``cores``."""
+        inter, intra = derive_threads(self.inter_threads, self.intra_threads, cores)
+        return dataclasses.replace(self, inter_threads=inter, intra_threads=intra)
 
     @property
     def tokenizer_path(self) -> str:
@@ -227,9 +234,28 @@ def _build_models(models_raw: Any, base_dir: Path | None) -> dict[str, ModelSett
             model,
             path=_resolve(model.path, base_dir),
             tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
-        )
+        ).with_threads(available_cores())
         models[name] = model
     return models
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def derive_threads(inter: int, intra: int, cores: int) -> tuple[int, int]:
+    """Fill in engine threads left at 0: inter = min(2, cores), then intra = cores // inter.
+
+    Two lanes keep one free for arrivals while a batch runs; inter x intra = cores keeps the
+    engine from oversubscribing the machine. An explicit value is kept as it is.
+    """
+    inter = inter or min(2, max(cores, 1))
+    intra = intra or max(1, cores // inter)
+    return inter, intra
 
 
 def _resolve(path: str, base_dir: Path | None) -> str:

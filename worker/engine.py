@@ -1,23 +1,42 @@
-"""The CTranslate2 generator and its tokenizer; knows nothing of Redis or Celery.
+"""The engine as the worker sees it: a tokenizer here, CTranslate2 in its own process.
 
-One ``Engine`` per served model per worker process: the model is loaded once and shared by every
-batch. ``generate`` runs one ``generate_batch`` call and reports each new token through a callback
-that runs on CTranslate2's own thread, so that callback must only hand tokens off.
+One ``Engine`` per served model per worker process. The generator lives in a child process
+(``worker.engine_process``) so that no Python work in the worker (Celery, the publisher,
+detokenization, stop strings) ever holds the GIL its decoding loop needs. ``generate`` keeps a
+simple, blocking contract: it runs one batch and calls ``on_step`` for every token, on the
+calling thread, as whole decoding steps arrive; ``on_step`` returning True stops that sequence
+(through a shared-memory flag the engine's callback reads at its next token). This module never
+imports CTranslate2, so the worker process stays light and starts fast.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
+from typing import Any
 
-import ctranslate2
-import numpy as np
-
-from worker.config import ModelSettings
+from worker.config import ModelSettings, available_cores
+from worker.engine_process import BatchCommand, serve
 from worker.jobs import GenerationParams
-from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Stop-flag slots per engine: one per sequence in flight (batch size x lanes stays far below).
+MAX_SLOTS = 4096
+START_TIMEOUT_SECONDS = 300.0
+
+
+class EngineError(RuntimeError):
+    """A batch failed inside CTranslate2, or the engine process died under it."""
 
 
 @dataclass(frozen=True)
@@ -60,13 +79,6 @@ class EngineRequest:
 StepCallback = Callable[[int, int, int, float | None, bool], bool]
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` picks CUDA when CTranslate2 sees a GPU, the CPU otherwise."""
-    if device != "auto":
-        return device
-    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-
-
 class Engine:
     def __init__(self, model: ModelSettings):
         if not (Path(model.path) / "model.bin").is_file():
@@ -74,30 +86,83 @@ class Engine:
                 f"model {model.name!r}: no CTranslate2 model at {model.path} "
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
-        self.settings = model
-        self.device = resolve_device(model.device)
+        self.settings = model = model.with_threads(available_cores())
         self.tokenizer = Tokenizer(model.tokenizer_path, add_bos=model.add_bos)
-        self.generator = ctranslate2.Generator(
-            model.path,
-            device=self.device,
-            device_index=list(model.device_index),
-            compute_type=model.compute_type,
-            inter_threads=model.inter_threads,
-            intra_threads=model.intra_threads,
-        )
-        self._warm_up()
+        self._shared = SharedMemory(create=True, size=MAX_SLOTS)
+        self._flags = _buffer(self._shared)
+        self._free_slots = list(range(MAX_SLOTS))
+        self._batch_ids = itertools.count()
+        self._inboxes: dict[int, queue.SimpleQueue[tuple[Any, ...]]] = {}
+        self._lock = threading.Lock()
+        self._restart_lock = threading.Lock()
+        self.device = "cpu"
+        self._start()
 
-    def _warm_up(self) -> None:
-        """One small batch per engine thread before the first job: CTranslate2's first calls
-        run about twice as slow (allocations), which users would otherwise pay as TTFT."""
-        start = self.tokenizer.to_pieces(self.tokenizer.encode("The"))
-        for _ in range(max(self.settings.inter_threads, 1)):
-            self.generator.generate_batch([start] * 4, max_length=8, include_prompt_in_result=False)
+    def _start(self) -> None:
+        """Spawn the engine process and wait until its model is loaded and warm."""
+        context = multiprocessing.get_context("spawn")
+        commands_out, commands_in = context.Pipe(duplex=False)
+        events_out, events_in = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=serve,
+            args=(self.settings, commands_out, events_in, self._shared.name),
+            name=f"trickle-engine-{self.settings.name}",
+            daemon=True,
+        )
+        self._process.start()
+        # Keep only our ends, so either side sees EOF the moment the other one dies.
+        commands_out.close()
+        events_in.close()
+        self._commands = commands_in
+        self._events = events_out
+        if not self._events.poll(START_TIMEOUT_SECONDS):
+            self._process.kill()
+            raise ValueError(f"model {self.settings.name!r}: the engine did not start in time")
+        kind, detail = self._events.recv()
+        if kind != "ready":
+            self._process.join(timeout=5)
+            raise ValueError(f"model {self.settings.name!r} could not be loaded: {detail}")
+        self.device = str(detail)
+        name = f"trickle-engine-reader-{self.settings.name}"
+        self._reader = threading.Thread(target=self._read_events, name=name, daemon=True)
+        self._reader.start()
+
+    def _read_events(self) -> None:
+        """Route each step to the thread waiting for its batch; on EOF fail them all."""
+        events = self._events
+        while True:
+            try:
+                message = events.recv()
+            except (EOFError, OSError):
+                break
+            inbox = self._inboxes.get(message[1])
+            if inbox is not None:
+                inbox.put(message)
+        code = self._process.exitcode
+        with self._lock:
+            inboxes = list(self._inboxes.items())
+        for batch_id, inbox in inboxes:
+            inbox.put(("end", batch_id, f"the engine process exited (code {code})"))
+
+    def _ensure_running(self) -> None:
+        with self._restart_lock:
+            if self._process.is_alive():
+                return
+            log.error("engine process for %s died; starting a new one", self.settings.name)
+            self._reader.join(timeout=5)
+            self._start()
 
     def close(self) -> None:
-        """Free the model now: a Generator left to interpreter exit can abort the process."""
-        self.generator.unload_model()
-        del self.generator
+        """Stop the engine process and free the shared flags."""
+        with contextlib.suppress(OSError, ValueError):
+            self._commands.send(None)
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._commands.close()
+        self._shared.close()
+        self._shared.unlink()
 
     @property
     def eos_id(self) -> int:
@@ -108,60 +173,58 @@ class Engine:
         sampling = requests[0].sampling
         if any(request.sampling != sampling for request in requests):
             raise ValueError("a batch must share one sampling configuration")
-        if requests[0].seed is not None:
-            if len(requests) != 1:
-                raise ValueError("seeded requests run one at a time")
-            self._generate_seeded(requests[0], on_step)
-            return
+        seed = requests[0].seed
+        if seed is not None and len(requests) != 1:
+            raise ValueError("seeded requests run one at a time")
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
-        prompts = [self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests]
-
-        def callback(step: ctranslate2.GenerationStepResult) -> bool:
-            return on_step(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
-
-        self.generator.generate_batch(
-            prompts,
-            max_length=max(r.max_new_tokens for r in requests),
-            sampling_temperature=sampling.temperature,
-            sampling_topk=sampling.top_k,
-            sampling_topp=sampling.top_p,
+        self._ensure_running()
+        slots = self._take_slots(len(requests))
+        batch_id = next(self._batch_ids)
+        inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        command = BatchCommand(
+            batch_id=batch_id,
+            prompts=[self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests],
+            max_new_tokens=[r.max_new_tokens for r in requests],
+            slots=slots,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
             repetition_penalty=sampling.repetition_penalty,
-            beam_size=1,
-            return_scores=True,  # the sampled token's log-probability reaches the callback
-            include_prompt_in_result=False,
-            end_token=[] if sampling.ignore_eos else None,
-            callback=callback,
+            ignore_eos=sampling.ignore_eos,
+            seed=seed,
         )
+        flags = self._flags
+        try:
+            with self._lock:
+                self._inboxes[batch_id] = inbox
+                self._commands.send(command.to_dict())
+            while True:
+                message = inbox.get()
+                if message[0] == "end":
+                    if message[2] is not None:
+                        raise EngineError(message[2])
+                    return
+                for position, step, token_id, logprob, is_last in message[2]:
+                    if on_step(position, step, token_id, logprob, is_last):
+                        flags[slots[position]] = 1
+        finally:
+            with self._lock:
+                self._inboxes.pop(batch_id, None)
+                self._free_slots.extend(slots)
 
-    def _generate_seeded(self, request: EngineRequest, on_step: StepCallback) -> None:
-        """One token per CTranslate2 call, sampled here from the returned logits.
+    def _take_slots(self, count: int) -> list[int]:
+        with self._lock:
+            if count > len(self._free_slots):
+                raise EngineError("too many sequences in flight for the engine's stop flags")
+            slots = [self._free_slots.pop() for _ in range(count)]
+        flags = self._flags
+        for slot in slots:
+            flags[slot] = 0
+        return slots
 
-        Every step re-runs the prefix (CTranslate2 keeps no cache across calls), so this costs
-        O(n^2) in the output length: the price of a repeatable seed, paid only by seeded jobs.
-        """
-        sampling = request.sampling
-        rng = np.random.default_rng(request.seed)
-        ids = list(request.prompt_ids)
-        pieces = self.tokenizer.to_pieces(ids)
-        for step in range(request.max_new_tokens):
-            result = self.generator.generate_batch(
-                [pieces],
-                max_length=1,
-                sampling_topk=1,
-                include_prompt_in_result=False,
-                return_logits_vocab=True,
-                end_token=[],
-            )
-            logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
-            logits = apply_repetition_penalty(logits, ids, sampling.repetition_penalty)
-            token_id = sample_token(
-                logits, sampling.temperature, sampling.top_k, sampling.top_p, rng
-            )
-            logprob = float(log_softmax(logits)[token_id])
-            at_end = token_id == self.eos_id and not sampling.ignore_eos
-            is_last = at_end or step == request.max_new_tokens - 1
-            if on_step(0, step, token_id, logprob, is_last) or is_last:
-                return
-            ids.append(token_id)
-            pieces.append(self.tokenizer.to_pieces([token_id])[0])
+
+def _buffer(shared: SharedMemory) -> memoryview:
+    if shared.buf is None:
+        raise EngineError("shared memory for the engine's stop flags is not mapped")
+    return shared.buf

@@ -33,6 +33,9 @@ class Tokenizer:
     def to_pieces(self, ids: list[int]) -> list[str]:
         return [self._sp.id_to_piece(i) for i in self._in_vocabulary(ids)]
 
+    def piece_id(self, piece: str) -> int:
+        return int(self._sp.piece_to_id(piece))
+
     def decode(self, ids: list[int]) -> str:
         return str(self._sp.decode(self._in_vocabulary(ids)))
 

@@ -1,0 +1,257 @@
+"""The engine process: CTranslate2 alone, so its decoding loop never waits for other Python.
+
+CTranslate2 calls the generation callback once per sequence per step, and each call needs the
+GIL. Inside the Celery worker that GIL is shared with Celery's consumer, the publisher,
+detokenization, stop strings, metrics and the other lane's callbacks: every bit of Python work
+there stalled the engine (a busy Python thread cut a demo-model stream from 3,663 to 751
+tokens/s). Here, the only Python that runs while a batch decodes is the callback, which records
+the token id, reads the sequence's stop flag from shared memory and, once every sequence of the
+batch has spoken in a step, hands the whole step to the worker as one pipe message.
+
+Everything else (detokenization, stop strings, events, Redis) happens in the worker process,
+which stops a sequence by setting its flag; the callback returns True on its next token.
+
+Wire format (pickled tuples, for speed; both ends live in this package):
+  worker -> engine: ``BatchCommand.to_dict()``, or None to stop.
+  engine -> worker: ("ready", device) | ("fatal", message) | ("step", batch_id, tokens) |
+                    ("end", batch_id, error or None), where tokens is a list of
+                    (position, step, token_id, logprob, is_last).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+from worker.config import ModelSettings
+from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
+from worker.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+StepToken = tuple[int, int, int, float | None, bool]
+
+
+@dataclass(frozen=True)
+class BatchCommand:
+    """One ``generate_batch`` to run: prompts as pieces, a stop-flag slot per sequence."""
+
+    batch_id: int
+    prompts: list[list[str]]
+    max_new_tokens: list[int]
+    slots: list[int]
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    ignore_eos: bool
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchCommand:
+        return cls(**data)
+
+
+class StepStream:
+    """Collects one batch's tokens per decoding step and sends each complete step once.
+
+    A step is complete when every live sequence expected to speak in it has (a sequence with a
+    longer prompt starts later: CTranslate2 feeds its extra prompt tokens through the loop), or
+    when the next step begins; a wrong expectation costs a split step, never a token.
+    """
+
+    def __init__(
+        self,
+        command: BatchCommand,
+        flags: memoryview,
+        send: Callable[[tuple[Any, ...]], None],
+    ):
+        self._batch_id = command.batch_id
+        self._slots = command.slots
+        self._max_new = command.max_new_tokens
+        self._flags = flags
+        self._send = send
+        lengths = [len(prompt) for prompt in command.prompts]
+        shortest = min(lengths)
+        self._first_step = [length - shortest for length in lengths]
+        self._counts = [0] * len(lengths)
+        self._live = set(range(len(lengths)))
+        self._step = -1
+        self._expected = 0
+        self._reported = 0
+        self._tokens: list[StepToken] = []
+
+    def token(
+        self, position: int, step: int, token_id: int, logprob: float | None, is_last: bool
+    ) -> bool:
+        """Record one sequence's token; True stops that sequence (flag set, or its last)."""
+        if step != self._step:
+            self.flush()
+            self._step = step
+            self._expected = sum(1 for p in self._live if self._first_step[p] <= step)
+            self._reported = 0
+        self._reported += 1
+        if self._flags[self._slots[position]]:
+            stop = True  # the worker ended it: this token is past its end, never sent
+        else:
+            self._counts[position] += 1
+            stop = is_last or self._counts[position] >= self._max_new[position]
+            self._tokens.append((position, step, token_id, logprob, stop))
+        if stop:
+            self._live.discard(position)
+        if self._reported >= self._expected:
+            self.flush()
+        return stop
+
+    def flush(self) -> None:
+        if self._tokens:
+            self._send(("step", self._batch_id, self._tokens))
+            self._tokens = []
+
+
+class EngineRunner:
+    """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
+
+    def __init__(self, model: ModelSettings, flags: memoryview, events: Connection):
+        import ctranslate2  # only the engine process loads the engine
+
+        self._ct2 = ctranslate2
+        self.settings = model
+        self.device = resolve_device(model.device)
+        self.tokenizer = Tokenizer(model.tokenizer_path, add_bos=model.add_bos)
+        self.generator = ctranslate2.Generator(
+            model.path,
+            device=self.device,
+            device_index=list(model.device_index),
+            compute_type=model.compute_type,
+            inter_threads=model.inter_threads,
+            intra_threads=model.intra_threads,
+        )
+        self._flags = flags
+        self._events = events
+        self._send_lock = threading.Lock()
+        self._warm_up()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._events.send(message)
+
+    def _warm_up(self) -> None:
+        """One small batch per engine thread before the first job: CTranslate2's first calls
+        run about twice as slow (allocations), which users would otherwise pay as TTFT."""
+        start = self.tokenizer.to_pieces(self.tokenizer.encode("The"))
+        for _ in range(max(self.settings.inter_threads, 1)):
+            self.generator.generate_batch([start] * 4, max_length=8, include_prompt_in_result=False)
+
+    def run(self, command: BatchCommand) -> None:
+        stream = StepStream(command, self._flags, self.send)
+        error: str | None = None
+        try:
+            if command.seed is not None:
+                self._generate_seeded(command, stream)
+            else:
+                self._generate(command, stream)
+        except Exception as exc:  # the worker fails the batch's jobs with this message
+            log.exception("generate_batch failed")
+            error = f"{type(exc).__name__}: {exc}"
+        stream.flush()
+        self.send(("end", command.batch_id, error))
+
+    def _generate(self, command: BatchCommand, stream: StepStream) -> None:
+        token = stream.token
+
+        def callback(step: Any) -> bool:
+            return token(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
+
+        self.generator.generate_batch(
+            command.prompts,
+            max_length=max(command.max_new_tokens),
+            sampling_temperature=command.temperature,
+            sampling_topk=command.top_k,
+            sampling_topp=command.top_p,
+            repetition_penalty=command.repetition_penalty,
+            beam_size=1,
+            return_scores=True,  # the sampled token's log-probability reaches the callback
+            include_prompt_in_result=False,
+            end_token=[] if command.ignore_eos else None,
+            callback=callback,
+        )
+
+    def _generate_seeded(self, command: BatchCommand, stream: StepStream) -> None:
+        """One token per CTranslate2 call, sampled here from the returned logits.
+
+        Every step re-runs the prefix (CTranslate2 keeps no cache across calls), so this costs
+        O(n^2) in the output length: the price of a repeatable seed, paid only by seeded jobs.
+        """
+        rng = np.random.default_rng(command.seed)
+        pieces = list(command.prompts[0])
+        ids = [self.tokenizer.piece_id(piece) for piece in pieces]
+        limit = command.max_new_tokens[0]
+        for step in range(limit):
+            result = self.generator.generate_batch(
+                [pieces],
+                max_length=1,
+                sampling_topk=1,
+                include_prompt_in_result=False,
+                return_logits_vocab=True,
+                end_token=[],
+            )
+            logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
+            logits = apply_repetition_penalty(logits, ids, command.repetition_penalty)
+            token_id = sample_token(logits, command.temperature, command.top_k, command.top_p, rng)
+            logprob = float(log_softmax(logits)[token_id])
+            at_end = token_id == self.tokenizer.eos_id and not command.ignore_eos
+            if stream.token(0, step, token_id, logprob, at_end or step == limit - 1):
+                return
+            ids.append(token_id)
+            pieces.append(self.tokenizer.to_pieces([token_id])[0])
+
+    def close(self) -> None:
+        self.generator.unload_model()
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` picks CUDA when CTranslate2 sees a GPU, the CPU otherwise."""
+    if device != "auto":
+        return device
+    import ctranslate2
+
+    return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+
+
+def serve(model: ModelSettings, commands: Connection, events: Connection, flags_name: str) -> None:
+    """The engine process's main loop: load, then run each command on a free lane."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
+    shared = SharedMemory(name=flags_name)
+    try:
+        if shared.buf is None:
+            raise RuntimeError("the stop flags' shared memory is not mapped")
+        runner = EngineRunner(model, shared.buf, events)
+    except Exception as exc:
+        events.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
+    events.send(("ready", runner.device))
+    lanes = ThreadPoolExecutor(max(model.inter_threads, 1), thread_name_prefix="lane")
+    while True:
+        try:
+            message = commands.recv()
+        except (EOFError, OSError):
+            break  # the worker is gone: nothing is left to serve
+        if message is None:
+            break
+        lanes.submit(runner.run, BatchCommand.from_dict(message))
+    lanes.shutdown(wait=False, cancel_futures=True)
+    # Skip interpreter teardown: a Generator freed there, mid-batch, can abort the process.
+    os._exit(0)
