@@ -37,26 +37,30 @@ def read_json_body() -> Any:
         raise invalid("body", f"request body is not valid JSON: {exc}") from exc
 
 
-def count_prompt_tokens(svc: Services, model: str, prompt: str) -> int:
+def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
     try:
         tokenizer = svc.tokenizer(model)
     except ValueError as exc:
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
-    return tokenizer.count(prompt)
+    return tokenizer.encode(prompt)
 
 
 def prepare_job(svc: Services, model: str, prompt: str, params: GenerationParams) -> Job:
-    """Check the prompt against the limits and build the job (not stored yet)."""
-    prompt_tokens = count_prompt_tokens(svc, model, prompt)
-    check_prompt_length(prompt_tokens, params, svc.settings, model)
+    """Check the prompt against the limits and build the job (not stored yet).
+
+    The prompt is tokenized here once: the ids travel with the job, so the worker skips it.
+    """
+    prompt_ids = tokenize_prompt(svc, model, prompt)
+    check_prompt_length(len(prompt_ids), params, svc.settings, model)
     return Job(
         id=new_job_id(),
         model=model,
         prompt=prompt,
         params=params,
-        usage=Usage(prompt_tokens=prompt_tokens),
+        usage=Usage(prompt_tokens=len(prompt_ids)),
         created_at=time.time(),
         owner=current_owner(),
+        prompt_ids=tuple(prompt_ids),
     )
 
 

@@ -130,6 +130,10 @@ class Job:
     priority: int = 0
     # Where to POST the finished job (allowlisted host), "" for none.
     webhook_url: str = ""
+    # Internal, never served: the prompt as the web tier tokenized it (the worker reuses it, so a
+    # prompt is tokenized once), and the W3C traceparent of the submitting request ("" untraced).
+    prompt_ids: tuple[int, ...] = ()
+    trace_context: str = ""
 
     def metrics(self) -> dict[str, float | None]:
         """Timings a client cares about; time to first token counts from submission."""

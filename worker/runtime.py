@@ -154,9 +154,12 @@ class WorkerRuntime:
             if claim.outcome == "poisoned":
                 self.metrics.count(JOBS, model=self._model_of(job_id), status="failed")
             return
-        job, events = with_redis_retry(lambda: self.store.snapshot(job_id, 0), retry, job_id)
+        job = claim.job
         if job is None:
             return
+        events: list[TokenEvent] = []
+        if claim.logged_tokens:  # it ran before: resume after what was already streamed
+            events = with_redis_retry(lambda: self.store.tokens(job_id), retry, job_id)
         queued = (job.started_at or time.time()) - job.created_at
         if claim.attempt == 1:
             self.metrics.observe(QUEUE_TIME, queued, model=job.model)
@@ -257,10 +260,14 @@ class WorkerRuntime:
         if engine is None:
             raise ValueError(f"this worker does not serve model {job.model!r}")
         resume = Resume("".join(event.text for event in events), len(events))
-        prompt_ids = engine.tokenizer.encode(job.prompt + resume.text)
+        if resume.count == 0 and job.prompt_ids:
+            prompt_ids = list(job.prompt_ids)  # tokenized once, by the web tier
+        else:
+            prompt_ids = engine.tokenizer.encode(job.prompt + resume.text)
         if resume.count == 0:
             self._check_context(engine, job, len(prompt_ids))
-            self.store.set_prompt_tokens(job.id, len(prompt_ids))
+            if len(prompt_ids) != job.usage.prompt_tokens:
+                self.store.set_prompt_tokens(job.id, len(prompt_ids))
         deadline = (job.started_at or time.time()) + self.settings.limits.max_job_seconds
         scheduled = make_scheduled_job(
             engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline, job.priority

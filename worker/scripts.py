@@ -8,6 +8,8 @@ from __future__ import annotations
 
 # KEYS: job, lease, running, queued, tokens
 # ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, channel, done_msg
+# Returns {outcome, attempts}, and when claimed also the job hash and the replay log's length, so
+# a worker starts a job in one round trip.
 CLAIM = """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing', 0} end
@@ -29,7 +31,7 @@ if redis.call('HEXISTS', KEYS[1], 'started_at') == 0 then
 end
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-return {'claimed', attempts}
+return {'claimed', attempts, redis.call('HGETALL', KEYS[1]), redis.call('LLEN', KEYS[5])}
 """
 
 # KEYS: job, queued, tokens   ARGV: id, now, result_ttl, channel, done_msg

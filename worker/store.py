@@ -36,6 +36,9 @@ class Claim:
     outcome: str  # claimed | missing | poisoned | the status the job already had
     attempt: int
     fence: str
+    # Read in the same round trip as the claim: the job and the length of its replay log.
+    job: Job | None = None
+    logged_tokens: int = 0
 
     @property
     def claimed(self) -> bool:
@@ -142,6 +145,10 @@ class JobStore:
             fields["priority"] = str(job.priority)
         if job.webhook_url:
             fields["webhook_url"] = job.webhook_url
+        if job.prompt_ids:
+            fields["prompt_ids"] = " ".join(map(str, job.prompt_ids))
+        if job.trace_context:
+            fields["traceparent"] = job.trace_context
         pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.job(job.id), mapping=fields)
         # Long enough to stay queued, then to be read as expired for a result TTL.
@@ -191,7 +198,7 @@ class JobStore:
             "worker_lost",
             f"the job was attempted {max_attempts} times and its worker died each time",
         )
-        outcome, attempt = self._scripts["CLAIM"](
+        outcome, attempt, *rest = self._scripts["CLAIM"](
             keys=_ownership_keys(job_id),
             args=[
                 job_id,
@@ -205,8 +212,17 @@ class JobStore:
                 _done(job_id),
             ],
         )
+        raw_fields, logged = rest if rest else ([], 0)
         attempt = int(attempt)
-        return Claim(str(outcome), attempt, f"{node}:{attempt}" if outcome == "claimed" else "")
+        if outcome != "claimed":
+            return Claim(str(outcome), attempt, "")
+        fields = dict(zip(raw_fields[::2], raw_fields[1::2], strict=True))
+        return Claim("claimed", attempt, f"{node}:{attempt}", _job_from_hash(fields), int(logged))
+
+    def tokens(self, job_id: str) -> list[TokenEvent]:
+        """The whole replay log (to resume a job whose previous worker died mid-stream)."""
+        entries = self.redis.lrange(keys.job_tokens(job_id), 0, -1)
+        return [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
 
     def renew(self, leases: dict[str, str], lease_ms: int) -> list[str]:
         """Extend the leases this worker holds; returns the jobs whose lease it lost."""
@@ -375,4 +391,6 @@ def _job_from_hash(fields: dict[str, str]) -> Job:
         owner=fields.get("owner_key", ""),
         priority=int(fields.get("priority", 0)),
         webhook_url=fields.get("webhook_url", ""),
+        prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
+        trace_context=fields.get("traceparent", ""),
     )
