@@ -58,10 +58,16 @@ def start_worker(
             time.sleep(0.1)
 
 
-def start_web(config_path: Path, port: int, log_dir: Path) -> subprocess.Popen[bytes]:
+def start_web(
+    config_path: Path,
+    port: int,
+    log_dir: Path,
+    extra_env: Mapping[str, str] | None = None,
+    name: str = "web",
+) -> subprocess.Popen[bytes]:
     """gunicorn with the gevent worker, exactly as the Procfile runs it."""
-    env = child_env(config_path, {"TRICKLE_PORT": str(port)})
-    log_path = log_dir / "web.log"
+    env = child_env(config_path, {"TRICKLE_PORT": str(port), **(extra_env or {})})
+    log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [str(BIN / "gunicorn"), "--config", "python:trickle.gunicorn_conf", "web:create_app()"],

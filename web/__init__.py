@@ -11,6 +11,7 @@ from web.auth import install_auth
 from web.errors import register_error_handlers
 from web.services import EXTENSION_KEY, Services
 from worker.config import Settings, load_settings
+from worker.tracing import Tracing
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -22,7 +23,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": settings.web.keepalive_seconds}
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions[EXTENSION_KEY] = Services.create(settings)
+    app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
+    svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
     from web import batches, health, jobs, metrics, openai_api, page, stream
 

@@ -74,6 +74,7 @@ class JobFollower:
             self._subscription.close()
             raise JobNotFound(job_id)
         self._first: tuple[Job, list[TokenEvent]] = (job, events)
+        self.trace_context = job.trace_context
 
     def events(self, keepalive_seconds: float) -> Generator[FollowEvent, None, None]:
         """Every event, one at a time (see ``chunks`` for the batched form)."""

@@ -18,12 +18,16 @@ blueprint = Blueprint("jobs", __name__)
 @blueprint.post("/v1/jobs")
 def submit_job() -> Response:
     svc = services()
-    wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-    job_request = parse_job_request(read_json_body(), svc.settings)
-    job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
-    job.webhook_url = job_request.webhook_url
-    admit(svc, [job])
-    enqueue(svc, job)
+    with svc.tracing.request("POST /v1/jobs") as trace:
+        with trace.step("validate"):
+            wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
+            job_request = parse_job_request(read_json_body(), svc.settings)
+            job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
+            job.webhook_url = job_request.webhook_url
+            job.trace_context = trace.traceparent
+        admit(svc, [job])
+        with trace.step("enqueue"):
+            enqueue(svc, job)
     current = wait_for_job(svc.store, svc.hub, job.id, wait) if wait > 0 else None
     return job_response(current or job, headers={"Location": f"/v1/jobs/{job.id}"})
 

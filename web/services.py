@@ -16,6 +16,7 @@ from worker.config import Settings
 from worker.queueing import make_celery
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
+from worker.tracing import Tracing
 
 EXTENSION_KEY = "trickle"
 
@@ -28,6 +29,7 @@ class Services:
     celery: Celery
     hub: TokenHub
     rate_limiter: RateLimiter
+    tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -78,9 +79,12 @@ def sse_events(job_id: str) -> Response:
     def body() -> Iterator[str]:
         yield "retry: 2000\n\n"
         chunks = follower.chunks(keepalive, stream_pace(services()))
+        delivery = FirstDelivery(follower, "sse")
         try:
             for chunk in chunks:
+                delivery.starting(chunk)
                 yield "".join(format_sse(event) for event in chunk)
+                delivery.written()
         except redis.RedisError as exc:
             log.warning("stream of %s ended: redis unavailable: %s", job_id, exc)
             yield f"event: error\ndata: {json.dumps({'error': unavailable_error(exc)})}\n\n"
@@ -115,6 +119,31 @@ def ws_message(event: FollowEvent) -> dict[str, Any] | None:
     return None  # WebSocket keep-alive is the protocol's own ping
 
 
+class FirstDelivery:
+    """Traces the write that carries a job's first token to this reader (when tracing is on)."""
+
+    def __init__(self, follower: JobFollower, transport: str):
+        tracing = services().tracing
+        self._tracing = tracing if tracing.enabled and follower.trace_context else None
+        self._traceparent = follower.trace_context
+        self._transport = transport
+        self._started: float | None = None
+
+    def starting(self, chunk: list[FollowEvent]) -> None:
+        if self._tracing is not None and any(
+            isinstance(event, TokenEvent) and event.index == 0 for event in chunk
+        ):
+            self._started = time.time()
+
+    def written(self) -> None:
+        if self._tracing is not None and self._started is not None:
+            attributes = {"trickle.transport": self._transport}
+            self._tracing.record(
+                self._traceparent, "first delivery", self._started, time.time(), attributes
+            )
+            self._tracing = None  # once per stream
+
+
 def register(app: Flask) -> None:
     app.add_url_rule("/v1/jobs/<job_id>/events", "job_events", sse_events, methods=["GET"])
     sock = Sock(app)
@@ -131,12 +160,15 @@ def register(app: Flask) -> None:
             ws.close(reason=WS_CLOSE_NOT_FOUND, message="job not found")
             return
         chunks = follower.chunks(svc.settings.web.keepalive_seconds, stream_pace(svc))
+        delivery = FirstDelivery(follower, "websocket")
         try:
             for chunk in chunks:
+                delivery.starting(chunk)
                 for event in chunk:
                     message = ws_message(event)
                     if message is not None:
                         ws.send(json.dumps(message, ensure_ascii=False))
+                delivery.written()
         except redis.RedisError as exc:
             ws.send(json.dumps({"event": "error", "error": unavailable_error(exc)}))
             ws.close(reason=WS_CLOSE_UNAVAILABLE, message="redis unavailable")

@@ -17,6 +17,7 @@ from worker.config import load_settings
 from worker.queueing import enqueue_generation, enqueue_webhook, make_celery
 from worker.runtime import WorkerRuntime
 from worker.tasks import current_runtime, install_runtime, register_tasks
+from worker.tracing import Tracing
 
 _app: Celery | None = None
 
@@ -44,7 +45,9 @@ def create_worker_app() -> Celery:
     def load_models(sender: Any = None, **_: Any) -> None:
         logging.basicConfig(level=logging.INFO)
         node = getattr(sender, "hostname", "worker")
-        install_runtime(WorkerRuntime(settings, requeue, node_name=node, notify=notify))
+        tracing = Tracing.from_environment(os.environ, "trickle-worker")
+        runtime = WorkerRuntime(settings, requeue, node_name=node, notify=notify, tracing=tracing)
+        install_runtime(runtime)
 
     @signals.worker_ready.connect(weak=False)
     def announce(**_: Any) -> None:
@@ -57,7 +60,9 @@ def create_worker_app() -> Celery:
 
     @signals.worker_shutdown.connect(weak=False)
     def shutdown(**_: Any) -> None:
-        current_runtime().close()
+        runtime = current_runtime()
+        runtime.close()
+        runtime.tracing.shutdown()
         install_runtime(None)
 
     return app

@@ -55,10 +55,12 @@ class TokenPublisher:
         store: JobStore,
         on_cancel_requested: Callable[[str], None],
         on_lease_lost: Callable[[str], None],
+        on_first_published: Callable[[str, float], None] | None = None,
     ):
         self._store = store
         self._on_cancel_requested = on_cancel_requested
         self._on_lease_lost = on_lease_lost
+        self._on_first_published = on_first_published
         self._queue: queue.SimpleQueue[StepItem | FinishItem | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
@@ -123,6 +125,11 @@ class TokenPublisher:
                 self._on_cancel_requested(job_id)
             for job_id in outcome.fenced_out:
                 self._on_lease_lost(job_id)
+            if self._on_first_published is not None:
+                stored = time.time()
+                for append in appends:
+                    if append.first_token_at is not None:
+                        self._on_first_published(append.job_id, stored)
         for item, stored in zip(finishes, replies[1 if appends else 0 :], strict=True):
             if not stored:
                 log.warning("final state of %s not stored: this worker lost its lease", item.job_id)

@@ -18,6 +18,7 @@ from worker import keys
 from worker.config import Settings
 from worker.engine import Engine
 from worker.events import TokenEvent
+from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
 from worker.jobs import FinishReason, Job, JobError, JobStatus
 from worker.maintenance import Maintenance
@@ -35,6 +36,7 @@ from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, JobResult, JobStore
+from worker.tracing import JobTimeline, Tracing
 from worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
@@ -62,8 +64,10 @@ class WorkerRuntime:
         enqueue: Enqueue,
         node_name: str = "worker",
         notify: Callable[[str], None] | None = None,
+        tracing: Tracing | None = None,
     ):
         self.settings = settings
+        self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
         self.redis = redis_client(settings)
         self.store = JobStore(
@@ -74,7 +78,12 @@ class WorkerRuntime:
         self.metrics = MetricsRecorder()
         self._in_flight: dict[str, ScheduledJob] = {}
         self._lock = threading.Lock()
-        self.publisher = TokenPublisher(self.store, self._cancel_requested, self._lease_lost)
+        self.publisher = TokenPublisher(
+            self.store,
+            self._cancel_requested,
+            self._lease_lost,
+            self._first_published if self.tracing.enabled else None,
+        )
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}
         for name in settings.served_models():
@@ -138,6 +147,7 @@ class WorkerRuntime:
     def run_job(self, job_id: str) -> None:
         """Claim, generate and store one job; returns once its final state is in Redis."""
         retry = self.settings.worker.redis_retry_seconds
+        timeline = JobTimeline(claim_started=time.time())
         claim = with_redis_retry(
             lambda: self.store.claim(
                 job_id,
@@ -154,6 +164,7 @@ class WorkerRuntime:
             if claim.outcome == "poisoned":
                 self.metrics.count(JOBS, model=self._model_of(job_id), status="failed")
             return
+        timeline.claimed = time.time()
         job = claim.job
         if job is None:
             return
@@ -178,6 +189,7 @@ class WorkerRuntime:
             error = JobError("invalid_request", str(exc))
             self._finish(job, claim, JobResult.failed(error, "", 0))
             return
+        timeline.scheduled = time.time()
         scheduled.ended.wait()
         with self._lock:
             self._in_flight.pop(job_id, None)
@@ -193,6 +205,12 @@ class WorkerRuntime:
             status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
             result = JobResult(status, state.output, reason, state.count, time.time())
         self._finish(job, claim, result, scheduled, resumed=len(events))
+        if job.trace_context and self.tracing.enabled:
+            timeline.batch_started = scheduled.batch_started_at
+            timeline.first_token = scheduled.first_token_at
+            timeline.first_published = scheduled.first_published_at
+            timeline.last_token = scheduled.last_token_at
+            record_job_trace(self.tracing, job, result, timeline, claim.attempt)
 
     def _finish(
         self,
@@ -290,6 +308,12 @@ class WorkerRuntime:
                 f"prompt ({prompt_tokens} tokens) plus max_tokens ({job.params.max_tokens}) "
                 f"exceeds the model's context of {limit} tokens"
             )
+
+    def _first_published(self, job_id: str, stored_at: float) -> None:
+        with self._lock:
+            scheduled = self._in_flight.get(job_id)
+        if scheduled is not None and scheduled.first_published_at is None:
+            scheduled.first_published_at = stored_at
 
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)

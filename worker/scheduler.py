@@ -37,9 +37,11 @@ class ScheduledJob:
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
     priority: int = 0  # lower runs first (interactive before batch)
-    # Token arrival times in this attempt, for the latency metrics.
+    # When this attempt entered a batch, and its token arrival times (metrics and traces).
+    batch_started_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+    first_published_at: float | None = None  # set by the publisher's confirmation
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,9 @@ class BatchScheduler:
 
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
         self.batch_sizes.append(len(batch))
+        started = time.time()
+        for job in batch:
+            job.batch_started_at = started
         if self._on_batch is not None:
             self._on_batch(len(batch))
         step_buffer = StepBuffer(batch, self._publish_step)
