@@ -92,6 +92,8 @@ class Stack:
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
         self._web_starts = 0
         self.client: redis.Redis | None = None
+        # Extra environment for every process started (e.g. OTEL_* to export traces).
+        self.extra_env: dict[str, str] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -114,7 +116,8 @@ class Stack:
 
     def _env(self, extra: dict[str, str]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
-        env.update({"TRICKLE_CONFIG": str(self.config_path), "PYTHONUNBUFFERED": "1", **extra})
+        env.update({"TRICKLE_CONFIG": str(self.config_path), "PYTHONUNBUFFERED": "1"})
+        env.update({**self.extra_env, **extra})
         return env
 
     def start_web(self) -> None:
