@@ -76,6 +76,9 @@ class WorkerSettings:
     visibility_timeout_seconds: int = 7200
     # How long a worker keeps retrying Redis before giving a job up.
     redis_retry_seconds: float = 300.0
+    # Celery task events (sent, received, started, succeeded) for Flower or `celery events`.
+    # Off by default: each is a Redis PUBLISH on the path from POST to the first token.
+    task_events: bool = False
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,10 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
             "priority_steps": [INTERACTIVE_PRIORITY, BATCH_PRIORITY],
         },
         worker_hijack_root_logger=False,
-        # Task events on, so Flower (or `celery events`) can watch the same broker.
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        # Task events only when asked for (Flower, `celery events`): each one is a round trip
+        # between the POST and the job's start.
+        worker_send_task_events=settings.worker.task_events,
+        task_send_sent_event=settings.worker.task_events,
     )
     if (
         urlparse(settings.redis.url).scheme == "rediss"
