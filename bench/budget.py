@@ -57,7 +57,7 @@ class KeepAliveClient:
     """Two HTTP/1.1 connections kept open: one for POSTs, one for the streams."""
 
     def __init__(self, port: int):
-        self._port = port
+        self.port = port
         self._post = http.client.HTTPConnection(HOST, port, timeout=60)
         self._stream = http.client.HTTPConnection(HOST, port, timeout=600)
         self.connects = 0
@@ -222,6 +222,7 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
             client.run(body)  # warm-up: pools, subscriptions, first calls
         progress(f"=== {key}: {runs} streams, one at a time")
         measured = [client.run(body) for _ in range(runs)]
+        stop_ids = stop_string_jobs(client, body, runs)
         client.close()
         ids = {run.job_id for run in measured}
         spans = sink.wait_for(
@@ -239,6 +240,7 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
     finally:
         stack.close()
         sink.close()
+    after_end = tokens_after_end(stack.log_dir / f"worker-{key}.log", stop_ids)
     return {
         "model": key,
         "parameters": model.parameters,
@@ -250,7 +252,33 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
         "runs": len(measured),
         "reconnects": sum(r.new_connections for r in measured),
         "hops": hop_budget(spans, ids),
+        "stop_tokens_after_end": summary(after_end),
     }
+
+
+def stop_string_jobs(client: KeepAliveClient, body: dict[str, Any], runs: int) -> set[str]:
+    """Greedy jobs that end on a stop string found mid-way through the greedy output."""
+    probe = client.run(body)
+    conn = http.client.HTTPConnection(HOST, client.port, timeout=60)
+    conn.request("GET", f"/v1/jobs/{probe.job_id}")
+    text = json.loads(conn.getresponse().read())["output"]
+    conn.close()
+    middle = len(text) // 2
+    stop = text[middle : middle + 6]
+    return {client.run(body | {"stop": [stop]}).job_id for _ in range(runs)}
+
+
+def tokens_after_end(log_path: Path, job_ids: set[str]) -> list[float]:
+    """From the worker's job log: tokens the engine made after each stop-string job ended."""
+    found = []
+    for line in log_path.read_text().splitlines():
+        start = line.find('{"event": "finished"')
+        if start < 0:
+            continue
+        record = json.loads(line[start:])
+        if record["job_id"] in job_ids and record.get("finish_reason") == "stop":
+            found.append(float(record.get("tokens_after_end", 0)))
+    return found
 
 
 def table(result: dict[str, Any]) -> str:
@@ -287,6 +315,11 @@ def table(result: dict[str, Any]) -> str:
     ]
     for hop in (*HOPS[:7], "transit", "first delivery"):
         lines.append(f"| hop: {hop}, ms | {ms(hops[hop]['p50'])} | {ms(hops[hop]['p99'])} |")
+    after = result["stop_tokens_after_end"]
+    lines.append(
+        f"| stop string: tokens the engine made past the end ({after['n']} jobs) "
+        f"| {ms(after['p50'])} | {ms(after['p99'])} |"
+    )
     lines.append(
         f"\n{result['runs']} streams of {result['tokens_per_s']['n']} measured, "
         f"{result['intact']} intact, {result['reconnects']} reconnects, "

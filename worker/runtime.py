@@ -239,6 +239,8 @@ class WorkerRuntime:
         if first is not None and resumed == 0:
             timings["ttft_seconds"] = first - job.created_at
             self.metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
+        if scheduled is not None:
+            timings["tokens_after_end"] = scheduled.tokens_after_end
         if first is not None and last is not None and generated > 1:
             timings["itl_seconds"] = (last - first) / (generated - 1)
             self.metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)

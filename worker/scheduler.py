@@ -42,6 +42,9 @@ class ScheduledJob:
     first_token_at: float | None = None
     last_token_at: float | None = None
     first_published_at: float | None = None  # set by the publisher's confirmation
+    # Tokens the engine produced after the worker had ended the sequence (a stop string, a
+    # cancel, a deadline): dropped unseen; how many shows how fast the engine's flag is read.
+    tokens_after_end: int = 0
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,8 @@ class BatchScheduler:
             position: int, step: int, token_id: int, logprob: float | None, is_last: bool
         ) -> bool:
             job = batch[position]
+            if job.state.finished:
+                job.tokens_after_end += 1
             now = time.time()
             if job.deadline is not None and now > job.deadline:
                 job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)

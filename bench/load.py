@@ -1,0 +1,354 @@
+"""Open-loop load, the way vLLM's ``bench serve`` measures a server.
+
+    .venv/bin/python -m bench.load [--model demo] [--rates 0.05,0.1,0.25,0.5,1.0]
+        [--requests 100] [--max-tokens 128] [--api openai,jobs] [--seed 0] [--plot]
+
+Rates are fractions of the engine's batched capacity, measured in the same run: the best
+``generate_batch`` tokens/s over a few batch sizes, divided by ``--max-tokens`` (requests/s).
+Each rate sends a fixed number of requests with Poisson arrivals (exponential gaps, seeded),
+whatever the server does (open loop), over keep-alive connections: OpenAI streaming chat
+completions (``/v1/chat/completions``, ``stream: true``) or jobs (``POST /v1/jobs`` then its SSE
+stream). Per rate: TTFT, inter-token latency (ITL) and end-to-end latency at p50/p99,
+throughput, and goodput (requests/s that met the SLO: TTFT <= 250 ms and every ITL <= 50 ms);
+the highest rate whose p99s meet the SLO is reported as a fraction of the engine's capacity.
+Results go to JSON (and a PNG with ``--plot``, which needs matplotlib: ``pip install
+matplotlib``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import models
+from bench.engine_limit import load_generator
+from bench.log import progress
+from bench.params import RunParams
+from bench.stack import HOST, Stack
+from bench.stats import percentile
+from worker.config import PROJECT_ROOT
+
+SLO_TTFT_MS = 250.0
+SLO_ITL_MS = 50.0
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    error: str = ""
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    arrivals: list[float] = field(default_factory=list)
+
+    @property
+    def itls_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:], strict=False)]
+
+    def meets_slo(self) -> bool:
+        return (
+            self.ok
+            and self.ttft_s * 1000 <= SLO_TTFT_MS
+            and all(gap * 1000 <= SLO_ITL_MS for gap in self.itls_s)
+        )
+
+
+class Connections:
+    """Keep-alive HTTP/1.1 connections, reused once a response has been read to its end."""
+
+    def __init__(self, port: int):
+        self._port = port
+        self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        self.opened = 0
+
+    async def take(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        while self._idle:
+            reader, writer = self._idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return reader, writer
+        self.opened += 1
+        return await asyncio.open_connection(HOST, self._port)
+
+    def give_back(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        self._idle.append(conn)
+
+    def close(self) -> None:
+        for _, writer in self._idle:
+            writer.close()
+
+
+async def _exchange(
+    conns: Connections, method: str, path: str, body: dict[str, Any] | None
+) -> tuple[int, Any]:
+    """Send a request; returns (status, an async iterator of body lines)."""
+    reader, writer = await conns.take()
+    payload = b"" if body is None else json.dumps(body).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: {HOST}\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+    writer.write(head.encode() + b"\r\n" + payload)
+    status_line = await reader.readline()
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    chunked = headers.get("transfer-encoding", "").lower() == "chunked"
+    keep = headers.get("connection", "").lower() != "close"
+
+    async def lines() -> Any:
+        buffer = b""
+        if chunked:
+            while True:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readline()
+                    break
+                buffer += await reader.readexactly(size)
+                await reader.readexactly(2)
+                *complete, buffer = buffer.split(b"\n")
+                for item in complete:
+                    yield item.decode()
+        else:
+            buffer = await reader.readexactly(int(headers.get("content-length", 0)))
+            for item in buffer.split(b"\n"):
+                yield item.decode()
+            buffer = b""
+        if buffer:
+            yield buffer.decode()
+        if keep:
+            conns.give_back((reader, writer))
+        else:
+            writer.close()
+
+    return status, lines()
+
+
+async def openai_request(conns: Connections, model: str, max_tokens: int) -> RequestResult:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": models.PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    start = time.perf_counter()
+    status, lines = await _exchange(conns, "POST", "/v1/chat/completions", body)
+    result = RequestResult(ok=status == 200)
+    async for line in lines:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if "error" in chunk:
+            result.ok, result.error = False, json.dumps(chunk["error"])[:200]
+            continue
+        choices = chunk.get("choices") or [{}]
+        if choices[0].get("delta", {}).get("content"):
+            result.arrivals.append(time.perf_counter())
+    return _finished(result, start, status)
+
+
+async def job_request(conns: Connections, model: str, max_tokens: int) -> RequestResult:
+    body = {"model": model, "prompt": models.PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
+    start = time.perf_counter()
+    status, lines = await _exchange(conns, "POST", "/v1/jobs", body)
+    text = "".join([line async for line in lines])
+    if status != 202:
+        return RequestResult(False, f"POST {status}: {text[:200]}")
+    job_id = json.loads(text)["id"]
+    status, lines = await _exchange(conns, "GET", f"/v1/jobs/{job_id}/events", None)
+    result = RequestResult(ok=status == 200)
+    event = ""
+    async for line in lines:
+        if line.startswith("event: "):
+            event = line[7:].strip()
+        elif line.startswith("data: ") and event == "token":
+            if json.loads(line[6:])["text"]:
+                result.arrivals.append(time.perf_counter())
+        elif line.startswith("data: ") and event == "done":
+            job = json.loads(line[6:])
+            if job["status"] != "succeeded":
+                result.ok, result.error = False, f"job {job['status']}"
+    return _finished(result, start, status)
+
+
+def _finished(result: RequestResult, start: float, status: int) -> RequestResult:
+    if not result.arrivals:
+        result.ok = False
+        result.error = result.error or f"status {status}, no tokens"
+        return result
+    result.ttft_s = result.arrivals[0] - start
+    result.e2e_s = result.arrivals[-1] - start
+    return result
+
+
+async def run_rate(
+    port: int, api: str, model: str, rate: float, count: int, max_tokens: int, seed: int
+) -> dict[str, Any]:
+    conns = Connections(port)
+    send = openai_request if api == "openai" else job_request
+    rng = random.Random(seed)
+    tasks = []
+    began = time.perf_counter()
+    for _ in range(count):
+        tasks.append(asyncio.create_task(send(conns, model, max_tokens)))
+        await asyncio.sleep(rng.expovariate(rate))
+    results: list[RequestResult] = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - began
+    conns.close()
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft_s * 1000 for r in ok]
+    itls = [gap * 1000 for r in ok for gap in r.itls_s]
+    e2es = [r.e2e_s * 1000 for r in ok]
+    tokens = sum(len(r.arrivals) for r in ok)
+
+    def pct(values: list[float], q: float) -> float | None:
+        return percentile(values, q)
+
+    row: dict[str, Any] = {
+        "api": api,
+        "rate_rps": rate,
+        "requests": count,
+        "errors": len(results) - len(ok),
+        "error_samples": sorted({r.error for r in results if not r.ok})[:3],
+        "connections_opened": conns.opened,
+        "duration_s": duration,
+        "ttft_ms": {"p50": pct(ttfts, 50), "p99": pct(ttfts, 99)},
+        "itl_ms": {"p50": pct(itls, 50), "p99": pct(itls, 99)},
+        "e2e_ms": {"p50": pct(e2es, 50), "p99": pct(e2es, 99)},
+        "output_tokens_per_s": tokens / duration,
+        "goodput_rps": sum(r.meets_slo() for r in results) / duration,
+    }
+    row["meets_slo"] = (
+        row["errors"] == 0
+        and (row["ttft_ms"]["p99"] or 1e9) <= SLO_TTFT_MS
+        and (row["itl_ms"]["p99"] or 1e9) <= SLO_ITL_MS
+    )
+    progress(
+        f"{api} {rate:.2f} req/s: TTFT p50/p99 {row['ttft_ms']['p50'] or 0:.0f}/"
+        f"{row['ttft_ms']['p99'] or 0:.0f} ms, ITL p99 {row['itl_ms']['p99'] or 0:.1f} ms, "
+        f"{row['output_tokens_per_s']:.0f} tok/s, {row['errors']} errors"
+    )
+    return row
+
+
+def engine_capacity(model: models.PreparedModel, params: RunParams) -> dict[str, Any]:
+    """The engine's best batched tokens/s (CTranslate2 alone, same knobs as the worker)."""
+    pieces = models.prompt_pieces(model)
+    generator = load_generator(model, params)
+    best: dict[str, Any] = {"batch": 0, "tokens_per_s": 0.0}
+    try:
+        kwargs = {"max_length": params.max_tokens, "end_token": [], "sampling_topk": 0}
+        generator.generate_batch([pieces], **kwargs)
+        for size in (1, 8, 16, 32):
+            start = time.perf_counter()
+            generator.generate_batch([pieces] * size, **kwargs)
+            rate = size * params.max_tokens / (time.perf_counter() - start)
+            if rate > best["tokens_per_s"]:
+                best = {"batch": size, "tokens_per_s": rate}
+    finally:
+        generator.unload_model()
+        del generator
+    best["requests_per_s"] = best["tokens_per_s"] / params.max_tokens
+    progress(f"engine batched capacity: {best}")
+    return best
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for api in sorted({row["api"] for row in result["rows"]}):
+        rows = [row for row in result["rows"] if row["api"] == api]
+        x = [row["fraction_of_capacity"] for row in rows]
+        left.plot(x, [row["ttft_ms"]["p99"] or 0 for row in rows], marker="o", label=api)
+        right.plot(x, [row["goodput_rps"] for row in rows], marker="o", label=api)
+    left.axhline(SLO_TTFT_MS, linestyle="--", color="grey", label="SLO")
+    left.set(xlabel="offered rate / engine capacity", ylabel="TTFT p99 (ms)", yscale="log")
+    right.set(xlabel="offered rate / engine capacity", ylabel="goodput (req/s)")
+    for axis in (left, right):
+        axis.legend()
+        axis.grid(alpha=0.3)
+    fig.suptitle(f"{result['model']}: open-loop Poisson, {result['max_tokens']} output tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--rates", default="0.05,0.1,0.25,0.5,1.0")
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--api", default="openai,jobs")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = models.prepare(args.model)
+    params = RunParams(max_tokens=args.max_tokens)
+    capacity = engine_capacity(model, params)
+    stack = Stack(args.out / f"work-load-{args.model}", model, params, args.max_tokens)
+    rows = []
+    try:
+        stack.start()
+        stack.start_worker(args.model)
+        for api in args.api.split(","):
+            asyncio.run(run_rate(stack.web_port, api, args.model, 5.0, 5, args.max_tokens, 99))
+            for fraction in (float(f) for f in args.rates.split(",")):
+                rate = fraction * capacity["requests_per_s"]
+                row = asyncio.run(
+                    run_rate(
+                        stack.web_port, api, args.model, rate, args.requests, args.max_tokens,
+                        args.seed,
+                    )
+                )  # fmt: skip
+                rows.append({"fraction_of_capacity": fraction, **row})
+    finally:
+        stack.close()
+    goodput = {
+        api: max(
+            (r["fraction_of_capacity"] for r in rows if r["api"] == api and r["meets_slo"]),
+            default=0.0,
+        )
+        for api in args.api.split(",")
+    }
+    result = {
+        "model": args.model,
+        "parameters": model.parameters,
+        "max_tokens": args.max_tokens,
+        "engine_capacity": capacity,
+        "slo": {"ttft_p99_ms": SLO_TTFT_MS, "itl_p99_ms": SLO_ITL_MS},
+        "rows": rows,
+        "highest_rate_meeting_slo_fraction": goodput,
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = args.out / f"load-{args.model}-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2))
+    if args.plot:
+        plot(result, args.out / f"load-{args.model}.png")
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    for row in rows:
+        print(
+            f"{row['api']:6s} {row['fraction_of_capacity']:.2f}x ({row['rate_rps']:.2f} req/s): "
+            f"TTFT p50 {row['ttft_ms']['p50'] or 0:.0f} p99 {row['ttft_ms']['p99'] or 0:.0f} ms, "
+            f"ITL p50 {row['itl_ms']['p50'] or 0:.1f} p99 {row['itl_ms']['p99'] or 0:.1f} ms, "
+            f"{row['output_tokens_per_s']:.0f} tok/s, goodput {row['goodput_rps']:.2f} req/s, "
+            f"{row['errors']} errors"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
