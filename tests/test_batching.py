@@ -3,6 +3,7 @@ per-job parameters honoured inside a batch, and one Redis round trip per decodin
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -31,12 +32,23 @@ PROMPTS = [
 class Harness:
     """An engine, a publisher and a scheduler, wired like a worker process."""
 
-    def __init__(self, engine: Engine, client: redis.Redis, max_batch_size: int, wait_ms: float):
+    def __init__(
+        self,
+        engine: Engine,
+        client: redis.Redis,
+        max_batch_size: int,
+        wait_ms: float,
+        rebatch_max_stall_ms: float = 0.0,
+    ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(self.store, lambda job_id: None, lambda job_id: None)
         self.scheduler = BatchScheduler(
-            engine, self.publisher.publish_step, max_batch_size, max_batch_wait_ms=wait_ms
+            engine,
+            self.publisher.publish_step,
+            max_batch_size,
+            max_batch_wait_ms=wait_ms,
+            rebatch_max_stall_ms=rebatch_max_stall_ms,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:
@@ -182,3 +194,46 @@ def test_one_redis_round_trip_per_decoding_step(
     for job in jobs:
         stored = private_redis.lrange(f"trickle:job:{job.job_id}:tokens", 0, -1)
         assert len(stored) == steps
+
+
+@pytest.mark.parametrize("model", ["demo", "tiny-llama"])
+def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
+    model: str, demo_engine: Engine, llama_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """One lane, busy: a newcomer joins by restarting the batch. The running job continues from
+    prompt + generated text, so its greedy output, count and replay log are as if alone."""
+    engine = demo_engine if model == "demo" else llama_engine
+    specs: list[dict[str, object]] = [
+        {"prompt": PROMPTS[1], "max_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+        {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0.0, "ignore_eos": True},
+    ]
+    harness = Harness(engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=60_000)
+    try:
+        runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
+        harness.scheduler.submit(runner)
+        deadline = time.monotonic() + 30
+        while runner.state.count < 5:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        harness.scheduler.submit(newcomer)
+        assert runner.ended.wait(60) and newcomer.ended.wait(60)
+        assert harness.scheduler.restarts >= 1
+        assert runner.restarts >= 1
+        assert newcomer.batch_started_at is not None and runner.last_token_at is not None
+        assert newcomer.batch_started_at < runner.last_token_at  # it did not wait for the runner
+    finally:
+        harness.close()
+    assert [runner.state.output, newcomer.state.output] == solo_outputs(
+        engine, private_redis, specs
+    )
+    assert [runner.state.count, newcomer.state.count] == [300, 20]
+    for job in (runner, newcomer):
+        key = f"trickle:job:{job.job_id}:tokens"
+        deadline = time.monotonic() + 10
+        while private_redis.llen(key) < job.state.count:  # the publisher's last flush
+            assert time.monotonic() < deadline, "tokens never all stored"
+            time.sleep(0.01)
+        entries = private_redis.lrange(key, 0, -1)
+        indexes = [json.loads(entry)["index"] for entry in entries]
+        assert indexes == list(range(job.state.count))  # every token once, in order
+        assert "".join(json.loads(entry)["text"] for entry in entries) == job.state.output

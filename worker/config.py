@@ -138,6 +138,9 @@ class ModelSettings:
     max_context_tokens: int = 4096
     max_batch_size: int = 32
     max_batch_wait_ms: float = 2.0
+    # A job arriving while every lane is busy restarts a young batch to join it, if the running
+    # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
+    rebatch_max_stall_ms: float = 40.0
     add_bos: bool = True
     # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
     chat_template: str = ""

@@ -97,6 +97,7 @@ class WorkerRuntime:
                 max_batch_wait_ms=model.max_batch_wait_ms,
                 engine_threads=model.inter_threads,
                 on_batch=self._batch_observer(name),
+                rebatch_max_stall_ms=model.rebatch_max_stall_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.maintenance = Maintenance(self)

@@ -1,13 +1,23 @@
 """Dynamic batching: jobs waiting when the engine is free run together in one generate_batch.
 
-Each engine thread takes the oldest waiting job, waits up to ``max_batch_wait_ms`` for company,
-and runs every waiting job that shares its sampling configuration (up to ``max_batch_size``) as
-one batch. Per-job limits (max tokens, stop strings, cancellation) are enforced in the callback,
-which stops only its own sequence.
+Each engine thread (lane) takes the oldest waiting job, waits up to ``max_batch_wait_ms`` for
+company, and runs every waiting job that shares its sampling configuration (up to
+``max_batch_size``) as one batch. Per-job limits (max tokens, stop strings, cancellation) are
+enforced in the callback, which stops only its own sequence.
+
+CTranslate2 cannot add a sequence to a running batch, so a job arriving while every lane is busy
+would wait for a whole generation. Instead, a young batch is *restarted* with the newcomers: its
+sequences stop, and run again at once with the newcomers, each continuing from its prompt plus
+what it has generated (same detokenizer, same token count, nothing streamed twice). The price is
+the catch-up: CTranslate2 feeds the part of a prompt longer than the batch's shortest one token
+per step, so a restarted sequence pauses for about as many steps as it had generated. A batch is
+restarted only while that pause stays under ``rebatch_max_stall_ms`` (timed from the batch's own
+step rate), so the streams already running keep their inter-token latency bounded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +55,19 @@ class ScheduledJob:
     # Tokens the engine produced after the worker had ended the sequence (a stop string, a
     # cancel, a deadline): dropped unseen; how many shows how fast the engine's flag is read.
     tokens_after_end: int = 0
+    # Token ids generated in this attempt: a restarted batch continues from prompt + these.
+    generated_ids: list[int] = field(default_factory=list)
+    restarts: int = 0
+
+    def current_request(self) -> EngineRequest:
+        """The engine request that continues this job from where it is now."""
+        if not self.generated_ids:
+            return self.request
+        return dataclasses.replace(
+            self.request,
+            prompt_ids=[*self.request.prompt_ids, *self.generated_ids],
+            max_new_tokens=self.request.max_new_tokens - len(self.generated_ids),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,6 +109,40 @@ def make_scheduled_job(
 StepSink = Callable[[tuple[TokenItem, ...]], None]
 
 
+@dataclass
+class RunningBatch:
+    """A batch on a lane: what the restart policy needs to know about it."""
+
+    jobs: list[ScheduledJob]
+    requests: list[EngineRequest]
+    started: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    restart: bool = False  # set under the scheduler's lock; the lane then stops every sequence
+
+    def stall_steps(self, newcomers: list[ScheduledJob]) -> int:
+        """Steps the longest running sequence would pause to catch up after a restart."""
+        running = [
+            len(job.request.prompt_ids) + len(job.generated_ids)
+            for job in self.jobs
+            if not job.state.finished
+        ]
+        if not running:
+            return 0
+        shortest = min([*running, *(len(job.request.prompt_ids) for job in newcomers)])
+        return max(running) - shortest
+
+    def remaining_steps(self) -> int:
+        """Steps until the batch's longest live sequence reaches its max_tokens."""
+        return max(
+            (
+                job.request.max_new_tokens - len(job.generated_ids)
+                for job in self.jobs
+                if not job.state.finished
+            ),
+            default=0,
+        )
+
+
 class BatchScheduler:
     def __init__(
         self,
@@ -95,16 +152,21 @@ class BatchScheduler:
         max_batch_wait_ms: float,
         engine_threads: int = 1,
         on_batch: Callable[[int], None] | None = None,
+        rebatch_max_stall_ms: float = 0.0,
     ):
         self._engine = engine
         self._on_batch = on_batch
         self._publish_step = publish_step
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
+        self._max_stall = rebatch_max_stall_ms / 1000.0
         self._pending: list[ScheduledJob] = []
+        self._running: list[RunningBatch] = []
+        self._idle_lanes = 0
         self._cond = threading.Condition()
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
+        self.restarts = 0
         self._threads = [
             threading.Thread(target=self._run, name=f"trickle-engine-{i}", daemon=True)
             for i in range(engine_threads)
@@ -121,7 +183,36 @@ class BatchScheduler:
     def submit(self, job: ScheduledJob) -> None:
         with self._cond:
             self._pending.append(job)
+            if self._idle_lanes == 0:
+                self._restart_a_young_batch()
             self._cond.notify()
+
+    def _restart_a_young_batch(self) -> None:
+        """Every lane is busy: restart the batch that can take the waiting jobs cheapest."""
+        if self._max_stall <= 0:
+            return
+        best: tuple[float, RunningBatch] | None = None
+        for batch in self._running:
+            if batch.restart or batch.steps == 0 or batch.requests[0].seed is not None:
+                continue
+            sampling = batch.requests[0].sampling
+            newcomers = [
+                job
+                for job in self._pending
+                if job.request.sampling == sampling and job.request.seed is None
+            ]
+            live = sum(1 for job in batch.jobs if not job.state.finished)
+            if not newcomers or live + len(newcomers) > self._max_batch_size:
+                continue
+            step_seconds = (time.monotonic() - batch.started) / batch.steps
+            stall = batch.stall_steps(newcomers)
+            if stall * step_seconds > self._max_stall or stall >= batch.remaining_steps():
+                continue
+            if best is None or stall * step_seconds < best[0]:
+                best = (stall * step_seconds, batch)
+        if best is not None:
+            best[1].restart = True
+            self.restarts += 1
 
     def close(self) -> None:
         with self._cond:
@@ -137,8 +228,10 @@ class BatchScheduler:
 
     def _next_batch(self) -> list[ScheduledJob] | None:
         with self._cond:
+            self._idle_lanes += 1
             while not self._pending and not self._closed:
                 self._cond.wait()
+            self._idle_lanes -= 1
             if self._closed:
                 return None
             deadline = time.monotonic() + self._max_batch_wait
@@ -166,14 +259,23 @@ class BatchScheduler:
         self.batch_sizes.append(len(batch))
         started = time.time()
         for job in batch:
-            job.batch_started_at = started
+            if job.batch_started_at is None:
+                job.batch_started_at = started
         if self._on_batch is not None:
             self._on_batch(len(batch))
-        step_buffer = StepBuffer(batch, self._publish_step)
+        requests = [job.current_request() for job in batch]
+        running = RunningBatch(batch, requests)
+        with self._cond:
+            self._running.append(running)
+        step_buffer = StepBuffer(batch, requests, self._publish_step)
 
         def on_step(
             position: int, step: int, token_id: int, logprob: float | None, is_last: bool
         ) -> bool:
+            if running.restart:
+                return True  # tokens past a restart are dropped: the restart regenerates them
+            if step >= running.steps:
+                running.steps = step + 1
             job = batch[position]
             if job.state.finished:
                 job.tokens_after_end += 1
@@ -190,6 +292,7 @@ class BatchScheduler:
                 return True
             item = None
             if outcome.index is not None:
+                job.generated_ids.append(token_id)
                 if job.first_token_at is None:
                     job.first_token_at = now
                 job.last_token_at = now
@@ -201,14 +304,26 @@ class BatchScheduler:
             return finished
 
         try:
-            self._engine.generate([job.request for job in batch], on_step)
+            self._engine.generate(requests, on_step)
         except Exception as exc:  # the engine failed: every job of this batch fails with it
             log.exception("generate_batch failed for %d job(s)", len(batch))
             for job in batch:
                 job.error = exc
                 job.state.finish_without_token(FinishReason.ERROR)
         step_buffer.flush()
+        with self._cond:
+            self._running.remove(running)
+            survivors = []
+            if running.restart:
+                survivors = [job for job in batch if not job.state.finished and job.error is None]
+                for job in survivors:
+                    job.restarts += 1
+                # Ahead of the newcomers: they are older, and the next batch takes them all.
+                self._pending[:0] = survivors
+                self._cond.notify()
         for job in batch:
+            if job in survivors:
+                continue
             # Ended without a final callback (a stop seen after the last step, a short batch).
             job.state.finish_without_token(job.state.stop_requested or FinishReason.LENGTH)
             job.ended.set()
@@ -222,9 +337,11 @@ class StepBuffer:
     as soon as a later step begins, so a wrong expectation costs a split step, never a token.
     """
 
-    def __init__(self, batch: list[ScheduledJob], publish_step: StepSink):
+    def __init__(
+        self, batch: list[ScheduledJob], requests: list[EngineRequest], publish_step: StepSink
+    ):
         self._publish_step = publish_step
-        lengths = [len(job.request.prompt_ids) for job in batch]
+        lengths = [len(request.prompt_ids) for request in requests]
         shortest = min(lengths)
         self._first_step = [length - shortest for length in lengths]
         self._live = set(range(len(batch)))
