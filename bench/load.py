@@ -137,7 +137,7 @@ async def openai_request(conns: Connections, model: str, max_tokens: int) -> Req
         "max_tokens": max_tokens,
         "stream": True,
         "temperature": 1.0,
-        "extra_body": {"ignore_eos": True},
+        "ignore_eos": True,  # a top-level field, as vLLM takes it
     }
     start = time.perf_counter()
     status, lines = await _exchange(conns, "POST", "/v1/chat/completions", body)
@@ -239,6 +239,69 @@ async def run_rate(
     return row
 
 
+async def run_burst(
+    port: int, api: str, model: str, clients: int, window_s: float, max_tokens: int, seed: int
+) -> dict[str, Any]:
+    """``clients`` requests arriving at uniform random moments within ``window_s``, their
+    connections opened beforehand (as clients that keep them open would have)."""
+    conns = Connections(port)
+    for conn in [await conns.take() for _ in range(clients)]:
+        conns.give_back(conn)
+    send = openai_request if api == "openai" else job_request
+    offsets = sorted(random.Random(seed).uniform(0, window_s) for _ in range(clients))
+
+    async def later(offset: float) -> RequestResult:
+        await asyncio.sleep(offset)
+        return await send(conns, model, max_tokens)
+
+    began = time.perf_counter()
+    results = await asyncio.gather(*(later(offset) for offset in offsets))
+    conns.close()
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft_s * 1000 for r in ok]
+    ends = [r.arrivals[-1] for r in ok]
+    firsts = [r.arrivals[0] for r in ok]
+    tokens = sum(len(r.arrivals) for r in ok)
+    row = {
+        "api": api,
+        "clients": clients,
+        "window_ms": window_s * 1000,
+        "errors": len(results) - len(ok),
+        "ttft_ms": {"p50": percentile(ttfts, 50), "max": max(ttfts, default=None)},
+        "aggregate_tokens_per_s": tokens / (max(ends) - min(firsts)) if ok else 0.0,
+        "wall_s": time.perf_counter() - began,
+    }
+    progress(f"burst {api} x{clients}: {row}")
+    return row
+
+
+def engine_burst(model: models.PreparedModel, params: RunParams, size: int) -> dict[str, Any]:
+    """CTranslate2 alone: ``generate_batch(size)``'s first step and its tokens/s."""
+    pieces = models.prompt_pieces(model)
+    generator = load_generator(model, params)
+    first: list[float] = []
+
+    def note(_step: Any) -> bool:
+        if not first:
+            first.append(time.perf_counter())
+        return False
+
+    try:
+        kwargs = {"max_length": params.max_tokens, "end_token": [], "sampling_topk": 0}
+        generator.generate_batch([pieces] * size, **kwargs)
+        start = time.perf_counter()
+        generator.generate_batch([pieces] * size, callback=note, **kwargs)
+        wall = time.perf_counter() - start
+    finally:
+        generator.unload_model()
+        del generator
+    return {
+        "batch": size,
+        "first_step_ms": (first[0] - start) * 1000,
+        "tokens_per_s": size * params.max_tokens / wall,
+    }
+
+
 def engine_capacity(model: models.PreparedModel, params: RunParams) -> dict[str, Any]:
     """The engine's best batched tokens/s (CTranslate2 alone, same knobs as the worker)."""
     pieces = models.prompt_pieces(model)
@@ -293,19 +356,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api", default="openai,jobs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", action="store_true")
+    parser.add_argument("--burst", type=int, default=16, help="clients in the burst (0: none)")
+    parser.add_argument("--burst-window-ms", type=float, default=50.0)
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = models.prepare(args.model)
     params = RunParams(max_tokens=args.max_tokens)
     capacity = engine_capacity(model, params)
+    engine_16 = engine_burst(model, params, args.burst) if args.burst else {}
     stack = Stack(args.out / f"work-load-{args.model}", model, params, args.max_tokens)
     rows = []
+    bursts = []
     try:
         stack.start()
         stack.start_worker(args.model)
         for api in args.api.split(","):
             asyncio.run(run_rate(stack.web_port, api, args.model, 5.0, 5, args.max_tokens, 99))
+            if args.burst:
+                window = args.burst_window_ms / 1000
+                for seed in range(3):
+                    burst = run_burst(
+                        stack.web_port, api, args.model, args.burst, window, args.max_tokens, seed
+                    )
+                    bursts.append(asyncio.run(burst))
             for fraction in (float(f) for f in args.rates.split(",")):
                 rate = fraction * capacity["requests_per_s"]
                 row = asyncio.run(
@@ -332,13 +406,21 @@ def main(argv: list[str] | None = None) -> int:
         "slo": {"ttft_p99_ms": SLO_TTFT_MS, "itl_p99_ms": SLO_ITL_MS},
         "rows": rows,
         "highest_rate_meeting_slo_fraction": goodput,
+        "engine_burst": engine_16,
+        "bursts": bursts,
     }
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = args.out / f"load-{args.model}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2))
     if args.plot:
         plot(result, args.out / f"load-{args.model}.png")
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rows", "bursts")}, indent=2))
+    for b in bursts:
+        print(
+            f"burst {b['api']:6s} x{b['clients']} in {b['window_ms']:.0f} ms: TTFT "
+            f"p50 {b['ttft_ms']['p50'] or 0:.0f} max {b['ttft_ms']['max'] or 0:.0f} ms, "
+            f"{b['aggregate_tokens_per_s']:.0f} tok/s, {b['errors']} errors"
+        )
     for row in rows:
         print(
             f"{row['api']:6s} {row['fraction_of_capacity']:.2f}x ({row['rate_rps']:.2f} req/s): "
