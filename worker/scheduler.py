@@ -228,11 +228,11 @@ class BatchScheduler:
 
     def _next_batch(self) -> list[ScheduledJob] | None:
         with self._cond:
-            self._idle_lanes += 1
+            self._idle_lanes += 1  # until this lane has chosen its batch, arrivals join it
             while not self._pending and not self._closed:
                 self._cond.wait()
-            self._idle_lanes -= 1
             if self._closed:
+                self._idle_lanes -= 1
                 return None
             deadline = time.monotonic() + self._max_batch_wait
             while len(self._pending) < self._max_batch_size:
@@ -253,6 +253,7 @@ class BatchScheduler:
                 ][: self._max_batch_size]
             chosen = {id(job) for job in batch}
             self._pending = [job for job in self._pending if id(job) not in chosen]
+            self._idle_lanes -= 1
             return batch
 
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
