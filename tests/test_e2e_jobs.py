@@ -135,6 +135,8 @@ def test_llama_style_model_is_served_by_config_alone(stack_url: str) -> None:
 
 def test_health_and_readiness(stack_url: str) -> None:
     assert requests.get(f"{stack_url}/healthz", timeout=5).json() == {"status": "ok"}
+    # The name load tools (GuideLLM, vLLM's clients) probe before they start.
+    assert requests.get(f"{stack_url}/health", timeout=5).json() == {"status": "ok"}
     ready = requests.get(f"{stack_url}/readyz", timeout=5)
     assert ready.status_code == 200
     assert ready.json()["workers"] >= 1

@@ -15,6 +15,7 @@ blueprint = Blueprint("health", __name__)
 
 
 @blueprint.get("/healthz")
+@blueprint.get("/health")  # vLLM's and TGI's name, which load tools (GuideLLM) probe first
 def healthz() -> Response:
     """The process answers; says nothing about Redis or workers."""
     return jsonify({"status": "ok"})
