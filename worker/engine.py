@@ -118,7 +118,10 @@ class Engine:
         if not self._events.poll(START_TIMEOUT_SECONDS):
             self._process.kill()
             raise ValueError(f"model {self.settings.name!r}: the engine did not start in time")
-        kind, detail = self._events.recv()
+        try:
+            kind, detail = self._events.recv()
+        except EOFError:
+            kind, detail = "fatal", f"the engine process exited (code {self._process.exitcode})"
         if kind != "ready":
             self._process.join(timeout=5)
             raise ValueError(f"model {self.settings.name!r} could not be loaded: {detail}")
