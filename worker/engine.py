@@ -19,9 +19,9 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
-from typing import Any
 
 from worker.config import ModelSettings, available_cores
 from worker.engine_process import BatchCommand, serve
@@ -79,6 +79,14 @@ class EngineRequest:
 StepCallback = Callable[[int, int, int, float | None, bool], bool]
 
 
+@dataclass(frozen=True)
+class Lane:
+    """One engine thread's pipes: commands to it, its steps back."""
+
+    commands: Connection
+    events: Connection
+
+
 class Engine:
     def __init__(self, model: ModelSettings):
         if not (Path(model.path) / "model.bin").is_file():
@@ -92,7 +100,6 @@ class Engine:
         self._flags = _buffer(self._shared)
         self._free_slots = list(range(MAX_SLOTS))
         self._batch_ids = itertools.count()
-        self._inboxes: dict[int, queue.SimpleQueue[tuple[Any, ...]]] = {}
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
         self.device = "cpu"
@@ -101,69 +108,64 @@ class Engine:
     def _start(self) -> None:
         """Spawn the engine process and wait until its model is loaded and warm."""
         context = multiprocessing.get_context("spawn")
-        commands_out, commands_in = context.Pipe(duplex=False)
-        events_out, events_in = context.Pipe(duplex=False)
+        ours: list[Lane] = []
+        theirs: list[tuple[Connection, Connection]] = []
+        for _ in range(max(self.settings.inter_threads, 1)):
+            commands_out, commands_in = context.Pipe(duplex=False)
+            events_out, events_in = context.Pipe(duplex=False)
+            ours.append(Lane(commands_in, events_out))
+            theirs.append((commands_out, events_in))
         self._process = context.Process(
             target=serve,
-            args=(self.settings, commands_out, events_in, self._shared.name),
+            args=(self.settings, theirs, self._shared.name),
             name=f"trickle-engine-{self.settings.name}",
             daemon=True,
         )
         self._process.start()
         # Keep only our ends, so either side sees EOF the moment the other one dies.
-        commands_out.close()
-        events_in.close()
-        self._commands = commands_in
-        self._events = events_out
-        if not self._events.poll(START_TIMEOUT_SECONDS):
+        for commands_out, events_in in theirs:
+            commands_out.close()
+            events_in.close()
+        self._all_lanes = ours
+        self._lanes: queue.SimpleQueue[Lane] = queue.SimpleQueue()
+        for lane in ours:
+            self._lanes.put(lane)
+        first = ours[0].events
+        if not first.poll(START_TIMEOUT_SECONDS):
             self._process.kill()
             raise ValueError(f"model {self.settings.name!r}: the engine did not start in time")
         try:
-            kind, detail = self._events.recv()
+            kind, detail = first.recv()
         except EOFError:
             kind, detail = "fatal", f"the engine process exited (code {self._process.exitcode})"
         if kind != "ready":
             self._process.join(timeout=5)
             raise ValueError(f"model {self.settings.name!r} could not be loaded: {detail}")
         self.device = str(detail)
-        name = f"trickle-engine-reader-{self.settings.name}"
-        self._reader = threading.Thread(target=self._read_events, name=name, daemon=True)
-        self._reader.start()
-
-    def _read_events(self) -> None:
-        """Route each step to the thread waiting for its batch; on EOF fail them all."""
-        events = self._events
-        while True:
-            try:
-                message = events.recv()
-            except (EOFError, OSError):
-                break
-            inbox = self._inboxes.get(message[1])
-            if inbox is not None:
-                inbox.put(message)
-        code = self._process.exitcode
-        with self._lock:
-            inboxes = list(self._inboxes.items())
-        for batch_id, inbox in inboxes:
-            inbox.put(("end", batch_id, f"the engine process exited (code {code})"))
 
     def _ensure_running(self) -> None:
         with self._restart_lock:
             if self._process.is_alive():
                 return
             log.error("engine process for %s died; starting a new one", self.settings.name)
-            self._reader.join(timeout=5)
+            self._close_lanes()
             self._start()
+
+    def _close_lanes(self) -> None:
+        for lane in self._all_lanes:
+            lane.commands.close()
+            lane.events.close()
 
     def close(self) -> None:
         """Stop the engine process and free the shared flags."""
-        with contextlib.suppress(OSError, ValueError):
-            self._commands.send(None)
+        for lane in self._all_lanes:
+            with contextlib.suppress(OSError, ValueError):
+                lane.commands.send(None)
         self._process.join(timeout=10)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=5)
-        self._commands.close()
+        self._close_lanes()
         self._shared.close()
         self._shared.unlink()
 
@@ -184,7 +186,6 @@ class Engine:
         self._ensure_running()
         slots = self._take_slots(len(requests))
         batch_id = next(self._batch_ids)
-        inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         command = BatchCommand(
             batch_id=batch_id,
             prompts=[self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests],
@@ -198,12 +199,12 @@ class Engine:
             seed=seed,
         )
         flags = self._flags
+        lanes = self._lanes
+        lane = lanes.get()  # a free engine thread (the scheduler never asks for more)
         try:
-            with self._lock:
-                self._inboxes[batch_id] = inbox
-                self._commands.send(command.to_dict())
+            lane.commands.send(command.to_dict())
             while True:
-                message = inbox.get()
+                message = lane.events.recv()
                 if message[0] == "end":
                     if message[2] is not None:
                         raise EngineError(message[2])
@@ -211,9 +212,12 @@ class Engine:
                 for position, step, token_id, logprob, is_last in message[2]:
                     if on_step(position, step, token_id, logprob, is_last):
                         flags[slots[position]] = 1
+        except (EOFError, OSError) as exc:
+            code = self._process.exitcode
+            raise EngineError(f"the engine process exited (code {code})") from exc
         finally:
+            lanes.put(lane)
             with self._lock:
-                self._inboxes.pop(batch_id, None)
                 self._free_slots.extend(slots)
 
     def _take_slots(self, count: int) -> list[int]:

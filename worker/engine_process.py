@@ -11,11 +11,12 @@ batch has spoken in a step, hands the whole step to the worker as one pipe messa
 Everything else (detokenization, stop strings, events, Redis) happens in the worker process,
 which stops a sequence by setting its flag; the callback returns True on its next token.
 
-Wire format (pickled tuples, for speed; both ends live in this package):
+Wire format, one pair of pipes per lane (pickled tuples, for speed; both ends live in this
+package):
   worker -> engine: ``BatchCommand.to_dict()``, or None to stop.
-  engine -> worker: ("ready", device) | ("fatal", message) | ("step", batch_id, tokens) |
-                    ("end", batch_id, error or None), where tokens is a list of
-                    (position, step, token_id, logprob, is_last).
+  engine -> worker: ("ready", device) | ("fatal", message) on lane 0 at start, then per batch
+                    ("step", batch_id, tokens)... ("end", batch_id, error or None), where
+                    tokens is a list of (position, step, token_id, logprob, is_last).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -39,6 +39,8 @@ from worker.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 StepToken = tuple[int, int, int, float | None, bool]
+# One engine thread's pipe ends in this process: (commands from the worker, events to it).
+LanePipes = tuple[Connection, Connection]
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ class StepStream:
 class EngineRunner:
     """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
 
-    def __init__(self, model: ModelSettings, flags: memoryview, events: Connection):
+    def __init__(self, model: ModelSettings, flags: memoryview):
         import ctranslate2  # only the engine process loads the engine
 
         self._ct2 = ctranslate2
@@ -140,13 +142,7 @@ class EngineRunner:
             intra_threads=model.intra_threads,
         )
         self._flags = flags
-        self._events = events
-        self._send_lock = threading.Lock()
         self._warm_up()
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        with self._send_lock:
-            self._events.send(message)
 
     def _warm_up(self) -> None:
         """One small batch per engine thread before the first job: CTranslate2's first calls
@@ -155,8 +151,9 @@ class EngineRunner:
         for _ in range(max(self.settings.inter_threads, 1)):
             self.generator.generate_batch([start] * 4, max_length=8, include_prompt_in_result=False)
 
-    def run(self, command: BatchCommand) -> None:
-        stream = StepStream(command, self._flags, self.send)
+    def run(self, command: BatchCommand, events: Connection) -> None:
+        """Run one batch, sending its steps and then its end on this lane's pipe."""
+        stream = StepStream(command, self._flags, events.send)
         error: str | None = None
         try:
             if command.seed is not None:
@@ -167,7 +164,7 @@ class EngineRunner:
             log.exception("generate_batch failed")
             error = f"{type(exc).__name__}: {exc}"
         stream.flush()
-        self.send(("end", command.batch_id, error))
+        events.send(("end", command.batch_id, error))
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
@@ -231,27 +228,40 @@ def resolve_device(device: str) -> str:
     return "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
 
 
-def serve(model: ModelSettings, commands: Connection, events: Connection, flags_name: str) -> None:
-    """The engine process's main loop: load, then run each command on a free lane."""
+def serve(
+    model: ModelSettings, lanes: list[tuple[Connection, Connection]], flags_name: str
+) -> None:
+    """The engine process: load, then one thread per lane runs that lane's batches.
+
+    Each lane has its own pair of pipes, so a step goes from the engine's callback straight to
+    the worker thread waiting for that batch. A closed pipe means the worker is gone.
+    """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
     shared = SharedMemory(name=flags_name)
+    first_events = lanes[0][1]
     try:
         if shared.buf is None:
             raise RuntimeError("the stop flags' shared memory is not mapped")
-        runner = EngineRunner(model, shared.buf, events)
+        runner = EngineRunner(model, shared.buf)
     except Exception as exc:
-        events.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        first_events.send(("fatal", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
-    events.send(("ready", runner.device))
-    lanes = ThreadPoolExecutor(max(model.inter_threads, 1), thread_name_prefix="lane")
-    while True:
-        try:
-            message = commands.recv()
-        except (EOFError, OSError):
-            break  # the worker is gone: nothing is left to serve
-        if message is None:
-            break
-        lanes.submit(runner.run, BatchCommand.from_dict(message))
-    lanes.shutdown(wait=False, cancel_futures=True)
+    first_events.send(("ready", runner.device))
+    stopped = threading.Event()
+
+    def lane(commands: Connection, events: Connection) -> None:
+        while True:
+            try:
+                message = commands.recv()
+            except (EOFError, OSError):
+                break  # the worker is gone: nothing is left to serve
+            if message is None:
+                break
+            runner.run(BatchCommand.from_dict(message), events)
+        stopped.set()
+
+    for commands, events in lanes:
+        threading.Thread(target=lane, args=(commands, events), daemon=True).start()
+    stopped.wait()
     # Skip interpreter teardown: a Generator freed there, mid-batch, can abort the process.
     os._exit(0)
