@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from worker import keys
+from worker import capacity, keys
 from worker.joblog import log_job_event
 from worker.metric_defs import JOBS
 
@@ -50,6 +50,7 @@ class Maintenance:
         try:
             for name in runtime.engines:
                 runtime.redis.zrem(keys.model_workers(name), runtime.node_name)
+            runtime.redis.delete(keys.worker_slots(runtime.node_name))
         except redis.RedisError:
             log.warning("could not withdraw heartbeat for %s", runtime.node_name)
 
@@ -83,6 +84,9 @@ class Maintenance:
         for name in runtime.engines:
             pipe.zadd(keys.model_workers(name), {runtime.node_name: now})
             pipe.zremrangebyscore(keys.model_workers(name), "-inf", stale)
+        ttl = runtime.settings.worker.heartbeat_ttl_seconds
+        usage, idle_since = runtime.slot_usage(), runtime.idle_since()
+        capacity.publish_slots(pipe, runtime.node_name, usage, idle_since, ttl)
         pipe.execute()
 
     def renew_leases(self) -> None:
