@@ -58,8 +58,10 @@ class UpStack:
         return time.monotonic() - started
 
 
-def start_up(root: Path, config_body: str, *args: str, ready: bool = True) -> UpStack:
-    """Write a config (own Redis and web ports), run `trickle up`, wait for /healthz."""
+def start_up(
+    root: Path, config_body: str, *args: str, env: dict[str, str] | None = None
+) -> UpStack:
+    """Write a config (own Redis and web ports), run `trickle up`, wait for /readyz."""
     redis_port, web_port = free_port(), free_port()
     config = root / "up.toml"
     config.write_text(
@@ -71,7 +73,7 @@ def start_up(root: Path, config_body: str, *args: str, ready: bool = True) -> Up
         process = subprocess.Popen(
             [TRICKLE, "up", "--data-dir", str(root / "data"), *args],
             cwd=PROJECT_ROOT,
-            env=child_env(config),
+            env=child_env(config, env),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -82,8 +84,7 @@ def start_up(root: Path, config_body: str, *args: str, ready: bool = True) -> Up
     while True:
         assert process.poll() is None, f"trickle up exited:\n{up.log()[-3000:]}"
         try:
-            probe = "readyz" if ready else "healthz"
-            if requests.get(f"{up.base}/{probe}", timeout=5).status_code == 200:
+            if requests.get(f"{up.base}/readyz", timeout=5).status_code == 200:
                 return up
         except requests.RequestException:
             pass

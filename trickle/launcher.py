@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 
 from honcho.environ import parse_procfile
 
-from trickle.supervisor import Child, RestartPolicy, Supervisor
+from trickle.preload import ForkedProcess, expand, forkable, preload
+from trickle.supervisor import Child, Process, RestartPolicy, Supervisor
 from worker.config import PROJECT_ROOT, Settings, load_settings
 
 PR_SET_PDEATHSIG = 1
@@ -47,10 +48,13 @@ def parse_concurrency(text: str) -> dict[str, int]:
 class ProcfileLauncher:
     """Builds the children of each Procfile process type, numbered as honcho numbers them."""
 
-    def __init__(self, procfile: Path, env: dict[str, str], supervisor: Supervisor) -> None:
+    def __init__(
+        self, procfile: Path, env: dict[str, str], supervisor: Supervisor, fork: bool = False
+    ) -> None:
         self.commands = dict(parse_procfile(procfile.read_text()).processes)
         self.env = env
         self.supervisor = supervisor
+        self.fork = fork
         base = int(env.get("PORT", BASE_PORT))
         self.base_ports = {kind: base + 100 * i for i, kind in enumerate(self.commands)}
 
@@ -63,7 +67,18 @@ class ProcfileLauncher:
         env = {**self.env, "PORT": str(port), "HONCHO_PROCESS_NAME": name}
         command = self.commands[kind]
 
-        def launch() -> subprocess.Popen[bytes]:
+        argv = expand(command, env)
+        if self.fork and forkable(argv):
+            return self.supervisor.add(
+                Child(
+                    name,
+                    kind,
+                    lambda: ForkedProcess(argv, env, str(PROJECT_ROOT), die_with_parent),
+                    port=port,
+                )
+            )
+
+        def launch() -> Process:
             return subprocess.Popen(
                 ["/bin/sh", "-c", f"exec {command}"],
                 env=env,
@@ -85,7 +100,7 @@ def embedded_redis(settings: Settings, data_dir: Path) -> Child | str:
     if port_in_use(port):
         return f"port {port} is taken; set TRICKLE_REDIS_URL or free it"
 
-    def launch() -> subprocess.Popen[bytes]:
+    def launch() -> Process:
         return start_redis(port, data_dir / "redis", new_session=True)
 
     return Child("redis", "redis", launch, port=port, essential=True)
@@ -122,7 +137,11 @@ def run_stack(
         supervisor.add(redis_child)
         env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{redis_child.port}/0"
         settings = load_settings(environ=env)
-    launcher = ProcfileLauncher(procfile or PROJECT_ROOT / "Procfile", env, supervisor)
+    fork = settings.supervisor.preload_workers
+    if fork and (why := preload()):
+        supervisor.log(f"workers start by exec (preloading failed: {why})")
+        fork = False
+    launcher = ProcfileLauncher(procfile or PROJECT_ROOT / "Procfile", env, supervisor, fork)
     for kind in launcher.commands:
         wanted = bounds.min if bounds is not None and kind == "worker" else counts.get(kind, 1)
         for _ in range(wanted):

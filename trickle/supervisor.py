@@ -2,7 +2,7 @@
 
 honcho stops every process as soon as one dies, so one worker's OOM kill took the web tier,
 Redis and every open stream down with it. Here a process that dies is restarted on its own, after
-a delay that doubles per crash; one that keeps dying (``crash_limit`` deaths within
+a delay that doubles per crash (the first restart is immediate); one that keeps dying (``crash_limit`` deaths within
 ``crash_window_seconds``) is left stopped with a log line saying so, while the others keep
 serving. Each child runs in its own session, so it is signalled (and cleaned up, gunicorn's
 workers included) as a group, and a terminal's Ctrl-C reaches only the supervisor, which then
@@ -14,17 +14,29 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TextIO
+from typing import IO, Protocol, TextIO
 
 from worker.config import SupervisorSettings
 
-Launch = Callable[[], "subprocess.Popen[bytes]"]
+
+class Process(Protocol):
+    """What the supervisor needs of a child: ``subprocess.Popen`` or a forked worker."""
+
+    pid: int
+    returncode: int | None
+    stdout: IO[bytes] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+Launch = Callable[[], Process]
 
 
 @dataclass(frozen=True)
@@ -46,8 +58,11 @@ class RestartPolicy:
         )
 
     def delay_after(self, crashes: int) -> float:
-        """Backoff before restart number ``crashes`` (1 = the first): 0.5, 1, 2, 4 ... s."""
-        return min(self.delay_seconds * 2 ** max(crashes - 1, 0), self.max_delay_seconds)
+        """Backoff before restart number ``crashes``: at once after a first death (an OOM kill
+        should cost no more than the restart), then 0.5, 1, 2, 4 ... s."""
+        if crashes <= 1:
+            return 0.0
+        return min(self.delay_seconds * 2 ** (crashes - 2), self.max_delay_seconds)
 
 
 @dataclass
@@ -60,7 +75,7 @@ class Child:
     port: int = 0
     # Started first and stopped last; if it gives up, the whole stack stops (Redis).
     essential: bool = False
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
     started_at: float = 0.0
     crashes: list[float] = field(default_factory=list)
     restart_at: float | None = None

@@ -25,10 +25,11 @@ def process_started_at() -> float:
         with open("/proc/self/stat") as stat:
             # Field 22 (starttime, in clock ticks since boot) follows the ")" of the command.
             ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as system:
-            boot = next(int(line.split()[1]) for line in system if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        with open("/proc/uptime") as uptime:
+            since_boot = float(uptime.read().split()[0])
+        # Relative to uptime (10 ms resolution), not /proc/stat's btime (whole seconds).
+        return time.time() - max(since_boot - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
         return time.time()
 
 

@@ -131,13 +131,17 @@ class AutoscaleSettings:
 class SupervisorSettings:
     """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
 
-    restart_delay_seconds: float = 0.5  # first restart; doubles per crash up to the maximum
+    # The first restart is immediate; the next waits this long, doubling per death up to the max.
+    restart_delay_seconds: float = 0.5
     max_restart_delay_seconds: float = 10.0
     # A process that dies crash_limit times within crash_window_seconds is left stopped.
     crash_limit: int = 5
     crash_window_seconds: float = 60.0
     # Ctrl-C/SIGTERM: processes get SIGTERM, then SIGKILL after this (Redis stops last).
     stop_timeout_seconds: float = 7.0
+    # Import Celery, CTranslate2 and the worker code once in the launcher and fork each
+    # `celery` Procfile process from it: a worker's cold start loses the interpreter's imports.
+    preload_workers: bool = True
 
 
 @dataclass(frozen=True)
