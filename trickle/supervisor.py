@@ -1,10 +1,10 @@
 """A small process supervisor: what `trickle up` runs the Procfile (and the embedded Redis) with.
 
 honcho stops every process as soon as one dies, so one worker's OOM kill took the web tier,
-Redis and every open stream down with it. Here a process that dies is restarted on its own, after
-a delay that doubles per crash (the first restart is immediate); one that keeps dying (``crash_limit`` deaths within
-``crash_window_seconds``) is left stopped with a log line saying so, while the others keep
-serving. Each child runs in its own session, so it is signalled (and cleaned up, gunicorn's
+Redis and every open stream down with it. Here a process that dies is restarted on its own: at
+once the first time, then after a delay that doubles per death; one that keeps dying
+(``crash_limit`` deaths within ``crash_window_seconds``) is left stopped with a log line saying
+so, while the others keep serving. Each child runs in its own session, so it is signalled (and cleaned up, gunicorn's
 workers included) as a group, and a terminal's Ctrl-C reaches only the supervisor, which then
 stops everything in order: SIGTERM, SIGKILL after ``stop_timeout_seconds``, Redis last.
 """
