@@ -4,9 +4,10 @@ honcho stops every process as soon as one dies, so one worker's OOM kill took th
 Redis and every open stream down with it. Here a process that dies is restarted on its own: at
 once the first time, then after a delay that doubles per death; one that keeps dying
 (``crash_limit`` deaths within ``crash_window_seconds``) is left stopped with a log line saying
-so, while the others keep serving. Each child runs in its own session, so it is signalled (and cleaned up, gunicorn's
-workers included) as a group, and a terminal's Ctrl-C reaches only the supervisor, which then
-stops everything in order: SIGTERM, SIGKILL after ``stop_timeout_seconds``, Redis last.
+so, while the others keep serving. Each child runs in its own session, so it is signalled (and
+cleaned up, gunicorn's workers included) as a group, and a terminal's Ctrl-C reaches only the
+supervisor, which then stops everything in order: SIGTERM, SIGKILL after
+``stop_timeout_seconds``, Redis last.
 """
 
 from __future__ import annotations
