@@ -103,11 +103,11 @@ class Autoscaler:
             return
         self._next = now + self.settings.autoscale.interval_seconds
         try:
-            self._scale(now)
+            self._scale()
         except redis.RedisError as exc:  # Redis restarting: the supervisor handles that
             self.supervisor.log(f"autoscaler: redis unavailable ({exc}); holding")
 
-    def _scale(self, now: float) -> None:
+    def _scale(self) -> None:
         ttl = self.settings.worker.heartbeat_ttl_seconds
         loads = [
             (read_load(self.client, m, ttl, time.time()), slots_per_worker(self.settings.model(m)))
@@ -148,7 +148,8 @@ class Autoscaler:
         )
         for child in idle[: max(surplus, 0)]:
             self.supervisor.log(f"autoscaler: {child.name} idle for {idle_for:g} s, stopping it")
-            self.supervisor.retire(child.name)
+            # A job claimed since its last heartbeat runs to the end (warm shutdown).
+            self.supervisor.retire(child.name, self.settings.limits.max_job_seconds + 10)
 
     def _mark(self, workers: int) -> None:
         """Tell /readyz that zero workers is fine: this autoscaler starts one on demand."""

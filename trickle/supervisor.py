@@ -104,7 +104,9 @@ class Supervisor:
         self.exit_code = 0
         self._out = out or sys.stdout
         self._out_lock = threading.Lock()
-        self._stop = threading.Event()
+        # A plain flag, not a threading.Event: Event.set() from a signal handler can deadlock
+        # on the lock the interrupted Event.wait() of the main loop holds.
+        self._stop_requested = False
 
     def log(self, message: str, source: str = "trickle") -> None:
         with self._out_lock:
@@ -117,20 +119,22 @@ class Supervisor:
         self._start(child)
         return child
 
-    def retire(self, name: str) -> None:
-        """Stop a child for good (scale-down): SIGTERM now, SIGKILL after the stop timeout."""
+    def retire(self, name: str, grace_seconds: float | None = None) -> None:
+        """Stop a child for good (scale-down): SIGTERM now, SIGKILL after ``grace_seconds``
+        (default: the stop timeout), so a worker's warm shutdown can finish its batch."""
         child = self.children.get(name)
         if child is None or child.retiring:
             return
         child.retiring = True
         child.restart_at = None
-        child.kill_at = time.monotonic() + self.policy.stop_timeout_seconds
+        grace = self.policy.stop_timeout_seconds if grace_seconds is None else grace_seconds
+        child.kill_at = time.monotonic() + grace
         if child.alive:
             self._signal(child, signal.SIGTERM)
 
     def request_stop(self, *_: object) -> None:
-        """Signal-handler safe: the main loop notices and shuts everything down."""
-        self._stop.set()
+        """Signal-handler safe (sets a flag): the main loop notices and shuts down."""
+        self._stop_requested = True
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGINT, self.request_stop)
@@ -138,9 +142,9 @@ class Supervisor:
 
     def run(self) -> int:
         try:
-            while not self._stop.is_set():
+            while not self._stop_requested:
                 self.tick()
-                self._stop.wait(0.1)
+                time.sleep(0.1)
         finally:
             self.shutdown()
         return self.exit_code
@@ -190,7 +194,11 @@ class Supervisor:
     def _check(self, child: Child, now: float) -> None:
         process = child.process
         if process is None:
-            if child.restart_at is not None and now >= child.restart_at and not self._stop.is_set():
+            if (
+                child.restart_at is not None
+                and now >= child.restart_at
+                and not self._stop_requested
+            ):
                 self._start(child)
             return
         code = process.poll()
@@ -219,7 +227,7 @@ class Supervisor:
             )
             if child.essential:
                 self.exit_code = 1
-                self._stop.set()
+                self._stop_requested = True
             return
         delay = self.policy.delay_after(len(child.crashes))
         child.restart_at = now + delay
