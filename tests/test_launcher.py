@@ -21,7 +21,7 @@ from tests.clients import StreamResult, get_job, read_sse, submit
 from tests.faultstack import tokens_streamed, wait_for
 from tests.upstack import UpStack, alive, start_up
 
-LEASE_SECONDS = 2.0
+LEASE_SECONDS = 10.0  # the default
 LONG = {"model": "slow", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
 
 
@@ -35,8 +35,7 @@ def up(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterat
     )
     stack = start_up(
         root,
-        f"[worker]\nlease_seconds = {LEASE_SECONDS}\nrecovery_interval_seconds = 0.5\n"
-        "heartbeat_seconds = 0.5\n[limits]\nmax_tokens_ceiling = 2000\n"
+        f"[worker]\nlease_seconds = {LEASE_SECONDS}\n[limits]\nmax_tokens_ceiling = 2000\n"
         f'[models.demo]\npath = "{demo_model_dir}"\n'
         f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n',
     )
@@ -92,7 +91,10 @@ def test_killed_only_worker_comes_back_and_the_stream_has_no_gap(up: UpStack) ->
     assert stream.text == stream.done["output"]
     pause = max(b - a for a, b in zip(stream.arrivals, stream.arrivals[1:], strict=False))
     print(f"worker restart {restarted:.2f} s, longest pause in the stream {pause:.2f} s")
-    assert pause <= LEASE_SECONDS + restarted + 3
+    assert pause <= LEASE_SECONDS + restarted + 3  # the goal
+    # Better: the restarted worker drops its previous life's leases (worker/reclaim.py), so the
+    # stream waits for the restart, not for the lease to lapse.
+    assert pause <= restarted + 3
     assert probe.answers > 0 and probe.failures == []
     assert "worker.1 was killed by SIGKILL" in up.log()
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from worker import capacity, keys
+from worker import capacity, keys, reclaim
 from worker.joblog import log_job_event
 from worker.metric_defs import JOBS
 
@@ -36,7 +36,13 @@ class Maintenance:
         self._next: dict[str, float] = {}
 
     def start(self) -> None:
-        self.heartbeat()
+        try:
+            dropped = reclaim.release_previous_life(self._runtime.redis, self._runtime.node_name)
+            if dropped:
+                log.info("dropped %d lease(s) of this node's previous process", len(dropped))
+            self.heartbeat()
+        except redis.RedisError as exc:  # the loop retries the heartbeat; leases lapse anyway
+            log.warning("start-up duties failed: %s", exc)
         self._thread.start()
 
     def stop(self) -> None:
