@@ -28,6 +28,7 @@ from worker.capacity import ModelLoad, read_load, slots_per_worker
 from worker.config import Settings
 
 MARKER_TTL_MS = 10_000
+UNMATCHED_WARNING_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ class Autoscaler:
         self.models = settings.served_models()
         self._next = 0.0
         self._last_want: int | None = None
+        self._redis_down = False
+        self._unmatched: set[str] = set()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -104,8 +107,11 @@ class Autoscaler:
         self._next = now + self.settings.autoscale.interval_seconds
         try:
             self._scale()
+            self._redis_down = False
         except redis.RedisError as exc:  # Redis restarting: the supervisor handles that
-            self.supervisor.log(f"autoscaler: redis unavailable ({exc}); holding")
+            if not self._redis_down:
+                self.supervisor.log(f"autoscaler: redis unavailable ({exc}); holding")
+            self._redis_down = True
 
     def _scale(self) -> None:
         ttl = self.settings.worker.heartbeat_ttl_seconds
@@ -125,6 +131,7 @@ class Autoscaler:
         ]
         up = [c for c in pool if c.port in idle_since and c.alive]
         starting = len([c for c in pool if c not in up and not c.given_up])
+        self._warn_unmatched([c for c in pool if c not in up and c.alive])
         want = desired_workers(
             loads, self.bounds, len(up), starting, self.settings.autoscale.scale_up_after_seconds
         )
@@ -150,6 +157,17 @@ class Autoscaler:
             self.supervisor.log(f"autoscaler: {child.name} idle for {idle_for:g} s, stopping it")
             # A job claimed since its last heartbeat runs to the end (warm shutdown).
             self.supervisor.retire(child.name, self.settings.limits.max_job_seconds + 10)
+
+    def _warn_unmatched(self, children: list[Child]) -> None:
+        """A worker alive for long without a heartbeat we can match is a naming problem."""
+        for child in children:
+            if time.monotonic() - child.started_at > UNMATCHED_WARNING_SECONDS:
+                if child.name not in self._unmatched:
+                    self.supervisor.log(
+                        f"autoscaler: no heartbeat from {child.name} matches its $PORT "
+                        f"{child.port}; keep -$PORT@ in the Procfile's --hostname"
+                    )
+                self._unmatched.add(child.name)
 
     def _mark(self, workers: int) -> None:
         """Tell /readyz that zero workers is fine: this autoscaler starts one on demand."""

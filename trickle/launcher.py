@@ -142,6 +142,10 @@ def run_stack(
         supervisor.log(f"workers start by exec (preloading failed: {why})")
         fork = False
     launcher = ProcfileLauncher(procfile or PROJECT_ROOT / "Procfile", env, supervisor, fork)
+    if bounds is not None and "worker" not in launcher.commands:
+        print("trickle up: --workers needs a `worker` line in the Procfile", file=sys.stderr)
+        supervisor.shutdown()
+        return 2
     for kind in launcher.commands:
         wanted = bounds.min if bounds is not None and kind == "worker" else counts.get(kind, 1)
         for _ in range(wanted):
