@@ -159,6 +159,8 @@ def test_killed_redis_is_restarted_from_its_append_only_file(up: UpStack) -> Non
 def test_sigterm_stops_everything_within_10s(up: UpStack) -> None:
     pids = [up.pid(name) for name in ("redis", "web.1", "worker.1")]
     assert all(alive(pid) for pid in pids)
+    # Without --workers/TRICKLE_WORKERS: today's fixed pool of one worker, no autoscaler.
+    assert "worker.2 started" not in up.log() and "autoscal" not in up.log()
     submit(up.base, {"prompt": "The", **LONG})  # a job still running when the stop comes
     time.sleep(1)
     took = up.stop()
