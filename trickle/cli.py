@@ -1,6 +1,7 @@
 """The ``trickle`` command.
 
-Operators: ``demo-model`` builds the offline demo model, ``up`` runs the whole stack.
+Operators: ``demo-model`` builds the offline demo model, ``up`` runs the whole stack,
+supervised (``trickle.launcher``).
 Clients (talking to ``TRICKLE_URL``, default http://127.0.0.1:8000, with ``TRICKLE_API_KEY``
 as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
 """
@@ -8,19 +9,13 @@ as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import os
-import signal
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlparse
 
-from worker.config import DEFAULT_MODEL_DIR, PROJECT_ROOT, load_settings
+from worker.config import DEFAULT_MODEL_DIR
 
-PR_SET_PDEATHSIG = 1
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -31,7 +26,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--output", type=Path, default=DEFAULT_MODEL_DIR)
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
     up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")
-    up.add_argument("-c", "--concurrency", default="", help="honcho concurrency, e.g. worker=2")
+    up.add_argument("-c", "--concurrency", default="", help="processes per type, e.g. worker=2")
+    up.add_argument(
+        "--workers",
+        default="",
+        help="autoscale workers between MIN:MAX (default: $TRICKLE_WORKERS, else a fixed pool)",
+    )
+    up.add_argument("--procfile", type=Path, help="default: the project's Procfile")
+    up.add_argument("--data-dir", type=Path, help="embedded Redis data (default: .trickle/)")
     gen = commands.add_parser("generate", help="generate text for a prompt")
     gen.add_argument("prompt")
     gen.add_argument("--model")
@@ -53,7 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo-model":
         return build_demo(args.output, args.force)
     if args.command == "up":
-        return run_stack(args.concurrency)
+        from trickle.launcher import run_stack
+
+        return run_stack(args.concurrency, args.workers, args.procfile, args.data_dir)
     return run_client_command(args)
 
 
@@ -87,52 +91,6 @@ def build_demo(output: Path, force: bool) -> int:
     build_demo_model(output, force=force)
     print(f"demo model ready at {output}")
     return 0
-
-
-def _die_with_parent() -> None:
-    """Children get SIGTERM if `trickle up` dies, so nothing it started outlives it."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def run_stack(concurrency: str) -> int:
-    _die_with_parent()  # make's SIGTERM kills only make; this carries it on to us
-    env = dict(os.environ)
-    # The Procfile's gunicorn and celery are the ones installed beside this interpreter.
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    settings = load_settings(environ=env)
-    redis_process = None
-    if "TRICKLE_REDIS_URL" not in env:
-        from trickle.redis_server import port_in_use, start_redis
-
-        port = urlparse(settings.redis.url).port or 6399
-        if port_in_use(port):
-            print(f"port {port} is taken; set TRICKLE_REDIS_URL or free it", file=sys.stderr)
-            return 1
-        print(f"starting embedded Redis on 127.0.0.1:{port} (AOF on, data in .trickle/redis)")
-        redis_process = start_redis(port, PROJECT_ROOT / ".trickle" / "redis", new_session=True)
-        env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    honcho = [sys.executable, "-m", "honcho", "-f", str(PROJECT_ROOT / "Procfile"), "start"]
-    if concurrency:
-        honcho += ["-c", concurrency]
-    stack = subprocess.Popen(
-        honcho, env=env, cwd=PROJECT_ROOT, start_new_session=True, preexec_fn=_die_with_parent
-    )
-
-    def stop(signum: int, _frame: object) -> None:
-        if stack.poll() is None:
-            stack.send_signal(signal.SIGTERM)
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        code = stack.wait()
-    finally:
-        if redis_process is not None:
-            from trickle.redis_server import stop_redis
-
-            stop_redis(redis_process)
-    return 0 if code in (0, -signal.SIGTERM, 128 + signal.SIGTERM) else code
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
-    from web import batches, health, jobs, metrics, openai_api, page, stream
+    from web import batches, health, jobs, metrics, openai_api, page, scaling, stream
 
     install_auth(app, settings.auth.api_keys)
     app.register_blueprint(jobs.blueprint)
@@ -34,6 +34,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
+    app.register_blueprint(scaling.blueprint)
     app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)

@@ -23,18 +23,21 @@ def healthz() -> Response:
 
 @blueprint.get("/readyz")
 def readyz() -> Response:
-    """Ready when Redis answers and a live worker consumes the default model's queue."""
+    """Ready when Redis answers and a live worker consumes the default model's queue, or when
+    an autoscaler will start one for the first job (zero workers is then a ready state)."""
     svc = services()
     model = svc.settings.default_model
     try:
         svc.redis.ping()
         fresh_since = time.time() - svc.settings.worker.heartbeat_ttl_seconds
         workers = int(svc.redis.zcount(keys.model_workers(model), fresh_since, "+inf"))
+        scaled = svc.settings.autoscale.external_scaler or bool(svc.redis.exists(keys.AUTOSCALER))
     except redis.RedisError as exc:
         return _not_ready(f"redis unavailable: {exc}")
-    if workers == 0:
+    if workers == 0 and not scaled:
         return _not_ready(f"no live worker serves the default model {model!r}")
-    return jsonify({"status": "ready", "default_model": model, "workers": workers})
+    body = {"status": "ready", "default_model": model, "workers": workers, "autoscaled": scaled}
+    return jsonify(body)
 
 
 def _not_ready(reason: str) -> Response:

@@ -1,7 +1,8 @@
 """GET /metrics: Prometheus text format for the whole deployment.
 
 Workers add their counters and histograms to Redis (``worker.metrics``); this view reads those
-totals plus live gauges (queue depth, live workers, running jobs) and this process's open
+totals plus live gauges (queue depth over every priority, oldest queued job, live workers
+and their slots, running jobs) and this process's open
 streams. Any web process can serve it; `trickle_active_streams` is per web process.
 """
 
@@ -14,6 +15,7 @@ from flask import Blueprint, Response
 
 from web.services import Services, services
 from worker import keys
+from worker.capacity import read_load
 from worker.metric_defs import COUNTERS, HISTOGRAMS, Histogram
 
 blueprint = Blueprint("metrics", __name__)
@@ -31,28 +33,38 @@ def metrics() -> Response:
 
 
 def gauges(svc: Services) -> list[str]:
-    models = list(svc.settings.models)
-    fresh_since = time.time() - svc.settings.worker.heartbeat_ttl_seconds
-    pipe = svc.redis.pipeline(transaction=False)
-    for model in models:
-        pipe.llen(keys.model_queue(model))
-        pipe.zcount(keys.model_workers(model), fresh_since, "+inf")
-    pipe.zcard(keys.RUNNING_JOBS)
-    replies = pipe.execute()
+    now = time.time()
+    ttl = svc.settings.worker.heartbeat_ttl_seconds
+    loads = [read_load(svc.redis, model, ttl, now) for model in svc.settings.models]
     lines = [
-        "# HELP trickle_queue_depth Jobs waiting in each model's queue.",
+        "# HELP trickle_queue_depth Jobs waiting in each model's queue (every priority).",
         "# TYPE trickle_queue_depth gauge",
     ]
-    lines += [f'trickle_queue_depth{{model="{m}"}} {replies[2 * i]}' for i, m in enumerate(models)]
+    lines += [f'trickle_queue_depth{{model="{x.model}"}} {x.depth}' for x in loads]
+    lines += [
+        "# HELP trickle_oldest_queued_seconds Age of the oldest job waiting in each model's queue.",
+        "# TYPE trickle_oldest_queued_seconds gauge",
+    ]
+    lines += [
+        f'trickle_oldest_queued_seconds{{model="{x.model}"}} {_number(x.oldest_queued_seconds)}'
+        for x in loads
+    ]
     lines += [
         "# HELP trickle_workers Live workers (recent heartbeat) serving each model.",
         "# TYPE trickle_workers gauge",
     ]
-    lines += [f'trickle_workers{{model="{m}"}} {replies[2 * i + 1]}' for i, m in enumerate(models)]
+    lines += [f'trickle_workers{{model="{x.model}"}} {len(x.workers)}' for x in loads]
+    lines += [
+        "# HELP trickle_worker_slots Task slots of live workers per model, busy or idle.",
+        "# TYPE trickle_worker_slots gauge",
+    ]
+    for x in loads:
+        lines.append(f'trickle_worker_slots{{model="{x.model}",state="busy"}} {x.busy}')
+        lines.append(f'trickle_worker_slots{{model="{x.model}",state="idle"}} {x.total - x.busy}')
     lines += [
         "# HELP trickle_running_jobs Jobs held by a worker right now.",
         "# TYPE trickle_running_jobs gauge",
-        f"trickle_running_jobs {replies[-1]}",
+        f"trickle_running_jobs {svc.redis.zcard(keys.RUNNING_JOBS)}",
         "# HELP trickle_active_streams Open SSE/WebSocket/OpenAI streams in this web process.",
         "# TYPE trickle_active_streams gauge",
         f"trickle_active_streams {svc.hub.active_subscriptions}",

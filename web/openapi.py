@@ -163,7 +163,8 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "operationId": "readyz",
                     "responses": {
                         "200": {
-                            "description": "Redis answers and a worker serves the default model",
+                            "description": "Redis answers and a worker serves the default "
+                            "model, or an autoscaler will start one (`workers` may be 0)",
                             "content": {JSON: {"schema": {"type": "object"}}},
                         },
                         "503": {

@@ -12,7 +12,7 @@ from web.auth import current_owner
 from web.errors import invalid, too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
-from worker import keys
+from worker.capacity import queue_depth
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
 from worker.metric_defs import JOBS
 from worker.metrics import count_now
@@ -72,7 +72,7 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
     """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
-    waiting = int(svc.redis.llen(keys.model_queue(model)))
+    waiting = queue_depth(svc.redis, model)
     limit = svc.settings.limits.max_queued_jobs
     if waiting + adding > limit:
         raise too_many(

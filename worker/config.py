@@ -117,6 +117,38 @@ class WebhookSettings:
 
 
 @dataclass(frozen=True)
+class AutoscaleSettings:
+    """`trickle up --workers MIN:MAX`: worker processes follow each served model's queue."""
+
+    # A worker with no job for this long stops (down to MIN, which may be 0).
+    idle_seconds: float = 60.0
+    # How often the launcher reads queue depth, oldest queued age and worker slots.
+    interval_seconds: float = 0.25
+    # Jobs waiting this long while every live slot is busy add a worker beyond the slot count.
+    scale_up_after_seconds: float = 2.0
+    # Something outside Trickle (KEDA, an HPA) starts workers on demand: /readyz then treats
+    # zero live workers as ready, as it does while `trickle up` autoscales.
+    external_scaler: bool = False
+
+
+@dataclass(frozen=True)
+class SupervisorSettings:
+    """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
+
+    # The first restart is immediate; the next waits this long, doubling per death up to the max.
+    restart_delay_seconds: float = 0.5
+    max_restart_delay_seconds: float = 10.0
+    # A process that dies crash_limit times within crash_window_seconds is left stopped.
+    crash_limit: int = 5
+    crash_window_seconds: float = 60.0
+    # Ctrl-C/SIGTERM: processes get SIGTERM, then SIGKILL after this (Redis stops last).
+    stop_timeout_seconds: float = 7.0
+    # Import Celery, CTranslate2 and the worker code once in the launcher and fork each
+    # `celery` Procfile process from it: a worker's cold start loses the interpreter's imports.
+    preload_workers: bool = True
+
+
+@dataclass(frozen=True)
 class AuthSettings:
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
     api_keys: tuple[str, ...] = ()
@@ -164,6 +196,8 @@ class Settings:
     auth: AuthSettings = field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
+    autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
+    supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
     models: dict[str, ModelSettings] = field(
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
@@ -215,6 +249,8 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         ("auth", AuthSettings),
         ("rate_limits", RateLimitSettings),
         ("webhooks", WebhookSettings),
+        ("autoscale", AutoscaleSettings),
+        ("supervisor", SupervisorSettings),
     ):
         if section in data:
             kwargs[section] = _build(cls, data[section], section)

@@ -72,3 +72,24 @@ def model_queue(model: str) -> str:
 def model_workers(model: str) -> str:
     """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
     return f"{PREFIX}:workers:{model}"
+
+
+# kombu's Redis transport keeps each priority step of a queue in its own list, named
+# "<queue><sep><priority>" (priority 0 keeps the bare name); see kombu.transport.redis.
+KOMBU_PRIORITY_SEP = "\x06\x16"
+
+
+def model_queue_list(model: str, priority: int) -> str:
+    """The Redis list holding one priority step of a model's queue."""
+    queue = model_queue(model)
+    return f"{queue}{KOMBU_PRIORITY_SEP}{priority}" if priority else queue
+
+
+def worker_slots(node: str) -> str:
+    """Hash of one worker's slots per model ("<busy>/<total>"); expires with its heartbeat."""
+    return f"{PREFIX}:worker:{node}:slots"
+
+
+# Set (with a short TTL) while `trickle up --workers MIN:MAX` runs an autoscaler: zero live
+# workers is then a ready state, since the autoscaler starts one when a job arrives.
+AUTOSCALER = f"{PREFIX}:autoscaler"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from worker import keys
+from worker import capacity, keys, reclaim
 from worker.joblog import log_job_event
 from worker.metric_defs import JOBS
 
@@ -36,7 +36,13 @@ class Maintenance:
         self._next: dict[str, float] = {}
 
     def start(self) -> None:
-        self.heartbeat()
+        try:
+            dropped = reclaim.release_previous_life(self._runtime.redis, self._runtime.node_name)
+            if dropped:
+                log.info("dropped %d lease(s) of this node's previous process", len(dropped))
+            self.heartbeat()
+        except redis.RedisError as exc:  # the loop retries the heartbeat; leases lapse anyway
+            log.warning("start-up duties failed: %s", exc)
         self._thread.start()
 
     def stop(self) -> None:
@@ -50,6 +56,7 @@ class Maintenance:
         try:
             for name in runtime.engines:
                 runtime.redis.zrem(keys.model_workers(name), runtime.node_name)
+            runtime.redis.delete(keys.worker_slots(runtime.node_name))
         except redis.RedisError:
             log.warning("could not withdraw heartbeat for %s", runtime.node_name)
 
@@ -83,6 +90,9 @@ class Maintenance:
         for name in runtime.engines:
             pipe.zadd(keys.model_workers(name), {runtime.node_name: now})
             pipe.zremrangebyscore(keys.model_workers(name), "-inf", stale)
+        ttl = runtime.settings.worker.heartbeat_ttl_seconds
+        usage, idle_since = runtime.slot_usage(), runtime.idle_since()
+        capacity.publish_slots(pipe, runtime.node_name, usage, idle_since, ttl)
         pipe.execute()
 
     def renew_leases(self) -> None:

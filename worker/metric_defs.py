@@ -49,7 +49,19 @@ E2E_LATENCY = Histogram(
 BATCH_SIZE = Histogram(
     "trickle_batch_size", "Jobs per CTranslate2 generate_batch call.", BATCH_BUCKETS
 )
-HISTOGRAMS = (TIME_TO_FIRST_TOKEN, QUEUE_TIME, INTER_TOKEN_LATENCY, E2E_LATENCY, BATCH_SIZE)
+COLD_START = Histogram(
+    "trickle_cold_start_seconds",
+    "Worker process start to its first claimed job; phase: total, model_load or rest.",
+    (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0),
+)
+HISTOGRAMS = (
+    TIME_TO_FIRST_TOKEN,
+    QUEUE_TIME,
+    INTER_TOKEN_LATENCY,
+    E2E_LATENCY,
+    BATCH_SIZE,
+    COLD_START,
+)
 
 JOBS = Counter("trickle_jobs_total", "Jobs that reached a final status, by model and status.")
 TOKENS = Counter("trickle_tokens_generated_total", "Tokens generated, by model.")

@@ -15,6 +15,8 @@ from collections.abc import Callable
 import redis
 
 from worker import keys
+from worker.capacity import slots_per_worker
+from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
 from worker.events import TokenEvent
@@ -77,6 +79,9 @@ class WorkerRuntime:
         self._notify = notify or (lambda job_id: None)
         self.metrics = MetricsRecorder()
         self._in_flight: dict[str, ScheduledJob] = {}
+        self._in_flight_models: dict[str, str] = {}
+        self._idle_since = time.time()
+        self.cold_start = ColdStart()
         self._lock = threading.Lock()
         self.publisher = TokenPublisher(
             self.store,
@@ -88,7 +93,9 @@ class WorkerRuntime:
         self.schedulers: dict[str, BatchScheduler] = {}
         for name in settings.served_models():
             model = settings.model(name)
+            loading = time.monotonic()
             engine = Engine(model)
+            self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
             self.schedulers[name] = BatchScheduler(
                 engine,
@@ -108,11 +115,26 @@ class WorkerRuntime:
 
     def start(self) -> None:
         """Heartbeats, lease renewal and the orphan sweep start once the worker is ready."""
+        self.cold_start.ready()
         self.maintenance.start()
 
     def leases(self) -> dict[str, str]:
         with self._lock:
             return {job_id: job.fence for job_id, job in self._in_flight.items()}
+
+    def idle_since(self) -> float:
+        """When this worker last ran a job (its start if none yet); 0 while it runs one."""
+        with self._lock:
+            return 0.0 if self._in_flight_models else self._idle_since
+
+    def slot_usage(self) -> dict[str, tuple[int, int]]:
+        """(busy, total) task slots per served model, for the autoscaler (see capacity)."""
+        with self._lock:
+            running = list(self._in_flight_models.values())
+        return {
+            name: (running.count(name), slots_per_worker(engine.settings))
+            for name, engine in self.engines.items()
+        }
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
@@ -169,6 +191,7 @@ class WorkerRuntime:
         job = claim.job
         if job is None:
             return
+        self.cold_start.first_claim(job.model, job.created_at, self.metrics)
         events: list[TokenEvent] = []
         if claim.logged_tokens:  # it ran before: resume after what was already streamed
             events = with_redis_retry(lambda: self.store.tokens(job_id), retry, job_id)
@@ -194,6 +217,8 @@ class WorkerRuntime:
         scheduled.ended.wait()
         with self._lock:
             self._in_flight.pop(job_id, None)
+            self._in_flight_models.pop(job_id, None)
+            self._idle_since = time.time()
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
@@ -300,6 +325,7 @@ class WorkerRuntime:
             return scheduled
         with self._lock:
             self._in_flight[job.id] = scheduled
+            self._in_flight_models[job.id] = job.model
         self.schedulers[job.model].submit(scheduled)
         return scheduled
 

@@ -1,0 +1,41 @@
+"""GET /scaling/<model>: what an external autoscaler (KEDA's metrics-api scaler, an HPA through
+an external-metrics adapter) needs to size a model's worker pool, as one JSON object.
+
+``demand_slots`` (running plus waiting jobs, every priority) over ``slots_per_worker`` is the
+worker count; KEDA computes exactly that with ``valueLocation: demand_slots`` and
+``targetValue`` set to ``slots_per_worker``. Open like /metrics: it says nothing about any job.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, jsonify
+
+from web.errors import not_found
+from web.services import services
+from worker.capacity import read_load, slots_per_worker
+
+blueprint = Blueprint("scaling", __name__)
+
+
+@blueprint.get("/scaling/<model>")
+def scaling(model: str) -> Response:
+    svc = services()
+    if model not in svc.settings.models:
+        raise not_found(f"model {model!r} is not configured", "model", "model_not_found")
+    load = read_load(svc.redis, model, svc.settings.worker.heartbeat_ttl_seconds, time.time())
+    per_worker = slots_per_worker(svc.settings.model(model))
+    return jsonify(
+        {
+            "model": model,
+            "queue_depth": load.depth,
+            "oldest_queued_seconds": round(load.oldest_queued_seconds, 3),
+            "workers": len(load.workers),
+            "busy_slots": load.busy,
+            "total_slots": load.total,
+            "slots_per_worker": per_worker,
+            "demand_slots": load.demand,
+            "desired_workers": load.workers_needed(per_worker),
+        }
+    )
