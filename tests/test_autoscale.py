@@ -30,7 +30,8 @@ def scaled(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
     stack = start_up(
         root,
         "[worker]\nheartbeat_seconds = 0.5\n[limits]\nmax_tokens_ceiling = 2000\n"
-        f'[models.demo]\npath = "{demo_model_dir}"\n',
+        # 8 x 2 lanes = 16 slots per worker, so the 50-job burst needs more than one worker.
+        f'[models.demo]\npath = "{demo_model_dir}"\nmax_batch_size = 8\ninter_threads = 2\n',
         env={"TRICKLE_WORKERS": "0:2", "TRICKLE__AUTOSCALE__IDLE_SECONDS": str(IDLE_SECONDS)},
     )
     yield stack
