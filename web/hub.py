@@ -75,6 +75,7 @@ class Subscription:
         self._hub = hub
         self._feed = feed
         self._cursor = len(feed.deliveries)
+        self._closed = False
 
     def get(self, timeout: float) -> Delivery | None:
         if not self._feed.wait(self._cursor, timeout):
@@ -93,7 +94,10 @@ class Subscription:
         return taken
 
     def close(self) -> None:
-        self._hub.unsubscribe(self)
+        """Idempotent: every path that may end a reader calls it, the first one counts."""
+        if not self._closed:
+            self._closed = True
+            self._hub.unsubscribe(self)
 
     def __enter__(self) -> Subscription:
         return self

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
-
-from flask import request
 
 from web.auth import current_owner
-from web.errors import invalid, too_many, unavailable
+from web.errors import too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
 from worker import keys
@@ -20,21 +16,6 @@ from worker.queueing import enqueue_generation
 from worker.store import CancelOutcome
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
-
-
-def read_json_body() -> Any:
-    """The request body as JSON; bad UTF-8 or syntax is a 400 naming the body."""
-    raw = request.get_data(cache=False)
-    if not raw:
-        raise invalid("body", "request body must be a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid("body", f"request body is not valid UTF-8 (byte {exc.start})") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise invalid("body", f"request body is not valid JSON: {exc}") from exc
 
 
 def count_prompt_tokens(svc: Services, model: str, prompt: str) -> int:
@@ -90,3 +71,10 @@ def enqueue(svc: Services, job: Job) -> None:
     """Record the job, then hand its id to the model's queue."""
     svc.store.create(job)
     enqueue_generation(svc.celery, job.id, job.model, job.priority)
+
+
+def enqueue_many(svc: Services, jobs: list[Job]) -> None:
+    """``enqueue`` for a batch's jobs: every record first (one round trip), then the ids."""
+    svc.store.create_many(jobs)
+    for job in jobs:
+        enqueue_generation(svc.celery, job.id, job.model, job.priority)

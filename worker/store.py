@@ -19,7 +19,15 @@ import redis
 
 from worker import keys, scripts
 from worker.events import StepMessage, TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobError, JobStatus, Usage
+from worker.jobs import (
+    FinishReason,
+    GenerationParams,
+    Job,
+    JobError,
+    JobStatus,
+    Usage,
+    is_job_id,
+)
 
 
 class CancelOutcome(str, Enum):
@@ -126,6 +134,16 @@ class JobStore:
     # -- web side -------------------------------------------------------------------------------
 
     def create(self, job: Job) -> None:
+        self.create_many([job])
+
+    def create_many(self, jobs: Sequence[Job]) -> None:
+        """Record new jobs in one round trip (a batch can bring thousands)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for job in jobs:
+            self._queue_create(pipe, job)
+        pipe.execute()
+
+    def _queue_create(self, pipe: Any, job: Job) -> None:
         fields: dict[Any, Any] = {
             "id": job.id,
             "model": job.model,
@@ -142,12 +160,10 @@ class JobStore:
             fields["priority"] = str(job.priority)
         if job.webhook_url:
             fields["webhook_url"] = job.webhook_url
-        pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.job(job.id), mapping=fields)
         # Long enough to stay queued, then to be read as expired for a result TTL.
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
         pipe.zadd(keys.QUEUED_JOBS, {job.id: job.created_at + self.queued_ttl_seconds})
-        pipe.execute()
 
     def get(self, job_id: str) -> Job | None:
         job, _events = self.snapshot(job_id, 0)
@@ -158,6 +174,8 @@ class JobStore:
 
         A running job's ``output`` is the text streamed so far (the whole replay log).
         """
+        if not is_job_id(job_id):
+            return None, []  # never a key built from a malformed id
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(keys.job(job_id))
         pipe.lrange(keys.job_tokens(job_id), 0, -1)
@@ -172,6 +190,9 @@ class JobStore:
         return job, events[from_index:]
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
+        """CANCELED only for the call that canceled a queued job: callers count on that."""
+        if not is_job_id(job_id):
+            return CancelOutcome.MISSING
         result = self._scripts["CANCEL"](
             keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
             args=[job_id, repr(now), self.result_ttl_seconds, keys.EVENTS_CHANNEL, _done(job_id)],
