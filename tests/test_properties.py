@@ -141,9 +141,14 @@ def test_any_body_on_any_route_is_never_a_5xx(
     assert_json_error_or_success(response)
 
 
+@pytest.fixture(scope="module")
+def real_job_id(stack_url: str) -> str:
+    return str(submit(stack_url, {"prompt": "The", "max_tokens": 2})["id"])
+
+
 @examples(40)
 @given(
-    job_id=st.one_of(texts, st.sampled_from(["job_" + "0" * 32 + ":tokens", "job_x"])).filter(bool),
+    data=st.data(),
     path=st.sampled_from(
         [
             "/v1/jobs/{}",
@@ -158,8 +163,11 @@ def test_any_body_on_any_route_is_never_a_5xx(
     after=st.one_of(st.none(), texts, st.integers(-(10**30), 10**30).map(str)),
 )
 def test_any_id_on_any_route_is_a_json_4xx(
-    stack_url: str, job_id: str, path: str, after: str | None
+    stack_url: str, real_job_id: str, data: st.DataObject, path: str, after: str | None
 ) -> None:
+    """Random text, and a real job id with a key suffix (``<id>:tokens`` named a list)."""
+    suffixed = st.sampled_from([":tokens", ":lease", ":x", "/", "%00"]).map(real_job_id.__add__)
+    job_id = data.draw(st.one_of(texts, suffixed).filter(bool))
     safe = quote(job_id.encode("utf-8", "surrogatepass"), safe="")
     url = stack_url + path.format(safe)
     method = requests.post if path.endswith("/cancel") else requests.get
