@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.clients import submit
-from tests.test_robustness import active_streams, settle_streams
+from tests.test_robustness import active_streams, raw_http, settle_streams
 
 EXAMPLES = int(os.environ.get("TRICKLE_HYPOTHESIS_EXAMPLES", "0")) or None
 
@@ -118,7 +118,7 @@ def log_start(stack_url: str, log_dir: Path) -> int:
 @given(
     route=st.sampled_from(["/v1/jobs", "/v1/completions", "/v1/chat/completions", "/v1/batches"]),
     document=documents(),
-    chunked=st.booleans(),
+    framing=st.sampled_from(["length", "chunked", "lying_chunks"]),
     chunk_size=st.integers(1, 4096),
     content_type=st.sampled_from(CONTENT_TYPES),
 )
@@ -128,7 +128,7 @@ def test_any_body_on_any_route_is_never_a_5xx(
     log_start: int,
     route: str,
     document: bytes,
-    chunked: bool,
+    framing: str,
     chunk_size: int,
     content_type: str | None,
 ) -> None:
@@ -136,7 +136,20 @@ def test_any_body_on_any_route_is_never_a_5xx(
         line = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": '
         document = document + b"\n" + line + document + b"}\n"
     headers = {"Content-Type": content_type} if content_type else {}
-    data: Any = chunks(document, chunk_size) if chunked else document
+    if framing == "lying_chunks":  # each chunk one byte longer than its size line says
+        head = f"POST {route} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+        framed = b"".join(
+            f"{len(part) - 1:x}\r\n".encode() + part + b"\r\n"
+            for part in chunks(document + b" ", chunk_size)
+        )
+        status, response_headers, body = raw_http(
+            stack_url, head.encode() + b"\r\n" + framed + b"0\r\n\r\n"
+        )
+        assert status < 500, body[:300]
+        assert response_headers["Content-Type"].startswith("application/json")
+        return
+    data: Any = chunks(document, chunk_size) if framing == "chunked" else document
     response = requests.post(f"{stack_url}{route}", data=data, headers=headers, timeout=120)
     assert_json_error_or_success(response)
 

@@ -310,12 +310,17 @@ def test_double_slash_is_a_json_404_never_a_redirect_from_host(
     assert json.loads(body)["error"]["type"] == "not_found"
 
 
+CHUNKED_POST = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
 @pytest.mark.parametrize(
     ("request_bytes", "status"),
     [
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
         (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200 + b"\r\n", 431),
         (b"GARBAGE\r\n\r\n", 400),
+        (CHUNKED_POST + b"zz\r\n\r\n", 400),  # a chunk size that is no number
+        (CHUNKED_POST + b"2\r\n{}xx\r\n0\r\n\r\n", 400),  # a chunk longer than it says
     ],
 )
 def test_gunicorns_own_errors_are_json(stack_url: str, request_bytes: bytes, status: int) -> None:

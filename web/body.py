@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from flask import request
+from werkzeug.exceptions import HTTPException
 
 from web.errors import ApiError, invalid
 from web.services import services
@@ -43,7 +44,12 @@ def read_body(limit: int) -> bytes:
     parts: list[bytes] = []
     size = 0
     while size <= limit:
-        chunk = stream.read(min(READ_CHUNK_BYTES, limit + 1 - size))
+        try:
+            chunk = stream.read(min(READ_CHUNK_BYTES, limit + 1 - size))
+        except HTTPException:
+            raise  # 413 from werkzeug's own limit, or the client disconnecting (400)
+        except Exception as exc:  # the server's framing errors (gunicorn: InvalidChunkSize...)
+            raise invalid("body", f"the request body cannot be read: {exc}") from exc
         if not chunk:
             break
         parts.append(chunk)

@@ -195,6 +195,9 @@ def _stream(
     except redis.RedisError as exc:
         log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
         yield _sse(unavailable(f"job store (Redis) unavailable: {exc}").to_dict())
+    except GeneratorExit:  # the server closed the body early: the client went away
+        log.info("completion stream %s: the client left; canceling its jobs", envelope.id)
+        raise
     finally:
         # The client went away (or generation failed): stop what still runs, within one step.
         unfinished = [job for index, job in enumerate(jobs) if index not in finished]

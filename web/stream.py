@@ -86,6 +86,9 @@ def sse_events(job_id: str) -> Response:
         except redis.RedisError as exc:
             log.warning("stream of %s ended: redis unavailable: %s", job_id, exc)
             yield f"event: error\ndata: {json.dumps({'error': unavailable_error(exc)})}\n\n"
+        except GeneratorExit:  # the server closed the body early: the client went away
+            log.info("event stream reader of %s left", job_id)
+            raise
         finally:
             chunks.close()
 
