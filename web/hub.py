@@ -95,9 +95,7 @@ class Subscription:
 
     def close(self) -> None:
         """Idempotent: every path that may end a reader calls it, the first one counts."""
-        if not self._closed:
-            self._closed = True
-            self._hub.unsubscribe(self)
+        self._hub.unsubscribe(self)
 
     def __enter__(self) -> Subscription:
         return self
@@ -133,6 +131,9 @@ class TokenHub:
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
+            if subscription._closed:
+                return  # closed already (the view and the stream may both close it)
+            subscription._closed = True
             feed = self._feeds.get(subscription.job_id)
             if feed is not None:
                 feed.readers -= 1
