@@ -24,7 +24,7 @@ from web.errors import ApiError, invalid, not_found, too_many
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
-from web.submission import cancel, enqueue_many
+from web.submission import cancel_many, enqueue_many
 from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, JobStatus
@@ -126,10 +126,14 @@ def cancel_batch(batch_id: str) -> Response:
     batch, items = _visible(svc, batch_id)
     now = time.time()
     _store(svc).mark_cancelled(batch_id, now)
-    for item in items:
-        model = str(item.body.get("model", svc.settings.default_model))
-        for job_id in item.job_ids:
-            cancel(svc, job_id, model)
+    cancel_many(
+        svc,
+        [
+            (job_id, str(item.body.get("model", svc.settings.default_model)))
+            for item in items
+            for job_id in item.job_ids
+        ],
+    )
     batch.cancelled_at = batch.cancelled_at or now
     return jsonify(_batch_object(svc, batch, items))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 
 from web.auth import current_owner
 from web.errors import too_many, unavailable
@@ -64,11 +65,21 @@ def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
 
 
 def cancel(svc: Services, job_id: str, model: str) -> CancelOutcome:
-    """Cancel a job; one still queued ends here, so it is counted here (workers count the rest)."""
-    outcome = svc.store.cancel(job_id, time.time())
-    if outcome is CancelOutcome.CANCELED:
-        count_now(svc.redis, JOBS, model=model, status="canceled")
-    return outcome
+    return cancel_many(svc, [(job_id, model)])[0]
+
+
+def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcome]:
+    """Cancel jobs given as (id, model), in one round trip. The one place cancels are counted:
+    a job still queued ends here, once however often it is canceled (workers count the rest)."""
+    outcomes = svc.store.cancel_many([job_id for job_id, _model in jobs], time.time())
+    canceled = Counter(
+        model
+        for (_job_id, model), outcome in zip(jobs, outcomes, strict=True)
+        if outcome is CancelOutcome.CANCELED
+    )
+    for model, amount in canceled.items():
+        count_now(svc.redis, JOBS, amount, model=model, status="canceled")
+    return outcomes
 
 
 def enqueue(svc: Services, job: Job) -> None:

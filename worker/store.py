@@ -190,16 +190,27 @@ class JobStore:
         return job, events[from_index:]
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
-        """CANCELED only for the call that canceled a queued job: callers count on that."""
-        if not is_job_id(job_id):
-            return CancelOutcome.MISSING
-        result = self._scripts["CANCEL"](
-            keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
-            args=[job_id, repr(now), self.result_ttl_seconds, keys.EVENTS_CHANNEL, _done(job_id)],
-        )
-        if result in ("missing", "canceled", "requested"):
-            return CancelOutcome(result)
-        return CancelOutcome.ALREADY_FINISHED
+        return self.cancel_many([job_id], now)[0]
+
+    def cancel_many(self, job_ids: Sequence[str], now: float) -> list[CancelOutcome]:
+        """Cancel jobs in one round trip. CANCELED only for the call that canceled a queued
+        job (once per job, however often it is asked): callers count on that."""
+        valid = [job_id for job_id in job_ids if is_job_id(job_id)]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in valid:
+            self._scripts["CANCEL"](
+                keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
+                args=[
+                    job_id,
+                    repr(now),
+                    self.result_ttl_seconds,
+                    keys.EVENTS_CHANNEL,
+                    _done(job_id),
+                ],
+                client=pipe,
+            )
+        replies = dict(zip(valid, pipe.execute() if valid else [], strict=True))
+        return [_cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
 
     # -- worker side: ownership -----------------------------------------------------------------
 
@@ -366,6 +377,12 @@ class JobStore:
         self.queue_finish(pipe, job_id, fence, result)
         (stored,) = pipe.execute()
         return bool(stored)
+
+
+def _cancel_outcome(reply: str) -> CancelOutcome:
+    if reply in ("missing", "canceled", "requested"):
+        return CancelOutcome(reply)
+    return CancelOutcome.ALREADY_FINISHED
 
 
 def _job_from_hash(fields: dict[str, str]) -> Job:
