@@ -126,6 +126,11 @@ def test_chunked_batch_over_the_limit_is_413(stack_url: str) -> None:
     assert len(data) > 16_777_216
     response = requests.post(f"{stack_url}/v1/batches", data=chunked(data), timeout=120)
     assert error_of(response, 413)["type"] == "request_too_large"
+    small = b"".join(lines[:20])  # under the limit, in odd-sized chunks: every line counts
+    response = requests.post(f"{stack_url}/v1/batches", data=chunked(small, 7), timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.json()["request_counts"]["total"] == 20
+    requests.post(f"{stack_url}/v1/batches/{response.json()['id']}/cancel", timeout=30)
 
 
 # 4 -------------------------------------------------------------------------------------------
