@@ -3,13 +3,12 @@ framing, Content-Type) and whenever a reader leaves, no 5xx, no HTML, no traceba
 open-streams gauge returns to its baseline.
 
 Example counts are small and derandomized: the suite runs on two shared cores, and a failure
-must reproduce. Raise them locally with ``TRICKLE_HYPOTHESIS_EXAMPLES=500``.
+must reproduce. For a deeper local run, raise the counts in ``examples(...)``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +24,10 @@ from hypothesis import strategies as st
 from tests.clients import submit
 from tests.test_robustness import active_streams, raw_http, settle_streams
 
-EXAMPLES = int(os.environ.get("TRICKLE_HYPOTHESIS_EXAMPLES", "0")) or None
 
-
-def examples(default: int) -> Any:
+def examples(count: int) -> Any:
     return settings(
-        max_examples=EXAMPLES or default,
+        max_examples=count,
         deadline=None,
         derandomize=True,
         database=None,

@@ -36,7 +36,7 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
-from web.submission import admit, cancel, enqueue, prepare_job
+from web.submission import admit, cancel_many, enqueue, prepare_job
 from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
@@ -222,11 +222,12 @@ def _generation_failed(job: Job) -> ApiError:
 
 
 def _cancel(svc: Services, jobs: list[Job]) -> None:
-    for job in jobs:
-        try:
-            cancel(svc, job.id, job.model)
-        except redis.RedisError as exc:
-            log.warning("could not cancel job %s: %s", job.id, exc)
+    if not jobs:
+        return
+    try:
+        cancel_many(svc, [(job.id, job.model) for job in jobs])
+    except redis.RedisError as exc:
+        log.warning("could not cancel jobs %s: %s", ", ".join(job.id for job in jobs), exc)
 
 
 def _sse(payload: dict[str, Any]) -> str:
