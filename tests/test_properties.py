@@ -187,6 +187,30 @@ def test_any_id_on_any_route_is_a_json_4xx(
     assert response.status_code in (400, 404, 405), response.text[:200]
 
 
+@examples(25)
+@given(after=st.one_of(texts, st.integers(-(10**30), 10**30).map(str)))
+def test_any_websocket_resume_point_is_an_event_never_http(
+    stack_url: str, real_job_id: str, after: str
+) -> None:
+    """After the upgrade a bad ``after`` is an error event and close code 4400, not HTTP bytes."""
+    query = quote(after.encode("utf-8", "surrogatepass"), safe="")
+    ws = websocket.create_connection(
+        stack_url.replace("http://", "ws://") + f"/v1/jobs/{real_job_id}/ws?after={query}",
+        timeout=30,
+    )
+    try:
+        message = json.loads(ws.recv())
+        if message["event"] == "error":
+            assert message["error"]["param"] == "after"
+            opcode, frame = ws.recv_data(control_frame=True)
+            assert opcode == websocket.ABNF.OPCODE_CLOSE
+            assert int.from_bytes(frame[:2], "big") == 4400
+        else:
+            assert message["event"] in ("token", "done")
+    finally:
+        ws.shutdown()
+
+
 @examples(12)
 @given(
     reader=st.sampled_from(["sse", "ws", "openai"]),
