@@ -72,6 +72,7 @@ result_ttl_seconds = 600
 max_queued_jobs = 100
 [webhooks]
 allowed_hosts = ["127.0.0.1"]
+allow_private_addresses = true
 secret = "test-secret"
 max_attempts = 3
 [models.demo]

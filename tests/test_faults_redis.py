@@ -56,7 +56,7 @@ def test_outage_is_503_with_retry_after_and_recovers_without_restarts(faults: Fa
         readiness = requests.get(f"{base}/readyz", timeout=10)
         assert readiness.status_code == 503
         assert "redis" in readiness.json()["reason"]
-        assert requests.get(f"{base}/v1/jobs/job_x", timeout=10).status_code == 503
+        assert requests.get(f"{base}/v1/jobs/job_{'0' * 32}", timeout=10).status_code == 503
         assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
         reader.join(30)
         (stream,) = results

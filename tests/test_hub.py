@@ -46,3 +46,13 @@ def test_a_reconnect_tells_every_reader_to_resync() -> None:
     hub._broadcast(Delivery(signal=Signal.RESYNC))
     (delivery,) = reader.get_all(timeout=0.1)
     assert delivery.signal is Signal.RESYNC
+
+
+def test_closing_a_subscription_again_never_counts_twice() -> None:
+    hub = make_hub()
+    first, second = hub.subscribe("job_x"), hub.subscribe("job_x")
+    for _ in range(3):
+        first.close()  # the view, the stream's generator and follow_many may all close it
+    assert hub.active_subscriptions == 1
+    second.close()
+    assert hub.active_subscriptions == 0

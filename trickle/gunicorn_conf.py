@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 
+from trickle import gunicorn_errors
 from worker.config import load_settings
 
 _settings = load_settings(environ=os.environ)
+gunicorn_errors.install()  # its own 400/414/431 answers are JSON too
 
 bind = f"{_settings.web.host}:{_settings.web.port}"
 worker_class = "gevent"

@@ -20,6 +20,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     logging.basicConfig(level=logging.INFO)
     # The page blueprint serves web/static itself (with no-cache headers).
     app = Flask(__name__, static_folder=None)
+    # No redirects: a merged or added slash would be answered with a 308 (HTML, its Location
+    # built from the Host header); a path that is not a route is a JSON 404 instead.
+    app.url_map.merge_slashes = False
+    app.url_map.strict_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
     app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": settings.web.keepalive_seconds}
     app.json.sort_keys = False  # type: ignore[attr-defined]
@@ -28,7 +32,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     from web import batches, health, jobs, metrics, openai_api, page, scaling, stream
 
-    install_auth(app, settings.auth.api_keys)
+    install_auth(app, settings.auth.api_keys, settings.auth.metrics_token)
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_api.blueprint)
     app.register_blueprint(batches.blueprint)

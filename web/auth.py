@@ -1,7 +1,8 @@
 """Optional API keys: with keys configured, every /v1 route wants ``Authorization: Bearer``.
 
 Keys are compared as SHA-256 digests in constant time, so a config may hold ``sha256:<hex>``
-digests instead of the keys themselves. Health routes stay open for probes.
+digests instead of the keys themselves. Health routes stay open for probes; ``/metrics`` takes
+its own token (``auth.metrics_token``) or, without one, follows the API keys.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from flask import Flask, g, request
 from web.errors import ApiError
 
 PROTECTED_PREFIX = "/v1/"
+METRICS_PATH = "/metrics"
 DIGEST_PREFIX = "sha256:"
 
 
@@ -45,19 +47,28 @@ def current_owner() -> str:
     return str(g.get("api_key_digest", ""))
 
 
-def install_auth(app: Flask, api_keys: tuple[str, ...]) -> None:
+def install_auth(app: Flask, api_keys: tuple[str, ...], metrics_token: str = "") -> None:
+    """/v1 wants an API key; /metrics wants the metrics token when one is set, else whatever
+    /v1 wants (deployment-wide counts are an operator's, a deliberate and documented choice)."""
     digests = accepted_digests(api_keys)
-    if not digests:
+    metrics_digests = accepted_digests((metrics_token,)) if metrics_token else digests
+    if not digests and not metrics_digests:
         return
 
     @app.before_request
     def require_api_key() -> None:
-        if not request.path.startswith(PROTECTED_PREFIX):
-            return
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise unauthorized("missing API key: send Authorization: Bearer <key>")
-        digest = key_digest(token.strip())
-        if not any(hmac.compare_digest(digest, known) for known in digests):
-            raise unauthorized("invalid API key")
-        g.api_key_digest = digest
+        if request.path.startswith(PROTECTED_PREFIX) and digests:
+            g.api_key_digest = _bearer_digest(digests)
+        elif request.path == METRICS_PATH and metrics_digests:
+            _bearer_digest(metrics_digests)
+
+
+def _bearer_digest(accepted: frozenset[str]) -> str:
+    """The digest of the request's bearer token, if it is one of ``accepted`` (else 401)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise unauthorized("missing API key: send Authorization: Bearer <key>")
+    digest = key_digest(token.strip())
+    if not any(hmac.compare_digest(digest, known) for known in accepted):
+        raise unauthorized("invalid API key")
+    return digest

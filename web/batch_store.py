@@ -7,6 +7,7 @@ which run through the same queue and workers as everything else (at batch priori
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +16,16 @@ import redis
 
 from worker import keys
 
+BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
+
 
 def new_batch_id() -> str:
     return "batch_" + secrets.token_hex(16)
+
+
+def is_batch_id(value: str) -> bool:
+    """Whether ``value`` is a batch id (see ``worker.jobs.is_job_id`` for why this matters)."""
+    return BATCH_ID_PATTERN.fullmatch(value) is not None
 
 
 @dataclass
@@ -101,6 +109,8 @@ class BatchStore:
         pipe.execute()
 
     def get(self, batch_id: str) -> tuple[Batch, list[BatchItem]] | None:
+        if not is_batch_id(batch_id):
+            return None
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(keys.batch(batch_id))
         pipe.lrange(keys.batch_items(batch_id), 0, -1)

@@ -6,6 +6,7 @@ interactive jobs first, and batch jobs still share the engine's batching with ev
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections import Counter
@@ -13,15 +14,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
+from werkzeug.formparser import FormDataParser
 
 from web import openai_responses as shapes
 from web.auth import current_owner
 from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
-from web.errors import ApiError, invalid, not_found
+from web.body import decode_utf8, load_json, read_body
+from web.errors import ApiError, invalid, not_found, too_many
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
-from web.submission import cancel, enqueue
+from web.submission import cancel_many, enqueue_many
+from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, JobStatus
 
@@ -32,26 +36,26 @@ PARSERS: dict[str, Callable[[Any, Settings], OpenAIRequest]] = {
     "/v1/chat/completions": parse_chat_request,
 }
 JSONL = "application/jsonl"
+BACKLOG_RETRY_AFTER_SECONDS = 30
 
 
 @blueprint.post("/v1/batches")
 def create_batch() -> Response:
     svc = services()
     limits = svc.settings.limits
-    request.max_content_length = limits.max_batch_bytes
-    lines = _input_lines()
+    lines = _input_lines(read_body(limits.max_batch_bytes))
     if not lines:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
     items = [_parse_line(number, line) for number, line in lines]
     _check_unique_ids(items)
+    parsed = _parse_requests(svc, items)
+    _check_job_bounds(svc, sum(req.choices for req in parsed.values()))
     jobs = []
-    for item in items:
+    for index, req in parsed.items():
+        item = items[index]
         try:
-            req = PARSERS[item.url](item.body, svc.settings)
-            if req.stream:
-                raise invalid("body.stream", "batch requests cannot stream")
             item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY)
         except ApiError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
@@ -68,11 +72,45 @@ def create_batch() -> Response:
         len(items),
     )
     _store(svc).create(batch, items)
-    for job in jobs:
-        enqueue(svc, job)
+    enqueue_many(svc, jobs)
     response = jsonify(_batch_object(svc, batch, items))
     response.headers["Location"] = f"/v1/batches/{batch.id}"
     return response
+
+
+def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRequest]:
+    """Each line's request by position; a line with a bad body records its error instead."""
+    parsed: dict[int, OpenAIRequest] = {}
+    for index, item in enumerate(items):
+        try:
+            req = PARSERS[item.url](item.body, svc.settings)
+            if req.stream:
+                raise invalid("body.stream", "batch requests cannot stream")
+        except ApiError as exc:
+            item.error_status, item.error = exc.status, exc.to_dict()["error"]
+            continue
+        parsed[index] = req
+    return parsed
+
+
+def _check_job_bounds(svc: Services, adding: int) -> None:
+    """Jobs, not lines, are the work: prompt lists and ``n`` multiply a line. A batch is
+    bounded in jobs, and so is the backlog of queued jobs it joins (every priority counts)."""
+    limits = svc.settings.limits
+    if adding > limits.max_batch_jobs:
+        raise invalid(
+            "input",
+            f"the batch would create {adding} jobs (prompts x n per line); "
+            f"the limit is {limits.max_batch_jobs}",
+        )
+    queued = int(svc.redis.zcard(keys.QUEUED_JOBS))
+    if queued + adding > limits.max_batch_backlog:
+        raise too_many(
+            "queue_full",
+            f"{queued} jobs are queued (batch backlog limit {limits.max_batch_backlog}); "
+            "retry later",
+            BACKLOG_RETRY_AFTER_SECONDS,
+        )
 
 
 @blueprint.get("/v1/batches/<batch_id>")
@@ -88,10 +126,14 @@ def cancel_batch(batch_id: str) -> Response:
     batch, items = _visible(svc, batch_id)
     now = time.time()
     _store(svc).mark_cancelled(batch_id, now)
-    for item in items:
-        model = str(item.body.get("model", svc.settings.default_model))
-        for job_id in item.job_ids:
-            cancel(svc, job_id, model)
+    cancel_many(
+        svc,
+        [
+            (job_id, str(item.body.get("model", svc.settings.default_model)))
+            for item in items
+            for job_id in item.job_ids
+        ],
+    )
     batch.cancelled_at = batch.cancelled_at or now
     return jsonify(_batch_object(svc, batch, items))
 
@@ -123,23 +165,33 @@ def _visible(svc: Services, batch_id: str) -> tuple[Batch, list[BatchItem]]:
     return found
 
 
-def _input_lines() -> list[tuple[int, str]]:
-    """JSONL from an uploaded file (multipart field ``file``) or the raw body."""
-    upload = request.files.get("file")
-    raw = upload.read() if upload is not None else request.get_data(cache=False)
+def _input_lines(raw: bytes) -> list[tuple[int, str]]:
+    """JSONL from an uploaded file (multipart field ``file``) or the raw body, whatever its
+    Content-Type. Lines end at "\n" (and "\r\n") only: U+2028 and friends are text in JSON."""
+    if request.mimetype == "multipart/form-data":
+        raw = _uploaded_file(raw)
+    text = decode_utf8(raw, "input", "the batch input")
+    return [(n, line) for n, line in enumerate(text.split("\n"), start=1) if line.strip()]
+
+
+def _uploaded_file(raw: bytes) -> bytes:
+    """The ``file`` field of a multipart body already read (and bounded) by ``read_body``."""
+    parser = FormDataParser(max_form_parts=16)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid("input", f"the batch input is not valid UTF-8 (byte {exc.start})") from exc
-    return [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        _stream, _form, files = parser.parse(
+            io.BytesIO(raw), request.mimetype, len(raw), request.mimetype_params
+        )
+    except ValueError as exc:
+        raise invalid("file", f"the multipart body cannot be read: {exc}") from exc
+    upload = files.get("file")
+    if upload is None:
+        raise invalid("file", "a multipart batch needs the JSONL in a field named 'file'")
+    return upload.read()
 
 
 def _parse_line(number: int, line: str) -> BatchItem:
     where = f"line {number}"
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise invalid(where, f"{where} is not valid JSON: {exc}") from exc
+    data = load_json(line, where, where)
     if not isinstance(data, dict):
         raise invalid(where, f"{where} must be a JSON object")
     custom_id, method, url, body = (data.get(k) for k in ("custom_id", "method", "url", "body"))

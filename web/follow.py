@@ -69,12 +69,20 @@ class JobFollower:
         self._job_id = job_id
         self._next = after + 1
         self._subscription: Subscription = hub.subscribe(job_id)
-        job, events = store.snapshot(job_id, self._next)
-        if job is None or not visible_to(job, owner):
-            self._subscription.close()
-            raise JobNotFound(job_id)
+        try:
+            job, events = store.snapshot(job_id, self._next)
+            if job is None or not visible_to(job, owner):
+                raise JobNotFound(job_id)
+        except BaseException:
+            self.close()  # a failed first read (Redis away, unknown id) leaks nothing
+            raise
         self._first: tuple[Job, list[TokenEvent]] = (job, events)
         self.trace_context = job.trace_context
+
+    def close(self) -> None:
+        """Drop the hub subscription; idempotent, so the view and the generator may both call
+        it (a response never iterated, or a client gone mid-stream, still ends here)."""
+        self._subscription.close()
 
     def events(self, keepalive_seconds: float) -> Generator[FollowEvent, None, None]:
         """Every event, one at a time (see ``chunks`` for the batched form)."""
@@ -118,7 +126,7 @@ class JobFollower:
                         return
                     job = latest
         finally:
-            self._subscription.close()
+            self.close()
 
     def _take(self, events: list[TokenEvent]) -> Iterator[TokenEvent]:
         for event in events:
@@ -145,6 +153,25 @@ class JobFollower:
                 fresh.append(event)
                 expected += 1
         return fresh, None
+
+
+def open_followers(
+    store: JobStore, hub: TokenHub, job_ids: list[str], owner: str = ""
+) -> list[JobFollower]:
+    """A follower per job from the start, or none at all: a failure closes those opened."""
+    followers: list[JobFollower] = []
+    try:
+        for job_id in job_ids:
+            followers.append(JobFollower(store, hub, job_id, -1, owner))
+    except BaseException:
+        close_all(followers)
+        raise
+    return followers
+
+
+def close_all(followers: list[JobFollower]) -> None:
+    for follower in followers:
+        follower.close()
 
 
 def follow_many(
@@ -197,3 +224,4 @@ def follow_many(
                 yield position, item
     finally:
         stop.set()
+        close_all(followers)  # the count drops now; each pump ends at its next wake-up

@@ -75,6 +75,7 @@ class Subscription:
         self._hub = hub
         self._feed = feed
         self._cursor = len(feed.deliveries)
+        self._closed = False
 
     def get(self, timeout: float) -> Delivery | None:
         if not self._feed.wait(self._cursor, timeout):
@@ -93,6 +94,7 @@ class Subscription:
         return taken
 
     def close(self) -> None:
+        """Idempotent: every path that may end a reader calls it, the first one counts."""
         self._hub.unsubscribe(self)
 
     def __enter__(self) -> Subscription:
@@ -129,6 +131,9 @@ class TokenHub:
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
+            if subscription._closed:
+                return  # closed already (the view and the stream may both close it)
+            subscription._closed = True
             feed = self._feeds.get(subscription.job_id)
             if feed is not None:
                 feed.readers -= 1

@@ -5,10 +5,11 @@ from __future__ import annotations
 from flask import Blueprint, Response, jsonify, request
 
 from web.auth import current_owner
+from web.body import read_json_body
 from web.errors import ApiError, not_found
 from web.follow import visible_to, wait_for_job
 from web.services import services
-from web.submission import admit, cancel, enqueue, prepare_job, read_json_body
+from web.submission import admit, cancel, enqueue, prepare_job
 from web.validation import parse_job_request, parse_wait
 from worker.jobs import Job
 

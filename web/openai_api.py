@@ -18,8 +18,17 @@ import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
 
 from web import openai_responses as shapes
+from web.body import read_json_body
 from web.errors import ApiError, not_found, unavailable
-from web.follow import Done, JobFollower, KeepAlive, follow_many, wait_for_job
+from web.follow import (
+    Done,
+    JobFollower,
+    KeepAlive,
+    close_all,
+    follow_many,
+    open_followers,
+    wait_for_job,
+)
 from web.openai_requests import (
     OpenAIRequest,
     RequestKind,
@@ -27,7 +36,7 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
-from web.submission import admit, cancel, enqueue, prepare_job, read_json_body
+from web.submission import admit, cancel_many, enqueue, prepare_job
 from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
@@ -88,9 +97,12 @@ def _respond(svc: Services, req: OpenAIRequest) -> Response:
         id=jobs[0].id, created=int(time.time()), model=req.model, job_ids=tuple(j.id for j in jobs)
     )
     if req.stream:
-        followers = [JobFollower(svc.store, svc.hub, job.id, -1, job.owner) for job in jobs]
+        owner = jobs[0].owner
+        followers = open_followers(svc.store, svc.hub, [job.id for job in jobs], owner)
         body = stream_with_context(_stream(svc, req, jobs, followers, envelope))
-        return Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+        response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+        response.call_on_close(lambda: close_all(followers))
+        return response
     return jsonify(_complete(svc, req, jobs, envelope))
 
 
@@ -183,6 +195,9 @@ def _stream(
     except redis.RedisError as exc:
         log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
         yield _sse(unavailable(f"job store (Redis) unavailable: {exc}").to_dict())
+    except GeneratorExit:  # the server closed the body early: the client went away
+        log.info("completion stream %s: the client left; canceling its jobs", envelope.id)
+        raise
     finally:
         # The client went away (or generation failed): stop what still runs, within one step.
         unfinished = [job for index, job in enumerate(jobs) if index not in finished]
@@ -207,11 +222,12 @@ def _generation_failed(job: Job) -> ApiError:
 
 
 def _cancel(svc: Services, jobs: list[Job]) -> None:
-    for job in jobs:
-        try:
-            cancel(svc, job.id, job.model)
-        except redis.RedisError as exc:
-            log.warning("could not cancel job %s: %s", job.id, exc)
+    if not jobs:
+        return
+    try:
+        cancel_many(svc, [(job.id, job.model) for job in jobs])
+    except redis.RedisError as exc:
+        log.warning("could not cancel jobs %s: %s", ", ".join(job.id for job in jobs), exc)
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -60,6 +60,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
         "schema": {"type": "string", "example": "wait=10"},
     }
     job = {JSON: {"schema": ref("Job")}}
+    # Links let a stateful fuzzer walk sequences (submit -> get -> events -> cancel).
+    from_body = job_links("$response.body#/id", "getJob", "streamJobEvents", "cancelJob")
+    from_path = job_links("$request.path.job_id", "streamJobEvents", "cancelJob")
     return {
         "openapi": "3.0.3",
         "info": {
@@ -77,8 +80,16 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "requestBody": body("JobRequest"),
                     "responses": responses(
                         {
-                            "200": {"description": "Finished within Prefer: wait", "content": job},
-                            "202": {"description": "Accepted: queued or running", "content": job},
+                            "200": {
+                                "description": "Finished within Prefer: wait",
+                                "content": job,
+                                "links": from_body,
+                            },
+                            "202": {
+                                "description": "Accepted: queued or running",
+                                "content": job,
+                                "links": from_body,
+                            },
                         },
                         400,
                         404,
@@ -93,7 +104,9 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     "summary": "Read a job: the output so far, or the final result",
                     "parameters": [job_id, prefer],
                     "responses": responses(
-                        {"200": {"description": "The job", "content": job}}, 400, 404
+                        {"200": {"description": "The job", "content": job, "links": from_path}},
+                        400,
+                        404,
                     ),
                 }
             },
@@ -139,6 +152,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                             "200": {
                                 "description": "event: token ... event: done (or error)",
                                 "content": {SSE: {"schema": ref("SseEvent")}},
+                                "links": job_links("$request.path.job_id", "cancelJob"),
                             }
                         },
                         400,
@@ -187,6 +201,17 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                 "Error": {"description": "Error", "content": {JSON: {"schema": ref("Error")}}}
             },
         },
+    }
+
+
+def job_links(job_id: str, *operations: str) -> dict[str, Any]:
+    """OpenAPI links to job operations, their ``job_id`` taken from ``job_id`` (an expression)."""
+    return {
+        operation[0].upper() + operation[1:]: {
+            "operationId": operation,
+            "parameters": {"job_id": job_id},
+        }
+        for operation in operations
     }
 
 

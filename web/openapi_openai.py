@@ -37,6 +37,13 @@ def openai_paths(responses: Responses, body: Body, ref: Ref) -> dict[str, Any]:
 
     model_id = {"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}
     batch_id = {"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    batch_links = {
+        operation[0].upper() + operation[1:]: {
+            "operationId": operation,
+            "parameters": {"batch_id": "$response.body#/id"},
+        }
+        for operation in ("getBatch", "getBatchOutput", "cancelBatch")
+    }
     return {
         "/v1/models": {
             "get": {
@@ -92,7 +99,12 @@ def openai_paths(responses: Responses, body: Body, ref: Ref) -> dict[str, Any]:
                         },
                     },
                 },
-                "responses": responses({"200": json_ok("The batch", ref("Batch"))}, 400, 413, 429),
+                "responses": responses(
+                    {"200": {**json_ok("The batch", ref("Batch")), "links": batch_links}},
+                    400,
+                    413,
+                    429,
+                ),
             }
         },
         "/v1/batches/{batch_id}": {

@@ -16,9 +16,10 @@ from typing import Any
 import redis
 from flask import Flask, Response, request, stream_with_context
 from flask_sock import Sock
+from simple_websocket import ConnectionClosed
 
 from web.auth import current_owner
-from web.errors import not_found
+from web.errors import ApiError, not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive
 from web.services import Services, services
 from web.validation import parse_after
@@ -32,6 +33,7 @@ SSE_HEADERS = {
     "Connection": "keep-alive",
 }
 WS_CLOSE_NOT_FOUND = 4404
+WS_CLOSE_HTTP_BASE = 4000  # a refused request closes with 4000 + its HTTP status (4400, 4404)
 WS_CLOSE_UNAVAILABLE = 1011
 
 
@@ -88,10 +90,18 @@ def sse_events(job_id: str) -> Response:
         except redis.RedisError as exc:
             log.warning("stream of %s ended: redis unavailable: %s", job_id, exc)
             yield f"event: error\ndata: {json.dumps({'error': unavailable_error(exc)})}\n\n"
+        except GeneratorExit:  # the server closed the body early: the client went away
+            log.info("event stream reader of %s left", job_id)
+            raise
         finally:
             chunks.close()
 
-    return Response(stream_with_context(body()), mimetype="text/event-stream", headers=SSE_HEADERS)
+    response = Response(
+        stream_with_context(body()), mimetype="text/event-stream", headers=SSE_HEADERS
+    )
+    # The server closes the response even when the body never ran (the client left first).
+    response.call_on_close(follower.close)
+    return response
 
 
 def format_sse(event: FollowEvent) -> str:
@@ -150,15 +160,12 @@ def register(app: Flask) -> None:
 
     @sock.route("/v1/jobs/<job_id>/ws")
     def job_ws(ws: Any, job_id: str) -> None:
-        svc = services()
-        try:
-            after = parse_after(request.args.get("after"), "after")
-            follower = JobFollower(svc.store, svc.hub, job_id, after, current_owner())
-        except JobNotFound:
-            error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
-            ws.send(json.dumps({"event": "error", "error": {**error, "param": "job_id"}}))
-            ws.close(reason=WS_CLOSE_NOT_FOUND, message="job not found")
+        """After the upgrade nothing may answer in HTTP: every failure is an ``error`` event
+        and a close code (4xxx for the client's mistakes), and a client leaving is no error."""
+        follower = open_ws_follower(ws, job_id)
+        if follower is None:
             return
+        svc = services()
         chunks = follower.chunks(svc.settings.web.keepalive_seconds, stream_pace(svc))
         delivery = FirstDelivery(follower, "websocket")
         try:
@@ -169,10 +176,36 @@ def register(app: Flask) -> None:
                     if message is not None:
                         ws.send(json.dumps(message, ensure_ascii=False))
                 delivery.written()
+            ws.close(reason=1000, message="done")
         except redis.RedisError as exc:
-            ws.send(json.dumps({"event": "error", "error": unavailable_error(exc)}))
-            ws.close(reason=WS_CLOSE_UNAVAILABLE, message="redis unavailable")
-            return
+            close_with_error(ws, unavailable_error(exc), WS_CLOSE_UNAVAILABLE, "redis unavailable")
+        except (ConnectionClosed, OSError) as exc:
+            log.info("websocket reader of %s left: %s", job_id, type(exc).__name__)
         finally:
-            chunks.close()  # drop the hub subscription even when the client vanished
-        ws.close(reason=1000, message="done")
+            chunks.close()
+            follower.close()  # drop the hub subscription even when the client vanished
+
+
+def open_ws_follower(ws: Any, job_id: str) -> JobFollower | None:
+    """The follower for a WebSocket, or None after telling the client why not."""
+    svc = services()
+    try:
+        after = parse_after(request.args.get("after"), "after")
+        return JobFollower(svc.store, svc.hub, job_id, after, current_owner())
+    except JobNotFound:
+        error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
+        close_with_error(ws, {**error, "param": "job_id"}, WS_CLOSE_NOT_FOUND, "job not found")
+    except ApiError as exc:
+        close_with_error(ws, exc.to_dict()["error"], WS_CLOSE_HTTP_BASE + exc.status, exc.type)
+    except redis.RedisError as exc:
+        close_with_error(ws, unavailable_error(exc), WS_CLOSE_UNAVAILABLE, "redis unavailable")
+    return None
+
+
+def close_with_error(ws: Any, error: dict[str, Any], code: int, reason: str) -> None:
+    """An ``error`` event, then the close code; a client already gone is left alone."""
+    try:
+        ws.send(json.dumps({"event": "error", "error": error}, ensure_ascii=False))
+        ws.close(reason=code, message=reason)
+    except (ConnectionClosed, OSError):
+        log.info("websocket client left before its error (%s) was sent", code)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
+import logging
+import threading
 import time
-from typing import Any
-
-from flask import request
+from collections import Counter
 
 from web.auth import current_owner
-from web.errors import invalid, too_many, unavailable
+from web.errors import too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
 from worker.capacity import queue_depth
@@ -19,22 +18,9 @@ from worker.metrics import count_now
 from worker.queueing import enqueue_generation
 from worker.store import CancelOutcome
 
+log = logging.getLogger(__name__)
+
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
-
-
-def read_json_body() -> Any:
-    """The request body as JSON; bad UTF-8 or syntax is a 400 naming the body."""
-    raw = request.get_data(cache=False)
-    if not raw:
-        raise invalid("body", "request body must be a JSON object")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid("body", f"request body is not valid UTF-8 (byte {exc.start})") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise invalid("body", f"request body is not valid JSON: {exc}") from exc
 
 
 def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
@@ -83,14 +69,49 @@ def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
 
 
 def cancel(svc: Services, job_id: str, model: str) -> CancelOutcome:
-    """Cancel a job; one still queued ends here, so it is counted here (workers count the rest)."""
-    outcome = svc.store.cancel(job_id, time.time())
-    if outcome is CancelOutcome.CANCELED:
-        count_now(svc.redis, JOBS, model=model, status="canceled")
-    return outcome
+    return cancel_many(svc, [(job_id, model)])[0]
+
+
+def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcome]:
+    """Cancel jobs given as (id, model), in one round trip. The one place cancels are counted:
+    a job still queued ends here, once however often it is canceled (workers count the rest)."""
+    outcomes = svc.store.cancel_many([job_id for job_id, _model in jobs], time.time())
+    canceled = Counter(
+        model
+        for (_job_id, model), outcome in zip(jobs, outcomes, strict=True)
+        if outcome is CancelOutcome.CANCELED
+    )
+    for model, amount in canceled.items():
+        count_now(svc.redis, JOBS, amount, model=model, status="canceled")
+    return outcomes
 
 
 def enqueue(svc: Services, job: Job) -> None:
     """Record the job, then hand its id to the model's queue."""
     svc.store.create(job)
     enqueue_generation(svc.celery, job.id, job.model, job.priority)
+
+
+def enqueue_many(svc: Services, jobs: list[Job]) -> None:
+    """``enqueue`` for a batch's jobs: every record at once (one round trip), then the ids to
+    the queues in the background, so thousands of jobs are accepted in about a second.
+
+    Until its id is sent a job reads ``queued`` like any other. Should this process die
+    first, the jobs not yet sent fail with ``queue_timeout`` after ``queued_ttl_seconds``:
+    late, but never silently lost.
+    """
+    svc.store.create_many(jobs)
+    threading.Thread(
+        target=_send_all, args=(svc, jobs), name="trickle-batch-fanout", daemon=True
+    ).start()
+
+
+def _send_all(svc: Services, jobs: list[Job]) -> None:
+    sent = 0
+    try:
+        with svc.celery.producer_or_acquire() as producer:
+            for job in jobs:
+                enqueue_generation(svc.celery, job.id, job.model, job.priority, producer)
+                sent += 1
+    except Exception:  # the edge of a background thread: nobody else would see it
+        log.exception("batch fan-out stopped after %d of %d jobs", sent, len(jobs))

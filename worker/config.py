@@ -98,6 +98,10 @@ class LimitSettings:
     # POST /v1/batches: requests per batch and size of the JSONL input.
     max_batch_requests: int = 10_000
     max_batch_bytes: int = 16_777_216
+    # Jobs one batch may create (each line makes prompts x n jobs), and the most jobs that may
+    # wait queued (all priorities) for a batch to be accepted: batch work is bounded too.
+    max_batch_jobs: int = 10_000
+    max_batch_backlog: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,11 @@ class WebhookSettings:
     # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
     allowed_hosts: tuple[str, ...] = ()
     secret: str = ""  # HMAC key for X-Trickle-Signature
+    # Ports a webhook_url may name (its scheme's default when it names none); empty: any.
+    allowed_ports: tuple[int, ...] = ()
+    # An allowed host that resolves to a loopback, private, link-local or otherwise internal
+    # address is refused at delivery unless this is true (a test receiver on 127.0.0.1).
+    allow_private_addresses: bool = False
     max_attempts: int = 5
     timeout_seconds: float = 5.0
 
@@ -152,6 +161,9 @@ class SupervisorSettings:
 class AuthSettings:
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
     api_keys: tuple[str, ...] = ()
+    # Bearer token for GET /metrics (plain or "sha256:<hex>"). Empty: /metrics is as open as
+    # the API (any API key when keys are set, nobody's business otherwise).
+    metrics_token: str = ""
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ Redis hash form lives in ``store``.
 
 from __future__ import annotations
 
+import re
 import secrets
 from dataclasses import dataclass, field
 from enum import Enum
@@ -36,9 +37,18 @@ class FinishReason(str, Enum):
     ERROR = "error"
 
 
+JOB_ID_PATTERN = re.compile(r"job_[0-9a-f]{32}")
+
+
 def new_job_id() -> str:
     """An unguessable id (128 random bits): knowing one job's id reveals nothing about another."""
     return "job_" + secrets.token_hex(16)
+
+
+def is_job_id(value: str) -> bool:
+    """Whether ``value`` has the form ``new_job_id`` gives: anything else names no job, and must
+    never become part of a Redis key (``<id>:tokens`` would name another key's type)."""
+    return JOB_ID_PATTERN.fullmatch(value) is not None
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ def label_string(labels: dict[str, str]) -> str:
     return ",".join(f'{name}="{value}"' for name, value in sorted(labels.items()))
 
 
-def count_now(client: redis.Redis, counter: Counter, **labels: str) -> None:
-    """Count one event straight into Redis (for the rare ones outside a worker's job path)."""
-    client.hincrbyfloat(keys.METRIC_COUNTERS, f"{counter.name}|{label_string(labels)}", 1)
+def count_now(client: redis.Redis, counter: Counter, amount: float = 1, **labels: str) -> None:
+    """Count events straight into Redis (for the rare ones outside a worker's job path)."""
+    client.hincrbyfloat(keys.METRIC_COUNTERS, f"{counter.name}|{label_string(labels)}", amount)
 
 
 class MetricsRecorder:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlparse
 
 from celery import Celery
@@ -58,12 +59,19 @@ def enqueue_webhook(app: Celery, job_id: str) -> None:
     app.send_task(keys.WEBHOOK_TASK, args=[job_id], queue=keys.WEBHOOK_QUEUE)
 
 
-def enqueue_generation(app: Celery, job_id: str, model: str, priority: int = 0) -> None:
+def enqueue_generation(
+    app: Celery, job_id: str, model: str, priority: int = 0, producer: Any = None
+) -> None:
     """Send a job id to its model's queue; the job itself lives in Redis (see store).
 
     On the Redis transport each priority is its own list and workers read lower numbers
-    first, so batch work (BATCH_PRIORITY) never delays an interactive job's fetch.
+    first, so batch work (BATCH_PRIORITY) never delays an interactive job's fetch. Many sends
+    in a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each.
     """
     app.send_task(
-        keys.GENERATE_TASK, args=[job_id], queue=keys.model_queue(model), priority=priority
+        keys.GENERATE_TASK,
+        args=[job_id],
+        queue=keys.model_queue(model),
+        priority=priority,
+        producer=producer,
     )

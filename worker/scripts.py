@@ -51,7 +51,7 @@ if status == 'running' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
   return 'requested'
 end
-return status
+return 'finished'
 """
 
 # KEYS: lease   ARGV: fence, lease_ms

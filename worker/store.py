@@ -19,7 +19,15 @@ import redis
 
 from worker import keys, scripts
 from worker.events import StepMessage, TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobError, JobStatus, Usage
+from worker.jobs import (
+    FinishReason,
+    GenerationParams,
+    Job,
+    JobError,
+    JobStatus,
+    Usage,
+    is_job_id,
+)
 
 
 class CancelOutcome(str, Enum):
@@ -129,6 +137,16 @@ class JobStore:
     # -- web side -------------------------------------------------------------------------------
 
     def create(self, job: Job) -> None:
+        self.create_many([job])
+
+    def create_many(self, jobs: Sequence[Job]) -> None:
+        """Record new jobs in one round trip (a batch can bring thousands)."""
+        pipe = self.redis.pipeline(transaction=True)
+        for job in jobs:
+            self._queue_create(pipe, job)
+        pipe.execute()
+
+    def _queue_create(self, pipe: Any, job: Job) -> None:
         fields: dict[Any, Any] = {
             "id": job.id,
             "model": job.model,
@@ -149,12 +167,10 @@ class JobStore:
             fields["prompt_ids"] = " ".join(map(str, job.prompt_ids))
         if job.trace_context:
             fields["traceparent"] = job.trace_context
-        pipe = self.redis.pipeline(transaction=True)
         pipe.hset(keys.job(job.id), mapping=fields)
         # Long enough to stay queued, then to be read as expired for a result TTL.
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
         pipe.zadd(keys.QUEUED_JOBS, {job.id: job.created_at + self.queued_ttl_seconds})
-        pipe.execute()
 
     def get(self, job_id: str) -> Job | None:
         job, _events = self.snapshot(job_id, 0)
@@ -165,6 +181,8 @@ class JobStore:
 
         A running job's ``output`` is the text streamed so far (the whole replay log).
         """
+        if not is_job_id(job_id):
+            return None, []  # never a key built from a malformed id
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(keys.job(job_id))
         pipe.lrange(keys.job_tokens(job_id), 0, -1)
@@ -179,13 +197,27 @@ class JobStore:
         return job, events[from_index:]
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
-        result = self._scripts["CANCEL"](
-            keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
-            args=[job_id, repr(now), self.result_ttl_seconds, keys.EVENTS_CHANNEL, _done(job_id)],
-        )
-        if result in ("missing", "canceled", "requested"):
-            return CancelOutcome(result)
-        return CancelOutcome.ALREADY_FINISHED
+        return self.cancel_many([job_id], now)[0]
+
+    def cancel_many(self, job_ids: Sequence[str], now: float) -> list[CancelOutcome]:
+        """Cancel jobs in one round trip. CANCELED only for the call that canceled a queued
+        job (once per job, however often it is asked): callers count on that."""
+        valid = [job_id for job_id in job_ids if is_job_id(job_id)]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in valid:
+            self._scripts["CANCEL"](
+                keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
+                args=[
+                    job_id,
+                    repr(now),
+                    self.result_ttl_seconds,
+                    keys.EVENTS_CHANNEL,
+                    _done(job_id),
+                ],
+                client=pipe,
+            )
+        replies = dict(zip(valid, pipe.execute() if valid else [], strict=True))
+        return [_cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
 
     # -- worker side: ownership -----------------------------------------------------------------
 
@@ -361,6 +393,12 @@ class JobStore:
         self.queue_finish(pipe, job_id, fence, result)
         (stored,) = pipe.execute()
         return bool(stored)
+
+
+def _cancel_outcome(reply: str) -> CancelOutcome:
+    if reply in ("missing", "canceled", "requested"):
+        return CancelOutcome(reply)
+    return CancelOutcome.ALREADY_FINISHED
 
 
 def _job_from_hash(fields: dict[str, str]) -> Job:

@@ -8,7 +8,7 @@ from celery import Celery, Task
 
 from worker import keys
 from worker.runtime import WorkerRuntime
-from worker.webhooks import WebhookFailed
+from worker.webhooks import WebhookFailed, WebhookRejected
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ def register_tasks(app: Celery) -> None:
         settings = runtime.settings.webhooks
         try:
             runtime.deliver_webhook(job_id)
+        except WebhookRejected as exc:
+            log.error("webhook for %s given up: %s", job_id, exc)  # retrying cannot help
         except WebhookFailed as exc:
             if task.request.retries + 1 >= settings.max_attempts:
                 log.error(

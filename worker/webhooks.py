@@ -1,22 +1,29 @@
 """Job-completion webhooks: POST the job object to an allowlisted URL, signed, with retries.
 
 Only hosts named in ``webhooks.allowed_hosts`` are ever contacted (checked when the job is
-submitted and again when sending), redirects are not followed, and every request carries
+submitted and again when sending), and only at a public address unless
+``webhooks.allow_private_addresses`` says otherwise (checked when sending, on the address the
+connection then uses); redirects are not followed, and every request carries
 ``X-Trickle-Signature: sha256=<hex>``, an HMAC of "<timestamp>.<body>" with ``webhooks.secret``,
 so a receiver can check it came from this deployment and is fresh.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import http.client
+import ipaddress
 import json
+import socket
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from worker.config import WebhookSettings
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class WebhookRejected(ValueError):
@@ -28,7 +35,18 @@ class WebhookFailed(RuntimeError):
 
 
 def check_webhook_url(url: str, settings: WebhookSettings) -> str:
-    parts = urlsplit(url)
+    """The URL if Trickle may call it (by its text: host allowlist, port, no credentials);
+    the address it resolves to is checked at each delivery (``resolve_address``)."""
+    if not (url.isascii() and url.isprintable()) or " " in url:
+        raise WebhookRejected(
+            "webhook_url must be printable ASCII without spaces or control characters "
+            "(percent-encode anything else)"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for ":abc" or ":99999"
+    except ValueError as exc:
+        raise WebhookRejected(f"webhook_url is not a valid URL: {exc}") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise WebhookRejected("webhook_url must be an absolute http(s) URL")
     if parts.username or parts.password:
@@ -37,7 +55,42 @@ def check_webhook_url(url: str, settings: WebhookSettings) -> str:
         raise WebhookRejected(
             f"webhook_url host {parts.hostname!r} is not in webhooks.allowed_hosts"
         )
+    if port == 0:
+        raise WebhookRejected("webhook_url port must be between 1 and 65535")
+    effective_port = port or DEFAULT_PORTS[parts.scheme]
+    if settings.allowed_ports and effective_port not in settings.allowed_ports:
+        raise WebhookRejected(f"webhook_url port {effective_port} is not in webhooks.allowed_ports")
     return url
+
+
+def resolve_address(host: str, port: int, settings: WebhookSettings) -> str:
+    """The address to connect to: an allowed name must not lead to an internal address
+    (loopback, private, link-local, multicast, reserved) unless the operator allows it.
+
+    The delivery connects to exactly the address checked here, so a name that changes what it
+    resolves to between check and connect (DNS rebinding) gains nothing.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise WebhookFailed(f"webhook host {host} does not resolve: {exc}") from exc
+    refused = ""
+    for info in infos:
+        address = _address(str(info[4][0]))
+        if settings.allow_private_addresses or (address.is_global and not address.is_multicast):
+            return str(address)
+        refused = refused or str(address)
+    raise WebhookRejected(
+        f"webhook host {host} resolves to {refused}, an internal address "
+        "(set webhooks.allow_private_addresses to allow it)"
+    )
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    address = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback
+    return address
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -45,8 +98,15 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + digest.hexdigest()
 
 
+def _connect_to(
+    address: str, target: tuple[str, int], timeout: Any = None, source: Any = None
+) -> socket.socket:
+    return socket.create_connection((address, target[1]), timeout, source)
+
+
 def deliver(url: str, payload: dict[str, Any], settings: WebhookSettings) -> int:
-    """One delivery attempt; returns the receiver's status or raises WebhookFailed."""
+    """One delivery attempt; returns the receiver's status, raises WebhookFailed (retry) or
+    WebhookRejected (never: the URL or its address is not one Trickle may call)."""
     check_webhook_url(url, settings)
     parts = urlsplit(url)
     body = json.dumps(payload).encode()
@@ -61,16 +121,19 @@ def deliver(url: str, payload: dict[str, Any], settings: WebhookSettings) -> int
     connection_class = (
         http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     )
-    connection = connection_class(
-        parts.hostname or "", parts.port, timeout=settings.timeout_seconds
-    )
+    host = parts.hostname or ""
+    port = parts.port or DEFAULT_PORTS[parts.scheme]
+    address = resolve_address(host, port, settings)
+    connection = connection_class(host, port, timeout=settings.timeout_seconds)
+    # Connect to the address just checked; Host, SNI and the certificate still use the name.
+    connection._create_connection = functools.partial(_connect_to, address)  # type: ignore[attr-defined]
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
     try:
         connection.request("POST", path, body=body, headers=headers)
         status = connection.getresponse().status
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:
         raise WebhookFailed(f"webhook to {parts.hostname} failed: {exc}") from exc
     finally:
         connection.close()
