@@ -85,6 +85,7 @@ class Lane:
 
     commands: Connection
     events: Connection
+    generation: int  # which engine process these pipes lead to
 
 
 class Engine:
@@ -102,18 +103,21 @@ class Engine:
         self._batch_ids = itertools.count()
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
+        self._broken = False  # a lane's pipe broke: the process is dead or dying
+        self._generation = 0
         self.device = "cpu"
         self._start()
 
     def _start(self) -> None:
         """Spawn the engine process and wait until its model is loaded and warm."""
         context = multiprocessing.get_context("spawn")
+        self._generation += 1
         ours: list[Lane] = []
         theirs: list[tuple[Connection, Connection]] = []
         for _ in range(max(self.settings.inter_threads, 1)):
             commands_out, commands_in = context.Pipe(duplex=False)
             events_out, events_in = context.Pipe(duplex=False)
-            ours.append(Lane(commands_in, events_out))
+            ours.append(Lane(commands_in, events_out, self._generation))
             theirs.append((commands_out, events_in))
         self._process = context.Process(
             target=serve,
@@ -145,10 +149,13 @@ class Engine:
 
     def _ensure_running(self) -> None:
         with self._restart_lock:
-            if self._process.is_alive():
+            if self._process.is_alive() and not self._broken:
                 return
             log.error("engine process for %s died; starting a new one", self.settings.name)
+            self._process.kill()  # a pipe broke first: make sure, and reap it
+            self._process.join(timeout=10)
             self._close_lanes()
+            self._broken = False
             self._start()
 
     def _close_lanes(self) -> None:
@@ -213,6 +220,9 @@ class Engine:
                     if on_step(position, step, token_id, logprob, is_last):
                         flags[slots[position]] = 1
         except (EOFError, OSError) as exc:
+            if lane.generation == self._generation:
+                self._broken = True  # the next batch starts a new engine process
+            self._process.join(timeout=1)
             code = self._process.exitcode
             raise EngineError(f"the engine process exited (code {code})") from exc
         finally:
