@@ -30,6 +30,7 @@ from bench.stats import percentile, summary
 from trickle.otlp_sink import ReceivedSpan, SpanSink
 from worker.config import PROJECT_ROOT, available_cores
 
+ENGINE_RUNS = 10  # per engine variant: the medians settle quickly, and five variants run
 HOPS = (
     "validate",
     "enqueue",
@@ -206,7 +207,7 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
     pieces = models.prompt_pieces(model)
     params = RunParams(max_tokens=max_tokens, top_k=1)
     progress(f"=== {key}: engine alone")
-    engine = engine_single_stream(model, pieces, params, runs)
+    engine = engine_single_stream(model, pieces, params, min(runs, ENGINE_RUNS))
     sink = SpanSink()
     stack = Stack(out_dir / f"work-budget-{key}", model, params, max_tokens)
     stack.extra_env = {
