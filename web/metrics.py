@@ -15,6 +15,7 @@ from flask import Blueprint, Response
 from web.services import Services, services
 from worker import keys
 from worker.metric_defs import COUNTERS, HISTOGRAMS, Histogram
+from worker.queueing import PRIORITY_STEPS
 
 blueprint = Blueprint("metrics", __name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -34,11 +35,19 @@ def gauges(svc: Services) -> list[str]:
     models = list(svc.settings.models)
     fresh_since = time.time() - svc.settings.worker.heartbeat_ttl_seconds
     pipe = svc.redis.pipeline(transaction=False)
+    steps = len(PRIORITY_STEPS)
     for model in models:
-        pipe.llen(keys.model_queue(model))
+        for name in keys.model_queue_lists(model, PRIORITY_STEPS):
+            pipe.llen(name)
         pipe.zcount(keys.model_workers(model), fresh_since, "+inf")
     pipe.zcard(keys.RUNNING_JOBS)
-    replies = pipe.execute()
+    raw = pipe.execute()
+    # Per model: the queue depth over every priority list, then the live worker count.
+    replies = []
+    for i in range(len(models)):
+        chunk = raw[i * (steps + 1) : (i + 1) * (steps + 1)]
+        replies += [sum(chunk[:steps]), chunk[steps]]
+    replies.append(raw[-1])
     lines = [
         "# HELP trickle_queue_depth Jobs waiting in each model's queue.",
         "# TYPE trickle_queue_depth gauge",

@@ -12,11 +12,10 @@ from web.auth import current_owner
 from web.errors import invalid, too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
-from worker import keys
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
 from worker.metric_defs import JOBS
 from worker.metrics import count_now
-from worker.queueing import enqueue_generation
+from worker.queueing import enqueue_generation, queued_messages
 from worker.store import CancelOutcome
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
@@ -67,8 +66,9 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
-    """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
-    waiting = int(svc.redis.llen(keys.model_queue(model)))
+    """429 once a model's queue holds max_queued_jobs (every priority): better a retry than an
+    endless wait."""
+    waiting = queued_messages(svc.redis, model)
     limit = svc.settings.limits.max_queued_jobs
     if waiting + adding > limit:
         raise too_many(

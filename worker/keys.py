@@ -69,6 +69,17 @@ def model_queue(model: str) -> str:
     return f"{PREFIX}.{model}"
 
 
+# kombu's Redis transport keeps each priority step of a queue in a list of its own: the queue's
+# name for priority 0, "<queue>\x06\x16<priority>" for the others.
+KOMBU_PRIORITY_SEPARATOR = "\x06\x16"
+
+
+def model_queue_lists(model: str, priorities: tuple[int, ...]) -> list[str]:
+    """The Redis lists that hold a model's queued messages, one per priority step."""
+    queue = model_queue(model)
+    return [f"{queue}{KOMBU_PRIORITY_SEPARATOR}{p}" if p else queue for p in priorities]
+
+
 def model_workers(model: str) -> str:
     """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
     return f"{PREFIX}:workers:{model}"

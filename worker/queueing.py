@@ -11,6 +11,7 @@ import ssl
 from collections.abc import Iterable
 from urllib.parse import urlparse
 
+import redis
 from celery import Celery
 from kombu import Queue
 
@@ -37,7 +38,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.worker.visibility_timeout_seconds,
-            "priority_steps": [INTERACTIVE_PRIORITY, BATCH_PRIORITY],
+            "priority_steps": list(PRIORITY_STEPS),
         },
         worker_hijack_root_logger=False,
         # Task events on, so Flower (or `celery events`) can watch the same broker.
@@ -51,6 +52,17 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         # kombu refuses a rediss:// URL without a certificate policy; verify by default.
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     return app
+
+
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+
+
+def queued_messages(client: redis.Redis, model: str) -> int:
+    """How many jobs wait in a model's queue, every priority step counted (batch work too)."""
+    pipe = client.pipeline(transaction=False)
+    for name in keys.model_queue_lists(model, PRIORITY_STEPS):
+        pipe.llen(name)
+    return sum(int(n) for n in pipe.execute())
 
 
 def enqueue_webhook(app: Celery, job_id: str) -> None:
