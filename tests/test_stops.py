@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from worker.stops import StopMatcher
 
 
@@ -40,3 +42,30 @@ def test_held_text_is_flushed_at_the_end() -> None:
 
 def test_no_stops_passes_through() -> None:
     assert feed_all(StopMatcher([]), ["a", "b"]) == ("ab", False)
+
+
+@pytest.mark.parametrize("order", [["zzz", "END"], ["END", "zzz"], ["q", "zzz", "END"]])
+def test_hold_back_covers_every_stop_string_not_just_the_first(order: list[str]) -> None:
+    matcher = StopMatcher(order)
+    first = matcher.feed("The tail EN")  # could still become "END": held, whatever its place
+    assert first.released == "The tail " and not first.stopped
+    second = matcher.feed("D and more")
+    assert second.released == "" and second.stopped
+
+
+def test_hold_back_is_the_longest_prefix_over_all_stops() -> None:
+    # "ab" could start "abc"; "b" alone could start "bz": the longer hold wins.
+    matcher = StopMatcher(["bz", "abc"])
+    assert matcher.feed("xab").released == "x"
+    assert matcher.feed("d").released == "abd"
+    # Exactly one character short of a stop is held whole; a full stop is cut off.
+    matcher = StopMatcher(["1234"])
+    assert matcher.feed("0123").released == "0"
+    assert matcher.feed("4").stopped
+
+
+def test_held_text_is_never_released_twice_nor_lost() -> None:
+    matcher = StopMatcher(["<|end|>", "\n\n"])
+    chunks = ["Hello <", "|en", "dx", " and\n", "more\n", "\n tail"]
+    released, stopped = feed_all(matcher, chunks)
+    assert (released, stopped) == ("Hello <|endx and\nmore", True)
