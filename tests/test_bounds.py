@@ -78,9 +78,7 @@ def create_batch(client: FlaskClient, key: str, count: int) -> dict[str, object]
 
 def test_the_queue_takes_exactly_max_queued_jobs_then_429(client: FlaskClient) -> None:
     assert [submit(client) for _ in range(LIMIT)] == [202] * LIMIT
-    refused = client.post(
-        "/v1/jobs", json={"prompt": "x", "model": "bound"}, headers=bearer(FIRST)
-    )
+    refused = client.post("/v1/jobs", json={"prompt": "x", "model": "bound"}, headers=bearer(FIRST))
     assert refused.status_code == 429
     assert refused.get_json()["error"]["code"] == "queue_full"
     assert f"{LIMIT} jobs waiting (limit {LIMIT})" in refused.get_json()["error"]["message"]

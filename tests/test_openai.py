@@ -21,7 +21,7 @@ def client(stack_url: str) -> openai.OpenAI:
 
 def test_models_list(client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert {m.id for m in models.data} == {"demo", "tiny-llama", "late"}
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late"}
     assert all(m.owned_by == "trickle" for m in models.data)
     demo = client.models.retrieve("demo").model_dump()
     assert demo["default"] is True and demo["workers"] >= 1 and demo["max_tokens"] == 1024

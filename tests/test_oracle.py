@@ -3,8 +3,10 @@
 "Streamed equals stored" cannot catch a detokenizer (or a sampling option) that is wrong in both
 places. So for greedy jobs the test computes the ids itself (same model, greedy, same options)
 and decodes all of them, prompt included, with SentencePiece; the streamed text and the stored
-output must both equal that decode minus the prompt's. The random-weight Llama-style model emits
-ids from the whole vocabulary, byte-fallback pieces (some forming no valid UTF-8) included.
+output must both equal that decode minus the prompt's. tests/scripted_model.py scripts output
+full of multi-byte characters split into byte-fallback pieces; the random-weight Llama-style
+model emits ids from the whole vocabulary, byte-fallback pieces (some forming no valid
+UTF-8) included.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 import sentencepiece as spm
 
 from tests.clients import read_sse, submit
+from tests.scripted_model import PROMPT, cycle_ids
 
 
 class Oracle:
@@ -60,6 +63,13 @@ def demo(demo_model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
+def scripted(scripted_model_dir: Path) -> Any:
+    oracle = Oracle(scripted_model_dir)
+    yield oracle
+    oracle.close()
+
+
+@pytest.fixture(scope="module")
 def llama(llama_model_dir: Path) -> Any:
     oracle = Oracle(llama_model_dir)
     yield oracle
@@ -86,13 +96,28 @@ def streamed_and_stored(base: str, body: dict[str, Any]) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize(
-    "prompt", ["The socket module", "Naïve café ☃ 日本語 🎉", "Return the"], ids=["ascii", "utf8", "p"]
+    "prompt",
+    ["The socket module", "Naïve café ☃ 日本語 🎉", "Return the"],
+    ids=["ascii", "utf8", "p"],
 )
 def test_long_greedy_output_equals_sentencepiece_decode(
     stack_url: str, demo: Oracle, prompt: str
 ) -> None:
     expected = demo.text(prompt, demo.ids(prompt, 400))
     streamed, stored = streamed_and_stored(stack_url, greedy(prompt, "demo", 400))
+    assert streamed == expected
+    assert stored == expected
+
+
+@pytest.mark.parametrize("max_tokens", [300, 305, 313])  # ends inside a multi-byte character
+def test_multibyte_and_byte_fallback_output_equals_sentencepiece_decode(
+    stack_url: str, scripted: Oracle, max_tokens: int
+) -> None:
+    ids = scripted.ids(PROMPT, max_tokens)
+    assert set(ids) == set(cycle_ids(scripted.sp))  # the script ran, every piece of it
+    expected = scripted.text(PROMPT, ids)
+    assert all(char in expected for char in "ï日☃🎉ж\ufffd")
+    streamed, stored = streamed_and_stored(stack_url, greedy(PROMPT, "scripted", max_tokens))
     assert streamed == expected
     assert stored == expected
 
@@ -118,10 +143,12 @@ def test_repetition_penalty_changes_greedy_output_alone_and_in_a_batch(
     assert plain != penalised  # the oracle itself proves the option matters here
     body = greedy(prompt, "demo", 60, repetition_penalty=penalty)
     assert streamed_and_stored(stack_url, body) == (penalised, penalised)
-    # Several at once share one generate_batch call: each still gets the penalty.
+    # Several at once share generate_batch calls: each still gets its own penalty, and jobs
+    # with different penalties never share one call.
+    bodies = [body, greedy(prompt, "demo", 60)] * 3
     with ThreadPoolExecutor(max_workers=6) as pool:
-        batched = list(pool.map(lambda _: streamed_and_stored(stack_url, body), range(6)))
-    assert batched == [(penalised, penalised)] * 6
+        batched = list(pool.map(lambda b: streamed_and_stored(stack_url, b), bodies))
+    assert batched == [(penalised, penalised), (plain, plain)] * 3
 
 
 def test_repetition_penalty_changes_seeded_output(stack_url: str) -> None:
