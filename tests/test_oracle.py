@@ -160,3 +160,26 @@ def test_repetition_penalty_changes_seeded_output(stack_url: str) -> None:
     assert plain["status"] == penalised["status"] == again["status"] == "succeeded"
     assert penalised["output"] == again["output"]  # still repeatable
     assert penalised["output"] != plain["output"]
+
+
+def test_stop_strings_cut_the_oracle_text_and_are_never_streamed(
+    stack_url: str, demo: Oracle
+) -> None:
+    prompt = "The socket module"
+    full = demo.text(prompt, demo.ids(prompt, 200))
+    # A stop that starts inside one token and ends in another, listed after one that never
+    # occurs: hold-back must consider both.
+    start = len(full) // 2
+    stop = full[start + 1 : start + 7]
+    expected = full[: full.find(stop)]
+    body = greedy(prompt, "demo", 200, stop=["\x00never", stop])
+    job = submit(stack_url, body)
+    stream = read_sse(stack_url, job["id"], timeout=120)
+    assert stream.done is not None and stream.done["finish_reason"] == "stop"
+    assert stream.text == expected
+    assert stream.done["output"] == expected
+    # No streamed prefix ever held a piece of the stop beyond what the final text keeps.
+    streamed = ""
+    for token in stream.tokens:
+        streamed += token["text"]
+        assert expected.startswith(streamed)
