@@ -42,9 +42,12 @@ def test_outage_is_503_with_retry_after_and_recovers_without_restarts(faults: Fa
     assert wait_for(lambda: ready(base), 30, "ready before the outage")
     waiting = submit(base, {"prompt": "The", "model": "nobody"})
     results: list[StreamResult] = []
-    reader = threading.Thread(target=lambda: results.append(read_sse(base, waiting["id"])))
+    opened = threading.Event()
+    reader = threading.Thread(
+        target=lambda: results.append(read_sse(base, waiting["id"], opened=opened))
+    )
     reader.start()
-    time.sleep(0.5)
+    assert opened.wait(30), "the stream never opened"
     faults.stop_redis()
     try:
         started = time.monotonic()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -142,7 +141,11 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
         )
         for _ in range(3)
     ]
-    time.sleep(0.3)
+    wait_for(
+        lambda: all(get_job(faults.web_url, job["id"])["status"] == "running" for job in waiting),
+        30,
+        "the waiting jobs to be claimed by the leaving worker",
+    )
     leaving.send_signal(signal.SIGTERM)
     faults.worker("term-b", ("slow",))
     finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
