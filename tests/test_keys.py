@@ -16,3 +16,14 @@ def test_exact_key_strings() -> None:
     assert keys.RUNNING_JOBS == "trickle:running"
     assert keys.QUEUED_JOBS == "trickle:queued"
     assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:k1:requests:29000000"
+    assert keys.WEBHOOK_TASK == "trickle.webhook" and keys.WEBHOOK_QUEUE == "trickle.webhooks"
+    assert keys.METRIC_COUNTERS == "trickle:metrics:counters"
+    assert keys.metric_histogram("ttft") == "trickle:metrics:hist:ttft"
+    assert keys.batch("batch_1") == "trickle:batch:batch_1"
+    assert keys.batch_items("batch_1") == "trickle:batch:batch_1:items"
+
+
+def test_kombu_priority_lists() -> None:
+    # kombu's Redis transport: priority 0 is the queue itself, others get "\x06\x16<n>".
+    assert keys.model_queue_lists("demo", (0, 9)) == ["trickle.demo", "trickle.demo\x06\x169"]
+    assert keys.model_queue_lists("demo", (0,)) == ["trickle.demo"]
