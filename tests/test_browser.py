@@ -44,6 +44,9 @@ CHROMIUM_ARGS = [
 API_KEY = "browser-test-key"
 FINAL = "#output[data-state='final']"
 
+# Real processes started per test: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")

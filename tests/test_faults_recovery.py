@@ -14,6 +14,7 @@ These pin the public contract (HTTP, streams, the stored job), not the publisher
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.clients import StreamResult, get_job, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
@@ -30,6 +32,9 @@ INJECT = Path(__file__).parent / "inject"
 ENGINE_FAILS = "The ☢"  # generate_batch raises for any batch holding this prompt
 TOKENS_FAIL = "The ☠"  # decoding this job's tokens raises
 DIES_AT_THE_END = "The ☣"  # the worker is killed as it stores this job's result
+
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +50,9 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
         models_toml=(
             f'[models.demo]\npath = "{demo_model_dir}"\ninter_threads = 1\n'
             f'[models.slow]\npath = "{slow}"\ninter_threads = 1\n'
+            # Waits long enough for company that jobs submitted together share one batch.
+            f'[models.batchy]\npath = "{demo_model_dir}"\ninter_threads = 1\n'
+            "max_batch_wait_ms = 500\n"
         ),
         settings_toml=(
             "[worker]\nlease_seconds = 2\nrecovery_interval_seconds = 0.5\n"
@@ -61,17 +69,23 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
 @pytest.fixture
 def injected(faults: FaultStack) -> Iterator[FaultStack]:
     """A worker with the fault shim, for this test only."""
-    faults.worker("injected", ("demo", "slow"), PYTHONPATH=str(INJECT))
+    faults.worker("injected", ("demo", "slow", "batchy"), PYTHONPATH=str(INJECT))
     yield faults
     faults.stop_workers()
 
 
-def job_body(prompt: str, max_tokens: int = 200) -> dict[str, Any]:
-    return {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
+def job_body(prompt: str, max_tokens: int = 200, model: str = "demo") -> dict[str, Any]:
+    return {
+        "prompt": prompt,
+        "model": model,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
 
 
-def run(base: str, prompt: str, max_tokens: int = 200) -> StreamResult:
-    job = submit(base, job_body(prompt, max_tokens))
+def run(base: str, prompt: str, max_tokens: int = 200, model: str = "demo") -> StreamResult:
+    job = submit(base, job_body(prompt, max_tokens, model))
     stream = read_sse(base, job["id"], timeout=60)
     assert stream.done is not None, stream.error
     return stream
@@ -85,10 +99,10 @@ def assert_consistent(stream: StreamResult) -> None:
 
 def test_a_job_whose_tokens_cannot_be_processed_fails_alone(injected: FaultStack) -> None:
     base = injected.web_url
-    # Same sampling options, submitted together: they can share one engine call.
+    # Same sampling options, submitted together: they share one engine call.
     prompts = ["The value", TOKENS_FAIL, "The module", "The list"]
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        streams = list(pool.map(lambda p: run(base, p), prompts))
+        streams = list(pool.map(lambda p: run(base, p, model="batchy"), prompts))
     by_prompt = dict(zip(prompts, streams, strict=True))
     failed = by_prompt.pop(TOKENS_FAIL)
     assert failed.done is not None and failed.done["status"] == "failed"
@@ -100,6 +114,17 @@ def test_a_job_whose_tokens_cannot_be_processed_fails_alone(injected: FaultStack
         assert stream.done is not None and stream.done["status"] == "succeeded"
         assert len(stream.tokens) == 200
         assert_consistent(stream)
+    # And they did share the engine call (workers flush metrics every 2 s).
+    wait_for(lambda: batch_sizes(base) == (1.0, 4.0), 10, "one batch of the four jobs in /metrics")
+
+
+def batch_sizes(base: str) -> tuple[float, float]:
+    """(generate_batch calls, jobs in them) for the batchy model, from /metrics."""
+    text = requests.get(f"{base}/metrics", timeout=10).text
+    found = dict(
+        re.findall(r'^trickle_batch_size_(count|sum)\{model="batchy"\} (\S+)$', text, re.M)
+    )
+    return float(found.get("count", 0)), float(found.get("sum", 0))
 
 
 def test_a_failing_engine_fails_its_jobs_and_the_worker_goes_on(injected: FaultStack) -> None:
@@ -121,7 +146,7 @@ def test_a_failing_engine_fails_its_jobs_and_the_worker_goes_on(injected: FaultS
 
 def test_redis_stopped_mid_job_every_token_lands_once(injected: FaultStack) -> None:
     base = injected.web_url
-    job = submit(base, {**job_body("The value", 600), "model": "slow"})
+    job = submit(base, job_body("The value", 600, model="slow"))
     wait_for(lambda: tokens_streamed(base, job["id"]) >= 20, 60, "the job to be streaming")
     injected.stop_redis()  # flushes now fail; the worker retries them
     try:

@@ -15,6 +15,9 @@ import requests
 from tests.clients import StreamResult, poll_until_finished, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, wait_for
 
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:

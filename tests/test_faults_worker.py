@@ -23,6 +23,9 @@ LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
 LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:

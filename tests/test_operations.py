@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from tests import stack
@@ -94,6 +95,7 @@ def test_every_job_event_is_one_json_log_line(stack_url: str, log_dir: Path) -> 
     assert events[0]["worker"].startswith("main@")
 
 
+@pytest.mark.timeout(120)
 def test_two_workers_share_a_burst(
     stack_url: str, config_path: Path, redis_url: str, log_dir: Path
 ) -> None:
