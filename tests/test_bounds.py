@@ -200,3 +200,28 @@ def test_without_keys_each_address_has_its_own_limit(
         429,
         202,
     ]
+
+
+def test_counters_follow_the_key_schema(
+    limited: tuple[FlaskClient, Clock], redis_client: redis.Redis
+) -> None:
+    """trickle:rate:<subject>:<requests|tokens>:<minute>, kept two windows (README, keys.py)."""
+    client, clock = limited
+    window = int(clock.now // WINDOW_SECONDS)
+    clock.now += 59.5  # the last half second of the window
+    assert post(client, FIRST) == 202
+    found = sorted(redis_client.scan_iter(match=f"trickle:rate:*:{window}"))
+    assert len(found) == 2, found
+    requests_key, tokens_key = found
+    assert requests_key.endswith(f":requests:{window}") and tokens_key.endswith(f":tokens:{window}")
+    assert requests_key.rsplit(":", 2)[0] == tokens_key.rsplit(":", 2)[0]
+    assert redis_client.get(requests_key) == "1"
+    assert redis_client.get(tokens_key) == "3"  # prompt "x" with its start token + max_tokens 1
+    assert 60 < redis_client.ttl(requests_key) <= 2 * WINDOW_SECONDS
+    post(client, FIRST)
+    refused = client.post(
+        "/v1/jobs", json={"prompt": "x", "model": "demo", "max_tokens": 1}, headers=bearer(FIRST)
+    )
+    assert refused.status_code == 429
+    assert refused.headers["Retry-After"] == "1"  # half a second left, rounded up
+    assert "2 requests per minute" in refused.get_json()["error"]["message"]

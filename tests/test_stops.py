@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.stops import StopMatcher
+from worker.stops import StopCheck, StopMatcher
 
 
 def feed_all(matcher: StopMatcher, chunks: list[str]) -> tuple[str, bool]:
@@ -69,3 +69,35 @@ def test_held_text_is_never_released_twice_nor_lost() -> None:
     chunks = ["Hello <", "|en", "dx", " and\n", "more\n", "\n tail"]
     released, stopped = feed_all(matcher, chunks)
     assert (released, stopped) == ("Hello <|endx and\nmore", True)
+
+
+def test_checks_are_exact_values() -> None:
+    assert StopMatcher([]).feed("ab") == StopCheck("ab", False)
+    assert StopMatcher([""]).feed("ab") == StopCheck("ab", False)  # empty stops are ignored
+    matcher = StopMatcher(["xyz"])
+    assert matcher.feed("ab") == StopCheck("ab", False)
+    assert matcher.feed("x") == StopCheck("", False)
+    assert matcher.feed("yz!") == StopCheck("", True)
+
+
+def test_a_stop_at_the_very_start_releases_nothing() -> None:
+    assert StopMatcher(["ab"]).feed("abc") == StopCheck("", True)
+    assert StopMatcher(["b", "a"]).feed("ab") == StopCheck("", True)
+
+
+def test_after_a_match_or_a_flush_nothing_stays_held() -> None:
+    matcher = StopMatcher(["END"])
+    assert matcher.feed("E") == StopCheck("", False)
+    assert matcher.flush() == "E"
+    assert matcher.flush() == ""
+    assert matcher.feed("xEN") == StopCheck("x", False)
+    assert matcher.feed("D") == StopCheck("", True)
+    assert matcher.flush() == ""
+    assert matcher.feed("abc") == StopCheck("abc", False)
+
+
+def test_a_buffer_shorter_than_the_stop_is_held_whole() -> None:
+    matcher = StopMatcher(["abcdef"])
+    assert matcher.feed("ab") == StopCheck("", False)
+    assert matcher.feed("c") == StopCheck("", False)
+    assert matcher.feed("x") == StopCheck("abcx", False)
