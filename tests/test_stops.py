@@ -101,3 +101,8 @@ def test_a_buffer_shorter_than_the_stop_is_held_whole() -> None:
     assert matcher.feed("ab") == StopCheck("", False)
     assert matcher.feed("c") == StopCheck("", False)
     assert matcher.feed("x") == StopCheck("abcx", False)
+
+
+def test_the_first_occurrence_of_a_stop_cuts_the_text() -> None:
+    assert StopMatcher(["b"]).feed("abab") == StopCheck("a", True)
+    assert StopMatcher(["zz", "b"]).feed("abzzb") == StopCheck("a", True)
