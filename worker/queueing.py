@@ -19,6 +19,9 @@ from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
+# The priority steps kombu keeps apart (one Redis list each); a job's priority is one of them.
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     app = Celery("trickle", broker=settings.redis.url, set_as_current=False)
@@ -52,9 +55,6 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         # kombu refuses a rediss:// URL without a certificate policy; verify by default.
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     return app
-
-
-PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 
 
 def queued_messages(client: redis.Redis, model: str) -> int:
