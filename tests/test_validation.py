@@ -130,9 +130,9 @@ def test_openapi_document_describes_the_api(client: FlaskClient) -> None:
         ({}, 400, "prompt", None, "prompt is required"),
         ({"prompt": 5}, 400, "prompt", None, "prompt must be a string"),
         ({"prompt": "hi", "model": 7}, 400, "model", None, "model must be a string"),
-        ({"prompt": "hi", "model": "gpt-17"}, 404, "model", "model_not_found", "'gpt-17'"),
+        ({"prompt": "hi", "model": "gpt-17"}, 404, "model", "model_not_found", "model 'gpt-17'"),
         ({"prompt": "a\ud800"}, 400, "prompt", None, "prompt contains an unpaired surrogate at"),
-        ({"prompt": "hi", "webhook_url": 5}, 400, "webhook_url", None, "must be a string"),
+        ({"prompt": "hi", "webhook_url": 5}, 400, "webhook_url", None, "webhook_url must be"),
         ({"prompt": "hi", "webhook_url": "http://10.9.9.9/x"}, 400, "webhook_url", None, ""),
         ({"prompt": "hi", "webhook_url": "ftp://127.0.0.1/x"}, 400, "webhook_url", None, ""),
     ],
@@ -148,7 +148,7 @@ def test_errors_name_the_field_exactly(
     assert response.status_code == status
     error = response.get_json()["error"]
     assert error["param"] == param
-    assert message in error["message"] and error["message"]
+    assert error["message"].startswith(message) and error["message"]
     if code is not None:
         assert error["code"] == code
 

@@ -13,6 +13,7 @@ from web.validation import (
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     MIN_TOP_P,
+    check_prompt_length,
     parse_after,
     parse_sampling,
     parse_wait,
@@ -144,3 +145,18 @@ def test_resume_index() -> None:
         "Last-Event-ID",
         "Last-Event-ID must be an integer token index",
     )
+
+
+def test_prompt_and_context_limits_are_inclusive(settings: Settings) -> None:
+    prompt_limit = settings.limits.max_prompt_tokens
+    check_prompt_length(prompt_limit, GenerationParams(max_tokens=1), settings, "demo")
+    error = refused(
+        check_prompt_length, prompt_limit + 1, GenerationParams(max_tokens=1), settings, "demo"
+    )
+    assert error.param == "prompt"
+    context = settings.model("tiny-llama").max_context_tokens
+    fits = GenerationParams(max_tokens=context - 100)
+    check_prompt_length(100, fits, settings, "tiny-llama")  # exactly the whole context
+    over = GenerationParams(max_tokens=context - 99)
+    error = refused(check_prompt_length, 100, over, settings, "tiny-llama")
+    assert error.param == "max_tokens"
