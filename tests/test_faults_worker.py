@@ -149,8 +149,10 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
         30,
         "the waiting jobs to be claimed by the leaving worker",
     )
-    leaving.send_signal(signal.SIGTERM)
+    # The next worker is up before the hand-back: a handed-back job waits at most the queue TTL
+    # (6 s here), less than a worker can take to start on a loaded machine.
     faults.worker("term-b", ("slow",))
+    leaving.send_signal(signal.SIGTERM)
     finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
     assert [job["status"] for job in finished] == ["succeeded"] * 4
     assert all(job["attempts"] == 1 for job in finished)  # handing back is not an attempt
