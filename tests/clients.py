@@ -76,13 +76,15 @@ def read_sse(
     max_tokens: int | None = None,
     timeout: float = 60,
     opened: threading.Event | None = None,
+    into: StreamResult | None = None,
 ) -> StreamResult:
     """Read an SSE stream to `done` (or stop early after max_tokens tokens).
 
     ``timeout`` bounds each read and the whole stream: keep-alive comments would otherwise keep
-    a stream that never finishes open forever. ``opened`` is set once the headers arrived.
+    a stream that never finishes open forever. ``opened`` is set once the headers arrived;
+    ``into`` is filled as events arrive, for a test to watch from another thread.
     """
-    result = StreamResult()
+    result = into if into is not None else StreamResult()
     deadline = Deadline(timeout, f"SSE stream of {job_id}")
     url = f"{base}/v1/jobs/{job_id}/events{query}"
     with requests.get(url, headers=headers or {}, stream=True, timeout=timeout) as response:
