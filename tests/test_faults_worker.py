@@ -135,7 +135,8 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
 def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
     # One engine thread, so jobs that cannot join the running batch really wait.
     leaving = faults.worker("term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1")
-    running = submit(faults.web_url, {"prompt": "The", **{**LONG, "max_tokens": 600}})
+    # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
+    running = submit(faults.web_url, {"prompt": "The", **LONG})
     wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
     # A different sampling configuration cannot join the running batch: these wait.
     waiting = [
@@ -152,11 +153,12 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
     # The next worker is up before the hand-back: a handed-back job waits at most the queue TTL
     # (6 s here), less than a worker can take to start on a loaded machine.
     faults.worker("term-b", ("slow",))
+    assert get_job(faults.web_url, running["id"])["status"] == "running"  # still: waiters wait
     leaving.send_signal(signal.SIGTERM)
     finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
     assert [job["status"] for job in finished] == ["succeeded"] * 4
     assert all(job["attempts"] == 1 for job in finished)  # handing back is not an attempt
-    assert finished[0]["usage"]["completion_tokens"] == 600
+    assert finished[0]["usage"]["completion_tokens"] == LONG["max_tokens"]
     leaving.wait(30)
     log = (faults.log_dir / "term-a.log").read_text()
     assert "3 waiting job(s) handed back" in log

@@ -97,8 +97,8 @@ def streamed_and_stored(base: str, body: dict[str, Any]) -> tuple[str, str]:
 
 @pytest.mark.parametrize(
     "prompt",
-    ["The socket module", "Naïve café ☃ 日本語 🎉", "Return the"],
-    ids=["ascii", "utf8", "p"],
+    ["The socket module", "Naïve café ☃ 日本語 🎉"],
+    ids=["ascii", "utf8"],
 )
 def test_long_greedy_output_equals_sentencepiece_decode(
     stack_url: str, demo: Oracle, prompt: str
@@ -109,7 +109,7 @@ def test_long_greedy_output_equals_sentencepiece_decode(
     assert stored == expected
 
 
-@pytest.mark.parametrize("max_tokens", [300, 305, 313])  # ends inside a multi-byte character
+@pytest.mark.parametrize("max_tokens", [300, 313])  # both end inside a multi-byte character
 def test_multibyte_and_byte_fallback_output_equals_sentencepiece_decode(
     stack_url: str, scripted: Oracle, max_tokens: int
 ) -> None:
