@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test lint install install-dev demo-model bench clean
+.PHONY: up test test-cov mutate lint install install-dev demo-model bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,10 +31,23 @@ up: install demo-model
 test: install-dev
 	$(BIN)/pytest
 
+# The whole suite under coverage, subprocesses (Celery, gunicorn, CLI) included; prints the total.
+test-cov: install-dev
+	rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest -p no:cacheprovider
+	$(BIN)/coverage combine -q
+	$(BIN)/coverage report
+
+# Mutation testing of the pure-logic modules ([tool.mutmut] in pyproject.toml, docs/testing.md).
+mutate: install-dev demo-model
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children 2
+	$(BIN)/mutmut results
+
 lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) models .trickle
+	rm -rf $(VENV) models .trickle mutants .coverage .coverage.*

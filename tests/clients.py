@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,21 @@ class StreamResult:
     @property
     def indexes(self) -> list[int]:
         return [token["index"] for token in self.tokens]
+
+
+class Deadline:
+    """A total time limit for a stream, checked between messages."""
+
+    def __init__(self, seconds: float, what: str):
+        self._end = time.monotonic() + seconds
+        self._seconds = seconds
+        self._what = what
+
+    def check(self, result: StreamResult) -> None:
+        if time.monotonic() > self._end:
+            raise AssertionError(
+                f"{self._what} still open after {self._seconds}s ({len(result.tokens)} tokens)"
+            )
 
 
 def submit(base: str, body: dict[str, Any], wait: float | None = None) -> dict[str, Any]:
@@ -59,17 +75,28 @@ def read_sse(
     query: str = "",
     max_tokens: int | None = None,
     timeout: float = 60,
+    opened: threading.Event | None = None,
+    into: StreamResult | None = None,
 ) -> StreamResult:
-    """Read an SSE stream to `done` (or stop early after max_tokens tokens)."""
-    result = StreamResult()
+    """Read an SSE stream to `done` (or stop early after max_tokens tokens).
+
+    ``timeout`` bounds each read and the whole stream: keep-alive comments would otherwise keep
+    a stream that never finishes open forever. ``opened`` is set once the headers arrived;
+    ``into`` is filled as events arrive, for a test to watch from another thread.
+    """
+    result = into if into is not None else StreamResult()
+    deadline = Deadline(timeout, f"SSE stream of {job_id}")
     url = f"{base}/v1/jobs/{job_id}/events{query}"
     with requests.get(url, headers=headers or {}, stream=True, timeout=timeout) as response:
         assert response.status_code == 200, response.text
         assert response.headers["Content-Type"].startswith("text/event-stream")
         assert response.headers["Cache-Control"] == "no-cache"
         assert response.headers["X-Accel-Buffering"] == "no"
+        if opened is not None:
+            opened.set()
         event: dict[str, str] = {}
         for raw in response.iter_lines(decode_unicode=False):
+            deadline.check(result)
             line = raw.decode("utf-8")
             if line.startswith(":"):
                 result.comments += 1
@@ -96,12 +123,15 @@ def read_sse(
 
 
 def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> StreamResult:
+    """Read a WebSocket stream to its last message; ``timeout`` bounds each read and the whole."""
     result = StreamResult()
+    deadline = Deadline(timeout, f"WebSocket stream of {job_id}")
     ws = websocket.create_connection(
         base.replace("http://", "ws://") + f"/v1/jobs/{job_id}/ws{query}", timeout=timeout
     )
     try:
         while True:
+            deadline.check(result)
             message = json.loads(ws.recv())
             if message["event"] == "token":
                 result.tokens.append({"index": message["index"], "text": message["text"]})

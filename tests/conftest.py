@@ -40,6 +40,16 @@ def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def scripted_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Greedy output is a fixed cycle of byte-fallback and multi-byte pieces (an oracle)."""
+    from tests.scripted_model import build_scripted_model
+
+    return build_scripted_model(
+        tmp_path_factory.mktemp("scripted"), demo_model_dir / "tokenizer.model"
+    )
+
+
+@pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     process = start_redis(port, tmp_path_factory.mktemp("redis"), append_only=False)
@@ -53,6 +63,7 @@ def config_path(
     redis_url: str,
     demo_model_dir: Path,
     llama_model_dir: Path,
+    scripted_model_dir: Path,
 ) -> Path:
     path = tmp_path_factory.mktemp("config") / "test.toml"
     path.write_text(
@@ -82,6 +93,9 @@ max_batch_size = 8
 path = "{llama_model_dir}"
 max_context_tokens = 512
 max_batch_size = 4
+[models.scripted]
+path = "{scripted_model_dir}"
+inter_threads = 1
 # No worker serves this one until a test starts it: jobs for it stay queued.
 [models.late]
 path = "{demo_model_dir}"
@@ -105,7 +119,7 @@ def worker_process(
     config_path: Path, redis_url: str, log_dir: Path
 ) -> Iterator[subprocess.Popen[bytes]]:
     process = stack.start_worker(
-        config_path, redis_url, "main", log_dir, models=("demo", "tiny-llama")
+        config_path, redis_url, "main", log_dir, models=("demo", "tiny-llama", "scripted")
     )
     yield process
     stack.stop(process)
@@ -121,7 +135,7 @@ def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def stack_url(web_url: str, worker_process: subprocess.Popen[bytes]) -> str:
-    """The whole service: web tier plus one worker serving demo and tiny-llama."""
+    """The whole service: web tier plus one worker serving demo, tiny-llama and scripted."""
     return web_url
 
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 
 from tests import stack
@@ -113,6 +114,7 @@ def test_cancel_stops_queued_requests(stack_url: str) -> None:
     }
 
 
+@pytest.mark.timeout(180)
 def test_batch_work_does_not_delay_interactive_jobs(
     stack_url: str, config_path: Path, redis_url: str, log_dir: Path
 ) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.faultstack import wait_for
 from worker.config import ModelSettings
 from worker.engine import Engine
 from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
@@ -185,12 +186,21 @@ def test_one_redis_round_trip_per_decoding_step(
         ]
     )
     assert [job.state.count for job in jobs] == [steps] * batch
-    time.sleep(0.2)  # let the last flush land
+
+    def publishes() -> int:
+        return int(private_redis.info("commandstats")["cmdstat_publish"]["calls"])
+
+    def landed() -> bool:  # the last flush is in Redis and counted
+        logs = [private_redis.llen(f"trickle:job:{job.job_id}:tokens") for job in jobs]
+        trips = harness.publisher.round_trips - before
+        return logs == [steps] * batch and trips == publishes() - publishes_before
+
+    wait_for(landed, 10, "the last flush")
     round_trips = harness.publisher.round_trips - before
-    publishes = private_redis.info("commandstats")["cmdstat_publish"]["calls"] - publishes_before
+    published = publishes() - publishes_before
     # 320 tokens went out in at most one round trip (and one PUBLISH) per decoding step.
     assert round_trips <= steps
-    assert publishes == round_trips
+    assert published == round_trips
     for job in jobs:
         stored = private_redis.lrange(f"trickle:job:{job.job_id}:tokens", 0, -1)
         assert len(stored) == steps

@@ -6,14 +6,16 @@ land next to their field, and a network drop mid-stream (a proxy between browser
 the stream) resumes with no text lost or repeated, over SSE (EventSource), WebSocket and, with an
 API key, SSE over fetch().
 
-Needs Debian's ``chromium`` at /usr/bin/chromium (``playwright install`` cannot download here);
-without it the tests are skipped, saying so.
+Needs Debian's ``chromium`` (``playwright install`` cannot download here), found on PATH or at
+/usr/bin/chromium. Without it the tests are skipped, saying so, except in CI (``CI`` set, as
+``.ci/run`` does after installing it), where a missing browser fails them instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from tests import stack
 from trickle.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = Path("/usr/bin/chromium")
+DEBIAN_CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -42,13 +44,32 @@ CHROMIUM_ARGS = [
 API_KEY = "browser-test-key"
 FINAL = "#output[data-state='final']"
 
+# Real processes started per test: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return str(DEBIAN_CHROMIUM) if DEBIAN_CHROMIUM.exists() else None
+
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium to run the browser tests")
+    found = find_chromium()
+    if found is None:
+        message = "no chromium on PATH or at /usr/bin/chromium: apt-get install chromium"
+        if in_ci():
+            pytest.fail(f"{message} (CI must run the browser tests)")
+        pytest.skip(message)
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=found, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
 

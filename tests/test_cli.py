@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import requests
+
 from tests.clients import get_job
+from tests.faultstack import wait_for
+from trickle.redis_server import free_port, port_in_use
 
 TRICKLE = str(Path(sys.executable).parent / "trickle")
 
@@ -64,3 +70,47 @@ def test_batch_submit_waits_with_progress_and_writes_output(stack_url: str, tmp_
     outputs = [json.loads(line) for line in target.read_text().splitlines()]
     assert [o["custom_id"] for o in outputs] == [f"r{i}" for i in range(6)]
     assert all(o["response"]["status_code"] == 200 for o in outputs)
+
+
+@pytest.mark.timeout(120)
+def test_up_runs_the_procfile_and_stops_everything_on_sigterm(config_path: Path) -> None:
+    """`trickle up` (what `make up` runs): embedded Redis, then honcho with the Procfile."""
+    redis_port, web_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
+    env.update(
+        TRICKLE_CONFIG=str(config_path),
+        TRICKLE__REDIS__URL=f"redis://127.0.0.1:{redis_port}/0",
+        TRICKLE_PORT=str(web_port),
+        TRICKLE_MODELS="demo",
+    )
+    up = subprocess.Popen(
+        [TRICKLE, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    base = f"http://127.0.0.1:{web_port}"
+    try:
+
+        def ready() -> bool:
+            try:
+                return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for(lambda: ready() or up.poll() is not None, 90, "trickle up to serve")
+        assert up.poll() is None, "trickle up exited early"
+        job = requests.post(
+            f"{base}/v1/jobs",
+            json={"prompt": "The", "max_tokens": 8, "ignore_eos": True},
+            headers={"Prefer": "wait=30"},
+            timeout=40,
+        ).json()
+        assert job["status"] == "succeeded" and job["usage"]["completion_tokens"] == 8
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            output, _ = up.communicate(timeout=45)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            output, _ = up.communicate()
+    assert up.returncode == 0, output
+    assert f"starting embedded Redis on 127.0.0.1:{redis_port}" in output
+    assert not port_in_use(redis_port) and not port_in_use(web_port)  # nothing outlives it

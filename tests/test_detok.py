@@ -62,3 +62,38 @@ def test_ids_beyond_the_tokenizer_decode_as_unknown(tokenizer: Tokenizer) -> Non
     # A model with a padded vocabulary may emit ids the tokenizer has no piece for.
     assert tokenizer.decode([tokenizer.vocab_size + 5]) == tokenizer.decode([0])
     assert tokenizer.to_pieces([tokenizer.vocab_size]) == ["<unk>"]
+
+
+LIGATURE_PIECES = {1: "x", 2: "yy", 3: "b", 4: "d", 5: "\ufffd"}
+
+
+class Ligatures:
+    """A decoder whose text is not prefix-stable: "yb" decodes as "Z" (like pieces that merge)."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(LIGATURE_PIECES[i] for i in ids).replace("yb", "Z")
+
+
+def test_text_that_merges_across_the_boundary_is_emitted_from_the_first_difference() -> None:
+    detok = IncrementalDetokenizer(Ligatures())
+    # "yy" then "b": the window decodes to "yZ", no longer than "yy": nothing new yet.
+    assert [detok.add(i) for i in (1, 2, 3, 4)] == ["x", "yy", "", "Zd"]
+    assert detok.flush() == ""
+
+
+def test_an_incomplete_character_is_held_until_completed_or_flushed() -> None:
+    detok = IncrementalDetokenizer(Ligatures())
+    assert detok.add(1) == "x"
+    assert detok.add(5) == ""  # ends in U+FFFD: may still become a character
+    assert detok.add(4) == "\ufffdd"
+    assert detok.add(5) == ""
+    assert detok.flush() == "\ufffd"
+    assert detok.flush() == ""
+
+
+def test_a_long_stream_keeps_decoding_right_past_the_window_trim(tokenizer: Tokenizer) -> None:
+    text = " ".join(TEXTS) * 8  # several hundred ids: the window is trimmed many times
+    ids = tokenizer.encode(text)[1:]
+    assert len(ids) > 300
+    detok = IncrementalDetokenizer(tokenizer)
+    assert "".join(detok.add(i) for i in ids) + detok.flush() == tokenizer.decode(ids)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import redis
@@ -12,6 +11,7 @@ import requests
 
 from tests import stack
 from tests.clients import StreamResult, poll_until_finished, read_sse, read_ws, submit
+from tests.faultstack import wait_for
 
 LONG = {"max_tokens": 300, "ignore_eos": True}
 
@@ -50,10 +50,11 @@ def test_reader_connected_before_any_worker_serves_the_model(
     stack_url: str, config_path: Path, redis_url: str, log_dir: Path
 ) -> None:
     job = submit(stack_url, {"prompt": "The", "model": "late", "max_tokens": 40})
-    results: list[StreamResult] = []
-    reader = threading.Thread(target=lambda: results.append(read_sse(stack_url, job["id"])))
+    stream = StreamResult()
+    reader = threading.Thread(target=lambda: read_sse(stack_url, job["id"], into=stream))
     reader.start()
-    time.sleep(2.5)  # longer than the test config's 2 s keep-alive interval
+    # The job waits with no worker: the reader gets keep-alives (every 2 s in the test config).
+    wait_for(lambda: stream.comments >= 1, 30, "a keep-alive comment while the job waits")
     late_worker: subprocess.Popen[bytes] = stack.start_worker(
         config_path, redis_url, "late", log_dir, models=("late",)
     )
@@ -62,7 +63,6 @@ def test_reader_connected_before_any_worker_serves_the_model(
         assert not reader.is_alive()
     finally:
         stack.stop(late_worker)
-    (stream,) = results
     assert_complete(stream)
     assert stream.done is not None and stream.done["model"] == "late"
     assert stream.comments >= 1  # keep-alive comments while the job waited

@@ -15,6 +15,9 @@ import requests
 from tests.clients import StreamResult, poll_until_finished, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, wait_for
 
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
@@ -42,9 +45,12 @@ def test_outage_is_503_with_retry_after_and_recovers_without_restarts(faults: Fa
     assert wait_for(lambda: ready(base), 30, "ready before the outage")
     waiting = submit(base, {"prompt": "The", "model": "nobody"})
     results: list[StreamResult] = []
-    reader = threading.Thread(target=lambda: results.append(read_sse(base, waiting["id"])))
+    opened = threading.Event()
+    reader = threading.Thread(
+        target=lambda: results.append(read_sse(base, waiting["id"], opened=opened))
+    )
     reader.start()
-    time.sleep(0.5)
+    assert opened.wait(30), "the stream never opened"
     faults.stop_redis()
     try:
         started = time.monotonic()

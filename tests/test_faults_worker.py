@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,9 @@ from worker import keys
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
 LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +135,8 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
 def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
     # One engine thread, so jobs that cannot join the running batch really wait.
     leaving = faults.worker("term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1")
-    running = submit(faults.web_url, {"prompt": "The", **{**LONG, "max_tokens": 600}})
+    # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
+    running = submit(faults.web_url, {"prompt": "The", **LONG})
     wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
     # A different sampling configuration cannot join the running batch: these wait.
     waiting = [
@@ -142,13 +145,20 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
         )
         for _ in range(3)
     ]
-    time.sleep(0.3)
-    leaving.send_signal(signal.SIGTERM)
+    wait_for(
+        lambda: all(get_job(faults.web_url, job["id"])["status"] == "running" for job in waiting),
+        30,
+        "the waiting jobs to be claimed by the leaving worker",
+    )
+    # The next worker is up before the hand-back: a handed-back job waits at most the queue TTL
+    # (6 s here), less than a worker can take to start on a loaded machine.
     faults.worker("term-b", ("slow",))
+    assert get_job(faults.web_url, running["id"])["status"] == "running"  # still: waiters wait
+    leaving.send_signal(signal.SIGTERM)
     finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
     assert [job["status"] for job in finished] == ["succeeded"] * 4
     assert all(job["attempts"] == 1 for job in finished)  # handing back is not an attempt
-    assert finished[0]["usage"]["completion_tokens"] == 600
+    assert finished[0]["usage"]["completion_tokens"] == LONG["max_tokens"]
     leaving.wait(30)
     log = (faults.log_dir / "term-a.log").read_text()
     assert "3 waiting job(s) handed back" in log

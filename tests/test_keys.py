@@ -20,3 +20,8 @@ def test_exact_key_strings() -> None:
     assert keys.model_queue_list("demo", 9) == "trickle.demo\x06\x169"
     assert keys.worker_slots("w@h") == "trickle:worker:w@h:slots"
     assert keys.AUTOSCALER == "trickle:autoscaler"
+    assert keys.WEBHOOK_TASK == "trickle.webhook" and keys.WEBHOOK_QUEUE == "trickle.webhooks"
+    assert keys.METRIC_COUNTERS == "trickle:metrics:counters"
+    assert keys.metric_histogram("ttft") == "trickle:metrics:hist:ttft"
+    assert keys.batch("batch_1") == "trickle:batch:batch_1"
+    assert keys.batch_items("batch_1") == "trickle:batch:batch_1:items"

@@ -21,7 +21,7 @@ def client(stack_url: str) -> openai.OpenAI:
 
 def test_models_list(client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert {m.id for m in models.data} == {"demo", "tiny-llama", "late"}
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late"}
     assert all(m.owned_by == "trickle" for m in models.data)
     demo = client.models.retrieve("demo").model_dump()
     assert demo["default"] is True and demo["workers"] >= 1 and demo["max_tokens"] == 1024
@@ -204,3 +204,25 @@ def test_async_client_streams(stack_url: str) -> None:
     started = time.monotonic()
     assert asyncio.run(run())
     assert time.monotonic() - started < 30
+
+
+def test_several_choices_stream_interleaved_each_complete(client: openai.OpenAI) -> None:
+    # Two prompts and n=2: four jobs followed at once over one stream.
+    args = {"model": "demo", "max_tokens": 60, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    prompts = ["The socket module", "Return the"]
+    whole = client.completions.create(prompt=prompts, n=2, **args)  # type: ignore[arg-type]
+    expected = {choice.index: choice.text for choice in whole.choices}
+    assert len(expected) == 4
+    chunks = client.completions.create(  # type: ignore[call-overload]
+        prompt=prompts, n=2, stream=True, **args
+    )
+    streamed: dict[int, str] = {}
+    finished: set[int] = set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+            if choice.finish_reason is not None:
+                finished.add(choice.index)
+    assert streamed == expected  # greedy: every choice equals its non-streamed twin
+    assert finished == {0, 1, 2, 3}
+    assert streamed[0] == streamed[1] != streamed[2] == streamed[3]

@@ -8,11 +8,14 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import pytest
 import requests
 
 from tests import stack
 from tests.clients import poll_until_finished, submit
+from tests.faultstack import wait_for
 
 SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>[0-9.e+-]+|\+Inf)$"
@@ -70,12 +73,20 @@ def test_metrics_cover_queue_jobs_latency_and_batches(stack_url: str) -> None:
 
 def test_every_job_event_is_one_json_log_line(stack_url: str, log_dir: Path) -> None:
     job = submit(stack_url, {"prompt": "The", "max_tokens": 12, "ignore_eos": True}, wait=30)
-    time.sleep(0.2)
-    events = [
-        json.loads(line.split("INFO:trickle.jobs:", 1)[1])
-        for line in (log_dir / "main.log").read_text().splitlines()
-        if "INFO:trickle.jobs:" in line and job["id"] in line
-    ]
+
+    def job_events() -> list[dict[str, Any]]:
+        return [
+            json.loads(line.split("INFO:trickle.jobs:", 1)[1])
+            for line in (log_dir / "main.log").read_text().splitlines()
+            if "INFO:trickle.jobs:" in line and job["id"] in line
+        ]
+
+    # The finished line is written just after the result is stored: wait for it.
+    events = wait_for(
+        lambda: (found := job_events()) and found[-1]["event"] == "finished" and found,
+        10,
+        "the finished log line",
+    )
     assert [event["event"] for event in events] == ["claimed", "finished"]
     finished = events[-1]
     assert finished["model"] == "demo" and finished["status"] == "succeeded"
@@ -84,6 +95,7 @@ def test_every_job_event_is_one_json_log_line(stack_url: str, log_dir: Path) -> 
     assert events[0]["worker"].startswith("main@")
 
 
+@pytest.mark.timeout(120)
 def test_two_workers_share_a_burst(
     stack_url: str, config_path: Path, redis_url: str, log_dir: Path
 ) -> None:

@@ -37,3 +37,20 @@ def test_log_softmax_and_repetition_penalty() -> None:
     assert np.allclose(np.exp(log_softmax(LOGITS)), [0.5, 0.3, 0.15, 0.05])
     penalised = apply_repetition_penalty(np.array([2.0, -2.0, 1.0]), [0, 1], 2.0)
     assert penalised.tolist() == [1.0, -4.0, 1.0]
+
+
+def test_top_k_of_one_is_greedy_and_top_p_renormalises() -> None:
+    assert set(draws(5, top_k=1)) == {0}
+    counts = np.bincount(draws(2, top_p=0.9), minlength=4) / 400
+    # The tail (0.05) is cut and the rest renormalised: 0.5/0.95, 0.3/0.95, 0.15/0.95.
+    assert counts[3] == 0
+    assert np.allclose(counts[:3], [0.526, 0.316, 0.158], atol=0.07)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = np.array([0.5, -0.5, 3.0, 0.0])
+    penalised = apply_repetition_penalty(logits, [0, 1, 3, 0], 2.0)
+    assert penalised.tolist() == [0.25, -1.0, 3.0, 0.0]
+    assert logits.tolist() == [0.5, -0.5, 3.0, 0.0]  # the input is left alone
+    assert apply_repetition_penalty(logits, [], 2.0) is logits
+    assert apply_repetition_penalty(logits, [0], 1.0) is logits

@@ -39,6 +39,7 @@ def fuzz_stack(
     stack.close()
 
 
+@pytest.mark.timeout(300)  # about 30 s alone; schemathesis itself stops at 240 s
 def test_every_operation_survives_fuzzing(fuzz_stack: FaultStack, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -56,7 +57,7 @@ def test_every_operation_survives_fuzzing(fuzz_stack: FaultStack, tmp_path: Path
         ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=240,
         cwd=tmp_path,
     )  # fmt: skip
     summary = result.stdout[-4000:]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from worker.jobs import FinishReason
-from worker.sequence import SequenceState
+from worker.jobs import FinishReason, JobError
+from worker.sequence import SequenceState, TokenOutcome
 
 EOS = 0
 
@@ -64,3 +64,73 @@ def test_cancel_ends_before_the_next_token() -> None:
     outcome = state.on_token(ord("c"), is_last=False)
     assert outcome.index is None and outcome.finish_reason is FinishReason.CANCELED
     assert state.output == "ab"
+
+
+def test_tokens_after_the_end_change_nothing() -> None:
+    state = make(max_new_tokens=2)
+    run(state, "ab")
+    after = state.on_token(ord("c"), is_last=False)
+    assert after == TokenOutcome(None, "", FinishReason.LENGTH)
+    assert state.output == "ab" and state.count == 2 and state.finished
+
+
+def test_stop_request_reports_its_reason_and_error_and_the_first_one_wins() -> None:
+    state = make()
+    assert state.stop_requested is None and not state.finished
+    error = JobError("deadline_exceeded", "too long")
+    state.request_stop(FinishReason.ERROR, error)
+    state.request_stop(FinishReason.CANCELED)  # later requests do not override the first
+    assert state.stop_requested is FinishReason.ERROR and state.error is error
+    outcome = state.on_token(ord("a"), is_last=False)
+    assert outcome == TokenOutcome(None, "", FinishReason.ERROR)
+    assert state.finish_reason is FinishReason.ERROR and state.count == 0
+
+
+def test_is_last_releases_held_text_and_ends_as_length() -> None:
+    state = make(stop=("xyz",))
+    events = run(state, "abx")  # the engine's last step: the held "x" is released
+    assert events == [(0, "a"), (1, "b"), (2, "x")]
+    assert state.finish_reason is FinishReason.LENGTH and state.output == "abx"
+
+
+def test_a_stop_completed_by_the_final_flush_still_ends_as_stop() -> None:
+    # The detokenizer holds an incomplete character (U+FFFD) until the end; flushed, it
+    # completes the stop, so the job still ends as stop and the stop text is not released.
+    state = make(stop=("a\ufffd",))
+    assert state.on_token(ord("a"), is_last=False).text == ""  # could start the stop: held
+    last = state.on_token(0xFFFD, is_last=True)
+    assert last == TokenOutcome(1, "", FinishReason.STOP)
+    assert state.output == "" and state.finish_reason is FinishReason.STOP
+
+
+def test_resumed_state_continues_indexes_and_output() -> None:
+    state = SequenceState(CharDecoder(), [ord("x")], 5, (), EOS, "xyz", 3)
+    events = run(state, "ab")
+    assert events == [(3, "a"), (4, "b")]
+    assert state.output == "xyzab" and state.count == 5
+    assert state.finish_reason is FinishReason.LENGTH
+
+
+def test_resumed_state_with_nothing_left_ends_at_once() -> None:
+    state = SequenceState(CharDecoder(), [ord("x")], 3, (), EOS, "xyz", 3)
+    outcome = state.on_token(ord("a"), is_last=False)
+    assert outcome.finish_reason is FinishReason.LENGTH
+
+
+def test_finish_without_token_keeps_an_earlier_reason() -> None:
+    state = make()
+    state.finish_without_token(FinishReason.ERROR)
+    assert state.finish_reason is FinishReason.ERROR and state.finished
+    state.finish_without_token(FinishReason.CANCELED)
+    assert state.finish_reason is FinishReason.ERROR
+    ended = make(max_new_tokens=1)
+    run(ended, "a")
+    ended.finish_without_token(FinishReason.CANCELED)
+    assert ended.finish_reason is FinishReason.LENGTH
+
+
+def test_end_of_sequence_without_stops_ends_as_stop_with_its_index() -> None:
+    state = make()
+    events = run(state, "ab", eos=True, ends=False)
+    assert events == [(0, "a"), (1, "b"), (2, "")]
+    assert state.finish_reason is FinishReason.STOP and state.count == 3

@@ -6,6 +6,7 @@ import time
 
 import redis
 
+from tests.faultstack import wait_for
 from worker import keys
 from worker.events import TokenEvent
 from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
@@ -24,7 +25,7 @@ def test_claim_fences_and_recovery_requeues(private_redis: redis.Redis) -> None:
     first = store.claim(job.id, "a", time.time(), lease_ms=50, max_attempts=2)
     assert first.claimed and first.fence == "a:1"
     assert not store.claim(job.id, "b", time.time(), lease_ms=50, max_attempts=2).claimed
-    time.sleep(0.1)  # a's lease lapses
+    wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "a's lease to lapse")
     assert store.recover_orphans(time.time()) == {job.id: "requeued"}
     second = store.claim(job.id, "b", time.time(), lease_ms=5000, max_attempts=2)
     assert second.fence == "b:2"
@@ -42,7 +43,7 @@ def test_third_claim_past_max_attempts_fails_the_job(private_redis: redis.Redis)
     job = stored_job(store)
     for _ in range(2):  # two attempts whose worker "dies" (the lease lapses)
         assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).claimed
-        time.sleep(0.01)
+        wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
         store.recover_orphans(time.time())
     assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).outcome == "poisoned"
     failed = store.get(job.id)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -119,3 +121,45 @@ def test_openapi_document_describes_the_api(client: FlaskClient) -> None:
     request_schema = document["components"]["schemas"]["JobRequest"]
     assert request_schema["required"] == ["prompt"]
     assert request_schema["properties"]["max_tokens"]["maximum"] == 1024
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code", "message"),
+    [
+        ([1], 400, "body", None, "request body must be a JSON object"),
+        ({}, 400, "prompt", None, "prompt is required"),
+        ({"prompt": 5}, 400, "prompt", None, "prompt must be a string"),
+        ({"prompt": "hi", "model": 7}, 400, "model", None, "model must be a string"),
+        ({"prompt": "hi", "model": "gpt-17"}, 404, "model", "model_not_found", "model 'gpt-17'"),
+        ({"prompt": "a\ud800"}, 400, "prompt", None, "prompt contains an unpaired surrogate at"),
+        ({"prompt": "hi", "webhook_url": 5}, 400, "webhook_url", None, "webhook_url must be"),
+        ({"prompt": "hi", "webhook_url": "http://10.9.9.9/x"}, 400, "webhook_url", None, ""),
+        ({"prompt": "hi", "webhook_url": "ftp://127.0.0.1/x"}, 400, "webhook_url", None, ""),
+    ],
+)
+def test_errors_name_the_field_exactly(
+    client: FlaskClient, body: Any, status: int, param: str, code: str | None, message: str
+) -> None:
+    response = client.post(
+        "/v1/jobs",
+        data=json.dumps(body, ensure_ascii=True),
+        content_type="application/json",
+    )
+    assert response.status_code == status
+    error = response.get_json()["error"]
+    assert error["param"] == param
+    assert error["message"].startswith(message) and error["message"]
+    if code is not None:
+        assert error["code"] == code
+
+
+def test_an_allowed_webhook_url_is_kept_and_an_absent_one_is_empty(
+    client: FlaskClient, redis_client: redis.Redis
+) -> None:
+    url = "http://127.0.0.1:9/hook"
+    with_hook = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": url})
+    without = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": None})
+    assert with_hook.status_code == without.status_code == 202
+    stored = redis_client.hget(f"trickle:job:{with_hook.get_json()['id']}", "webhook_url")
+    assert stored == url
+    assert redis_client.hget(f"trickle:job:{without.get_json()['id']}", "webhook_url") is None

@@ -8,6 +8,7 @@ OpenAI counts against a limit. A refused request reserves nothing.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import redis
 from flask import request
@@ -36,8 +37,15 @@ return 'ok'
 
 
 class RateLimiter:
-    def __init__(self, client: redis.Redis, limits: RateLimitSettings):
+    def __init__(
+        self,
+        client: redis.Redis,
+        limits: RateLimitSettings,
+        clock: Callable[[], float] = time.time,
+    ):
+        """``clock`` (unix seconds) picks the window; tests pass their own to own the minute."""
         self._limits = limits
+        self._clock = clock
         self._admit = client.register_script(_ADMIT)
 
     @property
@@ -49,7 +57,7 @@ class RateLimiter:
         if not self.enabled:
             return
         subject = current_owner() or f"addr-{request.remote_addr or 'unknown'}"
-        now = time.time()
+        now = self._clock()
         window = int(now // WINDOW_SECONDS)
         verdict = self._admit(
             keys=[

@@ -125,23 +125,14 @@ def optional_integer(body: dict[str, Any], name: str, low: int, high: int) -> in
     return _integer(body, name, 0, low, high)
 
 
-def _number(
-    body: dict[str, Any],
-    name: str,
-    default: float,
-    low: float,
-    high: float,
-    low_exclusive: bool = False,
-) -> float:
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise invalid(name, f"{name} must be a number")
-    too_low = value <= low if low_exclusive else value < low
-    if too_low or value > high:
-        bracket = "(" if low_exclusive else "["
-        raise invalid(name, f"{name} must be in {bracket}{low}, {high}]")
+    if not low <= value <= high:
+        raise invalid(name, f"{name} must be in [{low}, {high}]")
     return float(value)
 
 

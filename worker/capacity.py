@@ -19,9 +19,9 @@ import redis
 
 from worker import keys
 from worker.config import ModelSettings
-from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
+from worker.queueing import PRIORITY_STEPS
 
-PRIORITIES = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+PRIORITIES = PRIORITY_STEPS
 IDLE_SINCE_FIELD = "idle_since"
 
 

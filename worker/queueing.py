@@ -19,6 +19,9 @@ from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
+# The priority steps kombu keeps apart (one Redis list each); a job's priority is one of them.
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     app = Celery("trickle", broker=settings.redis.url, set_as_current=False)
@@ -38,7 +41,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.worker.visibility_timeout_seconds,
-            "priority_steps": [INTERACTIVE_PRIORITY, BATCH_PRIORITY],
+            "priority_steps": list(PRIORITY_STEPS),
         },
         worker_hijack_root_logger=False,
         # Task events only when asked for (Flower, `celery events`): each one is a round trip

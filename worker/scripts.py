@@ -121,7 +121,9 @@ return 1
 """
 
 # One flush of token events, fenced per job: only the lease holder may append. Entries already
-# in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless.
+# in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless;
+# entries that would leave a gap (log position must equal token index) are refused like a lost
+# fence.
 # KEYS[1] = channel; then per job i: job hash, tokens list, lease
 # ARGV[1] = number of jobs; then per job: fence, first_token_at ('' if none), index of the first
 #           entry, k, k log entries, the job's fragment of the channel message
@@ -139,9 +141,9 @@ for i = 1, jobs do
   local first_index = tonumber(ARGV[a + 2])
   local k = tonumber(ARGV[a + 3])
   a = a + 4
-  if redis.call('GET', KEYS[base + 3]) == fence then
-    local present = redis.call('LLEN', KEYS[base + 2]) - first_index
-    for j = math.max(present, 0), k - 1 do
+  local present = redis.call('LLEN', KEYS[base + 2]) - first_index
+  if redis.call('GET', KEYS[base + 3]) == fence and present >= 0 then
+    for j = present, k - 1 do
       redis.call('RPUSH', KEYS[base + 2], ARGV[a + j])
     end
     if first ~= '' then

@@ -1,0 +1,162 @@
+"""The validation rules as pure functions: defaults, inclusive bounds, exact messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from web.errors import ApiError
+from web.validation import (
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MIN_TOP_P,
+    check_prompt_length,
+    parse_after,
+    parse_sampling,
+    parse_wait,
+)
+from worker.config import Settings
+from worker.jobs import GenerationParams
+
+
+def refused(call: Any, *args: Any) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        call(*args)
+    assert caught.value.status == 400
+    return caught.value
+
+
+def test_sampling_defaults(settings: Settings) -> None:
+    params = parse_sampling({}, settings)
+    assert params == GenerationParams(
+        max_tokens=settings.limits.default_max_tokens,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        stop=(),
+        seed=None,
+        ignore_eos=False,
+        repetition_penalty=1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "edges", "outside"),
+    [
+        ("temperature", (0.0, 2.0), (-0.001, 2.001)),
+        ("top_k", (0, MAX_TOP_K), (-1, MAX_TOP_K + 1)),
+        ("top_p", (MIN_TOP_P, 1.0), (0.0, 1.001)),
+        ("seed", (0, MAX_SEED), (-1, MAX_SEED + 1)),
+        ("max_tokens", (1, 1024), (0, 1025)),
+        (
+            "repetition_penalty",
+            (MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY),
+            (0.0099, 10.01),
+        ),
+    ],
+)
+def test_bounds_are_inclusive_and_exact(
+    settings: Settings, name: str, edges: tuple[float, float], outside: tuple[float, float]
+) -> None:
+    for value in edges:
+        assert getattr(parse_sampling({name: value}, settings), name) == value
+    for value in outside:
+        error = refused(parse_sampling, {name: value}, settings)
+        assert error.param == name
+        assert error.message.startswith(f"{name} must be ")
+
+
+def test_number_messages(settings: Settings) -> None:
+    error = refused(parse_sampling, {"temperature": 3}, settings)
+    assert error.message == "temperature must be in [0.0, 2.0]"
+    assert refused(parse_sampling, {"top_p": "x"}, settings).message == "top_p must be a number"
+    assert refused(parse_sampling, {"top_p": float("nan")}, settings).param == "top_p"
+    assert refused(parse_sampling, {"temperature": True}, settings).param == "temperature"
+    assert parse_sampling({"temperature": 1}, settings).temperature == 1.0
+    assert isinstance(parse_sampling({"temperature": 1}, settings).temperature, float)
+    assert parse_sampling({"ignore_eos": True}, settings).ignore_eos is True
+    assert refused(parse_sampling, {"ignore_eos": 1}, settings).message == (
+        "ignore_eos must be true or false"
+    )
+
+
+def test_stop_rules(settings: Settings) -> None:
+    assert parse_sampling({"stop": "END"}, settings).stop == ("END",)
+    assert parse_sampling({"stop": ["a", "b"]}, settings).stop == ("a", "b")
+    longest = "x" * settings.limits.max_stop_chars
+    assert parse_sampling({"stop": [longest] * 4}, settings).stop == (longest,) * 4
+    cases = [
+        ({"stop": 5}, "stop must be a string or a list of strings"),
+        ({"stop": ["a", 5]}, "stop must be a string or a list of strings"),
+        ({"stop": ["a"] * 5}, "at most 4 stop sequences are allowed"),
+        ({"stop": [""]}, "stop sequences must not be empty"),
+        ({"stop": [longest + "x"]}, "stop sequences must be at most 64 characters"),
+        ({"stop": ["\ud800"]}, "stop contains an unpaired surrogate at position 0"),
+    ]
+    for body, message in cases:
+        error = refused(parse_sampling, body, settings)
+        assert (error.param, error.message) == ("stop", message)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        (None, 0.0),
+        ("", 0.0),
+        ("wait=5", 5.0),
+        ("wait=0", 0.0),
+        ("wait=2.5", 2.5),
+        ('respond-async, wait="7"', 7.0),
+        ("handling=lenient, Wait = 3 ", 3.0),
+        ("wait=600", 60.0),  # capped
+        ("respond-async", 0.0),
+    ],
+)
+def test_prefer_wait(header: str | None, seconds: float) -> None:
+    assert parse_wait(header, 60) == seconds
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("wait=soon", "Prefer: wait=N needs a number of seconds"),
+        ("wait=-1", "Prefer: wait=N needs a non-negative number"),
+        ("wait=inf", "Prefer: wait=N needs a non-negative number"),
+    ],
+)
+def test_bad_prefer_wait(header: str, message: str) -> None:
+    error = refused(parse_wait, header, 60)
+    assert (error.param, error.message) == ("Prefer", message)
+
+
+def test_resume_index() -> None:
+    assert parse_after(None, "after") == -1
+    assert parse_after("", "after") == -1
+    assert parse_after("-1", "after") == -1
+    assert parse_after("0", "after") == 0
+    assert parse_after("41", "Last-Event-ID") == 41
+    error = refused(parse_after, "-2", "after")
+    assert (error.param, error.message) == ("after", "after must be >= -1")
+    error = refused(parse_after, "x", "Last-Event-ID")
+    assert (error.param, error.message) == (
+        "Last-Event-ID",
+        "Last-Event-ID must be an integer token index",
+    )
+
+
+def test_prompt_and_context_limits_are_inclusive(settings: Settings) -> None:
+    prompt_limit = settings.limits.max_prompt_tokens
+    check_prompt_length(prompt_limit, GenerationParams(max_tokens=1), settings, "demo")
+    error = refused(
+        check_prompt_length, prompt_limit + 1, GenerationParams(max_tokens=1), settings, "demo"
+    )
+    assert error.param == "prompt"
+    context = settings.model("tiny-llama").max_context_tokens
+    fits = GenerationParams(max_tokens=context - 100)
+    check_prompt_length(100, fits, settings, "tiny-llama")  # exactly the whole context
+    over = GenerationParams(max_tokens=context - 99)
+    error = refused(check_prompt_length, 100, over, settings, "tiny-llama")
+    assert error.param == "max_tokens"
