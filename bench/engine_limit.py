@@ -16,6 +16,7 @@ from bench.log import progress
 from bench.models import PreparedModel
 from bench.params import RunParams
 from bench.stats import median, summary
+from worker.model_hints import resolve_compute_type
 
 
 def load_generator(model: PreparedModel, params: RunParams) -> ctranslate2.Generator:
@@ -24,7 +25,7 @@ def load_generator(model: PreparedModel, params: RunParams) -> ctranslate2.Gener
         str(model.path),
         device=params.resolved_device(),
         device_index=[0],
-        compute_type=params.compute_type,
+        compute_type=resolve_compute_type(model.path, params.compute_type),
         inter_threads=params.inter_threads,
         intra_threads=params.intra_threads,
     )

@@ -112,5 +112,5 @@ def test_up_runs_the_procfile_and_stops_everything_on_sigterm(config_path: Path)
             up.kill()
             output, _ = up.communicate()
     assert up.returncode == 0, output
-    assert f"starting embedded Redis on 127.0.0.1:{redis_port}" in output
+    assert f"embedded Redis on 127.0.0.1:{redis_port}" in output
     assert not port_in_use(redis_port) and not port_in_use(web_port)  # nothing outlives it

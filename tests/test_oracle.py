@@ -21,12 +21,17 @@ import sentencepiece as spm
 
 from tests.clients import read_sse, submit
 from tests.scripted_model import PROMPT, cycle_ids
+from worker.model_hints import resolve_compute_type
 
 
 class Oracle:
     def __init__(self, model_dir: Path):
         self.sp = spm.SentencePieceProcessor(model_file=str(model_dir / "tokenizer.model"))
-        self.generator = ctranslate2.Generator(str(model_dir), device="cpu", intra_threads=1)
+        # The compute type the server resolves for this model (its configs leave it at auto).
+        compute_type = resolve_compute_type(model_dir, "auto")
+        self.generator = ctranslate2.Generator(
+            str(model_dir), device="cpu", intra_threads=1, compute_type=compute_type
+        )
 
     def ids(self, prompt: str, max_tokens: int, repetition_penalty: float = 1.0) -> list[int]:
         prompt_ids = [self.sp.bos_id(), *self.sp.encode(prompt)]

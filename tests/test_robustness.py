@@ -23,6 +23,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.clients import poll_until_finished, submit
+from tests.faultstack import wait_for
 from tests.test_operations import scrape
 from trickle.redis_server import free_port
 from web.services import services
@@ -258,6 +259,13 @@ def test_a_large_batch_is_accepted_fast(stack_url: str) -> None:
     assert batch["request_counts"]["total"] == 250
     requests.post(f"{stack_url}/v1/batches/{batch['id']}/cancel", timeout=60)
     assert elapsed < 5, f"1,000 jobs took {elapsed:.1f} s to accept"
+    # Canceled jobs' messages stay in the queue (and count against its bound) until the worker
+    # drains them: leave the shared stack's queue as this test found it.
+    wait_for(lambda: queue_depth(stack_url) == 0, 90, "the canceled batch to drain")
+
+
+def queue_depth(base: str) -> int:
+    return int(requests.get(f"{base}/scaling/demo", timeout=10).json()["queue_depth"])
 
 
 # 11 ------------------------------------------------------------------------------------------
@@ -359,7 +367,9 @@ def test_a_stream_response_never_read_closes_its_subscription(
 ) -> None:
     app = make_app(settings)
     client = app.test_client()
-    job = client.post("/v1/jobs", json={"prompt": "The", "max_tokens": 200}).get_json()
+    submitted = client.post("/v1/jobs", json={"prompt": "The", "max_tokens": 200})
+    assert submitted.status_code == 202, submitted.get_json()
+    job = submitted.get_json()
     response = client.get(f"/v1/jobs/{job['id']}/events", buffered=False)
     assert response.status_code == 200
     assert services(app).hub.active_subscriptions == 1

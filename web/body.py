@@ -26,7 +26,15 @@ MAX_INTEGER_DIGITS = 64
 
 
 class BadJson(ValueError):
-    """The document is syntactically JSON but outside Trickle's limits; the message says how."""
+    """The document is syntactically JSON but outside Trickle's limits; the message says how.
+
+    ``field`` names the offending value's place in the document when it is known (a string
+    with a lone surrogate: ``prompt``, ``messages[0].content``), so the error can name it.
+    """
+
+    def __init__(self, message: str, field: str = ""):
+        super().__init__(message)
+        self.field = field
 
 
 def too_large(limit: int) -> ApiError:
@@ -91,6 +99,8 @@ def load_json(text: str, param: str, what: str) -> Any:
     except json.JSONDecodeError as exc:
         raise invalid(param, f"{what} is not valid JSON: {exc}") from exc
     except BadJson as exc:
+        if exc.field:
+            raise invalid(exc.field, str(exc)) from exc
         raise invalid(param, f"{what} is not acceptable JSON: {exc}") from exc
 
 
@@ -106,24 +116,26 @@ def _constant(name: str) -> Any:
 
 def _check(document: Any) -> None:
     """Depth and text, walked without recursion: every key and string must be real text."""
-    stack: list[tuple[Any, int]] = [(document, 1)]
+    stack: list[tuple[Any, int, str]] = [(document, 1, "")]
     while stack:
-        value, depth = stack.pop()
+        value, depth, path = stack.pop()
         if isinstance(value, str):
-            _require_text(value)
+            _require_text(value, path)
         elif isinstance(value, dict | list):
             if depth > MAX_JSON_DEPTH:
                 raise BadJson(f"nesting deeper than {MAX_JSON_DEPTH} levels")
             if isinstance(value, dict):
-                for key in value:
-                    _require_text(key)
-                stack.extend((item, depth + 1) for item in value.values())
+                for key, item in value.items():
+                    _require_text(key, f"{path}.<key>" if path else "<key>")
+                    stack.append((item, depth + 1, f"{path}.{key}" if path else key))
             else:
-                stack.extend((item, depth + 1) for item in value)
+                stack.extend((item, depth + 1, f"{path}[{i}]") for i, item in enumerate(value))
 
 
-def _require_text(value: str) -> None:
+def _require_text(value: str, path: str) -> None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise BadJson(f"a string contains an unpaired surrogate at position {exc.start}") from exc
+        where = path or "a string"
+        message = f"{where} contains an unpaired surrogate at position {exc.start}"
+        raise BadJson(message, path) from exc

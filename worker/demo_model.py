@@ -34,6 +34,8 @@ import numpy.typing as npt
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
+from worker.model_hints import write_hints
+
 VOCAB_SIZE = 2000
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 UNK_PIECE, BOS_PIECE, EOS_PIECE = "<unk>", "<s>", "</s>"
@@ -60,6 +62,12 @@ _LAYER_FFN_DIM = 2
 FloatArray = npt.NDArray[np.float32]
 
 
+# int8 activations round away the one-hot residual's small terms, which the table relies on:
+# quantized, the model emits control bytes and unknown pieces (see worker.model_hints).
+DEMO_COMPUTE_TYPE = "float32"
+DEMO_COMPUTE_WHY = "exact bigram table; int8 activation quantization breaks it"
+
+
 def demo_model_ready(output_dir: Path) -> bool:
     """Whether a finished demo model is at ``output_dir`` (builds publish atomically)."""
     return (output_dir / MODEL_FILE).is_file() and (output_dir / TOKENIZER_FILE).is_file()
@@ -73,6 +81,7 @@ def build_demo_model(output_dir: Path, *, force: bool = False) -> Path:
     """
     output_dir = Path(output_dir)
     if demo_model_ready(output_dir) and not force:
+        write_hints(output_dir, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)  # models built before hints
         return output_dir
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
@@ -321,6 +330,7 @@ def _build_into(staging: Path) -> None:
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     bigram_spec(table, pieces).save(str(staging))
     (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
+    write_hints(staging, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)
     error = max_logprob_error(ctranslate2.Generator(str(staging), device="cpu"), table)
     if error > MAX_LOGPROB_ERROR:
         raise RuntimeError(f"demo model does not reproduce its bigram table (error {error:g})")

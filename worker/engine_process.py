@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from worker.config import ModelSettings
+from worker.model_hints import resolve_compute_type
 from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
 
@@ -137,7 +138,7 @@ class EngineRunner:
             model.path,
             device=self.device,
             device_index=list(model.device_index),
-            compute_type=model.compute_type,
+            compute_type=resolve_compute_type(model.path, model.compute_type),
             inter_threads=model.inter_threads,
             intra_threads=model.intra_threads,
         )
