@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true")
     parser.add_argument("--burst", type=int, default=16, help="clients in the burst (0: none)")
     parser.add_argument("--burst-window-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--env", action="append", default=[], help="KEY=VALUE for the stack (repeatable)"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -366,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     capacity = engine_capacity(model, params)
     engine_16 = engine_burst(model, params, args.burst) if args.burst else {}
     stack = Stack(args.out / f"work-load-{args.model}", model, params, args.max_tokens)
+    stack.extra_env = dict(item.split("=", 1) for item in args.env)
     rows = []
     bursts = []
     try:
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
                         stack.web_port, api, args.model, args.burst, window, args.max_tokens, seed
                     )
                     bursts.append(asyncio.run(burst))
-            for fraction in (float(f) for f in args.rates.split(",")):
+            for fraction in (float(f) for f in args.rates.split(",") if f.strip()):
                 rate = fraction * capacity["requests_per_s"]
                 row = asyncio.run(
                     run_rate(
