@@ -206,7 +206,9 @@ def hop_budget(spans: list[ReceivedSpan], job_ids: set[str]) -> dict[str, Any]:
     return out
 
 
-def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str, Any]:
+def bench_model(
+    key: str, runs: int, max_tokens: int, out_dir: Path, traced: bool = True
+) -> dict[str, Any]:
     model = models.prepare(key)
     pieces = models.prompt_pieces(model)
     params = RunParams(max_tokens=max_tokens, top_k=1)
@@ -214,10 +216,11 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
     engine = engine_single_stream(model, pieces, params, min(runs, ENGINE_RUNS))
     sink = SpanSink()
     stack = Stack(out_dir / f"work-budget-{key}", model, params, max_tokens)
-    stack.extra_env = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
-        "OTEL_BSP_SCHEDULE_DELAY": "200",
-    }
+    if traced:
+        stack.extra_env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
     try:
         stack.start()
         stack.start_worker(key)
@@ -230,17 +233,21 @@ def bench_model(key: str, runs: int, max_tokens: int, out_dir: Path) -> dict[str
         stop_ids = stop_string_jobs(client, body, runs)
         client.close()
         ids = {run.job_id for run in measured}
-        spans = sink.wait_for(
-            lambda got: (
-                sum(1 for s in got if s.name == "first delivery") >= len(ids)
-                and sum(
-                    1
-                    for s in got
-                    if s.name == "llm_request" and s.attributes.get("gen_ai.request.id") in ids
-                )
-                >= len(ids)
-            ),
-            timeout=30,
+        spans = (
+            []
+            if not traced
+            else sink.wait_for(
+                lambda got: (
+                    sum(1 for s in got if s.name == "first delivery") >= len(ids)
+                    and sum(
+                        1
+                        for s in got
+                        if s.name == "llm_request" and s.attributes.get("gen_ai.request.id") in ids
+                    )
+                    >= len(ids)
+                ),
+                timeout=30,
+            )
         )
     finally:
         stack.close()
@@ -339,10 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    parser.add_argument(
+        "--no-trace", action="store_true", help="no OpenTelemetry (no hop budget; a baseline)"
+    )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = [
-        bench_model(key.strip(), args.runs, args.max_tokens, args.out)
+        bench_model(key.strip(), args.runs, args.max_tokens, args.out, not args.no_trace)
         for key in args.model.split(",")
     ]
     stamp = time.strftime("%Y%m%d-%H%M%S")
