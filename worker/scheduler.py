@@ -196,11 +196,7 @@ class BatchScheduler:
             if batch.restart or batch.steps == 0 or batch.requests[0].seed is not None:
                 continue
             sampling = batch.requests[0].sampling
-            newcomers = [
-                job
-                for job in self._pending
-                if job.request.sampling == sampling and job.request.seed is None
-            ]
+            newcomers = [job for job in self._pending if _batches_with(job, sampling)]
             live = sum(1 for job in batch.jobs if not job.state.finished)
             if not newcomers or live + len(newcomers) > self._max_batch_size:
                 continue
@@ -246,11 +242,8 @@ class BatchScheduler:
             if first.seed is not None:
                 batch = [waiting[0]]  # seeded jobs sample step by step, alone
             else:
-                batch = [
-                    job
-                    for job in waiting
-                    if job.request.sampling == first.sampling and job.request.seed is None
-                ][: self._max_batch_size]
+                batch = [job for job in waiting if _batches_with(job, first.sampling)]
+                batch = batch[: self._max_batch_size]
             chosen = {id(job) for job in batch}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             self._idle_lanes -= 1
@@ -328,6 +321,11 @@ class BatchScheduler:
             # Ended without a final callback (a stop seen after the last step, a short batch).
             job.state.finish_without_token(job.state.stop_requested or FinishReason.LENGTH)
             job.ended.set()
+
+
+def _batches_with(job: ScheduledJob, sampling: SamplingKey) -> bool:
+    """Whether ``job`` may share a batch decoding with ``sampling`` (seeded jobs run alone)."""
+    return job.request.sampling == sampling and job.request.seed is None
 
 
 class StepBuffer:

@@ -26,6 +26,16 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
+def _traceparent_of(span: Any) -> str:
+    """The W3C traceparent naming ``span`` (what a child in another process is recorded under)."""
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(span))
+    return carrier.get("traceparent", "")
+
+
 @dataclass
 class JobTimeline:
     """Wall-clock moments (unix seconds) a worker notes for one attempt at a job."""
@@ -59,14 +69,7 @@ class RequestTrace:
 
     @property
     def traceparent(self) -> str:
-        if self._span is None:
-            return ""
-        from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        carrier: dict[str, str] = {}
-        TraceContextTextMapPropagator().inject(carrier, trace.set_span_in_context(self._span))
-        return carrier.get("traceparent", "")
+        return "" if self._span is None else _traceparent_of(self._span)
 
 
 NO_TRACE = RequestTrace(None, None)
@@ -135,18 +138,14 @@ class Tracing:
         traceparent (for children), or "" when off or the job is untraced."""
         if self._tracer is None or not traceparent:
             return ""
-        from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        propagator = TraceContextTextMapPropagator()
-        parent = propagator.extract({"traceparent": traceparent})
+        parent = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
         span = self._tracer.start_span(
             name, context=parent, start_time=_ns(start), attributes=dict(attributes or {})
         )
         span.end(end_time=_ns(max(end, start)))
-        carrier: dict[str, str] = {}
-        propagator.inject(carrier, trace.set_span_in_context(span))
-        return carrier.get("traceparent", "")
+        return _traceparent_of(span)
 
     def shutdown(self) -> None:
         """Export what is still buffered (on process exit)."""
