@@ -13,6 +13,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
+from tests.faultstack import wait_for
 from web.ratelimit import WINDOW_SECONDS, RateLimiter
 from web.services import services
 from worker import keys
@@ -90,6 +91,8 @@ def test_batch_priority_jobs_count_against_the_bound(
 ) -> None:
     # kombu keeps priority-9 (batch) messages in a list of their own: they still wait.
     create_batch(client, FIRST, 2)
+    # A batch's queue sends run in the background once it is accepted: wait for both.
+    wait_for(lambda: queue_depth(redis_client, "bound") == 2, 10, "the batch's two messages")
     assert redis_client.llen(keys.model_queue("bound")) == 0
     assert queue_depth(redis_client, "bound") == 2
     assert [submit(client) for _ in range(LIMIT - 2)] == [202] * (LIMIT - 2)
