@@ -24,8 +24,8 @@ What each figure includes:
   (no SSE, no client). Aggregate: all tokens / (first POST -> last `done`).
   Batches are inferred from the jobs' first-token times.
 - Added TTFT = Trickle single-stream TTFT - engine generate_tokens TTFT, at the same percentile.
-- Redis: messages counted by a subscriber on `trickle:events`; commands from INFO commandstats
-  (all clients: worker, web, Celery, the bench itself). Steps = batches x max_tokens.
+- Redis: messages counted by a subscriber on the jobs' token channels; commands from INFO
+  commandstats (all clients: worker, web, Celery, the bench itself). Steps = batches x max_tokens.
 - Fan-out: readers connect while the jobs wait in the queue (no worker yet), so each reader gets
   every token live. Jobs streaming: jobs that generated tokens during the window. Demand = tokens
   generated x readers per job; delivered = tokens received by all readers, same window; backlog
@@ -234,7 +234,7 @@ def _roundtrips(rt: dict[str, Any] | None) -> list[str]:
         "jobs",
         "batches",
         "steps",
-        "msgs on trickle:events",
+        "msgs on token channels",
         "msgs / step",
         "tokens / msg",
         "PUBLISH / step (all channels)",

@@ -1,9 +1,9 @@
-"""Redis traffic per decoding step: PUBLISH messages on the token channel and Redis commands.
+"""Redis traffic per decoding step: PUBLISH messages on the token channels and Redis commands.
 
-While a batch of concurrent jobs runs, a subscriber counts the messages on ``trickle:events``
-(exact, whoever publishes; one message per worker flush, so this counts the worker's token round
-trips) and ``INFO commandstats`` is read before and after (every client: worker, web tier,
-Celery, this subscriber; commands run inside Lua scripts count too).
+While a batch of concurrent jobs runs, a subscriber counts the messages on the jobs' token
+channels (exact, whoever publishes; one message per job per worker flush) and ``INFO
+commandstats`` is read before and after (every client: worker, web tier, Celery, this
+subscriber; commands run inside Lua scripts count too).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class ChannelCounter:
             message = self._pubsub.get_message(timeout=0.1)
             if message is None or message.get("type") != "pmessage":
                 continue
-            if message["channel"] != keys.EVENTS_CHANNEL:
+            channel = str(message["channel"])
+            if channel != keys.job_events_channel(keys.job_of_channel(channel)):
                 name = str(message["channel"])
                 self.other_channels[name] = self.other_channels.get(name, 0) + 1
                 continue

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from tests.faultstack import wait_for
+from worker import keys
 from worker.config import ModelSettings
 from worker.engine import Engine
 from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
@@ -191,7 +192,7 @@ def test_one_redis_round_trip_per_decoding_step(
         return int(private_redis.info("commandstats")["cmdstat_publish"]["calls"])
 
     def landed() -> bool:  # the last flush is in Redis and counted
-        logs = [private_redis.llen(f"trickle:job:{job.job_id}:tokens") for job in jobs]
+        logs = [private_redis.llen(keys.job_tokens(job.job_id)) for job in jobs]
         trips = harness.publisher.round_trips - before
         return logs == [steps] * batch and trips == publishes() - publishes_before
 
@@ -202,7 +203,7 @@ def test_one_redis_round_trip_per_decoding_step(
     assert round_trips <= steps
     assert published == round_trips
     for job in jobs:
-        stored = private_redis.lrange(f"trickle:job:{job.job_id}:tokens", 0, -1)
+        stored = private_redis.lrange(keys.job_tokens(job.job_id), 0, -1)
         assert len(stored) == steps
 
 
@@ -238,7 +239,7 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
     )
     assert [runner.state.count, newcomer.state.count] == [300, 20]
     for job in (runner, newcomer):
-        key = f"trickle:job:{job.job_id}:tokens"
+        key = keys.job_tokens(job.job_id)
         deadline = time.monotonic() + 10
         while private_redis.llen(key) < job.state.count:  # the publisher's last flush
             assert time.monotonic() < deadline, "tokens never all stored"

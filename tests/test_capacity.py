@@ -133,13 +133,15 @@ def test_a_restarted_worker_drops_only_its_previous_lifes_leases(
     private_redis: redis.Redis,
 ) -> None:
     from worker.reclaim import release_previous_life
+    from worker.store import JobStore
 
     private_redis.flushdb()
     holders = {"job_a": "w-5100@h:1", "job_b": "w-5100@h2:1", "job_c": "w-51000@h:2"}
     for job_id, fence in holders.items():
         private_redis.set(keys.job_lease(job_id), fence, px=60_000)
-        private_redis.zadd(keys.RUNNING_JOBS, {job_id: time.time()})
-    assert release_previous_life(private_redis, "w-5100@h") == ["job_a"]
+        private_redis.zadd(keys.running_jobs(keys.shard_of(job_id)), {job_id: time.time()})
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    assert release_previous_life(store, "w-5100@h") == ["job_a"]
     assert private_redis.get(keys.job_lease("job_a")) is None
     assert private_redis.get(keys.job_lease("job_b")) == "w-5100@h2:1"
     assert private_redis.get(keys.job_lease("job_c")) == "w-51000@h:2"

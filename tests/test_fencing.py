@@ -162,7 +162,7 @@ def test_a_stalled_workers_final_write_cannot_land(store: JobStore) -> None:
     assert done.output == "<0><1><2><3>" and done.usage.completion_tokens == 4
     assert log(store, job.id) == [0, 1, 2, 3]
     # The finished job is no longer running, so no sweep can requeue it.
-    assert store.redis.zscore(keys.RUNNING_JOBS, job.id) is None
+    assert store.redis.zscore(keys.running_jobs(keys.shard_of(job.id)), job.id) is None
     assert store.recover_orphans(time.time()) == {}
 
 

@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
-import redis
+import threading
 
 from web.hub import Delivery, Signal, TokenHub
+from worker import keys
 
 
-def make_hub() -> TokenHub:
-    hub = TokenHub(lambda: redis.Redis())
-    hub._ready.set()  # these tests feed the hub by hand; no Redis subscription is started
-    hub._thread = object()  # type: ignore[assignment]
-    return hub
+class ManualSubscriber:
+    """Stands in for the Redis subscription: these tests feed the hub by hand."""
+
+    def __init__(self) -> None:
+        self.wanted: dict[str, int] = {}
+
+    def add(self, channel: str) -> threading.Event:
+        self.wanted[channel] = self.wanted.get(channel, 0) + 1
+        ready = threading.Event()
+        ready.set()
+        return ready
+
+    def remove(self, channel: str) -> None:
+        self.wanted[channel] -= 1
+        if not self.wanted[channel]:
+            del self.wanted[channel]
+
+
+def make_hub() -> tuple[TokenHub, ManualSubscriber]:
+    hub = TokenHub(lambda: None)
+    subscriber = ManualSubscriber()
+    hub._subscriber = subscriber  # type: ignore[assignment]
+    return hub, subscriber
+
+
+EVENTS = keys.job_events_channel("job_x")
+DONE = keys.job_done_channel("job_x")
 
 
 def test_every_reader_sees_every_delivery_from_when_it_subscribed() -> None:
-    hub = make_hub()
+    hub, _ = make_hub()
     early = hub.subscribe("job_x")
-    hub._dispatch('{"t": [["job_x", 0, "a", null]], "d": []}')
+    hub._dispatch(EVENTS, '{"t": [[0, "a", null]]}')
     late = hub.subscribe("job_x")
-    hub._dispatch('{"t": [["job_x", 1, "b", null], ["job_x", 2, "c", null]], "d": ["job_x"]}')
+    hub._dispatch(EVENTS, '{"t": [[1, "b", null], [2, "c", null]]}')
+    hub._dispatch(EVENTS, '{"d": 1}')
     seen_early = early.get_all(timeout=0.1)
     assert [e.index for d in seen_early for e in d.tokens] == [0, 1, 2]
     assert seen_early[-1].signal is Signal.DONE
@@ -28,20 +52,21 @@ def test_every_reader_sees_every_delivery_from_when_it_subscribed() -> None:
 
 
 def test_a_message_costs_one_append_per_job_whatever_the_readers() -> None:
-    hub = make_hub()
+    hub, subscriber = make_hub()
     readers = [hub.subscribe("job_x") for _ in range(1000)]
     for index in range(50):
-        hub._dispatch(f'{{"t": [["job_x", {index}, "a", null]], "d": []}}')
+        hub._dispatch(EVENTS, f'{{"t": [[{index}, "a", null]]}}')
     assert len(hub._feeds["job_x"].deliveries) == 50  # shared, not copied per reader
     assert hub.active_subscriptions == 1000
     assert len(readers[-1].get_all(timeout=0.1)) == 50
     for reader in readers:
         reader.close()
     assert hub._feeds == {} and hub.active_subscriptions == 0
+    assert subscriber.wanted == {}  # the channel goes with its last reader
 
 
 def test_a_reconnect_tells_every_reader_to_resync() -> None:
-    hub = make_hub()
+    hub, _ = make_hub()
     reader = hub.subscribe("job_x")
     hub._broadcast(Delivery(signal=Signal.RESYNC))
     (delivery,) = reader.get_all(timeout=0.1)
@@ -49,10 +74,35 @@ def test_a_reconnect_tells_every_reader_to_resync() -> None:
 
 
 def test_closing_a_subscription_again_never_counts_twice() -> None:
-    hub = make_hub()
+    hub, _ = make_hub()
     first, second = hub.subscribe("job_x"), hub.subscribe("job_x")
     for _ in range(3):
         first.close()  # the view, the stream's generator and follow_many may all close it
     assert hub.active_subscriptions == 1
     second.close()
     assert hub.active_subscriptions == 0
+
+
+def test_a_waiter_hears_only_the_done_channel_and_is_no_stream() -> None:
+    hub, subscriber = make_hub()
+    waiter = hub.watch("job_x")
+    assert subscriber.wanted == {DONE: 1} and hub.active_subscriptions == 0
+    hub._dispatch(DONE, '{"d": 1}')
+    (delivery,) = waiter.get_all(timeout=0.1)
+    assert delivery.signal is Signal.DONE
+    waiter.close()
+    assert subscriber.wanted == {} and hub._feeds == {}
+
+
+def test_a_message_for_a_job_nobody_follows_any_more_is_not_decoded() -> None:
+    hub, _ = make_hub()
+    hub._dispatch(EVENTS, "not json: never parsed")
+    assert hub.received_messages == 1 and hub.received_tokens == 0
+
+
+def test_a_channel_subscribed_again_tells_its_readers_to_resync() -> None:
+    hub, _ = make_hub()
+    reader = hub.subscribe("job_x")
+    hub._resubscribed(EVENTS)
+    (delivery,) = reader.get_all(timeout=0.1)
+    assert delivery.signal is Signal.RESYNC

@@ -6,15 +6,19 @@ from worker import keys
 
 
 def test_exact_key_strings() -> None:
-    assert keys.job("job_abc") == "trickle:job:job_abc"
-    assert keys.job_tokens("job_abc") == "trickle:job:job_abc:tokens"
+    assert keys.SHARDS == 256 and keys.shard_of("job_abc") == 83
+    assert keys.job("job_abc") == "trickle:{s83}:job:job_abc"
+    assert keys.job_tokens("job_abc") == "trickle:{s83}:job:job_abc:tokens"
+    assert keys.job_output("job_abc") == "trickle:{s83}:job:job_abc:output"
+    assert keys.job_events_channel("job_abc") == "trickle:{s83}:events:job_abc"
+    assert keys.job_done_channel("job_abc") == "trickle:{s83}:done:job_abc"
+    assert keys.job_of_channel("trickle:{s83}:done:job_abc") == "job_abc"
     assert keys.model_queue("demo") == "trickle.demo"
     assert keys.model_workers("demo") == "trickle:workers:demo"
-    assert keys.EVENTS_CHANNEL == "trickle:events"
     assert keys.GENERATE_TASK == "trickle.generate"
-    assert keys.job_lease("job_abc") == "trickle:job:job_abc:lease"
-    assert keys.RUNNING_JOBS == "trickle:running"
-    assert keys.QUEUED_JOBS == "trickle:queued"
+    assert keys.job_lease("job_abc") == "trickle:{s83}:job:job_abc:lease"
+    assert keys.running_jobs(7) == "trickle:{s7}:running"
+    assert keys.queued_jobs(7) == "trickle:{s7}:queued"
     assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:k1:requests:29000000"
     assert keys.model_queue_list("demo", 0) == "trickle.demo"
     assert keys.model_queue_list("demo", 9) == "trickle.demo\x06\x169"
@@ -25,3 +29,20 @@ def test_exact_key_strings() -> None:
     assert keys.metric_histogram("ttft") == "trickle:metrics:hist:ttft"
     assert keys.batch("batch_1") == "trickle:batch:batch_1"
     assert keys.batch_items("batch_1") == "trickle:batch:batch_1:items"
+
+
+def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:
+    """A job's scripts touch only keys of its shard: one slot on a Redis Cluster."""
+    job_id = "job_0123456789abcdef0123456789abcdef"
+    shard = keys.shard_of(job_id)
+    names = [
+        keys.job(job_id),
+        keys.job_tokens(job_id),
+        keys.job_output(job_id),
+        keys.job_lease(job_id),
+        keys.job_events_channel(job_id),
+        keys.job_done_channel(job_id),
+        keys.running_jobs(shard),
+        keys.queued_jobs(shard),
+    ]
+    assert {name[name.index("{") : name.index("}") + 1] for name in names} == {f"{{s{shard}}}"}

@@ -424,7 +424,7 @@ def test_batch_jobs_and_backlog_are_bounded(
     lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
     error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
     assert error["param"] == "input" and "1280 jobs" in error["message"]
-    queued = int(redis_client.zcard(keys.QUEUED_JOBS))
+    queued = sum(redis_client.zcard(keys.queued_jobs(s)) for s in range(keys.SHARDS))
     limits = dataclasses.replace(settings.limits, max_batch_backlog=queued + 1)
     client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
     response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))

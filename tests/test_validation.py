@@ -11,6 +11,7 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
+from worker import keys
 from worker.config import Settings
 
 
@@ -160,6 +161,6 @@ def test_an_allowed_webhook_url_is_kept_and_an_absent_one_is_empty(
     with_hook = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": url})
     without = client.post("/v1/jobs", json={"prompt": "hi", "webhook_url": None})
     assert with_hook.status_code == without.status_code == 202
-    stored = redis_client.hget(f"trickle:job:{with_hook.get_json()['id']}", "webhook_url")
+    stored = redis_client.hget(keys.job(with_hook.get_json()["id"]), "webhook_url")
     assert stored == url
-    assert redis_client.hget(f"trickle:job:{without.get_json()['id']}", "webhook_url") is None
+    assert redis_client.hget(keys.job(without.get_json()["id"]), "webhook_url") is None

@@ -25,7 +25,6 @@ from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
 from web.submission import cancel_many, enqueue_many
-from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, JobStatus
 
@@ -103,7 +102,7 @@ def _check_job_bounds(svc: Services, adding: int) -> None:
             f"the batch would create {adding} jobs (prompts x n per line); "
             f"the limit is {limits.max_batch_jobs}",
         )
-    queued = int(svc.redis.zcard(keys.QUEUED_JOBS))
+    queued = svc.store.queued_count()
     if queued + adding > limits.max_batch_backlog:
         raise too_many(
             "queue_full",

@@ -38,27 +38,40 @@ class JobNotFound(LookupError):
 
 def visible_to(job: Job, owner: str) -> bool:
     """With API keys, a job exists only for the key that created it."""
-    return not owner or job.owner == owner
+    return owned_by(job.owner, owner)
+
+
+def owned_by(job_owner: str, caller: str) -> bool:
+    """``visible_to`` for a job's owner digest alone (read without the job)."""
+    return not caller or job_owner == caller
 
 
 def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) -> Job | None:
     """Block until the job ends or ``seconds`` pass; returns its latest state (None if unknown).
 
     Subscribing before the first read means a completion cannot slip between read and wait.
+    A waiter hears only the job's done signal and reads only its status until the end: what it
+    costs Redis does not grow with the job's tokens.
     """
     deadline = time.monotonic() + seconds
-    with hub.subscribe(job_id) as subscription:
+    with hub.watch(job_id) as subscription:
         while True:
-            job = store.get(job_id)
-            if job is None or job.status.is_terminal:
-                return job
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return job
-                delivery = subscription.get(min(remaining, 1.0))
-                if delivery is None or delivery.signal is not None:
-                    break  # finished, reconnected, or a quiet second: look again
+            status = store.status(job_id)
+            if status is None or status.is_terminal:
+                break
+            if not _await_signal(subscription, deadline):
+                break
+    return store.get(job_id)
+
+
+def _await_signal(subscription: Subscription, deadline: float) -> bool:
+    """Wait for a reason to look again (done, a reconnect, a quiet second); False once the
+    deadline passed. Tokens (a local stream of the same job shares the feed) are no reason."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        delivery = subscription.get(min(remaining, 1.0))
+        if delivery is None or delivery.signal is not None:
+            return True
+    return False
 
 
 class JobFollower:

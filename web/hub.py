@@ -1,10 +1,11 @@
-"""TokenHub: one Redis subscription per web process, fanned out to every local reader.
+"""TokenHub: the tokens of the jobs this web process's readers follow, fanned out to them.
 
-Workers publish each decoding step on one channel. Rather than a Redis connection per client
-(thousands of SSE streams would mean thousands of connections), a single listener thread (a
-greenlet under gunicorn's gevent worker) reads that channel and appends each job's events to that
-job's feed, which all local readers of the job share. When the subscription breaks, every feed
-gets a RESYNC, and its readers re-read the replay log, so nothing is lost across a reconnect.
+Each job has its own channel (``keys.job_events_channel``), and a process subscribes to it only
+while a local reader follows the job (one connection for all of them, see ``subscriber``): so a
+process receives, and decodes, only tokens it will write to someone. A ``Prefer: wait`` waiter
+needs the finish, not the tokens: it subscribes to the job's done channel instead. Messages for
+a job go to that job's feed, which all local readers of the job share. When the subscription
+breaks, every feed gets a RESYNC and its readers re-read the replay log, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-import redis
-
+from web.subscriber import ChannelSubscriber
 from worker import keys
-from worker.events import StepMessage, TokenEvent
+from worker.events import JobMessage, TokenEvent
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_SECONDS = 2.0
 MAX_DELIVERIES_PER_WAKE = 256
-POLL_SECONDS = 1.0
 
 
 class Signal(str, Enum):
@@ -48,7 +48,8 @@ class JobFeed:
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
-        self.readers = 0
+        self.readers = 0  # subscriptions to its tokens (streams)
+        self.interested = 0  # every subscription: streams and waiters
         self._changed = threading.Event()
 
     def append(self, delivery: Delivery) -> None:
@@ -70,8 +71,9 @@ class JobFeed:
 class Subscription:
     """One reader's cursor on its job's feed; live deliveries count from subscription time."""
 
-    def __init__(self, hub: TokenHub, job_id: str, feed: JobFeed):
+    def __init__(self, hub: TokenHub, job_id: str, feed: JobFeed, channel: str):
         self.job_id = job_id
+        self.channel = channel
         self._hub = hub
         self._feed = feed
         self._cursor = len(feed.deliveries)
@@ -105,29 +107,41 @@ class Subscription:
 
 
 class TokenHub:
-    def __init__(self, connect: Callable[[], redis.Redis]):
-        self._connect = connect
+    def __init__(self, connect: Callable[[], Any]):
         self._feeds: dict[str, JobFeed] = {}
         self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._subscriber = ChannelSubscriber(
+            connect, self._dispatch, self._resubscribed, self._lost
+        )
+        # What this process received, for benchmarks and tests: every message is a followed
+        # job's (or one that just stopped being followed), never another process's.
+        self.received_messages = 0
+        self.received_tokens = 0
 
     @property
     def active_subscriptions(self) -> int:
+        """Open streams (readers of tokens; ``Prefer: wait`` waiters are not streams)."""
         with self._lock:
             return sum(feed.readers for feed in self._feeds.values())
 
     def subscribe(self, job_id: str) -> Subscription:
-        """Register interest in a job; live events flow from this moment on."""
-        self._ensure_started()
+        """Follow a job's tokens; live events flow from the moment this returns."""
+        return self._open(job_id, keys.job_events_channel(job_id), reader=True)
+
+    def watch(self, job_id: str) -> Subscription:
+        """Hear when a job finishes (a DONE delivery), without its tokens."""
+        return self._open(job_id, keys.job_done_channel(job_id), reader=False)
+
+    def _open(self, job_id: str, channel: str, reader: bool) -> Subscription:
         with self._lock:
             feed = self._feeds.setdefault(job_id, JobFeed())
-            feed.readers += 1
-            subscription = Subscription(self, job_id, feed)
+            feed.interested += 1
+            feed.readers += 1 if reader else 0
+        ready = self._subscriber.add(channel)
         # Without the subscription the reader still works, only by resyncing on its poll timer.
-        self._ready.wait(READY_TIMEOUT_SECONDS)
-        return subscription
+        ready.wait(READY_TIMEOUT_SECONDS)
+        with self._lock:
+            return Subscription(self, job_id, feed, channel)
 
     def unsubscribe(self, subscription: Subscription) -> None:
         with self._lock:
@@ -136,69 +150,41 @@ class TokenHub:
             subscription._closed = True
             feed = self._feeds.get(subscription.job_id)
             if feed is not None:
-                feed.readers -= 1
-                if feed.readers <= 0:
+                feed.interested -= 1
+                if subscription.channel == keys.job_events_channel(subscription.job_id):
+                    feed.readers -= 1
+                if feed.interested <= 0:
                     del self._feeds[subscription.job_id]
-
-    def _ensure_started(self) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="trickle-hub", daemon=True)
-                self._thread.start()
+        self._subscriber.remove(subscription.channel)
 
     def close(self) -> None:
         """Stop listening (the app is shutting down); returns within one poll interval."""
-        self._stopping.set()
-        thread = self._thread
-        if isinstance(thread, threading.Thread):
-            thread.join(timeout=POLL_SECONDS * 3)
+        self._subscriber.close()
 
-    def _run(self) -> None:
-        backoff = 0.1
-        while not self._stopping.is_set():
-            try:
-                self._listen()
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.warning("token subscription lost (%s); reconnecting in %.1fs", exc, backoff)
-            self._ready.clear()
-            self._broadcast(Delivery(signal=Signal.RESYNC))
-            self._stopping.wait(backoff)
-            backoff = min(backoff * 2, 5.0)
-
-    def _listen(self) -> None:
-        client = self._connect()
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
-        try:
-            pubsub.subscribe(keys.EVENTS_CHANNEL)
-            pubsub.get_message(timeout=POLL_SECONDS)  # the subscribe confirmation
-            self._ready.set()
-            # Anything published while we were away is in the replay logs.
-            self._broadcast(Delivery(signal=Signal.RESYNC))
-            while not self._stopping.is_set():
-                message = pubsub.get_message(timeout=POLL_SECONDS)
-                if message is not None and message.get("type") == "message":
-                    self._dispatch(message["data"])
-        finally:
-            pubsub.close()
-            client.close()
-
-    def _dispatch(self, raw: str | bytes) -> None:
+    def _dispatch(self, channel: str, raw: str) -> None:
+        job_id = keys.job_of_channel(channel)
         with self._lock:
-            if not self._feeds:
-                return
-        step = StepMessage.decode(raw)
-        by_job: dict[str, list[TokenEvent]] = {}
-        for event in step.tokens:
-            by_job.setdefault(event.job_id, []).append(event)
+            feed = self._feeds.get(job_id)
+        self.received_messages += 1
+        if feed is None:
+            return  # its last reader left while the message travelled
+        message = JobMessage.decode(job_id, raw)
+        self.received_tokens += len(message.tokens)
         with self._lock:
-            for job_id, events in by_job.items():
-                feed = self._feeds.get(job_id)
-                if feed is not None:
-                    feed.append(Delivery(tokens=tuple(events)))
-            for job_id in step.finished:
-                feed = self._feeds.get(job_id)
-                if feed is not None:
-                    feed.append(Delivery(signal=Signal.DONE))
+            if message.tokens:
+                feed.append(Delivery(tokens=message.tokens))
+            if message.done:
+                feed.append(Delivery(signal=Signal.DONE))
+
+    def _resubscribed(self, channel: str) -> None:
+        """A channel is live (again): readers that were already following re-read the log."""
+        with self._lock:
+            feed = self._feeds.get(keys.job_of_channel(channel))
+            if feed is not None:
+                feed.append(Delivery(signal=Signal.RESYNC))
+
+    def _lost(self) -> None:
+        self._broadcast(Delivery(signal=Signal.RESYNC))
 
     def _broadcast(self, delivery: Delivery) -> None:
         with self._lock:

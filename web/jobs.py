@@ -7,7 +7,7 @@ from flask import Blueprint, Response, jsonify, request
 from web.auth import current_owner
 from web.body import read_json_body
 from web.errors import ApiError, not_found
-from web.follow import visible_to, wait_for_job
+from web.follow import owned_by, visible_to, wait_for_job
 from web.services import services
 from web.submission import admit, cancel, enqueue, prepare_job
 from web.validation import parse_job_request, parse_wait
@@ -37,9 +37,16 @@ def submit_job() -> Response:
 def get_job(job_id: str) -> Response:
     svc = services()
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-    job = visible_job(job_id)
     if wait > 0:
-        job = wait_for_job(svc.store, svc.hub, job_id, wait) or job
+        # A waiter reads the job once, at the end; until then only the owner and the status.
+        owner = svc.store.owner(job_id)
+        if owner is None or not owned_by(owner, current_owner()):
+            raise missing(job_id)
+        job = wait_for_job(svc.store, svc.hub, job_id, wait)
+        if job is None:
+            raise missing(job_id)
+    else:
+        job = visible_job(job_id)
     return job_response(job, finished_status=200, running_status=200)
 
 

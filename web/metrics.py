@@ -64,7 +64,7 @@ def gauges(svc: Services) -> list[str]:
     lines += [
         "# HELP trickle_running_jobs Jobs held by a worker right now.",
         "# TYPE trickle_running_jobs gauge",
-        f"trickle_running_jobs {svc.redis.zcard(keys.RUNNING_JOBS)}",
+        f"trickle_running_jobs {svc.store.running_count()}",
         "# HELP trickle_active_streams Open SSE/WebSocket/OpenAI streams in this web process.",
         "# TYPE trickle_active_streams gauge",
         f"trickle_active_streams {svc.hub.active_subscriptions}",

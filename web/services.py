@@ -9,11 +9,14 @@ from typing import Any
 import redis
 from celery import Celery
 from flask import Flask, current_app
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from worker.config import Settings
 from worker.queueing import make_celery
+from worker.redis_client import connect, is_cluster_url
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -24,7 +27,7 @@ EXTENSION_KEY = "trickle"
 @dataclass
 class Services:
     settings: Settings
-    redis: redis.Redis
+    redis: Any  # redis.Redis, or redis.RedisCluster (worker.redis_client)
     store: JobStore
     celery: Celery
     hub: TokenHub
@@ -35,25 +38,31 @@ class Services:
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
+        url = settings.redis.url
         redis_options: dict[str, Any] = {
             "decode_responses": True,
             "socket_timeout": settings.redis.socket_timeout_seconds,
             "socket_connect_timeout": settings.redis.socket_timeout_seconds,
-            "health_check_interval": 30,
         }
-        # A blocking pool caps connections per web process however many streams are open.
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.redis.url,
-            max_connections=settings.redis.max_connections,
-            timeout=settings.redis.socket_timeout_seconds,
-            **redis_options,
-        )
-        client = redis.Redis(connection_pool=pool)
+        if is_cluster_url(url):
+            client = connect(url, max_connections=settings.redis.max_connections, **redis_options)
+        else:
+            # A blocking pool caps connections per web process however many streams are open.
+            pool = redis.BlockingConnectionPool.from_url(
+                url,
+                max_connections=settings.redis.max_connections,
+                timeout=settings.redis.socket_timeout_seconds,
+                health_check_interval=30,
+                **redis_options,
+            )
+            client = redis.Redis(connection_pool=pool)
 
-        def connect_subscriber() -> redis.Redis:
-            # The subscriber blocks on reads, so it must not time out while the channel is quiet.
+        def connect_subscriber() -> Any:
+            # The subscriber blocks on reads, so it must not time out while its channels are
+            # quiet; it pings on its own, and a broken connection must surface (not be retried
+            # behind its back: messages sent meanwhile are lost, and readers must re-read).
             options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
-            return redis.Redis.from_url(settings.redis.url, **options)
+            return connect(url, retry=Retry(NoBackoff(), 0), **options)
 
         return cls(
             settings=settings,
@@ -70,7 +79,9 @@ class Services:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
         self.hub.close()
         self.redis.close()
-        self.redis.connection_pool.disconnect()
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
 
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""

@@ -1,13 +1,15 @@
 """Token events: what a worker publishes per decoding step and what the replay log stores.
 
-A step message on ``keys.EVENTS_CHANNEL`` carries the token events of every job that advanced in
-that step plus the ids of jobs that finished, so one PUBLISH serves the whole batch.
+Each job has its own channel (``keys.job_events_channel``); a message on it carries that job's
+tokens from one publisher flush, or its done signal. The job id is the channel's, so a message
+names no job, and a web process only ever receives messages of jobs its readers follow.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -38,31 +40,37 @@ class TokenEvent:
         return {"index": self.index, "text": self.text}
 
 
-@dataclass
-class StepMessage:
-    """Everything one publisher flush announces: new tokens and finished jobs."""
+# The whole message a job's done channel (and, last, its events channel) carries.
+DONE_MESSAGE = '{"d":1}'
 
-    tokens: list[TokenEvent] = field(default_factory=list)
-    finished: list[str] = field(default_factory=list)
+
+def token_fragment(events: Sequence[TokenEvent]) -> str:
+    """One flush of a job's tokens as the inside of a message's token list; the Lua script that
+    appends them wraps it (``{"t":[`` fragment ``]}``) and publishes it after the fence check."""
+    return ",".join(json.dumps([e.index, e.text, e.logprob], ensure_ascii=False) for e in events)
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    """One message on a job's channel: some of its tokens, or the news that it finished."""
+
+    tokens: tuple[TokenEvent, ...] = ()
+    done: bool = False
 
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "t": [[e.job_id, e.index, e.text, e.logprob] for e in self.tokens],
-                "d": self.finished,
-            },
-            ensure_ascii=False,
-        )
+        if self.done:
+            return DONE_MESSAGE
+        return '{"t":[' + token_fragment(self.tokens) + "]}"
 
     @classmethod
-    def decode(cls, raw: str | bytes) -> StepMessage:
+    def decode(cls, job_id: str, raw: str | bytes) -> JobMessage:
         data = json.loads(raw)
         return cls(
-            tokens=[
-                TokenEvent(str(job), int(index), str(text), _logprob(logprob))
-                for job, index, text, logprob in data.get("t", [])
-            ],
-            finished=[str(job_id) for job_id in data.get("d", [])],
+            tokens=tuple(
+                TokenEvent(job_id, int(index), str(text), _logprob(logprob))
+                for index, text, logprob in data.get("t", ())
+            ),
+            done=bool(data.get("d")),
         )
 
 

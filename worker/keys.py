@@ -6,11 +6,16 @@ are pinned by tests/test_keys.py.
 
 from __future__ import annotations
 
+import zlib
+
 PREFIX = "trickle"
 
-# One channel carries every token event of every job: workers publish one message per decoding
-# step, and each web process holds a single subscription that fans messages out to its readers.
-EVENTS_CHANNEL = f"{PREFIX}:events"
+# Every job lives in one of SHARDS shards, chosen by hashing its id. A shard's keys share a Redis
+# Cluster hash tag ("{s<n>}"), so everything a job's Lua scripts touch (its hash, replay log,
+# lease, partial output, the shard's queued/running indexes, its channels) sits in one slot, and
+# the scripts stay single-slot on a cluster. On a single Redis the tag is just part of the name.
+# Part of the schema: changing it re-homes every job, so it is a constant, not a setting.
+SHARDS = 256
 
 GENERATE_TASK = "trickle.generate"
 WEBHOOK_TASK = "trickle.webhook"
@@ -18,26 +23,70 @@ WEBHOOK_TASK = "trickle.webhook"
 WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
 
 
+def shard_of(job_id: str) -> int:
+    """The job's shard: stable across processes and releases (CRC-32, not Python's hash)."""
+    return zlib.crc32(job_id.encode()) % SHARDS
+
+
+def _tag(shard: int) -> str:
+    return f"{PREFIX}:{{s{shard}}}"
+
+
 def job(job_id: str) -> str:
     """Hash holding the job's parameters, status, timings and final result."""
-    return f"{PREFIX}:job:{job_id}"
+    return f"{_tag(shard_of(job_id))}:job:{job_id}"
 
 
 def job_tokens(job_id: str) -> str:
     """List of the job's token events (the replay log); list position == token index."""
-    return f"{PREFIX}:job:{job_id}:tokens"
+    return f"{job(job_id)}:tokens"
+
+
+def job_output(job_id: str) -> str:
+    """String of the text streamed so far while the job runs (APPENDed with each step), so a
+    GET of a running job reads its output instead of parsing the replay log; deleted once the
+    final output is in the job hash."""
+    return f"{job(job_id)}:output"
 
 
 def job_lease(job_id: str) -> str:
     """String naming the worker attempt that may run the job ("<node>:<attempt>"); expires
     unless renewed, which is how a dead worker's jobs are noticed."""
-    return f"{PREFIX}:job:{job_id}:lease"
+    return f"{job(job_id)}:lease"
 
 
-# Sorted sets of job ids: running ones (scored by claim time) and queued ones (scored by the
-# moment they expire unless started). Workers sweep them to recover and expire jobs.
-RUNNING_JOBS = f"{PREFIX}:running"
-QUEUED_JOBS = f"{PREFIX}:queued"
+# Token plane: two channels per job, published to from inside the job's Lua scripts. A web
+# process subscribes to a job's channel only while one of its own readers follows the job, so
+# it never receives (let alone decodes) tokens nobody there reads, and a channel without
+# subscribers costs Redis only the PUBLISH.
+
+
+def job_events_channel(job_id: str) -> str:
+    """The job's token messages and its done message (stream readers)."""
+    return f"{_tag(shard_of(job_id))}:events:{job_id}"
+
+
+def job_done_channel(job_id: str) -> str:
+    """Only the job's done message (``Prefer: wait`` waiters need the finish, not the tokens)."""
+    return f"{_tag(shard_of(job_id))}:done:{job_id}"
+
+
+def job_of_channel(channel: str) -> str:
+    """The job id a job channel names (the part after the last colon)."""
+    return channel.rsplit(":", 1)[-1]
+
+
+# Sorted sets of job ids, one pair per shard: running ones (scored by claim time) and queued
+# ones (scored by the moment they expire unless started). Workers sweep them to recover and
+# expire jobs.
+
+
+def running_jobs(shard: int) -> str:
+    return f"{_tag(shard)}:running"
+
+
+def queued_jobs(shard: int) -> str:
+    return f"{_tag(shard)}:queued"
 
 
 # Metrics workers record and /metrics exposes: one hash of counters ("<name>|<labels>" ->

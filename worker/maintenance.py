@@ -1,7 +1,8 @@
 """A worker's background duties: heartbeats, lease renewal, and sweeping up other workers' mess.
 
 Every live worker sweeps: running jobs whose lease lapsed (their worker died) are requeued and
-resume where their stream stopped; queued jobs past the queue TTL fail with a clear error.
+resume where their stream stopped (every recovery interval); queued jobs past the queue TTL fail
+with a clear error (checked at a tenth of the TTL, at most once a minute).
 The sweep is idempotent and race-free (each transition is one Lua script), so any number of
 workers may run it at once.
 """
@@ -20,12 +21,22 @@ from worker.joblog import log_job_event
 from worker.metric_defs import JOBS
 
 if TYPE_CHECKING:
+    from worker.config import Settings
     from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
 METRICS_FLUSH_SECONDS = 2.0
+MAX_EXPIRY_INTERVAL_SECONDS = 60.0
+
+
+def expiry_interval(settings: Settings) -> float:
+    """How often to look for queued jobs past their TTL: a tenth of the TTL (a day-long TTL is
+    checked once a minute), never more often than the recovery sweep. Each pass reads every
+    shard's queue index, so it is not free."""
+    tenth = min(settings.limits.queued_ttl_seconds / 10, MAX_EXPIRY_INTERVAL_SECONDS)
+    return max(settings.worker.recovery_interval_seconds, tenth)
 
 
 class Maintenance:
@@ -37,7 +48,7 @@ class Maintenance:
 
     def start(self) -> None:
         try:
-            dropped = reclaim.release_previous_life(self._runtime.redis, self._runtime.node_name)
+            dropped = reclaim.release_previous_life(self._runtime.store, self._runtime.node_name)
             if dropped:
                 log.info("dropped %d lease(s) of this node's previous process", len(dropped))
             self.heartbeat()
@@ -66,6 +77,7 @@ class Maintenance:
             ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
             ("renew", worker.lease_seconds / 3, self.renew_leases),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
+            ("expire", expiry_interval(self._runtime.settings), self.expire),
             ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
         )
         while not self._stop.wait(TICK_SECONDS):
@@ -111,7 +123,10 @@ class Maintenance:
             log_job_event("worker_lost", job_id, model, outcome=outcome, swept_by=runtime.node_name)
             if outcome == "canceled":
                 runtime.metrics.count(JOBS, model=model, status="canceled")
-        for job_id in runtime.store.expire_queued(now):
+
+    def expire(self) -> None:
+        runtime = self._runtime
+        for job_id in runtime.store.expire_queued(time.time()):
             model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
             log_job_event("expired_in_queue", job_id, model)
             runtime.metrics.count(JOBS, model=model, status="failed")

@@ -2,8 +2,9 @@
 
 The engine callback only enqueues; this thread drains everything queued since its last round trip
 (every token of a decoding step across the whole batch, or more when Redis is slow) and sends it as
-one pipeline: RPUSH to each job's replay log, one PUBLISH for all of them, the final state of jobs
-that ended, and a read of each running job's cancel flag.
+one pipeline: one script that appends to each job's replay log and output, publishes each job's
+tokens on that job's own channel and reads its cancel flag; then the final state of jobs that
+ended. A normal step's reply is an empty list (only exceptions come back).
 """
 
 from __future__ import annotations
@@ -111,16 +112,19 @@ class TokenPublisher:
         )
         finishes = [item for item in items if isinstance(item, FinishItem)]
 
-        def build(pipe: redis.client.Pipeline) -> None:
+        calls = 0
+
+        def build(pipe: Any) -> None:
+            nonlocal calls
             if appends:
-                self._store.queue_step(pipe, appends)
+                calls = self._store.queue_step(pipe, appends)
             for item in finishes:
                 self._store.queue_finish(pipe, item.job_id, item.fence, item.result)
 
         replies = self._execute_with_retry(build)
         self.round_trips += 1
         if appends:
-            outcome = self._store.step_outcome(appends, replies[0])
+            outcome = self._store.step_outcome(appends, *replies[:calls])
             for job_id in outcome.cancel_requested:
                 self._on_cancel_requested(job_id)
             for job_id in outcome.fenced_out:
@@ -130,20 +134,23 @@ class TokenPublisher:
                 for append in appends:
                     if append.first_token_at is not None:
                         self._on_first_published(append.job_id, stored)
-        for item, stored in zip(finishes, replies[1 if appends else 0 :], strict=True):
+        for item, stored in zip(finishes, replies[calls:], strict=True):
             if not stored:
                 log.warning("final state of %s not stored: this worker lost its lease", item.job_id)
             item.persisted.set()
 
-    def _execute_with_retry(self, build: Callable[[redis.client.Pipeline], None]) -> list[Any]:
+    def _execute_with_retry(self, build: Callable[[Any], None]) -> list[Any]:
         """Redis being away must not lose tokens: retry the same flush until it lands."""
         attempt = 0
         while True:
             # Each script is atomic and skips what a lost-reply attempt already wrote.
-            pipe = self._store.redis.pipeline(transaction=False)
-            build(pipe)
+            pipe = self._store.pipeline()
             try:
+                build(pipe)
                 return list(pipe.execute())
+            except redis.exceptions.NoScriptError:
+                # A server that lost its scripts: restarted, or a replica promoted by failover.
+                self._store.scripts_lost()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = RETRY_DELAYS_SECONDS[min(attempt, len(RETRY_DELAYS_SECONDS) - 1)]
                 log.warning("publishing tokens failed (%s); retrying in %.2fs", exc, delay)

@@ -10,9 +10,8 @@ single: the older copy's next renewal or write is refused and it stops itself.
 
 from __future__ import annotations
 
-import redis
-
 from worker import keys
+from worker.store import JobStore
 
 # KEYS: lease; ARGV: "<node>:" -> 1 if the lease was this node's and is now gone.
 DROP_IF_OURS = """
@@ -25,11 +24,11 @@ return 0
 """
 
 
-def release_previous_life(client: redis.Redis, node: str) -> list[str]:
+def release_previous_life(store: JobStore, node: str) -> list[str]:
     """Drop the leases a previous process with this node name held; returns their job ids."""
-    script = client.register_script(DROP_IF_OURS)
+    script = store.redis.register_script(DROP_IF_OURS)
     dropped = []
-    for job_id in [str(j) for j in client.zrange(keys.RUNNING_JOBS, 0, -1)]:
+    for job_id in store.running_ids():
         if script(keys=[keys.job_lease(job_id)], args=[f"{node}:"]):
             dropped.append(job_id)
     return dropped

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -35,6 +36,7 @@ from worker.metric_defs import (
 )
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
+from worker.redis_client import connect
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, JobResult, JobStore
@@ -49,8 +51,9 @@ LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another w
 Enqueue = Callable[[str, str, int], None]
 
 
-def redis_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
+def redis_client(settings: Settings) -> Any:
+    """The worker's client for job state and tokens (a cluster client for a cluster URL)."""
+    return connect(
         settings.redis.url,
         decode_responses=True,
         socket_timeout=settings.redis.socket_timeout_seconds,

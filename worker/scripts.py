@@ -2,15 +2,41 @@
 
 Each runs inside Redis as one step, so a claim, a cancel, a crash recovery and a token append
 can never interleave halfway. Used only by ``store``.
+
+Every key and channel a script touches is passed in KEYS and shares the job's shard hash tag
+(``keys``), so on a Redis Cluster each call lands on one slot. Scripts publish with the command
+named in their ARGV: PUBLISH on a single Redis, SPUBLISH (sharded pub/sub) on a cluster.
 """
 
 from __future__ import annotations
 
-# KEYS: job, lease, running, queued, tokens
-# ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, channel, done_msg
-# Returns {outcome, attempts}, and when claimed also the job hash and the replay log's length, so
-# a worker starts a job in one round trip.
-CLAIM = """
+# A job that ends without its worker's FINISH (canceled while queued, poisoned, recovered as
+# canceled, expired): the text streamed so far becomes its output, so stream and result agree;
+# then its done message goes to stream readers and waiters.
+# settle(job, tokens, output, ttl); announce(publish, events channel, done channel, message)
+_ENDING = """
+local function settle(job, tokens, output, ttl)
+  local text = redis.call('GET', output)
+  if text then redis.call('HSET', job, 'output', text) end
+  redis.call('HSET', job, 'completion_tokens', redis.call('LLEN', tokens))
+  redis.call('DEL', output)
+  redis.call('EXPIRE', job, ttl)
+  redis.call('EXPIRE', tokens, ttl)
+end
+local function announce(publish, events, done, message)
+  redis.call(publish, events, message)
+  redis.call(publish, done, message)
+end
+"""
+
+# KEYS: job, lease, running, queued, tokens, output, events channel, done channel
+# ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, publish, done_msg,
+#       then the hash fields the worker needs
+# Returns {outcome, attempts}, and when claimed also those fields' values and the replay log's
+# length, so a worker starts a job in one round trip.
+CLAIM = (
+    _ENDING
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing', 0} end
 if status ~= 'queued' then return {status, 0} end
@@ -19,9 +45,8 @@ local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 if attempts > tonumber(ARGV[5]) then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'finish_reason', 'error',
              'completed_at', ARGV[2], 'error', ARGV[6])
-  redis.call('EXPIRE', KEYS[1], ARGV[7])
-  redis.call('EXPIRE', KEYS[5], ARGV[7])
-  redis.call('PUBLISH', ARGV[8], ARGV[9])
+  settle(KEYS[1], KEYS[5], KEYS[6], ARGV[7])
+  announce(ARGV[8], KEYS[7], KEYS[8], ARGV[9])
   return {'poisoned', attempts}
 end
 local fence = ARGV[3] .. ':' .. attempts
@@ -31,20 +56,26 @@ if redis.call('HEXISTS', KEYS[1], 'started_at') == 0 then
 end
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
-return {'claimed', attempts, redis.call('HGETALL', KEYS[1]), redis.call('LLEN', KEYS[5])}
+local fields = {}
+for i = 10, #ARGV do table.insert(fields, ARGV[i]) end
+return {'claimed', attempts, redis.call('HMGET', KEYS[1], unpack(fields)),
+        redis.call('LLEN', KEYS[5])}
 """
+)
 
-# KEYS: job, queued, tokens   ARGV: id, now, result_ttl, channel, done_msg
-CANCEL = """
+# KEYS: job, queued, tokens, output, events channel, done channel
+# ARGV: id, now, result_ttl, publish, done_msg
+CANCEL = (
+    _ENDING
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return 'missing' end
 if status == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
              'completed_at', ARGV[2])
   redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[3])
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  settle(KEYS[1], KEYS[3], KEYS[4], ARGV[3])
+  announce(ARGV[4], KEYS[5], KEYS[6], ARGV[5])
   return 'canceled'
 end
 if status == 'running' then
@@ -53,6 +84,7 @@ if status == 'running' then
 end
 return 'finished'
 """
+)
 
 # KEYS: lease   ARGV: fence, lease_ms
 RENEW = """
@@ -64,9 +96,11 @@ return 0
 """
 
 # A running job whose lease expired: its worker died. Requeue it (or finish it as canceled when
-# a cancel was pending). KEYS: job, lease, running, queued, tokens
-# ARGV: id, now, queue_deadline, result_ttl, channel, done_msg
-RECOVER = """
+# a cancel was pending). KEYS: job, lease, running, queued, tokens, output, events, done
+# ARGV: id, now, queue_deadline, result_ttl, publish, done_msg
+RECOVER = (
+    _ENDING
+    + """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
 local status = redis.call('HGET', KEYS[1], 'status')
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -74,21 +108,23 @@ if status ~= 'running' then return 'gone' end
 redis.call('HDEL', KEYS[1], 'owner')
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
-             'completed_at', ARGV[2], 'completion_tokens', redis.call('LLEN', KEYS[5]))
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  redis.call('EXPIRE', KEYS[5], ARGV[4])
-  redis.call('PUBLISH', ARGV[5], ARGV[6])
+             'completed_at', ARGV[2])
+  settle(KEYS[1], KEYS[5], KEYS[6], ARGV[4])
+  announce(ARGV[5], KEYS[7], KEYS[8], ARGV[6])
   return 'canceled'
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 return 'requeued'
 """
+)
 
 # Give a claimed job back without counting an attempt (graceful shutdown); one whose cancel is
-# pending is canceled instead. KEYS: job, lease, running, queued
-# ARGV: id, fence, queue_deadline, now, result_ttl, channel, done_msg
-RELEASE = """
+# pending is canceled instead. KEYS: job, lease, running, queued, tokens, output, events, done
+# ARGV: id, fence, queue_deadline, now, result_ttl, publish, done_msg
+RELEASE = (
+    _ENDING
+    + """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
@@ -96,8 +132,8 @@ redis.call('HDEL', KEYS[1], 'owner')
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
              'completed_at', ARGV[4])
-  redis.call('EXPIRE', KEYS[1], ARGV[5])
-  redis.call('PUBLISH', ARGV[6], ARGV[7])
+  settle(KEYS[1], KEYS[5], KEYS[6], ARGV[5])
+  announce(ARGV[6], KEYS[7], KEYS[8], ARGV[7])
   return 2
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
@@ -105,37 +141,42 @@ redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 return 1
 """
+)
 
-# A queued job past its queue deadline. KEYS: job, queued, tokens
-# ARGV: id, now, error_json, result_ttl, channel, done_msg
-EXPIRE_QUEUED = """
+# A queued job past its queue deadline. KEYS: job, queued, tokens, output, events, done
+# ARGV: id, now, error_json, result_ttl, publish, done_msg
+EXPIRE_QUEUED = (
+    _ENDING
+    + """
 local status = redis.call('HGET', KEYS[1], 'status')
 redis.call('ZREM', KEYS[2], ARGV[1])
 if status ~= 'queued' then return 0 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'finish_reason', 'error',
            'completed_at', ARGV[2], 'error', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-redis.call('EXPIRE', KEYS[3], ARGV[4])
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+settle(KEYS[1], KEYS[3], KEYS[4], ARGV[4])
+announce(ARGV[5], KEYS[5], KEYS[6], ARGV[6])
 return 1
 """
+)
 
 # One flush of token events, fenced per job: only the lease holder may append. Entries already
 # in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless;
 # entries that would leave a gap (log position must equal token index) are refused like a lost
-# fence.
-# KEYS[1] = channel; then per job i: job hash, tokens list, lease
-# ARGV[1] = number of jobs; then per job: fence, first_token_at ('' if none), index of the first
-#           entry, k, k log entries, the job's fragment of the channel message
-# Returns, per job, 1 if appended (0 if fenced out), then per job the cancel_requested flag.
+# fence. Each accepted job's text is appended to its output so far, and its tokens go out on its
+# own channel (nobody subscribed: Redis drops the message, nothing leaves the server).
+# KEYS: per job i: job hash, tokens list, lease, output, events channel
+# ARGV[1] = publish command; ARGV[2] = number of jobs; then per job: fence, first_token_at
+#           ('' if none), index of the first entry, k, k log entries, the text of the k entries,
+#           the job's channel message
+# Returns only the exceptions, so a normal step's reply is an empty list: -i for a job fenced
+# out (its lease is not this worker's), +i for a job whose cancel was requested.
 APPEND_STEP = """
-local jobs = tonumber(ARGV[1])
-local a = 2
-local parts = {}
-local accepted = {}
-local cancels = {}
+local publish = ARGV[1]
+local jobs = tonumber(ARGV[2])
+local a = 3
+local result = {}
 for i = 1, jobs do
-  local base = 1 + 3 * (i - 1)
+  local base = 5 * (i - 1)
   local fence = ARGV[a]
   local first = ARGV[a + 1]
   local first_index = tonumber(ARGV[a + 2])
@@ -143,32 +184,38 @@ for i = 1, jobs do
   a = a + 4
   local present = redis.call('LLEN', KEYS[base + 2]) - first_index
   if redis.call('GET', KEYS[base + 3]) == fence and present >= 0 then
-    for j = present, k - 1 do
-      redis.call('RPUSH', KEYS[base + 2], ARGV[a + j])
+    if present < k then
+      for j = present, k - 1 do
+        redis.call('RPUSH', KEYS[base + 2], ARGV[a + j])
+      end
+      if present == 0 then
+        redis.call('APPEND', KEYS[base + 4], ARGV[a + k])
+      else  -- a retried flush, partly stored already: only the rest's text
+        for j = present, k - 1 do
+          redis.call('APPEND', KEYS[base + 4], cjson.decode(ARGV[a + j])['text'])
+        end
+      end
     end
     if first ~= '' then
       redis.call('HSET', KEYS[base + 1], 'first_token_at', first)
     end
-    table.insert(parts, ARGV[a + k])
-    accepted[i] = 1
+    redis.call(publish, KEYS[base + 5], ARGV[a + k + 1])
   else
-    accepted[i] = 0
+    table.insert(result, -i)
   end
-  cancels[i] = redis.call('HGET', KEYS[base + 1], 'cancel_requested') or ''
-  a = a + k + 1
+  if redis.call('HGET', KEYS[base + 1], 'cancel_requested') == '1' then
+    table.insert(result, i)
+  end
+  a = a + k + 2
 end
-if #parts > 0 then
-  redis.call('PUBLISH', KEYS[1], '{"t":[' .. table.concat(parts, ',') .. '],"d":[]}')
-end
-local result = {}
-for i = 1, jobs do table.insert(result, accepted[i]) end
-for i = 1, jobs do table.insert(result, cancels[i]) end
 return result
 """
 
-# Store a job's final state, fenced. KEYS: job, tokens, lease, running
-# ARGV: id, fence, result_ttl, channel, done_msg, then field/value pairs
-FINISH = """
+# Store a job's final state, fenced. KEYS: job, tokens, lease, running, output, events, done
+# ARGV: id, fence, result_ttl, publish, done_msg, then field/value pairs
+FINISH = (
+    _ENDING
+    + """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
 local fields = {}
 for i = 6, #ARGV do table.insert(fields, ARGV[i]) end
@@ -177,7 +224,9 @@ redis.call('HDEL', KEYS[1], 'owner')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('DEL', KEYS[3])
+redis.call('DEL', KEYS[5])
 redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+announce(ARGV[4], KEYS[6], KEYS[7], ARGV[5])
 return 1
 """
+)

@@ -1,6 +1,8 @@
 """JobStore: the only code that writes job state to Redis.
 
-Jobs live in a hash (``keys.job``) and their tokens in a list (``keys.job_tokens``). Transitions
+Jobs live in a hash (``keys.job``), their tokens in a list (``keys.job_tokens``) and, while they
+run, the text streamed so far in a string (``keys.job_output``), so reading a job never parses
+its log. Transitions
 that race (a worker claiming a job while a client cancels it, a crashed worker's job being
 recovered while a stalled one wakes up) are single Lua scripts (``worker.scripts``), so each job
 has exactly one outcome and only the current lease holder can write its tokens.
@@ -9,117 +11,62 @@ has exactly one outcome and only the current lease holder can write its tokens.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
+from redis.exceptions import NoScriptError
 
 from worker import keys, scripts
-from worker.events import StepMessage, TokenEvent
-from worker.jobs import (
-    FinishReason,
-    GenerationParams,
-    Job,
-    JobError,
-    JobStatus,
-    Usage,
-    is_job_id,
+from worker.events import DONE_MESSAGE, JobMessage, TokenEvent
+from worker.job_records import (
+    CLAIM_FIELDS,
+    READ_FIELDS,
+    CancelOutcome,
+    Claim,
+    JobResult,
+    StepAppend,
+    StepOutcome,
+    cancel_outcome,
+    hash_fields,
+    job_from_hash,
 )
+from worker.jobs import Job, JobError, JobStatus, Usage, is_job_id
+from worker.redis_client import is_cluster, publish_command
 
-
-class CancelOutcome(str, Enum):
-    MISSING = "missing"
-    CANCELED = "canceled"  # it was still queued: canceled on the spot
-    REQUESTED = "requested"  # it is running: the worker stops it within one step
-    ALREADY_FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The result of trying to take a job: ``claimed`` with a fence, or why not."""
-
-    outcome: str  # claimed | missing | poisoned | the status the job already had
-    attempt: int
-    fence: str
-    # Read in the same round trip as the claim: the job and the length of its replay log.
-    job: Job | None = None
-    logged_tokens: int = 0
-
-    @property
-    def claimed(self) -> bool:
-        return self.outcome == "claimed"
-
-
-@dataclass(frozen=True)
-class JobResult:
-    """How a job ended, as the worker reports it."""
-
-    status: JobStatus
-    output: str
-    finish_reason: FinishReason
-    completion_tokens: int
-    completed_at: float
-    error: JobError | None = None
-
-    @classmethod
-    def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
-        """A failure keeps what was already streamed, so output and stream still agree."""
-        return cls(
-            JobStatus.FAILED, output, FinishReason.ERROR, completion_tokens, time.time(), error
-        )
-
-    def fields(self) -> dict[str, str]:
-        values = {
-            "status": self.status.value,
-            "output": self.output,
-            "finish_reason": self.finish_reason.value,
-            "completion_tokens": str(self.completion_tokens),
-            "completed_at": repr(self.completed_at),
-        }
-        if self.error is not None:
-            values["error"] = json.dumps(self.error.to_dict())
-        return values
-
-
-@dataclass(frozen=True)
-class StepAppend:
-    """One job's share of a publisher flush."""
-
-    job_id: str
-    fence: str
-    events: Sequence[TokenEvent]
-    first_token_at: float | None = None
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    fenced_out: list[str]  # jobs whose lease this worker no longer holds
-    cancel_requested: list[str]
+__all__ = ["CancelOutcome", "Claim", "JobResult", "JobStore", "StepAppend", "StepOutcome"]
 
 
 def _ownership_keys(job_id: str) -> list[str]:
-    """The keys CLAIM and RECOVER touch, in the order the scripts expect them."""
+    """The keys CLAIM, RECOVER and RELEASE touch, in the order the scripts expect them."""
+    shard = keys.shard_of(job_id)
     return [
         keys.job(job_id),
         keys.job_lease(job_id),
-        keys.RUNNING_JOBS,
-        keys.QUEUED_JOBS,
-        keys.job_tokens(job_id),
+        keys.running_jobs(shard),
+        keys.queued_jobs(shard),
+        *_ending_keys(job_id),
     ]
 
 
-def _done(job_id: str) -> str:
-    return StepMessage(finished=[job_id]).encode()
+def _ending_keys(job_id: str) -> list[str]:
+    """What a transition that may end the job touches last: its replay log, its output so far
+    and the two channels its done message goes to."""
+    return [
+        keys.job_tokens(job_id),
+        keys.job_output(job_id),
+        keys.job_events_channel(job_id),
+        keys.job_done_channel(job_id),
+    ]
 
 
 class JobStore:
-    def __init__(self, client: redis.Redis, result_ttl_seconds: int, queued_ttl_seconds: int):
+    def __init__(self, client: Any, result_ttl_seconds: int, queued_ttl_seconds: int):
         self.redis = client
         self.result_ttl_seconds = result_ttl_seconds
         self.queued_ttl_seconds = queued_ttl_seconds
+        self.cluster = is_cluster(client)
+        self.publish = publish_command(client)
+        self._loaded = False
         self._scripts = {
             name: client.register_script(getattr(scripts, name))
             for name in (
@@ -134,14 +81,53 @@ class JobStore:
             )
         }
 
+    def pipeline(self, transaction: bool = False) -> Any:
+        """A pipeline; a transaction must stay within one job's keys (one slot on a cluster)."""
+        return self.redis.pipeline(transaction=transaction)
+
+    def load_scripts(self) -> None:
+        """Put every script in the server's cache (each primary's, on a cluster). Pipelines
+        call scripts by digest alone: redis-py would otherwise ask SCRIPT EXISTS before every
+        pipeline, a round trip per decoding step. A server that lost them (restarted, failed
+        over) answers NOSCRIPT, and the caller loads them again and retries."""
+        for script in self._scripts.values():
+            script.sha = self.redis.script_load(script.script)
+        self._loaded = True
+
+    def queue_script(self, pipe: Any, name: str, script_keys: list[str], args: list[Any]) -> None:
+        """Add one script call to ``pipe`` (loading the scripts first, once per store)."""
+        if not self._loaded:
+            self.load_scripts()
+        pipe.evalsha(self._scripts[name].sha, len(script_keys), *script_keys, *args)
+
+    def execute(self, build: Callable[[Any], None]) -> list[Any]:
+        """Build and run a pipeline of script calls; once more if the server lacked them (each
+        script is a guarded transition: a call that ran already is refused or repeated as a
+        no-op)."""
+        for attempt in (1, 2):
+            pipe = self.pipeline()
+            build(pipe)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.scripts_lost()
+        raise AssertionError("unreachable")
+
+    def scripts_lost(self) -> None:
+        """The server answered NOSCRIPT: the next script call loads them all again."""
+        self._loaded = False
+
     # -- web side -------------------------------------------------------------------------------
 
     def create(self, job: Job) -> None:
         self.create_many([job])
 
     def create_many(self, jobs: Sequence[Job]) -> None:
-        """Record new jobs in one round trip (a batch can bring thousands)."""
-        pipe = self.redis.pipeline(transaction=True)
+        """Record new jobs in one round trip (a batch can bring thousands); atomic on a single
+        Redis, per job on a cluster (jobs live on different slots)."""
+        pipe = self.pipeline(transaction=not self.cluster)
         for job in jobs:
             self._queue_create(pipe, job)
         pipe.execute()
@@ -170,31 +156,72 @@ class JobStore:
         pipe.hset(keys.job(job.id), mapping=fields)
         # Long enough to stay queued, then to be read as expired for a result TTL.
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
-        pipe.zadd(keys.QUEUED_JOBS, {job.id: job.created_at + self.queued_ttl_seconds})
+        queued = keys.queued_jobs(keys.shard_of(job.id))
+        pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
 
     def get(self, job_id: str) -> Job | None:
-        job, _events = self.snapshot(job_id, 0)
+        """The job as served: a finished job's stored output, a running one's output so far
+        (one string read), never the replay log, nor the prompt (only the worker needs it)."""
+        job, _events = self._read(job_id, None)
         return job
 
-    def snapshot(self, job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
-        """The job and its tokens from ``from_index`` on, read atomically.
+    def status(self, job_id: str) -> JobStatus | None:
+        """Just the status (a waiter polling for the end reads a few bytes, not the job)."""
+        if not is_job_id(job_id):
+            return None
+        value = self.redis.hget(keys.job(job_id), "status")
+        return JobStatus(value) if value else None
 
-        A running job's ``output`` is the text streamed so far (the whole replay log).
-        """
+    def owner(self, job_id: str) -> str | None:
+        """The digest of the API key that created the job ("" without keys), None if the job
+        does not exist: enough to tell a caller it may wait for the job."""
+        if not is_job_id(job_id):
+            return None
+        status, owner = self.redis.hmget(keys.job(job_id), ["status", "owner_key"])
+        return None if status is None else str(owner or "")
+
+    def snapshot(self, job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
+        """The job (as ``get``) and its tokens from ``from_index`` on, read atomically."""
+        return self._read(job_id, from_index)
+
+    def _read(self, job_id: str, from_index: int | None) -> tuple[Job | None, list[TokenEvent]]:
         if not is_job_id(job_id):
             return None, []  # never a key built from a malformed id
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(keys.job(job_id))
-        pipe.lrange(keys.job_tokens(job_id), 0, -1)
-        fields, entries = pipe.execute()
-        if not fields:
+        pipe = self.pipeline(transaction=True)
+        pipe.hmget(keys.job(job_id), READ_FIELDS)
+        pipe.get(keys.job_output(job_id))
+        pipe.llen(keys.job_tokens(job_id))
+        if from_index is not None:
+            pipe.lrange(keys.job_tokens(job_id), from_index, -1)
+        values, output, logged, *tail = pipe.execute()
+        fields = hash_fields(READ_FIELDS, values)
+        if "id" not in fields:
             return None, []
-        job = _job_from_hash(fields)
-        events = [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
+        job = job_from_hash(fields)
         if not job.status.is_terminal:
-            job.output = "".join(event.text for event in events)
-            job.usage = Usage(job.usage.prompt_tokens, len(events))
-        return job, events[from_index:]
+            job.output = output or ""
+            job.usage = Usage(job.usage.prompt_tokens, int(logged))
+        entries = tail[0] if tail else []
+        return job, [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
+
+    def queued_count(self) -> int:
+        """Jobs waiting for a worker, all models and priorities (the batch backlog bound)."""
+        return sum(self._per_shard("zcard", keys.queued_jobs))
+
+    def running_count(self) -> int:
+        return sum(self._per_shard("zcard", keys.running_jobs))
+
+    def running_ids(self) -> list[str]:
+        """Every job some worker holds (or held, until a sweep notices it died)."""
+        members = self._per_shard("zrange", keys.running_jobs, 0, -1)
+        return [str(job_id) for shard in members for job_id in shard]
+
+    def _per_shard(self, command: str, key: Any, *args: Any) -> list[Any]:
+        """One command per shard's index, in one pipelined round trip (per node on a cluster)."""
+        pipe = self.pipeline()
+        for shard in range(keys.SHARDS):
+            getattr(pipe, command)(key(shard), *args)
+        return list(pipe.execute())
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
         return self.cancel_many([job_id], now)[0]
@@ -203,21 +230,19 @@ class JobStore:
         """Cancel jobs in one round trip. CANCELED only for the call that canceled a queued
         job (once per job, however often it is asked): callers count on that."""
         valid = [job_id for job_id in job_ids if is_job_id(job_id)]
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id in valid:
-            self._scripts["CANCEL"](
-                keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
-                args=[
-                    job_id,
-                    repr(now),
-                    self.result_ttl_seconds,
-                    keys.EVENTS_CHANNEL,
-                    _done(job_id),
-                ],
-                client=pipe,
-            )
-        replies = dict(zip(valid, pipe.execute() if valid else [], strict=True))
-        return [_cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
+
+        def build(pipe: Any) -> None:
+            for job_id in valid:
+                shard = keys.shard_of(job_id)
+                self.queue_script(
+                    pipe,
+                    "CANCEL",
+                    [keys.job(job_id), keys.queued_jobs(shard), *_ending_keys(job_id)],
+                    [job_id, repr(now), self.result_ttl_seconds, self.publish, DONE_MESSAGE],
+                )
+
+        replies = dict(zip(valid, self.execute(build) if valid else [], strict=True))
+        return [cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
 
     # -- worker side: ownership -----------------------------------------------------------------
 
@@ -240,16 +265,17 @@ class JobStore:
                 max_attempts,
                 json.dumps(error.to_dict()),
                 self.result_ttl_seconds,
-                keys.EVENTS_CHANNEL,
-                _done(job_id),
+                self.publish,
+                DONE_MESSAGE,
+                *CLAIM_FIELDS,
             ],
         )
-        raw_fields, logged = rest if rest else ([], 0)
+        values, logged = rest if rest else ([], 0)
         attempt = int(attempt)
         if outcome != "claimed":
             return Claim(str(outcome), attempt, "")
-        fields = dict(zip(raw_fields[::2], raw_fields[1::2], strict=True))
-        return Claim("claimed", attempt, f"{node}:{attempt}", _job_from_hash(fields), int(logged))
+        fields = hash_fields(CLAIM_FIELDS, values)
+        return Claim("claimed", attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged))
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
         """The whole replay log (to resume a job whose previous worker died mid-stream)."""
@@ -260,12 +286,12 @@ class JobStore:
         """Extend the leases this worker holds; returns the jobs whose lease it lost."""
         if not leases:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for job_id, fence in leases.items():
-            self._scripts["RENEW"](
-                keys=[keys.job_lease(job_id)], args=[fence, lease_ms], client=pipe
-            )
-        results = pipe.execute()
+
+        def build(pipe: Any) -> None:
+            for job_id, fence in leases.items():
+                self.queue_script(pipe, "RENEW", [keys.job_lease(job_id)], [fence, lease_ms])
+
+        results = self.execute(build)
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
     def release(self, job_id: str, fence: str, now: float) -> str:
@@ -274,24 +300,23 @@ class JobStore:
         Returns "queued" (requeue it), "canceled" (a cancel was pending) or "lost" (not ours).
         """
         outcome = self._scripts["RELEASE"](
-            keys=[keys.job(job_id), keys.job_lease(job_id), keys.RUNNING_JOBS, keys.QUEUED_JOBS],
+            keys=_ownership_keys(job_id),
             args=[
                 job_id,
                 fence,
                 now + self.queued_ttl_seconds,
                 repr(now),
                 self.result_ttl_seconds,
-                keys.EVENTS_CHANNEL,
-                _done(job_id),
+                self.publish,
+                DONE_MESSAGE,
             ],
         )
         return {1: "queued", 2: "canceled"}.get(int(outcome), "lost")
 
     def recover_orphans(self, now: float) -> dict[str, str]:
         """Requeue running jobs whose lease expired (their worker died): id -> outcome."""
-        running = [str(job_id) for job_id in self.redis.zrange(keys.RUNNING_JOBS, 0, -1)]
         outcomes: dict[str, str] = {}
-        for job_id in running:
+        for job_id in self.running_ids():
             outcome = self._scripts["RECOVER"](
                 keys=_ownership_keys(job_id),
                 args=[
@@ -299,8 +324,8 @@ class JobStore:
                     repr(now),
                     now + self.queued_ttl_seconds,
                     self.result_ttl_seconds,
-                    keys.EVENTS_CHANNEL,
-                    _done(job_id),
+                    self.publish,
+                    DONE_MESSAGE,
                 ],
             )
             if outcome != "alive":
@@ -310,21 +335,25 @@ class JobStore:
     def expire_queued(self, now: float) -> list[str]:
         """Fail queued jobs that waited past the queue TTL without any worker starting them."""
         expired = []
-        overdue = [str(j) for j in self.redis.zrangebyscore(keys.QUEUED_JOBS, "-inf", now)]
-        for job_id in overdue:
+        overdue = self._per_shard("zrangebyscore", keys.queued_jobs, "-inf", now)
+        for job_id in [str(j) for shard in overdue for j in shard]:
             error = JobError(
                 "queue_timeout",
                 f"no worker started the job within {self.queued_ttl_seconds} s",
             )
             done = self._scripts["EXPIRE_QUEUED"](
-                keys=[keys.job(job_id), keys.QUEUED_JOBS, keys.job_tokens(job_id)],
+                keys=[
+                    keys.job(job_id),
+                    keys.queued_jobs(keys.shard_of(job_id)),
+                    *_ending_keys(job_id),
+                ],
                 args=[
                     job_id,
                     repr(now),
                     json.dumps(error.to_dict()),
                     self.result_ttl_seconds,
-                    keys.EVENTS_CHANNEL,
-                    _done(job_id),
+                    self.publish,
+                    DONE_MESSAGE,
                 ],
             )
             if done:
@@ -336,99 +365,70 @@ class JobStore:
     def set_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
         self.redis.hset(keys.job(job_id), "prompt_tokens", str(prompt_tokens))
 
-    def queue_step(self, pipe: Any, appends: Sequence[StepAppend]) -> None:
-        """Add one flush of tokens to ``pipe``: one script, one PUBLISH, fenced per job."""
-        script_keys: list[str] = [keys.EVENTS_CHANNEL]
-        args: list[Any] = [len(appends)]
-        for append in appends:
-            script_keys += [
-                keys.job(append.job_id),
-                keys.job_tokens(append.job_id),
-                keys.job_lease(append.job_id),
-            ]
-            first = "" if append.first_token_at is None else repr(append.first_token_at)
-            fragment = ",".join(
-                json.dumps([e.job_id, e.index, e.text, e.logprob], ensure_ascii=False)
-                for e in append.events
-            )
-            args += [append.fence, first, append.events[0].index, len(append.events)]
-            args += [event.to_log_entry() for event in append.events]
-            args.append(fragment)
-        self._scripts["APPEND_STEP"](keys=script_keys, args=args, client=pipe)
+    def queue_step(self, pipe: Any, appends: Sequence[StepAppend]) -> int:
+        """Add one flush of tokens to ``pipe``, fenced per job, each job's tokens published on
+        its own channel. One script call for the whole flush on a single Redis; one per shard
+        on a cluster (a script stays on one slot). Returns the number of calls queued."""
+        groups = _by_shard(appends) if self.cluster else [list(appends)]
+        for group in groups:
+            script_keys: list[str] = []
+            args: list[Any] = [self.publish, len(group)]
+            for append in group:
+                script_keys += [
+                    keys.job(append.job_id),
+                    keys.job_tokens(append.job_id),
+                    keys.job_lease(append.job_id),
+                    keys.job_output(append.job_id),
+                    keys.job_events_channel(append.job_id),
+                ]
+                first = "" if append.first_token_at is None else repr(append.first_token_at)
+                args += [append.fence, first, append.events[0].index, len(append.events)]
+                args += [event.to_log_entry() for event in append.events]
+                args.append("".join(event.text for event in append.events))
+                args.append(JobMessage(tuple(append.events)).encode())
+            self.queue_script(pipe, "APPEND_STEP", script_keys, args)
+        return len(groups)
 
-    @staticmethod
-    def step_outcome(appends: Sequence[StepAppend], reply: Sequence[Any]) -> StepOutcome:
-        count = len(appends)
-        accepted, cancels = reply[:count], reply[count:]
-        return StepOutcome(
-            fenced_out=[a.job_id for a, ok in zip(appends, accepted, strict=True) if not ok],
-            cancel_requested=[a.job_id for a, flag in zip(appends, cancels, strict=True) if flag],
-        )
+    def step_outcome(self, appends: Sequence[StepAppend], *replies: Sequence[Any]) -> StepOutcome:
+        """Read the reply of each of ``queue_step``'s calls (only exceptions come back)."""
+        groups = _by_shard(appends) if self.cluster else [list(appends)]
+        fenced_out: list[str] = []
+        cancel_requested: list[str] = []
+        for group, reply in zip(groups, replies, strict=True):
+            for position in reply:
+                append = group[abs(int(position)) - 1]
+                (fenced_out if int(position) < 0 else cancel_requested).append(append.job_id)
+        return StepOutcome(fenced_out=fenced_out, cancel_requested=cancel_requested)
 
     def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
         """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
-        args: list[Any] = [
-            job_id,
-            fence,
-            self.result_ttl_seconds,
-            keys.EVENTS_CHANNEL,
-            _done(job_id),
-        ]
+        args: list[Any] = [job_id, fence, self.result_ttl_seconds, self.publish, DONE_MESSAGE]
         for name, value in result.fields().items():
             args += [name, value]
-        self._scripts["FINISH"](
-            keys=[
+        self.queue_script(
+            pipe,
+            "FINISH",
+            [
                 keys.job(job_id),
                 keys.job_tokens(job_id),
                 keys.job_lease(job_id),
-                keys.RUNNING_JOBS,
+                keys.running_jobs(keys.shard_of(job_id)),
+                keys.job_output(job_id),
+                keys.job_events_channel(job_id),
+                keys.job_done_channel(job_id),
             ],
-            args=args,
-            client=pipe,
+            args,
         )
 
     def finish(self, job_id: str, fence: str, result: JobResult) -> bool:
         """Store a final state outside the token path (failures before generation)."""
-        pipe = self.redis.pipeline(transaction=False)
-        self.queue_finish(pipe, job_id, fence, result)
-        (stored,) = pipe.execute()
+        (stored,) = self.execute(lambda pipe: self.queue_finish(pipe, job_id, fence, result))
         return bool(stored)
 
 
-def _cancel_outcome(reply: str) -> CancelOutcome:
-    if reply in ("missing", "canceled", "requested"):
-        return CancelOutcome(reply)
-    return CancelOutcome.ALREADY_FINISHED
-
-
-def _job_from_hash(fields: dict[str, str]) -> Job:
-    def optional_float(name: str) -> float | None:
-        value = fields.get(name)
-        return float(value) if value else None
-
-    error = fields.get("error")
-    finish_reason = fields.get("finish_reason")
-    return Job(
-        id=fields["id"],
-        model=fields["model"],
-        prompt=fields.get("prompt", ""),
-        params=GenerationParams.from_dict(json.loads(fields["params"])),
-        status=JobStatus(fields["status"]),
-        output=fields.get("output", ""),
-        finish_reason=FinishReason(finish_reason) if finish_reason else None,
-        usage=Usage(
-            prompt_tokens=int(fields.get("prompt_tokens", 0)),
-            completion_tokens=int(fields.get("completion_tokens", 0)),
-        ),
-        error=JobError.from_dict(json.loads(error)) if error else None,
-        created_at=float(fields.get("created_at", 0.0)),
-        started_at=optional_float("started_at"),
-        first_token_at=optional_float("first_token_at"),
-        completed_at=optional_float("completed_at"),
-        attempts=int(fields.get("attempts", 0)),
-        owner=fields.get("owner_key", ""),
-        priority=int(fields.get("priority", 0)),
-        webhook_url=fields.get("webhook_url", ""),
-        prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
-        trace_context=fields.get("traceparent", ""),
-    )
+def _by_shard(appends: Sequence[StepAppend]) -> list[list[StepAppend]]:
+    """A flush's appends grouped by shard, in a stable order (replies are matched by position)."""
+    groups: dict[int, list[StepAppend]] = {}
+    for append in appends:
+        groups.setdefault(keys.shard_of(append.job_id), []).append(append)
+    return list(groups.values())

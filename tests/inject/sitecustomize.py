@@ -55,6 +55,7 @@ sentencepiece.SentencePieceProcessor.decode = _failing_decode
 # tokens) is sent, then the process is SIGKILLed before the final state is.
 
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 
 import redis  # noqa: E402
@@ -73,7 +74,8 @@ def _is_final_write(args: tuple[Any, ...]) -> bool:
 
 def _marked(pipe: Any, args: tuple[Any, ...]) -> bool:
     numkeys = int(args[2])
-    job_keys = [str(k) for k in args[3 : 3 + numkeys] if str(k).count(":") == 2]
+    # A job's hash is the key that ends in ":job:<job id>" (its other keys add a suffix).
+    job_keys = [str(k) for k in args[3 : 3 + numkeys] if re.search(r":job:job_[0-9a-f]+$", str(k))]
     probe = redis.Redis(connection_pool=pipe.connection_pool)
     for key in job_keys:
         prompt = probe.hget(key, "prompt")

@@ -1,0 +1,248 @@
+"""One pub/sub connection per web process, subscribed to exactly the channels its readers need.
+
+Readers come and go on request threads (greenlets under gevent); only the listener thread
+touches the connection. ``add`` records a channel and wakes the listener (a pipe), which sends
+SUBSCRIBE/UNSUBSCRIBE for the difference between wanted and subscribed channels and sets the
+channel's ready event once Redis confirms it: a reader that waits for that and then reads the
+replay log can miss nothing. When a connection breaks, ``on_lost`` tells every reader to re-read,
+and each channel, once subscribed again, is announced through ``on_subscribed``.
+
+On a Redis Cluster there is one connection per primary that owns a wanted channel's slot, with
+SSUBSCRIBE (sharded pub/sub: a message only travels within its shard). A slot that moves (the
+server drops its subscriptions) or a failover (the connection breaks) sends every channel
+through a fresh subscription.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from worker.redis_client import is_cluster
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0
+PING_SECONDS = 30.0  # an idle connection is checked this often (a dead peer is noticed)
+
+
+class _Link:
+    """The pub/sub connection to one server (the only one, or one cluster primary)."""
+
+    def __init__(self, client: redis.Redis, sharded: bool):
+        self.pubsub = client.pubsub()
+        self.sharded = sharded
+        self.channels: set[str] = set()  # SUBSCRIBE sent, UNSUBSCRIBE not
+        self.last_traffic = time.monotonic()
+
+    def subscribe(self, channels: list[str]) -> None:
+        (self.pubsub.ssubscribe if self.sharded else self.pubsub.subscribe)(*channels)
+        self.channels.update(channels)
+
+    def unsubscribe(self, channels: list[str]) -> None:
+        (self.pubsub.sunsubscribe if self.sharded else self.pubsub.unsubscribe)(*channels)
+        self.channels.difference_update(channels)
+
+    def next_message(self) -> dict[str, Any] | None:
+        if self.pubsub.connection is None:
+            return None
+        message = self.pubsub.get_message(timeout=0)
+        if message is not None:
+            self.last_traffic = time.monotonic()
+        return message
+
+    def fileno(self) -> int | None:
+        connection = self.pubsub.connection
+        sock = getattr(connection, "_sock", None) if connection is not None else None
+        return sock.fileno() if sock is not None else None
+
+    def keep_alive(self) -> None:
+        idle = time.monotonic() - self.last_traffic > PING_SECONDS
+        if idle and self.pubsub.connection is not None and self.channels:
+            self.pubsub.ping()  # its "pong" arrives as a message; a dead peer raises
+            self.last_traffic = time.monotonic()
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+class ChannelSubscriber:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        on_message: Callable[[str, str], None],
+        on_subscribed: Callable[[str], None],
+        on_lost: Callable[[], None],
+    ):
+        self._connect = connect
+        self._on_message = on_message
+        self._on_subscribed = on_subscribed
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self._wanted: dict[str, int] = {}  # channel -> readers wanting it
+        self._ready: dict[str, threading.Event] = {}  # set once Redis confirmed it
+        self._pending: dict[str, int] = {}  # SUBSCRIBEs not confirmed yet
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def channels(self) -> int:
+        with self._lock:
+            return len(self._wanted)
+
+    def add(self, channel: str) -> threading.Event:
+        """Want ``channel`` (counted per reader); the event is set once it is subscribed."""
+        with self._lock:
+            self._start()
+            self._wanted[channel] = self._wanted.get(channel, 0) + 1
+            ready = self._ready.setdefault(channel, threading.Event())
+        self._wake()
+        return ready
+
+    def remove(self, channel: str) -> None:
+        with self._lock:
+            count = self._wanted.get(channel, 0) - 1
+            if count > 0:
+                self._wanted[channel] = count
+                return
+            self._wanted.pop(channel, None)  # its ready event goes when it is unsubscribed
+        self._wake()
+
+    def close(self) -> None:
+        """Stop listening (the app is shutting down); returns within one poll interval."""
+        self._stopping.set()
+        self._wake()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout=POLL_SECONDS * 3)
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="trickle-hub", daemon=True)
+            self._thread.start()
+
+    def _wake(self) -> None:
+        # A full pipe means wake-ups are pending anyway.
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_write, b"x")
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            try:
+                self._listen()
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as exc:
+                # A ResponseError here is a cluster's MOVED: the slot map changed under us.
+                log.warning("token subscription lost (%s); reconnecting in %.1fs", exc, backoff)
+            with self._lock:
+                self._pending.clear()
+                # Every channel needs a new subscription; readers already waiting keep theirs.
+                self._ready = {
+                    channel: ready
+                    for channel, ready in self._ready.items()
+                    if channel in self._wanted and not ready.is_set()
+                }
+            self._on_lost()
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _listen(self) -> None:
+        client = self._connect()
+        links: dict[str, _Link] = {}
+        try:
+            while not self._stopping.is_set():
+                self._sync(client, links)
+                if not self._drain(links):
+                    self._wait(links)
+                for link in links.values():
+                    link.keep_alive()
+        finally:
+            for link in links.values():
+                link.close()
+            client.close()
+
+    def _sync(self, client: Any, links: dict[str, _Link]) -> None:
+        """Send SUBSCRIBE and UNSUBSCRIBE for what changed since the last pass."""
+        subscribed = {channel for link in links.values() for channel in link.channels}
+        with self._lock:
+            wanted = set(self._wanted)
+            for channel in subscribed - wanted:
+                # A reader arriving after this point waits for a new subscription.
+                self._ready.pop(channel, None)
+            for channel in wanted - subscribed:
+                self._pending[channel] = self._pending.get(channel, 0) + 1
+        for link in links.values():
+            dropped = list(link.channels - wanted)
+            if dropped:
+                link.unsubscribe(dropped)
+        adding: dict[str, list[str]] = {}
+        for channel in wanted - subscribed:
+            adding.setdefault(self._route(client, channel, links), []).append(channel)
+        for name, channels in adding.items():
+            links[name].subscribe(channels)
+
+    def _route(self, client: Any, channel: str, links: dict[str, _Link]) -> str:
+        """The link that carries ``channel``, opened on first use."""
+        if not is_cluster(client):
+            if "" not in links:
+                links[""] = _Link(client, sharded=False)
+            return ""
+        node = client.get_node_from_key(channel)
+        if node.name not in links:
+            links[node.name] = _Link(client.get_redis_connection(node), sharded=True)
+        return str(node.name)
+
+    def _drain(self, links: dict[str, _Link]) -> bool:
+        """Handle every message already readable; False if there was none."""
+        handled = False
+        for link in list(links.values()):
+            while (message := link.next_message()) is not None:
+                handled = True
+                self._handle(link, message)
+        return handled
+
+    def _handle(self, link: _Link, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind in ("message", "smessage"):
+            self._on_message(str(message["channel"]), str(message["data"]))
+        elif kind in ("subscribe", "ssubscribe"):
+            self._confirmed(str(message["channel"]))
+        elif kind == "sunsubscribe" and str(message["channel"]) in link.channels:
+            # The server dropped it (its slot moved): subscribe again where it lives now.
+            link.channels.discard(str(message["channel"]))
+            raise redis.ConnectionError("a shard channel's slot moved")
+
+    def _confirmed(self, channel: str) -> None:
+        with self._lock:
+            remaining = self._pending.get(channel, 0) - 1
+            if remaining > 0:
+                self._pending[channel] = remaining
+                return
+            self._pending.pop(channel, None)
+            if channel not in self._wanted:
+                return
+            ready = self._ready.setdefault(channel, threading.Event())
+        # Readers already following (a reconnect, a reader that stopped waiting) re-read what
+        # they may have missed; one that waits for ``ready`` starts after this, missing nothing.
+        self._on_subscribed(channel)
+        ready.set()
+
+    def _wait(self, links: dict[str, _Link]) -> None:
+        """Sleep until a connection has data, a reader wants a change, or the poll timer."""
+        fds = [fd for link in links.values() if (fd := link.fileno()) is not None]
+        readable, _, _ = select.select([self._wake_read, *fds], [], [], POLL_SECONDS)
+        if self._wake_read in readable:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._wake_read, 4096):
+                    pass
