@@ -5,7 +5,9 @@
 The real stack (own Redis, one Celery worker, gunicorn). Each of ``--jobs`` clients POSTs a
 greedy ``ignore_eos`` job, then GETs it with ``Prefer: wait=30`` until it is finished; no client
 opens a stream. Egress is Redis's ``total_net_output_bytes`` over the run (every client: web,
-worker, Celery, this script's own INFO calls), divided by the tokens the jobs generated. Tokens
+worker, Celery, this script's own INFO calls), divided by the tokens the jobs generated; the
+stack reaches Redis through a byte-counting proxy (``bench.redis_meter``), which splits it by
+command. Tokens
 nobody streams should never leave Redis: what remains is the job objects, the queue and the
 worker's own round trips.
 """
@@ -44,25 +46,38 @@ def poll_one(port: int, body: dict[str, Any], results: list[dict[str, Any]]) -> 
         connection.close()
 
 
-def measure(stack: Stack, model: str, jobs: int, max_tokens: int) -> dict[str, Any]:
-    assert stack.client is not None
-    body = RunParams(temperature=0.0).job_body(model, models.PROMPT, max_tokens)
-    poll_one(stack.web_port, body, [])  # warm up: first job, first connections
-    time.sleep(0.5)
-    before = int(stack.client.info("stats")["total_net_output_bytes"])
+def run_pollers(port: int, body: dict[str, Any], jobs: int) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
-    threads = [
-        threading.Thread(target=poll_one, args=(stack.web_port, body, results)) for _ in range(jobs)
-    ]
-    started = time.monotonic()
+    threads = [threading.Thread(target=poll_one, args=(port, body, results)) for _ in range(jobs)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
+
+
+def measure(stack: Stack, model: str, jobs: int, max_tokens: int) -> dict[str, Any]:
+    assert stack.client is not None
+    body = RunParams(temperature=0.0).job_body(model, models.PROMPT, max_tokens)
+    # Warm up with the same load: the web tier's connection pool grows to the concurrency it
+    # sees once, and a measurement of connection set-ups would not be the steady state.
+    run_pollers(stack.web_port, body, jobs)
+    time.sleep(0.5)
+    before = int(stack.client.info("stats")["total_net_output_bytes"])
+    metered = stack.meter.snapshot() if stack.meter is not None else None
+    started = time.monotonic()
+    results = run_pollers(stack.web_port, body, jobs)
     elapsed = time.monotonic() - started
     after = int(stack.client.info("stats")["total_net_output_bytes"])
     tokens = sum(int(job["usage"]["completion_tokens"]) for job in results)
     egress = after - before
+    by_command: dict[str, float] = {}
+    if stack.meter is not None and metered is not None and tokens:
+        spent = stack.meter.snapshot()
+        spent.subtract(metered)
+        by_command = {
+            name: round(size / tokens, 2) for name, size in spent.most_common() if size > 0
+        }
     return {
         "jobs": len(results),
         "succeeded": sum(job["status"] == "succeeded" for job in results),
@@ -71,6 +86,8 @@ def measure(stack: Stack, model: str, jobs: int, max_tokens: int) -> dict[str, A
         "seconds": round(elapsed, 2),
         "redis_egress_bytes": egress,
         "egress_bytes_per_token": round(egress / tokens, 1) if tokens else None,
+        # From the meter (the stack's own traffic, not this script's INFO calls), per token.
+        "egress_bytes_per_token_by_command": by_command,
     }
 
 
@@ -82,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     model = models.prepare(args.model)
     with tempfile.TemporaryDirectory(prefix="trickle-pollers-") as work:
-        stack = Stack(Path(work), model, RunParams(), args.max_tokens)
+        stack = Stack(Path(work), model, RunParams(), args.max_tokens, metered=True)
         try:
             stack.start()
             stack.start_worker(model.key)

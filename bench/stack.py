@@ -21,6 +21,7 @@ import redis
 from bench.log import progress
 from bench.models import PreparedModel
 from bench.params import RunParams
+from bench.redis_meter import RedisMeter
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker import keys
 from worker.config import PROJECT_ROOT
@@ -77,8 +78,20 @@ default_max_tokens = {min(128, ceiling)}
 
 
 class Stack:
-    def __init__(self, work_dir: Path, model: PreparedModel, params: RunParams, ceiling: int):
+    def __init__(
+        self,
+        work_dir: Path,
+        model: PreparedModel,
+        params: RunParams,
+        ceiling: int,
+        metered: bool = False,
+    ):
+        """``metered``: the stack's processes reach Redis through a ``RedisMeter``, which
+        charges every reply's bytes to its command (the benchmark's own client goes direct)."""
         self.work_dir = work_dir
+        self._config = (model, params, ceiling)
+        self._metered = metered
+        self.meter: RedisMeter | None = None
         self.log_dir = work_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.model = model
@@ -100,6 +113,9 @@ class Stack:
     def start(self) -> None:
         self._redis = start_redis(self.redis_port, self.work_dir / "redis", append_only=False)
         self.client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        if self._metered:
+            self.meter = RedisMeter(self.redis_port)
+            write_config(self.config_path, self.meter.url, *self._config)
         self.start_web()
 
     def close(self) -> None:
@@ -110,6 +126,9 @@ class Stack:
         if self.client is not None:
             self.client.close()
             self.client = None
+        if self.meter is not None:
+            self.meter.close()
+            self.meter = None
         if self._redis is not None:
             stop_redis(self._redis)
             self._redis = None

@@ -115,11 +115,11 @@ READ_FIELDS = (
 )
 
 
-# What a worker's claim reads: what it needs to run the job (the prompt, not the results).
+# What a worker's claim reads: what it needs to run the job, not its results. The prompt comes
+# too only when the worker must tokenize it (see scripts.CLAIM): the web tier's ids suffice.
 CLAIM_FIELDS = (
     "id",
     "model",
-    "prompt",
     "params",
     "status",
     "created_at",

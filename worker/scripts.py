@@ -32,8 +32,8 @@ end
 # KEYS: job, lease, running, queued, tokens, output, events channel, done channel
 # ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, publish, done_msg,
 #       then the hash fields the worker needs
-# Returns {outcome, attempts}, and when claimed also those fields' values and the replay log's
-# length, so a worker starts a job in one round trip.
+# Returns {outcome, attempts}, and when claimed also those fields' values, the replay log's
+# length and the prompt if the worker needs it, so a worker starts a job in one round trip.
 CLAIM = (
     _ENDING
     + """
@@ -58,8 +58,13 @@ redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 local fields = {}
 for i = 10, #ARGV do table.insert(fields, ARGV[i]) end
-return {'claimed', attempts, redis.call('HMGET', KEYS[1], unpack(fields)),
-        redis.call('LLEN', KEYS[5])}
+local logged = redis.call('LLEN', KEYS[5])
+-- The prompt only when the worker will tokenize it: no ids from the web tier, or a resume.
+local prompt = false
+if logged > 0 or redis.call('HEXISTS', KEYS[1], 'prompt_ids') == 0 then
+  prompt = redis.call('HGET', KEYS[1], 'prompt')
+end
+return {'claimed', attempts, redis.call('HMGET', KEYS[1], unpack(fields)), logged, prompt}
 """
 )
 

@@ -270,11 +270,13 @@ class JobStore:
                 *CLAIM_FIELDS,
             ],
         )
-        values, logged = rest if rest else ([], 0)
+        values, logged, prompt = rest if rest else ([], 0, None)
         attempt = int(attempt)
         if outcome != "claimed":
             return Claim(str(outcome), attempt, "")
         fields = hash_fields(CLAIM_FIELDS, values)
+        if prompt:  # only when the worker must tokenize it (see CLAIM)
+            fields["prompt"] = prompt
         return Claim("claimed", attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged))
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
