@@ -189,7 +189,8 @@ def _uploaded_file(raw: bytes) -> bytes:
     upload = files.get("file")
     if upload is None:
         raise invalid("file", "a multipart batch needs the JSONL in a field named 'file'")
-    return upload.read()
+    data: bytes = upload.read()
+    return data
 
 
 def _parse_line(number: int, line: str) -> BatchItem:

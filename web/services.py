@@ -66,4 +66,5 @@ class Services:
 
 
 def services(app: Flask | None = None) -> Services:
-    return (app or current_app).extensions[EXTENSION_KEY]
+    found: Services = (app or current_app).extensions[EXTENSION_KEY]
+    return found
