@@ -98,7 +98,9 @@ class RedisMeter:
         finally:
             server.close()
 
-    async def _connection(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter):
+    async def _connection(
+        self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
+    ) -> None:
         server_r, server_w = await asyncio.open_connection(self.host, self.target_port)
         asked: deque[str] = deque()
         state = {"pubsub": False}
@@ -110,7 +112,13 @@ class RedisMeter:
         client_w.close()
         server_w.close()
 
-    async def _requests(self, reader, writer, asked: deque[str], state: dict[str, bool]) -> None:
+    async def _requests(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        asked: deque[str],
+        state: dict[str, bool],
+    ) -> None:
         buf = bytearray()
         while data := await reader.read(65536):
             writer.write(data)
@@ -126,7 +134,13 @@ class RedisMeter:
             await writer.drain()
         writer.close()
 
-    async def _replies(self, reader, writer, asked: deque[str], state: dict[str, bool]) -> None:
+    async def _replies(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        asked: deque[str],
+        state: dict[str, bool],
+    ) -> None:
         buf = bytearray()
         while data := await reader.read(65536):
             writer.write(data)

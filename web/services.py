@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from celery import Celery
 from flask import Flask, current_app
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
+from web.request_models import RequestModels
 from worker.config import Settings
 from worker.queueing import make_celery
-from worker.redis_client import connect, is_cluster_url
+from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -27,43 +25,19 @@ EXTENSION_KEY = "trickle"
 @dataclass
 class Services:
     settings: Settings
-    redis: Any  # redis.Redis, or redis.RedisCluster (worker.redis_client)
+    redis: redis.Redis
     store: JobStore
     celery: Celery
     hub: TokenHub
     rate_limiter: RateLimiter
+    requests: RequestModels  # the request bodies, bound to this configuration's limits
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
-        url = settings.redis.url
-        redis_options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_timeout": settings.redis.socket_timeout_seconds,
-            "socket_connect_timeout": settings.redis.socket_timeout_seconds,
-        }
-        if is_cluster_url(url):
-            client = connect(url, max_connections=settings.redis.max_connections, **redis_options)
-        else:
-            # A blocking pool caps connections per web process however many streams are open.
-            pool = redis.BlockingConnectionPool.from_url(
-                url,
-                max_connections=settings.redis.max_connections,
-                timeout=settings.redis.socket_timeout_seconds,
-                health_check_interval=30,
-                **redis_options,
-            )
-            client = redis.Redis(connection_pool=pool)
-
-        def connect_subscriber() -> Any:
-            # The subscriber blocks on reads, so it must not time out while its channels are
-            # quiet; it pings on its own, and a broken connection must surface (not be retried
-            # behind its back: messages sent meanwhile are lost, and readers must re-read).
-            options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
-            return connect(url, retry=Retry(NoBackoff(), 0), **options)
-
+        client = connect_pooled(settings.redis)
         return cls(
             settings=settings,
             redis=client,
@@ -71,17 +45,16 @@ class Services:
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
             celery=make_celery(settings, settings.models),
-            hub=TokenHub(connect_subscriber),
+            hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
+            requests=RequestModels.bound_to(settings),
         )
 
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
         self.hub.close()
         self.redis.close()
-        pool = getattr(self.redis, "connection_pool", None)
-        if pool is not None:
-            pool.disconnect()
+        self.redis.connection_pool.disconnect()
 
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""
@@ -93,4 +66,5 @@ class Services:
 
 
 def services(app: Flask | None = None) -> Services:
-    return (app or current_app).extensions[EXTENSION_KEY]
+    found: Services = (app or current_app).extensions[EXTENSION_KEY]
+    return found

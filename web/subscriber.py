@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from worker.redis_client import is_cluster
+from worker.redis_connection import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class _Link:
     def next_message(self) -> dict[str, Any] | None:
         if self.pubsub.connection is None:
             return None
-        message = self.pubsub.get_message(timeout=0)
+        message: dict[str, Any] | None = self.pubsub.get_message(timeout=0)
         if message is not None:
             self.last_traffic = time.monotonic()
         return message

@@ -15,6 +15,33 @@ from worker.events import TokenEvent
 from worker.jobs import FinishReason, GenerationParams, Job, JobError, JobStatus, Usage
 
 
+class ClaimOutcome(str, Enum):
+    CLAIMED = "claimed"
+    MISSING = "missing"
+    POISONED = "poisoned"  # it killed too many workers already: failed, not run again
+    # It is no longer queued: another copy of the message, or it was canceled or expired.
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class ReleaseOutcome(str, Enum):
+    """What handing a claimed job back did (graceful shutdown)."""
+
+    QUEUED = "queued"  # back in the queue: enqueue its message again
+    CANCELED = "canceled"  # a cancel was pending: it ended instead
+    LOST = "lost"  # the lease was not ours any more
+
+
+class RecoveryOutcome(str, Enum):
+    """What the sweep did with a running job whose worker's lease lapsed."""
+
+    REQUEUED = "requeued"
+    CANCELED = "canceled"  # a cancel was pending: it ended instead of running again
+    GONE = "gone"  # it had finished meanwhile
+
+
 class CancelOutcome(str, Enum):
     MISSING = "missing"
     CANCELED = "canceled"  # it was still queued: canceled on the spot
@@ -26,7 +53,7 @@ class CancelOutcome(str, Enum):
 class Claim:
     """The result of trying to take a job: ``claimed`` with a fence, or why not."""
 
-    outcome: str  # claimed | missing | poisoned | the status the job already had
+    outcome: ClaimOutcome
     attempt: int
     fence: str
     # Read in the same round trip as the claim: the job and the length of its replay log.
@@ -35,7 +62,7 @@ class Claim:
 
     @property
     def claimed(self) -> bool:
-        return self.outcome == "claimed"
+        return self.outcome is ClaimOutcome.CLAIMED
 
 
 @dataclass(frozen=True)

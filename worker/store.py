@@ -23,7 +23,10 @@ from worker.job_records import (
     READ_FIELDS,
     CancelOutcome,
     Claim,
+    ClaimOutcome,
     JobResult,
+    RecoveryOutcome,
+    ReleaseOutcome,
     StepAppend,
     StepOutcome,
     cancel_outcome,
@@ -31,9 +34,19 @@ from worker.job_records import (
     job_from_hash,
 )
 from worker.jobs import Job, JobError, JobStatus, Usage, is_job_id
-from worker.redis_client import is_cluster, publish_command
+from worker.redis_connection import is_cluster, publish_command
 
-__all__ = ["CancelOutcome", "Claim", "JobResult", "JobStore", "StepAppend", "StepOutcome"]
+__all__ = [
+    "CancelOutcome",
+    "Claim",
+    "ClaimOutcome",
+    "JobResult",
+    "JobStore",
+    "RecoveryOutcome",
+    "ReleaseOutcome",
+    "StepAppend",
+    "StepOutcome",
+]
 
 
 def _ownership_keys(job_id: str) -> list[str]:
@@ -159,6 +172,10 @@ class JobStore:
         queued = keys.queued_jobs(keys.shard_of(job.id))
         pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
 
+    def model_of(self, job_id: str) -> str:
+        """The job's model, for metrics and logs ("unknown" once the job has expired)."""
+        return str(self.redis.hget(keys.job(job_id), "model") or "unknown")
+
     def get(self, job_id: str) -> Job | None:
         """The job as served: a finished job's stored output, a running one's output so far
         (one string read), never the replay log, nor the prompt (only the worker needs it)."""
@@ -273,11 +290,13 @@ class JobStore:
         values, logged, prompt = rest if rest else ([], 0, None)
         attempt = int(attempt)
         if outcome != "claimed":
-            return Claim(str(outcome), attempt, "")
+            return Claim(ClaimOutcome(outcome), attempt, "")
         fields = hash_fields(CLAIM_FIELDS, values)
         if prompt:  # only when the worker must tokenize it (see CLAIM)
             fields["prompt"] = prompt
-        return Claim("claimed", attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged))
+        return Claim(
+            ClaimOutcome.CLAIMED, attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged)
+        )
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
         """The whole replay log (to resume a job whose previous worker died mid-stream)."""
@@ -296,7 +315,7 @@ class JobStore:
         results = self.execute(build)
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
-    def release(self, job_id: str, fence: str, now: float) -> str:
+    def release(self, job_id: str, fence: str, now: float) -> ReleaseOutcome:
         """Hand a claimed, not yet started job back (graceful shutdown).
 
         Returns "queued" (requeue it), "canceled" (a cancel was pending) or "lost" (not ours).
@@ -313,11 +332,13 @@ class JobStore:
                 DONE_MESSAGE,
             ],
         )
-        return {1: "queued", 2: "canceled"}.get(int(outcome), "lost")
+        return {1: ReleaseOutcome.QUEUED, 2: ReleaseOutcome.CANCELED}.get(
+            int(outcome), ReleaseOutcome.LOST
+        )
 
-    def recover_orphans(self, now: float) -> dict[str, str]:
+    def recover_orphans(self, now: float) -> dict[str, RecoveryOutcome]:
         """Requeue running jobs whose lease expired (their worker died): id -> outcome."""
-        outcomes: dict[str, str] = {}
+        outcomes: dict[str, RecoveryOutcome] = {}
         for job_id in self.running_ids():
             outcome = self._scripts["RECOVER"](
                 keys=_ownership_keys(job_id),
@@ -331,7 +352,7 @@ class JobStore:
                 ],
             )
             if outcome != "alive":
-                outcomes[job_id] = str(outcome)
+                outcomes[job_id] = RecoveryOutcome(outcome)
         return outcomes
 
     def expire_queued(self, now: float) -> list[str]:
