@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import closing
 from pathlib import Path
 
-import redis
 import requests
 
 from worker import keys
-from worker.config import PROJECT_ROOT
+from worker.config import PROJECT_ROOT, RedisSettings
+from worker.redis_connection import connect
 
 BIN = Path(sys.executable).parent
 
@@ -45,7 +46,7 @@ def start_worker(
             cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 90
-    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+    with closing(connect(RedisSettings(url=redis_url))) as client:  # a cluster URL too
         while True:
             if process.poll() is not None:
                 raise RuntimeError(f"worker {name} exited; see {log_path}")

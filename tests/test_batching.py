@@ -194,14 +194,15 @@ def test_one_redis_round_trip_per_decoding_step(
     def landed() -> bool:  # the last flush is in Redis and counted
         logs = [private_redis.llen(keys.job_tokens(job.job_id)) for job in jobs]
         trips = harness.publisher.round_trips - before
-        return logs == [steps] * batch and trips == publishes() - publishes_before
+        return logs == [steps] * batch and publishes() - publishes_before <= trips * batch
 
     wait_for(landed, 10, "the last flush")
     round_trips = harness.publisher.round_trips - before
     published = publishes() - publishes_before
-    # 320 tokens went out in at most one round trip (and one PUBLISH) per decoding step.
+    # 320 tokens went out in at most one round trip per decoding step; inside its one script
+    # call, each job's tokens are one message on the job's own channel.
     assert round_trips <= steps
-    assert published == round_trips
+    assert round_trips <= published <= round_trips * batch
     for job in jobs:
         stored = private_redis.lrange(keys.job_tokens(job.job_id), 0, -1)
         assert len(stored) == steps

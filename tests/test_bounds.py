@@ -209,16 +209,19 @@ def test_without_keys_each_address_has_its_own_limit(
 def test_counters_follow_the_key_schema(
     limited: tuple[FlaskClient, Clock], redis_client: redis.Redis
 ) -> None:
-    """trickle:rate:<subject>:<requests|tokens>:<minute>, kept two windows (README, keys.py)."""
+    """trickle:rate:{<subject>:<minute>}:<requests|tokens>, kept two windows (README, keys.py);
+    the two counters share a hash tag, so their script stays on one Redis Cluster slot."""
     client, clock = limited
     window = int(clock.now // WINDOW_SECONDS)
     clock.now += 59.5  # the last half second of the window
     assert post(client, FIRST) == 202
-    found = sorted(redis_client.scan_iter(match=f"trickle:rate:*:{window}"))
+    found = sorted(redis_client.scan_iter(match=f"trickle:rate:{{*:{window}}}:*"))
     assert len(found) == 2, found
     requests_key, tokens_key = found
-    assert requests_key.endswith(f":requests:{window}") and tokens_key.endswith(f":tokens:{window}")
-    assert requests_key.rsplit(":", 2)[0] == tokens_key.rsplit(":", 2)[0]
+    assert requests_key.endswith(f":{window}}}:requests") and tokens_key.endswith(
+        f":{window}}}:tokens"
+    )
+    assert requests_key.rsplit(":", 1)[0] == tokens_key.rsplit(":", 1)[0]
     assert redis_client.get(requests_key) == "1"
     assert redis_client.get(tokens_key) == "3"  # prompt "x" with its start token + max_tokens 1
     assert 60 < redis_client.ttl(requests_key) <= 2 * WINDOW_SECONDS

@@ -19,7 +19,7 @@ def test_exact_key_strings() -> None:
     assert keys.job_lease("job_abc") == "trickle:{s83}:job:job_abc:lease"
     assert keys.running_jobs(7) == "trickle:{s7}:running"
     assert keys.queued_jobs(7) == "trickle:{s7}:queued"
-    assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:k1:requests:29000000"
+    assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:{k1:29000000}:requests"
     assert keys.model_queue_list("demo", 0) == "trickle.demo"
     assert keys.model_queue_list("demo", 9) == "trickle.demo\x06\x169"
     assert keys.worker_slots("w@h") == "trickle:worker:w@h:slots"
@@ -27,8 +27,8 @@ def test_exact_key_strings() -> None:
     assert keys.WEBHOOK_TASK == "trickle.webhook" and keys.WEBHOOK_QUEUE == "trickle.webhooks"
     assert keys.METRIC_COUNTERS == "trickle:metrics:counters"
     assert keys.metric_histogram("ttft") == "trickle:metrics:hist:ttft"
-    assert keys.batch("batch_1") == "trickle:batch:batch_1"
-    assert keys.batch_items("batch_1") == "trickle:batch:batch_1:items"
+    assert keys.batch("batch_1") == "trickle:batch:{batch_1}"
+    assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
 
 
 def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:

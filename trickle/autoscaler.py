@@ -87,12 +87,14 @@ class Autoscaler:
         bounds: WorkerRange,
         client: redis.Redis,
         kind: str = "worker",
+        queue: redis.Redis | None = None,  # the broker's Redis, when the queue has its own
     ) -> None:
         self.supervisor = supervisor
         self.spawn = spawn
         self.settings = settings
         self.bounds = bounds
         self.client = client
+        self.queue = queue
         self.kind = kind
         self.models = settings.served_models()
         self._next = 0.0
@@ -116,7 +118,10 @@ class Autoscaler:
     def _scale(self) -> None:
         ttl = self.settings.worker.heartbeat_ttl_seconds
         loads = [
-            (read_load(self.client, m, ttl, time.time()), slots_per_worker(self.settings.model(m)))
+            (
+                read_load(self.client, m, ttl, time.time(), self.queue),
+                slots_per_worker(self.settings.model(m)),
+            )
             for m in self.models
         ]
         # Per worker (by its $PORT): since when it has run no job, 0 while it runs one.

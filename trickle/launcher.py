@@ -151,14 +151,18 @@ def run_stack(
         for _ in range(wanted):
             launcher.spawn(kind)
     if bounds is not None:
-        import redis
-
         from trickle.autoscaler import Autoscaler
+        from worker.redis_connection import connect, connect_queue
 
-        client = redis.Redis.from_url(
-            settings.redis.url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2
+        client = connect(settings.redis)
+        scaler = Autoscaler(
+            supervisor,
+            lambda: launcher.spawn("worker"),
+            settings,
+            bounds,
+            client,
+            queue=connect_queue(settings),
         )
-        scaler = Autoscaler(supervisor, lambda: launcher.spawn("worker"), settings, bounds, client)
         supervisor.on_tick.append(scaler.tick)
         supervisor.log(f"autoscaling workers between {bounds.min} and {bounds.max}")
     return supervisor.run()

@@ -63,7 +63,7 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
     """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
-    waiting = queue_depth(svc.redis, model)
+    waiting = queue_depth(svc.queue, model)
     limit = svc.settings.limits.max_queued_jobs
     if waiting + adding > limit:
         raise too_many(

@@ -85,24 +85,27 @@ def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: flo
     return int(client.zcount(keys.model_workers(model), now - heartbeat_ttl, "+inf"))
 
 
-def read_load(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> ModelLoad:
-    """The model's queue depth, oldest queued job age and live workers' slots."""
+def read_load(
+    client: redis.Redis, model: str, heartbeat_ttl: float, now: float, queue: Any = None
+) -> ModelLoad:
+    """The model's queue depth, oldest queued job age and live workers' slots. ``queue``: the
+    broker's Redis when it is not ``client`` (job state on a cluster, the queue on its own)."""
     return ModelLoad(
         model=model,
-        depth=queue_depth(client, model),
-        oldest_queued_seconds=oldest_queued_seconds(client, model, now),
+        depth=queue_depth(queue or client, model),
+        oldest_queued_seconds=oldest_queued_seconds(client, model, now, queue),
         workers=worker_slots(client, model, now - heartbeat_ttl),
     )
 
 
-def oldest_queued_seconds(client: redis.Redis, model: str, now: float) -> float:
+def oldest_queued_seconds(client: redis.Redis, model: str, now: float, queue: Any = None) -> float:
     """Age of the oldest job waiting in the model's queue (since submission); 0 when empty.
 
     kombu pushes on the left and pops on the right, so each list's oldest message is its last.
     """
     oldest: float | None = None
     for name in queue_lists(model):
-        job_id = _job_id_of(client.lindex(name, -1))
+        job_id = _job_id_of((queue or client).lindex(name, -1))
         if job_id is None:
             continue
         created = client.hget(keys.job(job_id), "created_at")

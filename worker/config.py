@@ -29,6 +29,7 @@ ENV_PREFIX = "TRICKLE__"
 # Short names operators type often; every other key is reachable as TRICKLE__SECTION__KEY.
 ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "TRICKLE_REDIS_URL": ("redis", "url"),
+    "TRICKLE_BROKER_URL": ("broker", "url"),
     "TRICKLE_HOST": ("web", "host"),
     "TRICKLE_PORT": ("web", "port"),
     "TRICKLE_MODELS": ("worker", "models"),
@@ -62,6 +63,18 @@ class RedisSettings:
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
     max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Where Celery's job queue lives; Redis keeps job state, replay logs and tokens either way."""
+
+    __pydantic_config__ = SECTION
+
+    # Empty: the queue shares the Redis of redis.url. A Redis Cluster cannot carry it (kombu's
+    # Redis transport needs one server): with redis.url = redis+cluster://..., set this to a
+    # single Redis (redis://host:6379/0).
+    url: str = ""
 
 
 @dataclass(frozen=True)
@@ -240,6 +253,7 @@ class ModelSettings:
 @dataclass(frozen=True)
 class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
     web: WebSettings = field(default_factory=WebSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
@@ -256,6 +270,11 @@ class Settings:
     def model(self, name: str) -> ModelSettings:
         return self.models[name]
 
+    @property
+    def broker_url(self) -> str:
+        """Celery's broker: broker.url, or the Redis that holds job state when that is empty."""
+        return self.broker.url or self.redis.url
+
     def served_models(self) -> list[str]:
         """Models this worker process should load: its list, or all of them."""
         return list(self.worker.models) or list(self.models)
@@ -269,6 +288,7 @@ class _Layers(BaseSettings):
     )
 
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
@@ -425,3 +445,8 @@ def _check(settings: Settings) -> None:
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")
+    if "+cluster://" in settings.broker_url:
+        raise ConfigError(
+            "broker.url: Celery's Redis transport cannot use a Redis Cluster; with "
+            "redis.url on a cluster, set broker.url (TRICKLE_BROKER_URL) to a single Redis"
+        )

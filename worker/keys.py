@@ -98,19 +98,22 @@ def metric_histogram(name: str) -> str:
     return f"{PREFIX}:metrics:hist:{name}"
 
 
+# Keys written together (one transaction or script) share a hash tag, as a job's keys do.
+
+
 def batch(batch_id: str) -> str:
     """Hash of a batch: status, owner, timestamps, request count."""
-    return f"{PREFIX}:batch:{batch_id}"
+    return f"{PREFIX}:batch:{{{batch_id}}}"
 
 
 def batch_items(batch_id: str) -> str:
     """List of a batch's requests in input order: custom_id, url, body, job ids or error."""
-    return f"{PREFIX}:batch:{batch_id}:items"
+    return f"{batch(batch_id)}:items"
 
 
 def rate_window(subject: str, kind: str, window: int) -> str:
     """Counter of requests or tokens one API key used in one fixed window (minute number)."""
-    return f"{PREFIX}:rate:{subject}:{kind}:{window}"
+    return f"{PREFIX}:rate:{{{subject}:{window}}}:{kind}"
 
 
 def model_queue(model: str) -> str:

@@ -24,7 +24,7 @@ PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
-    app = Celery("trickle", broker=settings.redis.url, set_as_current=False)
+    app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
     names = [keys.model_queue(name) for name in models] + [keys.WEBHOOK_QUEUE]
     queues = [Queue(name, routing_key=name) for name in names]
     app.conf.update(
@@ -50,8 +50,8 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         task_send_sent_event=settings.worker.task_events,
     )
     if (
-        urlparse(settings.redis.url).scheme == "rediss"
-        and "ssl_cert_reqs" not in settings.redis.url
+        urlparse(settings.broker_url).scheme == "rediss"
+        and "ssl_cert_reqs" not in settings.broker_url
     ):
         # kombu refuses a rediss:// URL without a certificate policy; verify by default.
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}

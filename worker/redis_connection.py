@@ -21,7 +21,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from worker.config import RedisSettings
+from worker.config import RedisSettings, Settings
 
 HEALTH_CHECK_SECONDS = 30
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -71,6 +71,15 @@ def connect_subscriber(settings: RedisSettings) -> Any:
         "retry": Retry(NoBackoff(), 0),
     }
     return _connect(settings.url, options)
+
+
+def connect_queue(settings: Settings) -> redis.Redis | None:
+    """A client for the broker's Redis (queue depth) when Celery's queue has its own, None
+    when it shares the job-state Redis."""
+    url = settings.broker.url
+    if not url or not url.startswith(("redis://", "rediss://", "unix://")):
+        return None
+    return redis.Redis.from_url(url, **client_options(settings.redis))
 
 
 def _connect(url: str, options: dict[str, Any]) -> Any:

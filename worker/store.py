@@ -34,6 +34,7 @@ from worker.job_records import (
     job_from_hash,
 )
 from worker.jobs import Job, JobError, JobStatus, Usage, is_job_id
+from worker.node_pipeline import NodePipeline
 from worker.redis_connection import is_cluster, publish_command
 
 __all__ = [
@@ -95,7 +96,10 @@ class JobStore:
         }
 
     def pipeline(self, transaction: bool = False) -> Any:
-        """A pipeline; a transaction must stay within one job's keys (one slot on a cluster)."""
+        """A pipeline that may carry script calls (per node on a cluster: ``node_pipeline``);
+        a transaction must stay within one job's keys (one slot on a cluster)."""
+        if self.cluster:
+            return NodePipeline(self.redis, transaction)
         return self.redis.pipeline(transaction=transaction)
 
     def load_scripts(self) -> None:
