@@ -190,14 +190,25 @@ def run(url: str, client: Any, web: int, rate: float, jobs: int, seconds: float,
     t0 = time.time() + 0.3
     start.value = t0
     time.sleep(max(0.0, t0 - time.time()))
-    before = int(client.info("stats")["total_net_output_bytes"])
+    before, cpu_before = int(client.info("stats")["total_net_output_bytes"]), _redis_cpu(client)
     time.sleep(max(0.0, t0 + seconds - time.time()))
     egress = int(client.info("stats")["total_net_output_bytes"]) - before
+    redis_cpu = _redis_cpu(client) - cpu_before
     store.cancel(idle.id, time.time())
     reports = [results.get(timeout=120) for _ in processes]
     for process in processes:
         process.join(timeout=30)
-    return summarize(reports, web, rate, seconds, egress, shares, fixed_readers)
+    row = summarize(reports, web, rate, seconds, egress, shares, fixed_readers)
+    row["redis_cpu_us_per_token"] = round(
+        redis_cpu / max(row["tokens_per_s"] * seconds, 1) * 1e6, 2
+    )
+    return row
+
+
+def _redis_cpu(client: Any) -> float:
+    """CPU seconds the Redis server has used (user + system, main thread and all)."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def summarize(reports: list[dict[str, Any]], web: int, rate: float, seconds: float, egress: int,
