@@ -63,6 +63,7 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
     publisher = TokenPublisher(store, lambda job_id: None, lambda job_id: None)
     interval = len(job_ids) / rate
     t0 = _await_start(start, results)
+    cpu_start = time.process_time()
     index, due = 0, t0
     while time.time() < t0 + seconds:
         now = time.time()
@@ -82,7 +83,8 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
     for persisted in done:
         persisted.wait(30)
     publisher.close()
-    results.put({"role": "publisher", "tokens": index * len(job_ids)})
+    cpu = time.process_time() - cpu_start
+    results.put({"role": "publisher", "tokens": index * len(job_ids), "cpu_seconds": cpu})
 
 
 def web_main(url: str, job_ids: list[str], start: Any, seconds: float, results: Any) -> None:
@@ -242,6 +244,13 @@ def summarize(reports: list[dict[str, Any]], web: int, rate: float, seconds: flo
             sum(r["cpu_seconds"] for r in readers) / max(delivered_tokens, 1) * 1e6, 1
         ),
         "bystander_cpu_percent": round(bystander["cpu_seconds"] / seconds * 100, 2),
+        # The simulated workers' whole process (the step loop and the publisher thread).
+        "publisher_cpu_us_per_token": round(
+            sum(r["cpu_seconds"] for r in reports if r["role"] == "publisher")
+            / max(published, 1)
+            * 1e6,
+            2,
+        ),
         "latency_p50_ms": _ms(percentile(latencies, 50)),
         "latency_p99_ms": _ms(percentile(latencies, 99)),
     }
