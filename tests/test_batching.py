@@ -15,9 +15,9 @@ import redis
 from tests.faultstack import wait_for
 from worker.config import ModelSettings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
-from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.store import JobStore
 
 PROMPTS = [

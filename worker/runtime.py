@@ -19,6 +19,7 @@ from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.events import TokenEvent
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
@@ -30,7 +31,6 @@ from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
 from worker.retry import with_redis_retry
-from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
 from worker.tracing import JobTimeline, Tracing
 

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.sequence import SequenceState
 from worker.events import TokenEvent
 from worker.jobs import FinishReason, GenerationParams, JobError
 from worker.publisher import TokenItem
-from worker.sequence import SequenceState
 
 log = logging.getLogger(__name__)
 
