@@ -220,6 +220,10 @@ class ModelSettings:
     max_context_tokens: int = 4096
     max_batch_size: int = 32
     max_batch_wait_ms: float = 2.0
+    # A job arriving after this long without any other arrival starts at once instead of
+    # waiting max_batch_wait_ms for company (a burst that follows joins it by a restart);
+    # 0 = always wait the window.
+    quiet_start_after_ms: float = 20.0
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
