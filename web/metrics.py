@@ -35,7 +35,7 @@ def metrics() -> Response:
 def gauges(svc: Services) -> list[str]:
     now = time.time()
     ttl = svc.settings.worker.heartbeat_ttl_seconds
-    loads = [read_load(svc.redis, model, ttl, now) for model in svc.settings.models]
+    loads = [read_load(svc.redis, model, ttl, now, svc.queues) for model in svc.settings.models]
     lines = [
         "# HELP trickle_queue_depth Jobs waiting in each model's queue (every priority).",
         "# TYPE trickle_queue_depth gauge",

@@ -12,8 +12,9 @@ from flask import Flask, current_app
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
+from worker.capacity import QueueReader
 from worker.config import Settings
-from worker.queueing import make_celery
+from worker.queueing import make_celery, queue_reader
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -29,6 +30,8 @@ class Services:
     celery: Celery
     hub: TokenHub
     rate_limiter: RateLimiter
+    # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
+    queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -55,15 +58,17 @@ class Services:
             options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
             return redis.Redis.from_url(settings.redis.url, **options)
 
+        celery = make_celery(settings, settings.models)
         return cls(
             settings=settings,
             redis=client,
             store=JobStore(
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
-            celery=make_celery(settings, settings.models),
+            celery=celery,
             hub=TokenHub(connect_subscriber),
             rate_limiter=RateLimiter(client, settings.rate_limits),
+            queues=queue_reader(settings, celery, client),
         )
 
     def close(self) -> None:

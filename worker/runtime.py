@@ -22,7 +22,7 @@ from worker.engine import Engine
 from worker.events import TokenEvent
 from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
-from worker.jobs import FinishReason, Job, JobError, JobStatus
+from worker.jobs import BATCH_PRIORITY, FinishReason, Job, JobError, JobStatus
 from worker.maintenance import Maintenance
 from worker.metric_defs import (
     BATCH_SIZE,
@@ -135,6 +135,16 @@ class WorkerRuntime:
             name: (running.count(name), slots_per_worker(engine.settings))
             for name, engine in self.engines.items()
         }
+
+    def batch_room(self, model: str) -> int:
+        """Slots of a model that no interactive job holds (RabbitMQ's batch feeder fills them)."""
+        with self._lock:
+            interactive = sum(
+                1
+                for job_id, job in self._in_flight.items()
+                if job.priority < BATCH_PRIORITY and self._in_flight_models.get(job_id) == model
+            )
+        return slots_per_worker(self.engines[model].settings) - interactive
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
