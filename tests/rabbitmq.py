@@ -51,11 +51,11 @@ class RabbitNode:
         )  # fmt: skip
 
     def start(self) -> None:
-        log = (self.root / "server.log").open("ab")
-        self.process = subprocess.Popen(
-            [str(RABBITMQ_BIN / "rabbitmq-server")],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+        with (self.root / "server.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(RABBITMQ_BIN / "rabbitmq-server")],
+                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
             # await_startup fails at once until the node has registered with epmd.
@@ -84,7 +84,7 @@ def start_rabbitmq(root: Path) -> RabbitNode:
     port, dist_port, epmd_port = free_port(), free_port(), free_port()
     (root / "enabled_plugins").write_text("[].\n")
     (root / "rabbitmq.conf").write_text(
-        "loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:%d\n" % port
+        f"loopback_users = none\nlisteners.tcp.1 = 127.0.0.1:{port}\n"
     )
     (root / "rabbitmq-env.conf").write_text("")
     env = {

@@ -77,7 +77,7 @@ class BatchFeeder:
         """Wait for the batch jobs this feeder started, then for its thread (which acks them)."""
         self.stop_taking()
         with self._idle:
-            self._idle.wait_for(lambda: not self._active, timeout)
+            self._idle.wait_for(lambda: not any(self._active.values()), timeout)
         if self._thread.is_alive():
             self._thread.join(timeout)
 
