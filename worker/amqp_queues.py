@@ -28,7 +28,6 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from worker import keys
-from worker.config import Settings
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 # How many of the oldest queued jobs (all models) to look through for a model's oldest one.
@@ -59,7 +58,7 @@ def amqp_queues(models: Iterable[str], delivery_limit: int) -> list[Queue]:
     return [quorum_queue(name, delivery_limit) for name in names]
 
 
-def amqp_conf(settings: Settings) -> dict[str, Any]:
+def amqp_conf() -> dict[str, Any]:
     """The Celery settings that differ on RabbitMQ from the Redis transport's."""
     return {
         # Quorum queues refuse global QoS: Celery then sets prefetch per consumer instead, and

@@ -53,7 +53,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     )
     if is_amqp(settings.broker_url):
         app.conf.update(task_queues=amqp_queues(models, settings.broker.delivery_limit))
-        app.conf.update(amqp_conf(settings))
+        app.conf.update(amqp_conf())
     elif (
         urlparse(settings.broker_url).scheme == "rediss"
         and "ssl_cert_reqs" not in settings.broker_url
