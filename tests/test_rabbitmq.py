@@ -15,6 +15,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import Popen
 
 import pytest
 import requests
@@ -189,13 +190,21 @@ def test_interactive_work_overtakes_queued_batch_work(mq: FaultStack) -> None:
     assert worker.wait(10) == 0
 
 
+def kill_the_worker_running(mq: FaultStack, job_id: str, workers: dict[str, Popen[bytes]]) -> None:
+    """SIGKILL whichever of ``workers`` (by node name) holds the job's lease, mid-job."""
+    wait_for(lambda: tokens_streamed(mq.web_url, job_id) >= 100, 30, "the job's first tokens")
+    with mq.client() as client:
+        owner = str(client.hget(keys.job(job_id), "owner") or "")
+    (name,) = [name for name in workers if owner.startswith(f"{name}@")]
+    os.kill(workers[name].pid, signal.SIGKILL)
+
+
 def test_killed_worker_job_resumes_on_another_without_gap(mq: FaultStack) -> None:
-    doomed = mq.worker("crash-a", ("slow",))
+    # Both up before the job, whichever takes it (a worker starting under load takes seconds).
+    workers = {name: mq.worker(name, ("slow",)) for name in ("crash-a", "crash-b")}
     job = submit(mq.web_url, {"prompt": "The", **LONG})
     reader, results = stream_in_background(mq.web_url, job["id"])
-    wait_for(lambda: tokens_streamed(mq.web_url, job["id"]) >= 100, 30, "tokens from a")
-    mq.worker("crash-b", ("slow",))
-    os.kill(doomed.pid, signal.SIGKILL)
+    kill_the_worker_running(mq, job["id"], workers)
     reader.join(120)
     (stream,) = results
     assert_gapless(stream)
@@ -206,12 +215,10 @@ def test_killed_worker_job_resumes_on_another_without_gap(mq: FaultStack) -> Non
 
 
 def test_killed_worker_batch_job_resumes_from_the_batch_queue(mq: FaultStack) -> None:
-    doomed = mq.worker("batch-a", ("slow",))
+    workers = {name: mq.worker(name, ("slow",)) for name in ("batch-a", "batch-b")}
     batch_id = submit_batch(mq.web_url, [{**LONG, "prompt": "If"}])
     (job_id,) = batch_job_ids(mq, batch_id, 1)
-    wait_for(lambda: tokens_streamed(mq.web_url, job_id) >= 100, 30, "tokens from a")
-    mq.worker("batch-b", ("slow",))
-    os.kill(doomed.pid, signal.SIGKILL)
+    kill_the_worker_running(mq, job_id, workers)
     final = poll_until_finished(mq.web_url, job_id, timeout=120)
     assert (final["status"], final["attempts"]) == ("succeeded", 2)
     with mq.client() as client:
