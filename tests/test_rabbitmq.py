@@ -22,6 +22,7 @@ import requests
 
 from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.metrics_text import parse_samples
 from tests.rabbitmq import RabbitNode, rabbitmq_missing, start_rabbitmq
 from worker import keys
 
@@ -245,7 +246,7 @@ def test_queue_bound_reads_rabbitmq_and_every_accepted_job_completes(mq: FaultSt
     assert int(refused.headers["Retry-After"]) > 0
     assert scaling()["oldest_queued_seconds"] > 0
     metrics = requests.get(f"{base}/metrics", timeout=10).text
-    assert f'trickle_queue_depth{{model="late"}} {QUEUE_LIMIT}' in metrics
+    assert parse_samples(metrics)['trickle_queue_depth{model="late"}'] == QUEUE_LIMIT
     mq.worker("drain", ("late",))
     finished = [poll_until_finished(base, job_id, timeout=60) for job_id in accepted]
     assert {job["status"] for job in finished} == {"succeeded"}

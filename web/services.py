@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from celery import Celery
@@ -12,9 +11,11 @@ from flask import Flask, current_app
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
+from web.request_models import RequestModels
 from worker.capacity import QueueReader
 from worker.config import Settings
 from worker.queueing import make_celery, queue_reader
+from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -30,6 +31,7 @@ class Services:
     celery: Celery
     hub: TokenHub
     rate_limiter: RateLimiter
+    requests: RequestModels  # the request bodies, bound to this configuration's limits
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
@@ -38,26 +40,7 @@ class Services:
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
-        redis_options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_timeout": settings.redis.socket_timeout_seconds,
-            "socket_connect_timeout": settings.redis.socket_timeout_seconds,
-            "health_check_interval": 30,
-        }
-        # A blocking pool caps connections per web process however many streams are open.
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.redis.url,
-            max_connections=settings.redis.max_connections,
-            timeout=settings.redis.socket_timeout_seconds,
-            **redis_options,
-        )
-        client = redis.Redis(connection_pool=pool)
-
-        def connect_subscriber() -> redis.Redis:
-            # The subscriber blocks on reads, so it must not time out while the channel is quiet.
-            options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
-            return redis.Redis.from_url(settings.redis.url, **options)
-
+        client = connect_pooled(settings.redis)
         celery = make_celery(settings, settings.models)
         return cls(
             settings=settings,
@@ -66,8 +49,9 @@ class Services:
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
             celery=celery,
-            hub=TokenHub(connect_subscriber),
+            hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
+            requests=RequestModels.bound_to(settings),
             queues=queue_reader(settings, celery, client),
         )
 
@@ -87,4 +71,5 @@ class Services:
 
 
 def services(app: Flask | None = None) -> Services:
-    return (app or current_app).extensions[EXTENSION_KEY]
+    found: Services = (app or current_app).extensions[EXTENSION_KEY]
+    return found

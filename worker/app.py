@@ -37,7 +37,7 @@ def create_worker_app() -> Celery:
     app.conf.worker_concurrency = sum(
         settings.model(name).max_batch_size * settings.model(name).inter_threads for name in served
     )
-    register_tasks(app)
+    register_tasks(app, settings.webhooks)
     amqp = is_amqp(settings.broker_url)
     if amqp:
         consume_interactive_only(app, served)

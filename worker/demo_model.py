@@ -253,7 +253,8 @@ def bigram_log_probs(
     counts[row_totals == 0] = unigram
     smoothed = counts + SMOOTHING_K
     probs = smoothed / smoothed.sum(axis=1, keepdims=True)
-    return np.log(probs).astype(np.float32)
+    table: npt.NDArray[np.float32] = np.log(probs).astype(np.float32)
+    return table
 
 
 def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.int64]]) -> float:

@@ -8,55 +8,36 @@ lost its lease can never write over the one that took the job over.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 import redis
 
 from worker import keys
+from worker.accounting import account_finished
 from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
 from worker.events import TokenEvent
+from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
-from worker.jobs import BATCH_PRIORITY, FinishReason, Job, JobError, JobStatus
-from worker.maintenance import Maintenance
-from worker.metric_defs import (
-    BATCH_SIZE,
-    E2E_LATENCY,
-    INTER_TOKEN_LATENCY,
-    JOBS,
-    QUEUE_TIME,
-    TIME_TO_FIRST_TOKEN,
-    TOKENS,
-)
+from worker.jobs import FinishReason, Job, JobError, JobStatus, context_overflow
+from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
+from worker.metric_defs import BATCH_SIZE, JOBS, QUEUE_TIME
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
+from worker.redis_connection import connect
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
-from worker.store import Claim, JobResult, JobStore
+from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
 from worker.tracing import JobTimeline, Tracing
-from worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
 
-LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
-
 # (job id, model, priority) -> put the job id on the model's queue again.
 Enqueue = Callable[[str, str, int], None]
-
-
-def redis_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.redis.url,
-        decode_responses=True,
-        socket_timeout=settings.redis.socket_timeout_seconds,
-        socket_connect_timeout=settings.redis.socket_timeout_seconds,
-        health_check_interval=30,
-    )
 
 
 class WorkerRuntime:
@@ -71,23 +52,20 @@ class WorkerRuntime:
         self.settings = settings
         self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
-        self.redis = redis_client(settings)
+        self.redis = connect(settings.redis)
         self.store = JobStore(
             self.redis, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
         )
         self._enqueue = enqueue
         self._notify = notify or (lambda job_id: None)
         self.metrics = MetricsRecorder()
-        self._in_flight: dict[str, ScheduledJob] = {}
-        self._in_flight_models: dict[str, str] = {}
-        self._idle_since = time.time()
+        self.in_flight = InFlight()
         self.cold_start = ColdStart()
-        self._lock = threading.Lock()
         self.publisher = TokenPublisher(
             self.store,
             self._cancel_requested,
             self._lease_lost,
-            self._first_published if self.tracing.enabled else None,
+            self.in_flight.first_published if self.tracing.enabled else None,
         )
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}
@@ -107,30 +85,31 @@ class WorkerRuntime:
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
-        self.maintenance = Maintenance(self)
+        self.duties = WorkerDuties(
+            settings,
+            node_name,
+            tuple(self.engines),
+            self.redis,
+            self.store,
+            self.metrics,
+            self.in_flight,
+            self.slot_usage,
+            self.requeue,
+        )
+        self.maintenance = Maintenance(self.duties)
 
     @property
     def lease_ms(self) -> int:
-        return int(self.settings.worker.lease_seconds * 1000)
+        return self.duties.lease_ms
 
     def start(self) -> None:
         """Heartbeats, lease renewal and the orphan sweep start once the worker is ready."""
         self.cold_start.ready()
         self.maintenance.start()
 
-    def leases(self) -> dict[str, str]:
-        with self._lock:
-            return {job_id: job.fence for job_id, job in self._in_flight.items()}
-
-    def idle_since(self) -> float:
-        """When this worker last ran a job (its start if none yet); 0 while it runs one."""
-        with self._lock:
-            return 0.0 if self._in_flight_models else self._idle_since
-
     def slot_usage(self) -> dict[str, tuple[int, int]]:
         """(busy, total) task slots per served model, for the autoscaler (see capacity)."""
-        with self._lock:
-            running = list(self._in_flight_models.values())
+        running = self.in_flight.running_models()
         return {
             name: (running.count(name), slots_per_worker(engine.settings))
             for name, engine in self.engines.items()
@@ -138,12 +117,7 @@ class WorkerRuntime:
 
     def batch_room(self, model: str) -> int:
         """Slots of a model that no interactive job holds (RabbitMQ's batch feeder fills them)."""
-        with self._lock:
-            interactive = sum(
-                1
-                for job_id, job in self._in_flight.items()
-                if job.priority < BATCH_PRIORITY and self._in_flight_models.get(job_id) == model
-            )
+        interactive = self.in_flight.interactive(model)
         return slots_per_worker(self.engines[model].settings) - interactive
 
     def requeue(self, job_id: str) -> str:
@@ -159,7 +133,8 @@ class WorkerRuntime:
         for model, scheduler in self.schedulers.items():
             for job in scheduler.take_pending():
                 try:
-                    if self.store.release(job.job_id, job.fence, time.time()) == "queued":
+                    released = self.store.release(job.job_id, job.fence, time.time())
+                    if released is ReleaseOutcome.QUEUED:
                         self._enqueue(job.job_id, model, job.priority)
                         handed += 1
                 except redis.RedisError as exc:
@@ -193,9 +168,9 @@ class WorkerRuntime:
             f"claim {job_id}",
         )
         if not claim.claimed:
-            log.info("job %s not run: %s", job_id, claim.outcome)
-            if claim.outcome == "poisoned":
-                self.metrics.count(JOBS, model=self._model_of(job_id), status="failed")
+            log.info("job %s not run: %s", job_id, claim.outcome.value)
+            if claim.outcome is ClaimOutcome.POISONED:
+                self.metrics.count(JOBS, model=self.store.model_of(job_id), status="failed")
             return
         timeline.claimed = time.time()
         job = claim.job
@@ -225,10 +200,7 @@ class WorkerRuntime:
             return
         timeline.scheduled = time.time()
         scheduled.ended.wait()
-        with self._lock:
-            self._in_flight.pop(job_id, None)
-            self._in_flight_models.pop(job_id, None)
-            self._idle_since = time.time()
+        self.in_flight.remove(job_id)
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
@@ -262,53 +234,13 @@ class WorkerRuntime:
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
-        model = job.model
-        self.metrics.count(JOBS, model=model, status=result.status.value)
-        generated = result.completion_tokens - resumed
-        self.metrics.count(TOKENS, max(generated, 0), model=model)
-        e2e = result.completed_at - job.created_at
-        self.metrics.observe(E2E_LATENCY, e2e, model=model)
-        timings: dict[str, float] = {"e2e_seconds": e2e}
-        first, last = (
-            (scheduled.first_token_at, scheduled.last_token_at) if scheduled else (None, None)
-        )
-        if first is not None and resumed == 0:
-            timings["ttft_seconds"] = first - job.created_at
-            self.metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
-        if scheduled is not None:
-            timings["tokens_after_end"] = scheduled.tokens_after_end
-        if first is not None and last is not None and generated > 1:
-            timings["itl_seconds"] = (last - first) / (generated - 1)
-            self.metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)
-            timings["tokens_per_second"] = (generated - 1) / max(last - first, 1e-9)
-        log_job_event(
-            "finished",
-            job.id,
-            model,
-            status=result.status.value,
-            finish_reason=result.finish_reason.value,
-            attempt=claim.attempt,
-            prompt_tokens=job.usage.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            error=result.error.type if result.error else None,
-            **timings,
-        )
-
-    def deliver_webhook(self, job_id: str) -> None:
-        job = self.store.get(job_id)
-        if job is None or not job.webhook_url:
-            return
-        deliver(job.webhook_url, job.to_dict(), self.settings.webhooks)
-        log_job_event("webhook_delivered", job.id, job.model, url=job.webhook_url)
+        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:
             self.metrics.observe(BATCH_SIZE, size, model=model)
 
         return observe
-
-    def _model_of(self, job_id: str) -> str:
-        return str(self.redis.hget(keys.job(job_id), "model") or "unknown")
 
     def _schedule(self, job: Job, events: list[TokenEvent], claim: Claim) -> ScheduledJob:
         """Build the job's engine request, resuming after whatever was already streamed."""
@@ -333,26 +265,16 @@ class WorkerRuntime:
             scheduled.state.finish_without_token(FinishReason.LENGTH)
             scheduled.ended.set()
             return scheduled
-        with self._lock:
-            self._in_flight[job.id] = scheduled
-            self._in_flight_models[job.id] = job.model
+        self.in_flight.add(scheduled, job.model)
         self.schedulers[job.model].submit(scheduled)
         return scheduled
 
     @staticmethod
     def _check_context(engine: Engine, job: Job, prompt_tokens: int) -> None:
         limit = engine.settings.max_context_tokens
-        if prompt_tokens + job.params.max_tokens > limit:
-            raise ValueError(
-                f"prompt ({prompt_tokens} tokens) plus max_tokens ({job.params.max_tokens}) "
-                f"exceeds the model's context of {limit} tokens"
-            )
-
-    def _first_published(self, job_id: str, stored_at: float) -> None:
-        with self._lock:
-            scheduled = self._in_flight.get(job_id)
-        if scheduled is not None and scheduled.first_published_at is None:
-            scheduled.first_published_at = stored_at
+        overflow = context_overflow(prompt_tokens, job.params.max_tokens, limit)
+        if overflow:
+            raise ValueError(overflow)
 
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)
@@ -361,12 +283,5 @@ class WorkerRuntime:
         log.warning("job %s: lease lost; stopping this copy", job_id)
         self._stop(job_id, FinishReason.ERROR, LEASE_LOST)
 
-    def lease_lost(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            self._lease_lost(job_id)
-
     def _stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
-        with self._lock:
-            scheduled = self._in_flight.get(job_id)
-        if scheduled is not None:
-            scheduled.state.request_stop(reason, error)
+        self.in_flight.stop(job_id, reason, error)

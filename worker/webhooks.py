@@ -18,10 +18,13 @@ import ipaddress
 import json
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from worker.config import WebhookSettings
+from worker.joblog import log_job_event
+from worker.store import JobStore
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -104,7 +107,7 @@ def _connect_to(
     return socket.create_connection((address, target[1]), timeout, source)
 
 
-def deliver(url: str, payload: dict[str, Any], settings: WebhookSettings) -> int:
+def deliver(url: str, payload: Mapping[str, Any], settings: WebhookSettings) -> int:
     """One delivery attempt; returns the receiver's status, raises WebhookFailed (retry) or
     WebhookRejected (never: the URL or its address is not one Trickle may call)."""
     check_webhook_url(url, settings)
@@ -140,3 +143,12 @@ def deliver(url: str, payload: dict[str, Any], settings: WebhookSettings) -> int
     if not 200 <= status < 300:
         raise WebhookFailed(f"webhook to {parts.hostname} answered {status}")
     return status
+
+
+def deliver_job(store: JobStore, job_id: str, settings: WebhookSettings) -> None:
+    """Deliver a finished job to its webhook (a no-op once it has expired or has none)."""
+    job = store.get(job_id)
+    if job is None or not job.webhook_url:
+        return
+    deliver(job.webhook_url, job.to_dict(), settings)
+    log_job_event("webhook_delivered", job.id, job.model, url=job.webhook_url)
