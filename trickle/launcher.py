@@ -137,6 +137,11 @@ def run_stack(
         supervisor.add(redis_child)
         env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{redis_child.port}/0"
         settings = load_settings(environ=env)
+    if settings.broker.url:
+        from kombu.utils.url import maybe_sanitize_url
+
+        # An external broker (RabbitMQ) is the operator's to run: used, never started here.
+        supervisor.log(f"job queue on {maybe_sanitize_url(settings.broker.url)}")
     fork = settings.supervisor.preload_workers
     if fork and (why := preload()):
         supervisor.log(f"workers start by exec (preloading failed: {why})")
@@ -152,16 +157,14 @@ def run_stack(
             launcher.spawn(kind)
     if bounds is not None:
         from trickle.autoscaler import Autoscaler
-        from worker.redis_connection import connect, connect_queue
+        from worker.queueing import make_celery, queue_reader
+        from worker.redis_connection import connect
 
-        client = connect(settings.redis)
+        client = connect(settings.redis)  # a cluster client for a cluster URL
+
+        queues = queue_reader(settings, make_celery(settings, settings.models), client)
         scaler = Autoscaler(
-            supervisor,
-            lambda: launcher.spawn("worker"),
-            settings,
-            bounds,
-            client,
-            queue=connect_queue(settings),
+            supervisor, lambda: launcher.spawn("worker"), settings, bounds, client, queues=queues
         )
         supervisor.on_tick.append(scaler.tick)
         supervisor.log(f"autoscaling workers between {bounds.min} and {bounds.max}")

@@ -25,7 +25,7 @@ def scaling(model: str) -> Response:
     if model not in svc.settings.models:
         raise not_found(f"model {model!r} is not configured", "model", "model_not_found")
     ttl = svc.settings.worker.heartbeat_ttl_seconds
-    load = read_load(svc.redis, model, ttl, time.time(), svc.queue_redis)
+    load = read_load(svc.redis, model, ttl, time.time(), svc.queues)
     per_worker = slots_per_worker(svc.settings.model(model))
     return jsonify(
         {

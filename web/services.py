@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 import redis
 from celery import Celery
 from flask import Flask, current_app
-from redis import Redis
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
+from worker.capacity import QueueReader
 from worker.config import Settings
-from worker.queueing import make_celery
-from worker.redis_connection import connect_pooled, connect_queue, connect_subscriber
+from worker.queueing import make_celery, queue_reader
+from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -32,8 +32,8 @@ class Services:
     hub: TokenHub
     rate_limiter: RateLimiter
     requests: RequestModels  # the request bodies, bound to this configuration's limits
-    # The Redis holding Celery's queue lists (queue depth) when it is not ``redis``.
-    queue_redis: Redis | None = None
+    # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
+    queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -41,31 +41,27 @@ class Services:
     @classmethod
     def create(cls, settings: Settings) -> Services:
         client = connect_pooled(settings.redis)
+        celery = make_celery(settings, settings.models)
         return cls(
             settings=settings,
             redis=client,
             store=JobStore(
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
-            celery=make_celery(settings, settings.models),
+            celery=celery,
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
-            queue_redis=connect_queue(settings),
+            queues=queue_reader(settings, celery, client),
         )
-
-    @property
-    def queue(self) -> Redis:
-        """Where to read queue depth: the broker's Redis, or the job-state Redis it shares."""
-        return self.queue_redis or self.redis
 
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
         self.hub.close()
-        if self.queue_redis is not None:
-            self.queue_redis.close()
         self.redis.close()
-        self.redis.connection_pool.disconnect()
+        pool = getattr(self.redis, "connection_pool", None)  # a cluster client has one per node
+        if pool is not None:
+            pool.disconnect()
 
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""

@@ -13,16 +13,42 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
 from worker import keys
 from worker.config import ModelSettings
-from worker.queueing import PRIORITY_STEPS
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
+# The priority steps kombu's Redis transport keeps apart (one list each); a job's priority is
+# one of them.
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 PRIORITIES = PRIORITY_STEPS
 IDLE_SINCE_FIELD = "idle_since"
+
+
+class QueueReader(Protocol):
+    """Where a model's waiting jobs are counted: Redis lists here, RabbitMQ in amqp_queues."""
+
+    def depth(self, model: str) -> int: ...
+
+    def oldest_queued_seconds(self, model: str, now: float) -> float: ...
+
+
+class RedisQueueReader:
+    """The Redis transport's queues, read straight from kombu's lists. ``jobs``: the job-state
+    Redis when the queue has one of its own (the job state on a cluster, say)."""
+
+    def __init__(self, client: redis.Redis, jobs: Any = None):
+        self._redis = client
+        self._jobs = jobs
+
+    def depth(self, model: str) -> int:
+        return queue_depth(self._redis, model)
+
+    def oldest_queued_seconds(self, model: str, now: float) -> float:
+        return oldest_queued_seconds(self._redis, model, now, self._jobs)
 
 
 def slots_per_worker(model: ModelSettings) -> int:
@@ -86,29 +112,35 @@ def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: flo
 
 
 def read_load(
-    client: redis.Redis, model: str, heartbeat_ttl: float, now: float, queue: Any = None
+    client: redis.Redis,
+    model: str,
+    heartbeat_ttl: float,
+    now: float,
+    queues: QueueReader | None = None,
 ) -> ModelLoad:
-    """The model's queue depth, oldest queued job age and live workers' slots. ``queue``: the
-    broker's Redis when it is not ``client`` (job state on a cluster, the queue on its own)."""
+    """The model's queue depth, oldest queued job age and live workers' slots (``queues``:
+    where its jobs wait; the Redis transport's lists unless told otherwise)."""
+    queues = queues or RedisQueueReader(client)
     return ModelLoad(
         model=model,
-        depth=queue_depth(queue or client, model),
-        oldest_queued_seconds=oldest_queued_seconds(client, model, now, queue),
+        depth=queues.depth(model),
+        oldest_queued_seconds=queues.oldest_queued_seconds(model, now),
         workers=worker_slots(client, model, now - heartbeat_ttl),
     )
 
 
-def oldest_queued_seconds(client: redis.Redis, model: str, now: float, queue: Any = None) -> float:
+def oldest_queued_seconds(client: redis.Redis, model: str, now: float, jobs: Any = None) -> float:
     """Age of the oldest job waiting in the model's queue (since submission); 0 when empty.
+    ``jobs``: where the job hashes are, when not beside the queue.
 
     kombu pushes on the left and pops on the right, so each list's oldest message is its last.
     """
     oldest: float | None = None
     for name in queue_lists(model):
-        job_id = _job_id_of((queue or client).lindex(name, -1))
+        job_id = _job_id_of(client.lindex(name, -1))
         if job_id is None:
             continue
-        created = client.hget(keys.job(job_id), "created_at")
+        created = (jobs or client).hget(keys.job(job_id), "created_at")
         if created is not None:
             oldest = min(oldest if oldest is not None else now, float(created))
     return max(now - oldest, 0.0) if oldest is not None else 0.0

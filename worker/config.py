@@ -51,14 +51,18 @@ def _comma_separated(value: Any) -> Any:
 
 Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
-# Unknown keys are errors, in the file and the environment alike (a typo must not pass).
-SECTION = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
-class RedisSettings:
-    __pydantic_config__ = SECTION
+class Section:
+    """A configuration section: unknown keys are errors, in the file and the environment alike
+    (a typo must not pass silently)."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class RedisSettings(Section):
     url: str = "redis://127.0.0.1:6399/0"
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
@@ -66,21 +70,23 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
-class BrokerSettings:
+class BrokerSettings(Section):
     """Where Celery's job queue lives; Redis keeps job state, replay logs and tokens either way."""
 
-    __pydantic_config__ = SECTION
-
-    # Empty: the queue shares the Redis of redis.url. A Redis Cluster cannot carry it (kombu's
-    # Redis transport needs one server): with redis.url = redis+cluster://..., set this to a
-    # single Redis (redis://host:6379/0).
+    # Empty: the queue shares Redis (redis.url; not possible on a Redis Cluster, see README
+    # Scaling out). redis://host:6379/0: a Redis of its own. amqp://user:pass@host:5672/vhost:
+    # RabbitMQ, with durable quorum queues and a separate batch queue per model
+    # (worker/amqp_queues.py).
     url: str = ""
+    # RabbitMQ only: a message redelivered this many times (its consumers kept dying before
+    # acking it) is dropped by the quorum queue; the job then fails with queue_timeout.
+    delivery_limit: int = 10
+    # RabbitMQ only: how often an idle worker looks for batch work when it found none.
+    batch_poll_ms: float = 50.0
 
 
 @dataclass(frozen=True)
-class WebSettings:
-    __pydantic_config__ = SECTION
-
+class WebSettings(Section):
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
@@ -94,9 +100,7 @@ class WebSettings:
 
 
 @dataclass(frozen=True)
-class WorkerSettings:
-    __pydantic_config__ = SECTION
-
+class WorkerSettings(Section):
     # Models this worker process serves; empty means every configured model.
     models: Names = ()
     heartbeat_seconds: float = 2.0
@@ -119,9 +123,7 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
-class LimitSettings:
-    __pydantic_config__ = SECTION
-
+class LimitSettings(Section):
     max_prompt_tokens: int = 2048
     max_tokens_ceiling: int = 2048
     default_max_tokens: int = 128
@@ -144,18 +146,14 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
-class RateLimitSettings:
-    __pydantic_config__ = SECTION
-
+class RateLimitSettings(Section):
     # Per API key (per client address without keys) and per minute; 0 disables a limit.
     requests_per_minute: int = 0
     tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
 
 
 @dataclass(frozen=True)
-class WebhookSettings:
-    __pydantic_config__ = SECTION
-
+class WebhookSettings(Section):
     # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
     allowed_hosts: Names = ()
     secret: str = ""  # HMAC key for X-Trickle-Signature
@@ -169,10 +167,8 @@ class WebhookSettings:
 
 
 @dataclass(frozen=True)
-class AutoscaleSettings:
+class AutoscaleSettings(Section):
     """`trickle up --workers MIN:MAX`: worker processes follow each served model's queue."""
-
-    __pydantic_config__ = SECTION
 
     # A worker with no job for this long stops (down to MIN, which may be 0).
     idle_seconds: float = 60.0
@@ -186,10 +182,8 @@ class AutoscaleSettings:
 
 
 @dataclass(frozen=True)
-class SupervisorSettings:
+class SupervisorSettings(Section):
     """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
-
-    __pydantic_config__ = SECTION
 
     # The first restart is immediate; the next waits this long, doubling per death up to the max.
     restart_delay_seconds: float = 0.5
@@ -205,9 +199,7 @@ class SupervisorSettings:
 
 
 @dataclass(frozen=True)
-class AuthSettings:
-    __pydantic_config__ = SECTION
-
+class AuthSettings(Section):
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
     api_keys: Names = ()
     # Bearer token for GET /metrics (plain or "sha256:<hex>"). Empty: /metrics is as open as
@@ -216,9 +208,7 @@ class AuthSettings:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
-    __pydantic_config__ = SECTION
-
+class ModelSettings(Section):
     name: str
     path: str
     tokenizer: str = ""
@@ -233,6 +223,10 @@ class ModelSettings:
     max_context_tokens: int = 4096
     max_batch_size: int = 32
     max_batch_wait_ms: float = 2.0
+    # A job arriving after this long without any other arrival starts at once instead of
+    # waiting max_batch_wait_ms for company (a burst that follows joins it by a restart);
+    # 0 = always wait the window.
+    quiet_start_after_ms: float = 20.0
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
@@ -442,11 +436,17 @@ def _check(settings: Settings) -> None:
             raise ConfigError(f"models.{model.name}.device must be auto, cpu or cuda")
         if model.max_batch_size < 1:
             raise ConfigError(f"models.{model.name}.max_batch_size must be >= 1")
+    scheme = settings.broker.url.partition("://")[0]
+    if settings.broker.url and scheme not in ("redis", "rediss", "amqp", "amqps", "pyamqp"):
+        raise ConfigError(f"broker.url must be a redis:// or amqp:// URL, got {scheme!r}://")
+    if settings.broker.delivery_limit < 1:
+        raise ConfigError("broker.delivery_limit must be >= 1")
+    if "+cluster://" in settings.broker_url:
+        raise ConfigError(
+            "broker.url: Celery's queue cannot live on a Redis Cluster (kombu's Redis transport "
+            "needs one server); with redis.url on a cluster, set broker.url "
+            "(TRICKLE_BROKER_URL) to a single Redis or to RabbitMQ"
+        )
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")
-    if "+cluster://" in settings.broker_url:
-        raise ConfigError(
-            "broker.url: Celery's Redis transport cannot use a Redis Cluster; with "
-            "redis.url on a cluster, set broker.url (TRICKLE_BROKER_URL) to a single Redis"
-        )

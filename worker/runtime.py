@@ -19,6 +19,7 @@ from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.events import TokenEvent
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
@@ -30,7 +31,6 @@ from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
 from worker.retry import with_redis_retry
-from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
 from worker.tracing import JobTimeline, Tracing
 
@@ -83,6 +83,7 @@ class WorkerRuntime:
                 engine_threads=model.inter_threads,
                 on_batch=self._batch_observer(name),
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
+                quiet_start_after_ms=model.quiet_start_after_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(
@@ -114,6 +115,11 @@ class WorkerRuntime:
             name: (running.count(name), slots_per_worker(engine.settings))
             for name, engine in self.engines.items()
         }
+
+    def batch_room(self, model: str) -> int:
+        """Slots of a model that no interactive job holds (RabbitMQ's batch feeder fills them)."""
+        interactive = self.in_flight.interactive(model)
+        return slots_per_worker(self.engines[model].settings) - interactive
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""

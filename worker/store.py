@@ -225,6 +225,13 @@ class JobStore:
         entries = tail[0] if tail else []
         return job, [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
 
+    def oldest_queued(self, count: int) -> list[str]:
+        """The ids of up to ``count`` queued jobs with the earliest queue deadlines (the oldest
+        submissions), over every shard."""
+        found = self._per_shard("zrange", keys.queued_jobs, 0, count - 1, withscores=True)
+        entries = sorted((score, str(job_id)) for shard in found for job_id, score in shard)
+        return [job_id for _score, job_id in entries[:count]]
+
     def queued_count(self) -> int:
         """Jobs waiting for a worker, all models and priorities (the batch backlog bound)."""
         return sum(self._per_shard("zcard", keys.queued_jobs))
@@ -237,11 +244,11 @@ class JobStore:
         members = self._per_shard("zrange", keys.running_jobs, 0, -1)
         return [str(job_id) for shard in members for job_id in shard]
 
-    def _per_shard(self, command: str, key: Any, *args: Any) -> list[Any]:
+    def _per_shard(self, command: str, key: Any, *args: Any, **options: Any) -> list[Any]:
         """One command per shard's index, in one pipelined round trip (per node on a cluster)."""
         pipe = self.pipeline()
         for shard in range(keys.SHARDS):
-            getattr(pipe, command)(key(shard), *args)
+            getattr(pipe, command)(key(shard), *args, **options)
         return list(pipe.execute())
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
