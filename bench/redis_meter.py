@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 
 from trickle.redis_server import free_port
 
@@ -103,57 +104,43 @@ class RedisMeter:
     ) -> None:
         server_r, server_w = await asyncio.open_connection(self.host, self.target_port)
         asked: deque[str] = deque()
-        state = {"pubsub": False}
+        subscribed = [False]  # once a pub/sub command went out, every reply is a push
+
+        def request(buf: bytearray, start: int, end: int) -> None:
+            name = first_word(buf, start, end)
+            subscribed[0] = subscribed[0] or name in PUBSUB_COMMANDS
+            asked.append(name.decode(errors="replace"))
+
+        def reply(buf: bytearray, start: int, end: int) -> None:
+            if subscribed[0]:
+                kind = "pubsub " + first_word(buf, start, end).decode(errors="replace").lower()
+            else:
+                kind = asked.popleft() if asked else "?"
+            with self._lock:
+                self.egress[kind] += end - start
+
         await asyncio.gather(
-            self._requests(client_r, server_w, asked, state),
-            self._replies(server_r, client_w, asked, state),
+            _pump(client_r, server_w, request), _pump(server_r, client_w, reply),
             return_exceptions=True,
-        )
+        )  # fmt: skip
         client_w.close()
         server_w.close()
 
-    async def _requests(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        asked: deque[str],
-        state: dict[str, bool],
-    ) -> None:
-        buf = bytearray()
-        while data := await reader.read(65536):
-            writer.write(data)
-            buf += data
-            pos = 0
-            while (end := value_end(buf, pos)) is not None:
-                name = first_word(buf, pos, end)
-                if name in PUBSUB_COMMANDS:
-                    state["pubsub"] = True
-                asked.append(name.decode(errors="replace"))
-                pos = end
-            del buf[:pos]
-            await writer.drain()
-        writer.close()
 
-    async def _replies(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        asked: deque[str],
-        state: dict[str, bool],
-    ) -> None:
-        buf = bytearray()
-        while data := await reader.read(65536):
-            writer.write(data)
-            buf += data
-            pos = 0
-            while (end := value_end(buf, pos)) is not None:
-                if state["pubsub"]:
-                    kind = "pubsub " + first_word(buf, pos, end).decode(errors="replace").lower()
-                else:
-                    kind = asked.popleft() if asked else "?"
-                with self._lock:
-                    self.egress[kind] += end - pos
-                pos = end
-            del buf[:pos]
-            await writer.drain()
-        writer.close()
+async def _pump(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    on_value: Callable[[bytearray, int, int], None],
+) -> None:
+    """Forward bytes unchanged, calling ``on_value`` for each whole RESP value that passed."""
+    buf = bytearray()
+    while data := await reader.read(65536):
+        writer.write(data)
+        buf += data
+        pos = 0
+        while (end := value_end(buf, pos)) is not None:
+            on_value(buf, pos, end)
+            pos = end
+        del buf[:pos]
+        await writer.drain()
+    writer.close()

@@ -143,3 +143,15 @@ def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> Str
                 return result
     finally:
         ws.close()
+
+
+def stream_in_background(
+    base: str, job_id: str, timeout: float = 120
+) -> tuple[threading.Thread, list[StreamResult]]:
+    """Read a job's SSE stream to its end on a thread; the result lands in the list."""
+    results: list[StreamResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(read_sse(base, job_id, timeout=timeout))
+    )
+    thread.start()
+    return thread, results

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,14 @@ import pytest
 import requests
 
 from tests import stack
-from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
+from tests.clients import (
+    StreamResult,
+    get_job,
+    poll_until_finished,
+    read_sse,
+    stream_in_background,
+    submit,
+)
 from tests.faultstack import tokens_streamed, wait_for
 from tests.redis_cluster import LocalCluster, start_cluster
 from trickle.redis_server import free_port, start_redis, stop_redis
@@ -111,13 +117,6 @@ def assert_exactly_once(stream: StreamResult, first: int = 0) -> None:
     assert stream.done["usage"]["completion_tokens"] == first + len(stream.tokens)
     if first == 0:
         assert stream.text == stream.done["output"]
-
-
-def stream_in_background(base: str, job_id: str) -> tuple[threading.Thread, list[StreamResult]]:
-    results: list[StreamResult] = []
-    thread = threading.Thread(target=lambda: results.append(read_sse(base, job_id, timeout=120)))
-    thread.start()
-    return thread, results
 
 
 def test_jobs_and_their_channels_spread_over_the_primaries(on_cluster: ClusterStack) -> None:
