@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
 PING_SECONDS = 30.0  # an idle connection is checked this often (a dead peer is noticed)
+STABLE_SECONDS = 10.0  # a connection that lasted this long resets the reconnection backoff
 
 
 class _Link:
@@ -140,6 +141,7 @@ class ChannelSubscriber:
     def _run(self) -> None:
         backoff = 0.1
         while not self._stopping.is_set():
+            started = time.monotonic()
             try:
                 self._listen()
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError) as exc:
@@ -154,6 +156,8 @@ class ChannelSubscriber:
                     if channel in self._wanted and not ready.is_set()
                 }
             self._on_lost()
+            if time.monotonic() - started > STABLE_SECONDS:
+                backoff = 0.1  # it had worked for a while: this is a new outage
             self._stopping.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
@@ -240,7 +244,9 @@ class ChannelSubscriber:
 
     def _wait(self, links: dict[str, _Link]) -> None:
         """Sleep until a connection has data, a reader wants a change, or the poll timer."""
-        fds = [fd for link in links.values() if (fd := link.fileno()) is not None]
+        # A link without channels reads nothing (redis-py's pubsub is then idle): selecting its
+        # socket would spin on whatever the server sends it, a close included.
+        fds = [fd for link in links.values() if link.channels and (fd := link.fileno()) is not None]
         readable, _, _ = select.select([self._wake_read, *fds], [], [], POLL_SECONDS)
         if self._wake_read in readable:
             with contextlib.suppress(BlockingIOError):
