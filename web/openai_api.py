@@ -142,12 +142,12 @@ def _complete(
         if done is None or not done.status.is_terminal:
             _cancel(svc, jobs)
             raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
-        final, events = svc.store.snapshot(job.id, 0)
-        assert final is not None
-        if final.status is JobStatus.FAILED:
+        if done.status is JobStatus.FAILED:
             _cancel(svc, jobs)
-            raise _generation_failed(final)
-        finished.append((final, events))
+            raise _generation_failed(done)
+        # The replay log only for logprobs: the finished job already holds its output.
+        events = svc.store.tokens(job.id) if req.logprobs is not None else []
+        finished.append((done, events))
     return shapes.result_object(req, envelope, finished)
 
 
