@@ -8,6 +8,7 @@ names no job, and a web process only ever receives messages of jobs its readers 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +28,17 @@ class TokenEvent:
 
     def to_log_entry(self) -> str:
         """The replay-log form; the job id is implied by the list's key."""
-        return json.dumps(
-            {"index": self.index, "text": self.text, "logprob": self.logprob}, ensure_ascii=False
+        return self.encoded()[0]
+
+    def encoded(self) -> tuple[str, str]:
+        """The replay-log entry and the channel-message item, built from one encoding of the
+        text (the publisher makes both for every token; ``json.dumps`` of the whole is slower).
+        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}`` and of the list."""
+        text = json.dumps(self.text, ensure_ascii=False)
+        logprob = _number(self.logprob)
+        return (
+            f'{{"index": {self.index}, "text": {text}, "logprob": {logprob}}}',
+            f"[{self.index}, {text}, {logprob}]",
         )
 
     @classmethod
@@ -45,9 +55,8 @@ DONE_MESSAGE = '{"d":1}'
 
 
 def token_fragment(events: Sequence[TokenEvent]) -> str:
-    """One flush of a job's tokens as the inside of a message's token list; the Lua script that
-    appends them wraps it (``{"t":[`` fragment ``]}``) and publishes it after the fence check."""
-    return ",".join(json.dumps([e.index, e.text, e.logprob], ensure_ascii=False) for e in events)
+    """One flush of a job's tokens as the inside of a message's token list."""
+    return ",".join(event.encoded()[1] for event in events)
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,12 @@ class JobMessage:
             ),
             done=bool(data.get("d")),
         )
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "null"
+    return float.__repr__(value) if math.isfinite(value) else json.dumps(value)
 
 
 def _logprob(value: Any) -> float | None:

@@ -6,6 +6,7 @@ are pinned by tests/test_keys.py.
 
 from __future__ import annotations
 
+import functools
 import zlib
 
 PREFIX = "trickle"
@@ -23,6 +24,7 @@ WEBHOOK_TASK = "trickle.webhook"
 WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
 
 
+@functools.lru_cache(maxsize=65_536)
 def shard_of(job_id: str) -> int:
     """The job's shard: stable across processes and releases (CRC-32, not Python's hash)."""
     return zlib.crc32(job_id.encode()) % SHARDS
@@ -32,6 +34,7 @@ def _tag(shard: int) -> str:
     return f"{PREFIX}:{{s{shard}}}"
 
 
+@functools.lru_cache(maxsize=65_536)  # built for every job at every decoding step
 def job(job_id: str) -> str:
     """Hash holding the job's parameters, status, timings and final result."""
     return f"{_tag(shard_of(job_id))}:job:{job_id}"
@@ -61,6 +64,7 @@ def job_lease(job_id: str) -> str:
 # subscribers costs Redis only the PUBLISH.
 
 
+@functools.lru_cache(maxsize=65_536)
 def job_events_channel(job_id: str) -> str:
     """The job's token messages and its done message (stream readers)."""
     return f"{_tag(shard_of(job_id))}:events:{job_id}"

@@ -17,7 +17,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from worker import keys, scripts
-from worker.events import DONE_MESSAGE, JobMessage, TokenEvent
+from worker.events import DONE_MESSAGE, TokenEvent
 from worker.job_records import (
     CLAIM_FIELDS,
     READ_FIELDS,
@@ -416,10 +416,11 @@ class JobStore:
                     keys.job_events_channel(append.job_id),
                 ]
                 first = "" if append.first_token_at is None else repr(append.first_token_at)
+                encoded = [event.encoded() for event in append.events]
                 args += [append.fence, first, append.events[0].index, len(append.events)]
-                args += [event.to_log_entry() for event in append.events]
+                args += [entry for entry, _item in encoded]
                 args.append("".join(event.text for event in append.events))
-                args.append(JobMessage(tuple(append.events)).encode())
+                args.append('{"t":[' + ",".join(item for _entry, item in encoded) + "]}")
             self.queue_script(pipe, "APPEND_STEP", script_keys, args)
         return len(groups)
 
