@@ -64,7 +64,7 @@ class ClusterStack:
 def on_cluster(
     tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path
 ) -> Iterator[ClusterStack]:
-    from worker.random_model import build_random_llama
+    from trickle.model_builders.random_llama import build_random_llama
 
     root = tmp_path_factory.mktemp("cluster")
     cluster = start_cluster(root / "nodes", primaries=3, replicas=1)
