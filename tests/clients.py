@@ -18,6 +18,7 @@ class StreamResult:
     done: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     comments: int = 0
+    statuses: list[dict[str, Any]] = field(default_factory=list)  # status events, in order
     arrivals: list[float] = field(default_factory=list)  # monotonic time of each token
 
     @property
@@ -112,6 +113,9 @@ def read_sse(
                 result.arrivals.append(time.monotonic())
                 if max_tokens is not None and len(result.tokens) >= max_tokens:
                     return result
+            elif event.get("event") == "status":
+                assert "id" not in event  # Last-Event-ID stays the last token index
+                result.statuses.append(json.loads(event["data"]))
             elif event.get("event") == "done":
                 result.done = json.loads(event["data"])
                 return result
@@ -135,6 +139,8 @@ def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> Str
             message = json.loads(ws.recv())
             if message["event"] == "token":
                 result.tokens.append({"index": message["index"], "text": message["text"]})
+            elif message["event"] == "status":
+                result.statuses.append({k: v for k, v in message.items() if k != "event"})
             elif message["event"] == "done":
                 result.done = message["job"]
                 return result

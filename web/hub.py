@@ -30,6 +30,7 @@ POLL_SECONDS = 1.0
 class Signal(str, Enum):
     DONE = "done"  # the job finished: read its final state
     RESYNC = "resync"  # messages may have been missed: re-read the replay log
+    STATUS = "status"  # the job was claimed or requeued: read its state
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,10 @@ class TokenHub:
                 feed = self._feeds.get(job_id)
                 if feed is not None:
                     feed.append(Delivery(signal=Signal.DONE))
+            for job_id in step.changed:
+                feed = self._feeds.get(job_id)
+                if feed is not None:
+                    feed.append(Delivery(signal=Signal.STATUS))
 
     def _broadcast(self, delivery: Delivery) -> None:
         with self._lock:

@@ -1,7 +1,9 @@
 """Token events: what a worker publishes per decoding step and what the replay log stores.
 
 A step message on ``keys.EVENTS_CHANNEL`` carries the token events of every job that advanced in
-that step plus the ids of jobs that finished, so one PUBLISH serves the whole batch.
+that step plus the ids of jobs that finished, so one PUBLISH serves the whole batch. A job that
+changes status without a token (claimed, requeued) is announced in ``changed``: readers then
+re-read its state and tell their clients (``status`` events).
 """
 
 from __future__ import annotations
@@ -44,15 +46,16 @@ class StepMessage:
 
     tokens: list[TokenEvent] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)  # jobs now queued or running
 
     def encode(self) -> str:
-        return json.dumps(
-            {
-                "t": [[e.job_id, e.index, e.text, e.logprob] for e in self.tokens],
-                "d": self.finished,
-            },
-            ensure_ascii=False,
-        )
+        message: dict[str, Any] = {
+            "t": [[e.job_id, e.index, e.text, e.logprob] for e in self.tokens],
+            "d": self.finished,
+        }
+        if self.changed:
+            message["s"] = self.changed
+        return json.dumps(message, ensure_ascii=False)
 
     @classmethod
     def decode(cls, raw: str | bytes) -> StepMessage:
@@ -63,6 +66,7 @@ class StepMessage:
                 for job, index, text, logprob in data.get("t", [])
             ],
             finished=[str(job_id) for job_id in data.get("d", [])],
+            changed=[str(job_id) for job_id in data.get("s", [])],
         )
 
 

@@ -7,7 +7,8 @@ can never interleave halfway. Used only by ``store``.
 from __future__ import annotations
 
 # KEYS: job, lease, running, queued, tokens
-# ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, channel, done_msg
+# ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, channel, done_msg,
+#       status_msg (announces the change to running)
 # Returns {outcome, attempts}, and when claimed also the job hash and the replay log's length, so
 # a worker starts a job in one round trip.
 CLAIM = """
@@ -31,6 +32,7 @@ if redis.call('HEXISTS', KEYS[1], 'started_at') == 0 then
 end
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call('PUBLISH', ARGV[8], ARGV[10])
 return {'claimed', attempts, redis.call('HGETALL', KEYS[1]), redis.call('LLEN', KEYS[5])}
 """
 
@@ -65,7 +67,7 @@ return 0
 
 # A running job whose lease expired: its worker died. Requeue it (or finish it as canceled when
 # a cancel was pending). KEYS: job, lease, running, queued, tokens
-# ARGV: id, now, queue_deadline, result_ttl, channel, done_msg
+# ARGV: id, now, queue_deadline, result_ttl, channel, done_msg, status_msg
 RECOVER = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -82,12 +84,13 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('PUBLISH', ARGV[5], ARGV[7])
 return 'requeued'
 """
 
 # Give a claimed job back without counting an attempt (graceful shutdown); one whose cancel is
 # pending is canceled instead. KEYS: job, lease, running, queued
-# ARGV: id, fence, queue_deadline, now, result_ttl, channel, done_msg
+# ARGV: id, fence, queue_deadline, now, result_ttl, channel, done_msg, status_msg
 RELEASE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
 redis.call('DEL', KEYS[2])
@@ -103,6 +106,7 @@ end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('PUBLISH', ARGV[6], ARGV[8])
 return 1
 """
 

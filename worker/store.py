@@ -115,6 +115,10 @@ def _done(job_id: str) -> str:
     return StepMessage(finished=[job_id]).encode()
 
 
+def _changed(job_id: str) -> str:
+    return StepMessage(changed=[job_id]).encode()
+
+
 class JobStore:
     def __init__(self, client: redis.Redis, result_ttl_seconds: int, queued_ttl_seconds: int):
         self.redis = client
@@ -196,6 +200,15 @@ class JobStore:
             job.usage = Usage(job.usage.prompt_tokens, len(events))
         return job, events[from_index:]
 
+    def queue_position(self, job_id: str) -> int | None:
+        """How many queued jobs (any model) were submitted before this one; None unless queued.
+
+        An estimate, first come first counted: jobs of other models count too, and interactive
+        jobs overtake batch jobs.
+        """
+        rank: Any = self.redis.zrank(keys.QUEUED_JOBS, job_id)
+        return None if rank is None else int(rank)
+
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
         return self.cancel_many([job_id], now)[0]
 
@@ -242,6 +255,7 @@ class JobStore:
                 self.result_ttl_seconds,
                 keys.EVENTS_CHANNEL,
                 _done(job_id),
+                _changed(job_id),
             ],
         )
         raw_fields, logged = rest if rest else ([], 0)
@@ -283,6 +297,7 @@ class JobStore:
                 self.result_ttl_seconds,
                 keys.EVENTS_CHANNEL,
                 _done(job_id),
+                _changed(job_id),
             ],
         )
         return {1: "queued", 2: "canceled"}.get(int(outcome), "lost")
@@ -301,6 +316,7 @@ class JobStore:
                     self.result_ttl_seconds,
                     keys.EVENTS_CHANNEL,
                     _done(job_id),
+                    _changed(job_id),
                 ],
             )
             if outcome != "alive":
