@@ -53,16 +53,18 @@ def submit(base: str, body: dict[str, Any], wait: float | None = None) -> dict[s
     return response.json()  # type: ignore[no-any-return]
 
 
-def get_job(base: str, job_id: str) -> dict[str, Any]:
-    response = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30)
+def get_job(base: str, job_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    response = requests.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()  # type: ignore[no-any-return]
 
 
-def poll_until_finished(base: str, job_id: str, timeout: float = 60) -> dict[str, Any]:
+def poll_until_finished(
+    base: str, job_id: str, timeout: float = 60, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        job = get_job(base, job_id)
+        job = get_job(base, job_id, headers)
         if job["status"] in ("succeeded", "failed", "canceled"):
             return job
         assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
