@@ -24,6 +24,9 @@ CYCLE = [
     "▁x", "<0xD0>", "<0xB6>", "<0xBF>", "▁of",
 ]  # fmt: skip
 PROMPT = "The"
+# After "end" the script ends at once: greedy output is empty unless min_tokens holds the end
+# token back (then the next likeliest piece enters the cycle).
+ENDING_PROMPT = "end"
 
 
 def cycle_ids(sp: spm.SentencePieceProcessor) -> list[int]:
@@ -41,6 +44,11 @@ def build_scripted_model(output_dir: Path, tokenizer_path: Path) -> Path:
     for current, following in zip(ids, ids[1:] + ids[:1], strict=True):
         table[current, :] = -30.0
         table[current, following] = 0.0
+    ending = sp.piece_to_id("▁" + ENDING_PROMPT)
+    assert ending not in ids and ending != sp.unk_id()
+    table[ending, :] = -30.0
+    table[ending, sp.eos_id()] = 0.0
+    table[ending, ids[0]] = -5.0
     pieces = [sp.id_to_piece(i) for i in range(vocab)]
     bigram_spec(table, pieces).save(str(output_dir))
     shutil.copy(tokenizer_path, output_dir / "tokenizer.model")

@@ -9,6 +9,7 @@ import redis
 import requests
 
 from tests.clients import get_job, poll_until_finished, read_sse, submit
+from tests.metrics_text import parse_samples
 from worker import keys
 from worker.tokenizer import Tokenizer
 
@@ -109,7 +110,7 @@ def test_cancel_queued_job_is_immediate(stack_url: str) -> None:
     assert stream.done["status"] == "canceled"
     # A job canceled before any worker saw it is still counted among the ended jobs.
     metrics = requests.get(f"{stack_url}/metrics", timeout=10).text
-    assert 'trickle_jobs_total{model="late",status="canceled"}' in metrics
+    assert 'trickle_jobs_total{model="late",status="canceled"}' in parse_samples(metrics)
 
 
 def test_result_expires_after_ttl(stack_url: str, redis_client: redis.Redis) -> None:

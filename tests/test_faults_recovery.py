@@ -14,7 +14,6 @@ These pin the public contract (HTTP, streams, the stored job), not the publisher
 from __future__ import annotations
 
 import json
-import re
 import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ import requests
 
 from tests.clients import StreamResult, get_job, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.metrics_text import parse_samples
 from worker import keys
 
 INJECT = Path(__file__).parent / "inject"
@@ -120,11 +120,9 @@ def test_a_job_whose_tokens_cannot_be_processed_fails_alone(injected: FaultStack
 
 def batch_sizes(base: str) -> tuple[float, float]:
     """(generate_batch calls, jobs in them) for the batchy model, from /metrics."""
-    text = requests.get(f"{base}/metrics", timeout=10).text
-    found = dict(
-        re.findall(r'^trickle_batch_size_(count|sum)\{model="batchy"\} (\S+)$', text, re.M)
-    )
-    return float(found.get("count", 0)), float(found.get("sum", 0))
+    samples = parse_samples(requests.get(f"{base}/metrics", timeout=10).text)
+    count = samples.get('trickle_batch_size_count{model="batchy"}', 0.0)
+    return count, samples.get('trickle_batch_size_sum{model="batchy"}', 0.0)
 
 
 def test_a_failing_engine_fails_its_jobs_and_the_worker_goes_on(injected: FaultStack) -> None:

@@ -7,19 +7,29 @@ from typing import Any
 import pytest
 
 from web.errors import ApiError
-from web.validation import (
+from web.request_models import (
     MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     MIN_TOP_P,
+    RequestModels,
+)
+from web.validation import (
     check_prompt_length,
+    generation_params,
     parse_after,
-    parse_sampling,
     parse_wait,
+    validate,
 )
 from worker.config import Settings
 from worker.jobs import GenerationParams
+
+
+def parse_sampling(body: dict[str, Any], settings: Settings) -> GenerationParams:
+    """The sampling fields of a job request, through the bound request model."""
+    request = validate(RequestModels.bound_to(settings).job, {"prompt": "x", **body})
+    return generation_params(request, settings)
 
 
 def refused(call: Any, *args: Any) -> ApiError:
@@ -71,7 +81,7 @@ def test_bounds_are_inclusive_and_exact(
 
 def test_number_messages(settings: Settings) -> None:
     error = refused(parse_sampling, {"temperature": 3}, settings)
-    assert error.message == "temperature must be in [0.0, 2.0]"
+    assert error.message == "temperature must be between 0.0 and 2.0"
     assert refused(parse_sampling, {"top_p": "x"}, settings).message == "top_p must be a number"
     assert refused(parse_sampling, {"top_p": float("nan")}, settings).param == "top_p"
     assert refused(parse_sampling, {"temperature": True}, settings).param == "temperature"
@@ -90,10 +100,10 @@ def test_stop_rules(settings: Settings) -> None:
     assert parse_sampling({"stop": [longest] * 4}, settings).stop == (longest,) * 4
     cases = [
         ({"stop": 5}, "stop must be a string or a list of strings"),
-        ({"stop": ["a", 5]}, "stop must be a string or a list of strings"),
-        ({"stop": ["a"] * 5}, "at most 4 stop sequences are allowed"),
-        ({"stop": [""]}, "stop sequences must not be empty"),
-        ({"stop": [longest + "x"]}, "stop sequences must be at most 64 characters"),
+        ({"stop": ["a", 5]}, "stop must be a string"),
+        ({"stop": ["a"] * 5}, "stop must have at most 4 items"),
+        ({"stop": [""]}, "stop must not be empty"),
+        ({"stop": [longest + "x"]}, "stop must have at most 64 characters"),
         ({"stop": ["\ud800"]}, "stop contains an unpaired surrogate at position 0"),
     ]
     for body, message in cases:

@@ -24,6 +24,7 @@ class Receiver:
 
     def __init__(self, fail_first: int = 0):
         self.deliveries: list[tuple[dict[str, str], bytes]] = []
+        self.times: list[float] = []
         self.fail_first = fail_first
         receiver = self
 
@@ -31,6 +32,7 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.deliveries.append((dict(self.headers), body))
+                receiver.times.append(time.monotonic())
                 status = 500 if len(receiver.deliveries) <= receiver.fail_first else 204
                 self.send_response(status)
                 self.end_headers()
@@ -84,6 +86,20 @@ def test_failed_delivery_is_retried(stack_url: str) -> None:
         job = submit(stack_url, {"prompt": "The", "max_tokens": 4, "webhook_url": receiver.url})
         receiver.wait_for(2)
         assert [verify(*d)["id"] for d in receiver.deliveries] == [job["id"], job["id"]]
+    finally:
+        receiver.close()
+
+
+def test_a_receiver_that_always_fails_gets_max_attempts_then_nothing(stack_url: str) -> None:
+    receiver = Receiver(fail_first=10**6)
+    try:
+        submit(stack_url, {"prompt": "The", "max_tokens": 2, "webhook_url": receiver.url})
+        receiver.wait_for(3)  # max_attempts = 3 in the test config; backoff 0-1 s, then 0-2 s
+        time.sleep(4.5)  # a fourth attempt would have come by now (jittered backoff <= 4 s)
+        assert len(receiver.deliveries) == 3
+        print(
+            "webhook attempts at +%s s" % [round(t - receiver.times[0], 2) for t in receiver.times]
+        )
     finally:
         receiver.close()
 

@@ -10,7 +10,7 @@ import io
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request
@@ -26,15 +26,11 @@ from web.openai_requests import OpenAIRequest, parse_chat_request, parse_complet
 from web.services import Services, services
 from web.submission import cancel_many, enqueue_many
 from worker import keys
-from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, JobStatus
 
 blueprint = Blueprint("batches", __name__)
 
-PARSERS: dict[str, Callable[[Any, Settings], OpenAIRequest]] = {
-    "/v1/completions": parse_completion_request,
-    "/v1/chat/completions": parse_chat_request,
-}
+BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
 JSONL = "application/jsonl"
 BACKLOG_RETRY_AFTER_SECONDS = 30
 
@@ -83,7 +79,7 @@ def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRe
     parsed: dict[int, OpenAIRequest] = {}
     for index, item in enumerate(items):
         try:
-            req = PARSERS[item.url](item.body, svc.settings)
+            req = _parse(svc, item)
             if req.stream:
                 raise invalid("body.stream", "batch requests cannot stream")
         except ApiError as exc:
@@ -91,6 +87,13 @@ def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRe
             continue
         parsed[index] = req
     return parsed
+
+
+def _parse(svc: Services, item: BatchItem) -> OpenAIRequest:
+    """A line's body, validated like the same request sent to ``item.url`` directly."""
+    if item.url == "/v1/completions":
+        return parse_completion_request(item.body, svc.settings, svc.requests.completion)
+    return parse_chat_request(item.body, svc.settings, svc.requests.chat)
 
 
 def _check_job_bounds(svc: Services, adding: int) -> None:
@@ -199,8 +202,8 @@ def _parse_line(number: int, line: str) -> BatchItem:
         raise invalid(f"{where}.custom_id", f"{where} needs a non-empty string custom_id")
     if method != "POST":
         raise invalid(f"{where}.method", f"{where}: method must be POST")
-    if url not in PARSERS:
-        raise invalid(f"{where}.url", f"{where}: url must be one of {sorted(PARSERS)}")
+    if url not in BATCH_URLS:
+        raise invalid(f"{where}.url", f"{where}: url must be one of {sorted(BATCH_URLS)}")
     if not isinstance(body, dict):
         raise invalid(f"{where}.body", f"{where}: body must be a JSON object")
     return BatchItem(custom_id=custom_id, url=url, body=body)
@@ -269,7 +272,7 @@ def _output_lines(
         finished = [svc.store.snapshot(job_id, 0) for job_id in item.job_ids]
         jobs = [(job, events) for job, events in finished if job is not None]
         if state == "completed" and len(jobs) == len(item.job_ids):
-            req = PARSERS[item.url](item.body, svc.settings)
+            req = _parse(svc, item)
             envelope = shapes.Envelope(
                 item.job_ids[0], int(batch.created_at), req.model, tuple(item.job_ids)
             )

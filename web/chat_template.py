@@ -22,55 +22,12 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
-ROLES = frozenset({"system", "developer", "user", "assistant"})
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
     content: str
-
-
-def parse_messages(raw: Any) -> list[ChatMessage]:
-    """Validate ``messages``: roles we can template, content as a string or text parts."""
-    if not isinstance(raw, list) or not raw:
-        raise invalid("messages", "messages must be a non-empty list")
-    messages = []
-    for position, item in enumerate(raw):
-        where = f"messages[{position}]"
-        if not isinstance(item, dict):
-            raise invalid(where, f"{where} must be an object")
-        role = item.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise invalid(f"{where}.role", f"{where}.role must be one of {sorted(ROLES)}")
-        messages.append(
-            ChatMessage("system" if role == "developer" else role, _content(item, where))
-        )
-    return messages
-
-
-def _content(item: dict[str, Any], where: str) -> str:
-    content = item.get("content")
-    if content is None and item.get("role") == "assistant":
-        return ""
-    if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        parts = []
-        for index, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise invalid(f"{where}.content[{index}]", "only text content parts are supported")
-            if not isinstance(part.get("text"), str):
-                raise invalid(f"{where}.content[{index}].text", "text must be a string")
-            parts.append(part["text"])
-        text = "".join(parts)
-    else:
-        raise invalid(f"{where}.content", "content must be a string or a list of text parts")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid(f"{where}.content", "content contains an unpaired surrogate") from exc
-    return text
 
 
 @lru_cache(maxsize=32)

@@ -23,7 +23,7 @@ def submit_job() -> Response:
     with svc.tracing.request("POST /v1/jobs") as trace:
         with trace.step("validate"):
             wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-            job_request = parse_job_request(read_json_body(), svc.settings)
+            job_request = parse_job_request(read_json_body(), svc.settings, svc.requests.job)
             job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
             job.webhook_url = job_request.webhook_url
             job.trace_context = trace.traceparent

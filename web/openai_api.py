@@ -82,13 +82,14 @@ def _model_object(name: str) -> dict[str, Any]:
 @blueprint.post("/v1/completions")
 def completions() -> Response:
     svc = services()
-    return _respond(svc, parse_completion_request(read_json_body(), svc.settings))
+    body = read_json_body()
+    return _respond(svc, parse_completion_request(body, svc.settings, svc.requests.completion))
 
 
 @blueprint.post("/v1/chat/completions")
 def chat_completions() -> Response:
     svc = services()
-    return _respond(svc, parse_chat_request(read_json_body(), svc.settings))
+    return _respond(svc, parse_chat_request(read_json_body(), svc.settings, svc.requests.chat))
 
 
 def _respond(svc: Services, req: OpenAIRequest) -> Response:
@@ -160,7 +161,15 @@ def _stream(
     chat = req.kind is RequestKind.CHAT
     finished: set[int] = set()
     offsets = [0] * len(jobs)
+    generated = [0] * len(jobs)  # per choice, for continuous_usage_stats
     completion_tokens = 0
+
+    def with_usage(chunk: dict[str, Any], index: int) -> dict[str, Any]:
+        """vLLM's continuous_usage_stats: the choice's usage so far in every chunk."""
+        if req.continuous_usage:
+            chunk["usage"] = shapes.usage(jobs[index].usage.prompt_tokens, generated[index])
+        return chunk
+
     try:
         for index, prompt in enumerate(shapes.choice_prompts(req)):
             if chat:
@@ -172,8 +181,10 @@ def _stream(
             if isinstance(event, KeepAlive):
                 yield ": keep-alive\n\n"
             elif isinstance(event, TokenEvent):
-                if event.text or req.logprobs is not None:
-                    yield _sse(_token_chunk(req, envelope, index, event, offsets[index]))
+                generated[index] += 1
+                if event.text or req.logprobs is not None or req.continuous_usage:
+                    chunk = _token_chunk(req, envelope, index, event, offsets[index])
+                    yield _sse(with_usage(chunk, index))
                     offsets[index] += len(event.text)
             elif isinstance(event, Done):
                 finished.add(index)
@@ -184,9 +195,10 @@ def _stream(
                 completion_tokens += job.usage.completion_tokens
                 reason = shapes.finish_reason(job)
                 if chat:
-                    yield _sse(shapes.chat_chunk(envelope, index, {}, reason))
+                    last = shapes.chat_chunk(envelope, index, {}, reason)
                 else:
-                    yield _sse(shapes.completion_chunk(envelope, index, "", reason))
+                    last = shapes.completion_chunk(envelope, index, "", reason)
+                yield _sse(with_usage(last, index))
         if req.include_usage:
             kind = "chat.completion.chunk" if chat else "text_completion"
             usage = shapes.usage(shapes.prompt_tokens(req, jobs), completion_tokens)

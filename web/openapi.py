@@ -1,21 +1,26 @@
-"""The OpenAPI 3 description of every HTTP operation, served at ``/openapi.json``.
+"""The OpenAPI 3.1 description of every HTTP operation, served at ``/openapi.json``.
 
-Built from the same limits the validator enforces, so the document cannot promise more than the
-server accepts; CI fuzzes the running server from it (tests/test_schema_fuzz.py). The WebSocket
-route is described in the job-events operation, since OpenAPI cannot express it.
+The paths are written here; every schema is generated from the classes that validate requests
+(``web.request_models``, bound to the configuration's limits) and the types the response builders
+return (``web.response_models``), so the document and the server cannot disagree. CI fuzzes the
+running server from it (tests/test_schema_fuzz.py). The WebSocket route is described in the
+job-events operation, since OpenAPI cannot express it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from web.openapi_openai import openai_paths, openai_schemas
-from web.validation import MAX_REPETITION_PENALTY, MIN_REPETITION_PENALTY, MIN_TOP_P
-from worker.config import Settings
-from worker.jobs import FinishReason, JobStatus
+from pydantic import TypeAdapter
+from pydantic.json_schema import models_json_schema
 
-JSON = "application/json"
-SSE = "text/event-stream"
+from web.openapi_openai import openai_paths
+from web.openapi_parts import JSON, SSE, body, links, ref, responses
+from web.request_models import RequestModels
+from web.response_models import RESPONSE_MODELS
+from worker.config import Settings
+
+REF_TEMPLATE = "#/components/schemas/{model}"
 
 
 # One Server-Sent Event as a client parses it; ``data`` holds JSON (or [DONE]).
@@ -30,26 +35,8 @@ SSE_EVENT_SCHEMA = {
 }
 
 
-def ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
-    """Success responses plus the error statuses an operation can return (all JSON errors).
-
-    401 (API keys configured) and 503 (Redis unavailable) can come from every /v1 operation.
-    """
-    described = dict(ok)
-    for status in sorted({*errors, 401, 503}):
-        described[str(status)] = {"$ref": "#/components/responses/Error"}
-    return described
-
-
-def body(schema: str) -> dict[str, Any]:
-    return {"required": True, "content": {JSON: {"schema": ref(schema)}}}
-
-
-def openapi_document(settings: Settings) -> dict[str, Any]:
+def openapi_document(settings: Settings, models: RequestModels | None = None) -> dict[str, Any]:
+    models = models or RequestModels.bound_to(settings)
     job_id = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     prefer = {
         "name": "Prefer",
@@ -72,7 +59,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
     from_body = job_links("$response.body#/id", "getJob", "streamJobEvents", "cancelJob")
     from_path = job_links("$request.path.job_id", "streamJobEvents", "cancelJob")
     return {
-        "openapi": "3.0.3",
+        "openapi": "3.1.0",
         "info": {
             "title": "Trickle",
             "version": "0.1.0",
@@ -170,7 +157,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
                     ),
                 }
             },
-            **openai_paths(responses, body, ref),
+            **openai_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
@@ -200,13 +187,7 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
             },
         },
         "components": {
-            "schemas": {
-                "JobRequest": _job_request_schema(settings),
-                "Job": _job_schema(),
-                "Error": _error_schema(),
-                "SseEvent": SSE_EVENT_SCHEMA,
-                **openai_schemas(settings),
-            },
+            "schemas": {**component_schemas(models), "SseEvent": SSE_EVENT_SCHEMA},
             "responses": {
                 "Error": {"description": "Error", "content": {JSON: {"schema": ref("Error")}}}
             },
@@ -216,139 +197,18 @@ def openapi_document(settings: Settings) -> dict[str, Any]:
 
 def job_links(job_id: str, *operations: str) -> dict[str, Any]:
     """OpenAPI links to job operations, their ``job_id`` taken from ``job_id`` (an expression)."""
-    return {
-        operation[0].upper() + operation[1:]: {
-            "operationId": operation,
-            "parameters": {"job_id": job_id},
-        }
-        for operation in operations
-    }
+    return links("job_id", job_id, *operations)
 
 
-def sampling_properties(settings: Settings) -> dict[str, Any]:
-    """Fields shared by the job API and the OpenAI-compatible API (web.validation)."""
-    limits = settings.limits
-    stop_item = {"type": "string", "minLength": 1, "maxLength": limits.max_stop_chars}
-    return {
-        "model": {"type": "string", "enum": sorted(settings.models)},
-        "max_tokens": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": limits.max_tokens_ceiling,
-            "nullable": True,
-        },
-        "temperature": {"type": "number", "minimum": 0, "maximum": 2, "nullable": True},
-        "top_k": {"type": "integer", "minimum": 0, "maximum": 1000, "nullable": True},
-        "top_p": {"type": "number", "minimum": MIN_TOP_P, "maximum": 1, "nullable": True},
-        "stop": {
-            "nullable": True,
-            "oneOf": [
-                stop_item,
-                {"type": "array", "items": stop_item, "maxItems": limits.max_stop_sequences},
-            ],
-        },
-        "seed": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1, "nullable": True},
-        "ignore_eos": {"type": "boolean", "nullable": True},
-        "repetition_penalty": {
-            "type": "number",
-            "minimum": MIN_REPETITION_PENALTY,
-            "maximum": MAX_REPETITION_PENALTY,
-            "nullable": True,
-        },
-    }
-
-
-def _job_request_schema(settings: Settings) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["prompt"],
-        "additionalProperties": False,
-        "properties": {
-            "prompt": {"type": "string"},
-            "webhook_url": {
-                "type": "string",
-                "nullable": True,
-                "description": "POST the finished job here (host must be allowlisted)",
-            },
-            **sampling_properties(settings),
-        },
-    }
-
-
-def _error_schema() -> dict[str, Any]:
-    nullable_string = {"type": "string", "nullable": True}
-    return {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["type", "message"],
-                "properties": {
-                    "type": {"type": "string"},
-                    "message": {"type": "string"},
-                    "param": nullable_string,
-                    "code": nullable_string,
-                },
-            }
-        },
-    }
-
-
-def _job_schema() -> dict[str, Any]:
-    number = {"type": "number", "nullable": True}
-    return {
-        "type": "object",
-        "required": ["id", "model", "status", "output", "usage", "metrics", "created_at"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"type": "string", "enum": ["job"]},
-            "model": {"type": "string"},
-            "status": {"type": "string", "enum": [s.value for s in JobStatus]},
-            "output": {"type": "string"},
-            "finish_reason": {
-                "type": "string",
-                "nullable": True,
-                "enum": [r.value for r in FinishReason],
-            },
-            "usage": {
-                "type": "object",
-                "required": ["prompt_tokens", "completion_tokens"],
-                "properties": {
-                    "prompt_tokens": {"type": "integer"},
-                    "completion_tokens": {"type": "integer"},
-                },
-            },
-            "metrics": {
-                "type": "object",
-                "properties": {
-                    "queue_seconds": number,
-                    "time_to_first_token_seconds": number,
-                    "generation_seconds": number,
-                    "tokens_per_second": number,
-                },
-            },
-            "error": {
-                "type": "object",
-                "nullable": True,
-                "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
-            },
-            "params": {"type": "object"},
-            "created_at": {"type": "number"},
-            "started_at": number,
-            "completed_at": number,
-            "attempts": {"type": "integer"},
-            "urls": {
-                "type": "object",
-                "description": "Absolute URLs of the job (job API responses): stream and ws "
-                "carry a read-only token for this job alone, valid for the result TTL",
-                "required": ["self", "cancel", "stream", "ws"],
-                "properties": {
-                    "self": {"type": "string", "format": "uri"},
-                    "cancel": {"type": "string", "format": "uri"},
-                    "stream": {"type": "string", "format": "uri"},
-                    "ws": {"type": "string", "format": "uri"},
-                },
-            },
-        },
-    }
+def component_schemas(models: RequestModels) -> dict[str, Any]:
+    """Request schemas (as validated) and response schemas (as serialized), with every nested
+    model hoisted into ``components/schemas``."""
+    _, requests = models_json_schema(
+        [(model, "validation") for model in models.all()], ref_template=REF_TEMPLATE
+    )
+    schemas: dict[str, Any] = dict(requests.get("$defs", {}))
+    for name, shape in RESPONSE_MODELS.items():
+        schema = TypeAdapter(shape).json_schema(mode="serialization", ref_template=REF_TEMPLATE)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[name] = schema
+    return schemas

@@ -12,6 +12,7 @@ from flask import Flask, current_app
 
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
+from web.request_models import RequestModels
 from web.stream_tokens import StreamTokens, load_secret
 from worker.config import Settings
 from worker.queueing import make_celery
@@ -30,6 +31,7 @@ class Services:
     celery: Celery
     hub: TokenHub
     rate_limiter: RateLimiter
+    requests: RequestModels  # the request bodies, bound to this configuration's limits
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
@@ -66,6 +68,7 @@ class Services:
             celery=make_celery(settings, settings.models),
             hub=TokenHub(connect_subscriber),
             rate_limiter=RateLimiter(client, settings.rate_limits),
+            requests=RequestModels.bound_to(settings),
         )
 
     def close(self) -> None:

@@ -1,28 +1,27 @@
-"""Turn a JSON job request into validated parameters; every rejection names its field."""
+"""Turn JSON requests into validated parameters; every rejection names its field.
+
+The shapes and bounds live in ``web.request_models`` (the OpenAPI schemas are generated from the
+same classes); this module adds what depends on state: the served models, the prompt's length in
+tokens, and the defaults from configuration.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from web.errors import invalid, not_found
+from web.request_errors import request_error
+from web.request_models import JobRequest as JobRequestModel
+from web.request_models import SamplingFields
 from worker.config import Settings
 from worker.jobs import GenerationParams
 from worker.webhooks import WebhookRejected, check_webhook_url
 
-SAMPLING_FIELDS = frozenset(
-    {"max_tokens", "temperature", "top_k", "top_p", "stop", "seed", "ignore_eos"}
-    | {"repetition_penalty"}
-)
-JOB_FIELDS = frozenset({"prompt", "model", "webhook_url"}) | SAMPLING_FIELDS
-MAX_SEED = 2**63 - 1
-# CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
-MIN_REPETITION_PENALTY = 0.01
-MAX_REPETITION_PENALTY = 10.0
-# CTranslate2 needs 0 < top_p <= 1 in float32.
-MIN_TOP_P = 1e-6
-MAX_TOP_K = 1000
+Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
@@ -33,62 +32,69 @@ class JobRequest:
     webhook_url: str = ""
 
 
-def parse_job_request(body: Any, settings: Settings) -> JobRequest:
-    """Validate a decoded body against the schema and the configured limits (not prompt length)."""
+def validate(model: type[Model], body: Any) -> Model:
+    """``body`` as ``model``, or the 400 that names the first bad field."""
     if not isinstance(body, dict):
         raise invalid("body", "request body must be a JSON object")
-    unknown = sorted(set(body) - JOB_FIELDS)
-    if unknown:
-        raise invalid(unknown[0], f"unknown field {unknown[0]!r}")
-    if "prompt" not in body:
-        raise invalid("prompt", "prompt is required")
-    prompt = body["prompt"]
-    if not isinstance(prompt, str):
-        raise invalid("prompt", "prompt must be a string")
-    require_encodable(prompt, "prompt")
-    model = parse_model(body, settings)
-    params = parse_sampling(body, settings)
-    return JobRequest(model, prompt, params, _webhook_url(body.get("webhook_url"), settings))
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise request_error(exc, model) from None
 
 
-def _webhook_url(value: Any, settings: Settings) -> str:
+def parse_job_request(
+    body: Any, settings: Settings, model: type[JobRequestModel] = JobRequestModel
+) -> JobRequest:
+    """Validate a decoded body against ``model`` and the configuration (not prompt length)."""
+    request = validate(model, body)
+    return JobRequest(
+        served_model(request.model, settings),
+        request.prompt,
+        generation_params(request, settings),
+        _webhook_url(request.webhook_url, settings),
+    )
+
+
+def _webhook_url(value: str | None, settings: Settings) -> str:
     if value is None:
         return ""
-    if not isinstance(value, str):
-        raise invalid("webhook_url", "webhook_url must be a string")
     try:
         return check_webhook_url(value, settings.webhooks)
     except WebhookRejected as exc:
         raise invalid("webhook_url", str(exc)) from exc
 
 
-def parse_model(body: dict[str, Any], settings: Settings) -> str:
-    model = body.get("model", settings.default_model)
-    if not isinstance(model, str):
-        raise invalid("model", "model must be a string")
+def served_model(name: str | None, settings: Settings) -> str:
+    """The model a request names (or the default); 404 for one this deployment does not serve."""
+    model = settings.default_model if name is None else name
     if model not in settings.models:
         raise not_found(f"model {model!r} does not exist", "model", code="model_not_found")
     return model
 
 
-def parse_sampling(
-    body: dict[str, Any], settings: Settings, max_tokens_field: str = "max_tokens"
+def generation_params(
+    request: SamplingFields, settings: Settings, max_tokens: int | None = None
 ) -> GenerationParams:
-    """The sampling fields shared by the native and OpenAI-compatible APIs."""
-    limits = settings.limits
+    """The sampling fields shared by the native and OpenAI-compatible APIs, defaults applied."""
+    if max_tokens is None:
+        max_tokens = request.max_tokens
+    if max_tokens is None:
+        max_tokens = settings.limits.default_max_tokens
+    min_tokens = request.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise invalid("min_tokens", f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})")
     return GenerationParams(
-        max_tokens=_integer(
-            body, max_tokens_field, limits.default_max_tokens, 1, limits.max_tokens_ceiling
+        max_tokens=max_tokens,
+        temperature=1.0 if request.temperature is None else float(request.temperature),
+        top_k=request.top_k or 0,
+        top_p=1.0 if request.top_p is None else float(request.top_p),
+        stop=tuple(request.stop or ()),
+        seed=request.seed,
+        ignore_eos=bool(request.ignore_eos),
+        repetition_penalty=(
+            1.0 if request.repetition_penalty is None else float(request.repetition_penalty)
         ),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_k=_integer(body, "top_k", 0, 0, MAX_TOP_K),
-        top_p=_number(body, "top_p", 1.0, MIN_TOP_P, 1.0),
-        stop=_stop(body.get("stop"), limits.max_stop_sequences, limits.max_stop_chars),
-        seed=optional_integer(body, "seed", 0, MAX_SEED),
-        ignore_eos=boolean(body, "ignore_eos", False),
-        repetition_penalty=_number(
-            body, "repetition_penalty", 1.0, MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY
-        ),
+        min_tokens=min_tokens,
     )
 
 
@@ -106,70 +112,6 @@ def check_prompt_length(
             f"prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds "
             f"the model's context of {context} tokens",
         )
-
-
-def _integer(body: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(name, f"{name} must be an integer")
-    if not low <= value <= high:
-        raise invalid(name, f"{name} must be between {low} and {high}")
-    return value
-
-
-def optional_integer(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
-    if body.get(name) is None:
-        return None
-    return _integer(body, name, 0, low, high)
-
-
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(name, f"{name} must be a number")
-    if not low <= value <= high:
-        raise invalid(name, f"{name} must be in [{low}, {high}]")
-    return float(value)
-
-
-def boolean(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(name, f"{name} must be true or false")
-    return value
-
-
-def _stop(value: Any, max_count: int, max_chars: int) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise invalid("stop", "stop must be a string or a list of strings")
-    if len(stops) > max_count:
-        raise invalid("stop", f"at most {max_count} stop sequences are allowed")
-    for stop in stops:
-        require_encodable(stop, "stop")
-        if not stop:
-            raise invalid("stop", "stop sequences must not be empty")
-        if len(stop) > max_chars:
-            raise invalid("stop", f"stop sequences must be at most {max_chars} characters")
-    return tuple(stops)
-
-
-def require_encodable(text: str, name: str) -> None:
-    """JSON can smuggle lone surrogates (\\ud800) that are not text; refuse them here."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid(
-            name, f"{name} contains an unpaired surrogate at position {exc.start}"
-        ) from exc
 
 
 def parse_wait(header: str | None, max_wait: int) -> float:

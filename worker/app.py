@@ -31,7 +31,7 @@ def create_worker_app() -> Celery:
     app.conf.worker_concurrency = sum(
         settings.model(name).max_batch_size * settings.model(name).inter_threads for name in served
     )
-    register_tasks(app)
+    register_tasks(app, settings.webhooks)
     # Requeued jobs may belong to any model, not only those this worker consumes.
     producer = make_celery(settings, settings.models)
 

@@ -48,18 +48,22 @@ class SamplingKey:
     top_p: float
     repetition_penalty: float
     ignore_eos: bool
+    # CTranslate2's min_length is per call too; a resumed job owes only what it has not generated.
+    min_tokens: int = 0
 
     @classmethod
-    def from_params(cls, params: GenerationParams) -> SamplingKey:
+    def from_params(cls, params: GenerationParams, generated: int = 0) -> SamplingKey:
+        min_tokens = 0 if params.ignore_eos else max(0, params.min_tokens - generated)
         if params.is_greedy:
             # Greedy: CTranslate2 spells it top_k=1; temperature and top_p no longer matter.
-            return cls(1.0, 1, 1.0, params.repetition_penalty, params.ignore_eos)
+            return cls(1.0, 1, 1.0, params.repetition_penalty, params.ignore_eos, min_tokens)
         return cls(
             params.temperature,
             params.top_k,
             params.top_p,
             params.repetition_penalty,
             params.ignore_eos,
+            min_tokens,
         )
 
 
@@ -203,6 +207,7 @@ class Engine:
             top_p=sampling.top_p,
             repetition_penalty=sampling.repetition_penalty,
             ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
             seed=seed,
         )
         flags = self._flags

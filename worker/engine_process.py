@@ -57,6 +57,7 @@ class BatchCommand:
     top_p: float
     repetition_penalty: float
     ignore_eos: bool
+    min_tokens: int = 0
     seed: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -184,6 +185,7 @@ class EngineRunner:
             return_scores=True,  # the sampled token's log-probability reaches the callback
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else None,
+            min_length=command.min_tokens,
             callback=callback,
         )
 
@@ -208,6 +210,8 @@ class EngineRunner:
             )
             logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
             logits = apply_repetition_penalty(logits, ids, command.repetition_penalty)
+            if step < command.min_tokens:
+                logits[self.tokenizer.eos_id] = -np.inf
             token_id = sample_token(logits, command.temperature, command.top_k, command.top_p, rng)
             logprob = float(log_softmax(logits)[token_id])
             at_end = token_id == self.tokenizer.eos_id and not command.ignore_eos

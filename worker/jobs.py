@@ -10,7 +10,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
+
+from typing_extensions import TypedDict
 
 MIN_SAMPLING_TEMPERATURE = 1e-5
 # Celery priorities on the Redis transport: 0 is fetched first.
@@ -61,13 +63,14 @@ class GenerationParams:
     seed: int | None = None
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
+    min_tokens: int = 0  # vLLM's: the end token cannot come before this many tokens
 
     @property
     def is_greedy(self) -> bool:
         # A temperature that rounds to zero in float32 is greedy decoding, not a division by 0.
         return self.temperature < MIN_SAMPLING_TEMPERATURE or self.top_k == 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ParamsObject:
         return {
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
@@ -77,6 +80,7 @@ class GenerationParams:
             "seed": self.seed,
             "ignore_eos": self.ignore_eos,
             "repetition_penalty": self.repetition_penalty,
+            "min_tokens": self.min_tokens,
         }
 
     @classmethod
@@ -90,7 +94,56 @@ class GenerationParams:
             seed=None if data.get("seed") is None else int(data["seed"]),
             ignore_eos=bool(data.get("ignore_eos", False)),
             repetition_penalty=float(data.get("repetition_penalty", 1.0)),
+            min_tokens=int(data.get("min_tokens", 0)),
         )
+
+
+class JobErrorObject(TypedDict):
+    type: str
+    message: str
+
+
+class UsageObject(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class JobMetrics(TypedDict):
+    queue_seconds: float | None
+    time_to_first_token_seconds: float | None
+    generation_seconds: float | None
+    tokens_per_second: float | None
+
+
+class ParamsObject(TypedDict):
+    max_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    stop: list[str]
+    seed: int | None
+    ignore_eos: bool
+    repetition_penalty: float
+    min_tokens: int
+
+
+class JobObject(TypedDict):
+    """The public job object (``Job.to_dict``); the API's Job schema is generated from it."""
+
+    id: str
+    object: Literal["job"]
+    model: str
+    status: JobStatus
+    output: str
+    finish_reason: FinishReason | None
+    usage: UsageObject
+    metrics: JobMetrics
+    error: JobErrorObject | None
+    params: ParamsObject
+    created_at: float
+    started_at: float | None
+    completed_at: float | None
+    attempts: int
 
 
 @dataclass(frozen=True)
@@ -98,7 +151,7 @@ class JobError:
     type: str
     message: str
 
-    def to_dict(self) -> dict[str, str]:
+    def to_dict(self) -> JobErrorObject:
         return {"type": self.type, "message": self.message}
 
     @classmethod
@@ -111,7 +164,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> UsageObject:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
 
 
@@ -145,7 +198,7 @@ class Job:
     prompt_ids: tuple[int, ...] = ()
     trace_context: str = ""
 
-    def metrics(self) -> dict[str, float | None]:
+    def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission."""
 
         def span(start: float | None, end: float | None) -> float | None:
@@ -162,15 +215,15 @@ class Job:
             "tokens_per_second": tokens_per_second,
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JobObject:
         """The public job object served by the API (the prompt is not echoed back)."""
         return {
             "id": self.id,
             "object": "job",
             "model": self.model,
-            "status": self.status.value,
+            "status": self.status,  # a str enum: JSON writes its value
             "output": self.output,
-            "finish_reason": self.finish_reason.value if self.finish_reason else None,
+            "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
             "metrics": self.metrics(),
             "error": self.error.to_dict() if self.error else None,

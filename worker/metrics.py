@@ -7,6 +7,7 @@ the Redis writes happen off the hot path, one pipeline per flush.
 from __future__ import annotations
 
 import bisect
+import json
 import threading
 from collections import defaultdict
 
@@ -17,7 +18,16 @@ from worker.metric_defs import Counter, Histogram
 
 
 def label_string(labels: dict[str, str]) -> str:
-    return ",".join(f'{name}="{value}"' for name, value in sorted(labels.items()))
+    """Labels as stored in a Redis hash field: JSON, so any value (quotes, ``|``) survives."""
+    return json.dumps(sorted(labels.items()), separators=(",", ":"))
+
+
+def parse_labels(stored: str) -> dict[str, str] | None:
+    """The labels of a stored field; None for one this version cannot read."""
+    try:
+        return {str(name): str(value) for name, value in json.loads(stored)}
+    except (ValueError, TypeError):
+        return None
 
 
 def count_now(client: redis.Redis, counter: Counter, amount: float = 1, **labels: str) -> None:

@@ -101,7 +101,8 @@ def make_scheduled_job(
     # A seed matters only when sampling; greedy jobs batch with everyone.
     seed = None if params.is_greedy else params.seed
     remaining = params.max_tokens - resume.count
-    request = EngineRequest(prompt_ids, remaining, SamplingKey.from_params(params), seed)
+    sampling = SamplingKey.from_params(params, generated=resume.count)
+    request = EngineRequest(prompt_ids, remaining, sampling, seed)
     return ScheduledJob(job_id, fence, request, state, deadline, priority=priority)
 
 
@@ -193,9 +194,10 @@ class BatchScheduler:
             return
         best: tuple[float, RunningBatch] | None = None
         for batch in self._running:
-            if batch.restart or batch.steps == 0 or batch.requests[0].seed is not None:
-                continue
             sampling = batch.requests[0].sampling
+            # A restart would change what a seeded or min_tokens sequence owes the engine.
+            if batch.restart or batch.steps == 0 or not _restartable(batch.requests[0]):
+                continue
             newcomers = [job for job in self._pending if _batches_with(job, sampling)]
             live = sum(1 for job in batch.jobs if not job.state.finished)
             if not newcomers or live + len(newcomers) > self._max_batch_size:
@@ -321,6 +323,10 @@ class BatchScheduler:
             # Ended without a final callback (a stop seen after the last step, a short batch).
             job.state.finish_without_token(job.state.stop_requested or FinishReason.LENGTH)
             job.ended.set()
+
+
+def _restartable(request: EngineRequest) -> bool:
+    return request.seed is None and request.sampling.min_tokens == 0
 
 
 def _batches_with(job: ScheduledJob, sampling: SamplingKey) -> bool:

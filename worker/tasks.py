@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 
-from celery import Celery, Task
+from celery import Celery
 
 from worker import keys
 from worker.runtime import WorkerRuntime
+from worker.config import WebhookSettings
 from worker.webhooks import WebhookFailed, WebhookRejected
 
 log = logging.getLogger(__name__)
+WEBHOOK_BACKOFF_CAP_SECONDS = 60
 
 _runtime: WorkerRuntime | None = None
 
@@ -26,28 +28,25 @@ def current_runtime() -> WorkerRuntime:
     return _runtime
 
 
-def register_tasks(app: Celery) -> None:
+def register_tasks(app: Celery, webhooks: WebhookSettings) -> None:
     @app.task(name=keys.GENERATE_TASK, ignore_result=True)
     def generate(job_id: str) -> None:
         """Run one job; acked only after its result is stored (acks_late)."""
         current_runtime().run_job(job_id)
 
-    @app.task(name=keys.WEBHOOK_TASK, ignore_result=True, bind=True, max_retries=None)
-    def webhook(task: Task, job_id: str) -> None:
-        """Deliver a finished job to its webhook, retrying with backoff (1, 2, 4... s)."""
-        runtime = current_runtime()
-        settings = runtime.settings.webhooks
+    # Celery's own exponential backoff: 1, 2, 4... s with full jitter, capped, then given up.
+    @app.task(
+        name=keys.WEBHOOK_TASK,
+        ignore_result=True,
+        autoretry_for=(WebhookFailed,),
+        retry_backoff=1,
+        retry_backoff_max=WEBHOOK_BACKOFF_CAP_SECONDS,
+        retry_jitter=True,
+        max_retries=max(webhooks.max_attempts - 1, 0),
+    )
+    def webhook(job_id: str) -> None:
+        """Deliver a finished job to its webhook; a receiver that refuses it is not retried."""
         try:
-            runtime.deliver_webhook(job_id)
+            current_runtime().deliver_webhook(job_id)
         except WebhookRejected as exc:
             log.error("webhook for %s given up: %s", job_id, exc)  # retrying cannot help
-        except WebhookFailed as exc:
-            if task.request.retries + 1 >= settings.max_attempts:
-                log.error(
-                    "webhook for %s given up after %d attempts: %s",
-                    job_id,
-                    settings.max_attempts,
-                    exc,
-                )
-                return
-            raise task.retry(exc=exc, countdown=2**task.request.retries) from exc

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -104,7 +105,7 @@ def _connect_to(
     return socket.create_connection((address, target[1]), timeout, source)
 
 
-def deliver(url: str, payload: dict[str, Any], settings: WebhookSettings) -> int:
+def deliver(url: str, payload: Mapping[str, Any], settings: WebhookSettings) -> int:
     """One delivery attempt; returns the receiver's status, raises WebhookFailed (retry) or
     WebhookRejected (never: the URL or its address is not one Trickle may call)."""
     check_webhook_url(url, settings)

@@ -1,0 +1,18 @@
+"""/metrics as the tests read it: parsed by prometheus_client's own parser, so output it cannot
+read fails the test (label escaping included)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """``{'name{label="value",...}': value}``, labels sorted with a bucket's ``le`` last
+    (``name{}`` when it has none)."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            ordered = sorted(sample.labels.items(), key=lambda kv: (kv[0] == "le", kv[0]))
+            labels = ",".join(f'{k}="{v}"' for k, v in ordered)
+            samples[f"{sample.name}{{{labels}}}"] = float(sample.value)
+    return samples
