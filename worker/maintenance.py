@@ -11,26 +11,49 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import redis
 
 from worker import capacity, keys, reclaim
+from worker.config import Settings
+from worker.in_flight import InFlight
 from worker.joblog import log_job_event
+from worker.jobs import FinishReason, JobError
 from worker.metric_defs import JOBS
-
-if TYPE_CHECKING:
-    from worker.runtime import WorkerRuntime
+from worker.metrics import MetricsRecorder
+from worker.store import JobStore, RecoveryOutcome
 
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
 METRICS_FLUSH_SECONDS = 2.0
+LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
+
+
+@dataclass
+class WorkerDuties:
+    """What the maintenance loop works on: this worker's identity, its jobs and its Redis."""
+
+    settings: Settings
+    node_name: str
+    models: tuple[str, ...]  # the models this worker serves
+    redis: redis.Redis
+    store: JobStore
+    metrics: MetricsRecorder
+    in_flight: InFlight
+    slot_usage: Callable[[], dict[str, tuple[int, int]]]
+    requeue: Callable[[str], str]  # job id -> its model, after putting it back on its queue
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.settings.worker.lease_seconds * 1000)
 
 
 class Maintenance:
-    def __init__(self, runtime: WorkerRuntime):
-        self._runtime = runtime
+    def __init__(self, duties: WorkerDuties):
+        self._runtime = duties
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trickle-maintenance", daemon=True)
         self._next: dict[str, float] = {}
@@ -54,7 +77,7 @@ class Maintenance:
         """Leave the per-model worker sets so /readyz stops counting this worker at once."""
         runtime = self._runtime
         try:
-            for name in runtime.engines:
+            for name in runtime.models:
                 runtime.redis.zrem(keys.model_workers(name), runtime.node_name)
             runtime.redis.delete(keys.worker_slots(runtime.node_name))
         except redis.RedisError:
@@ -87,31 +110,34 @@ class Maintenance:
         now = time.time()
         stale = now - runtime.settings.worker.heartbeat_ttl_seconds
         pipe = runtime.redis.pipeline(transaction=False)
-        for name in runtime.engines:
+        for name in runtime.models:
             pipe.zadd(keys.model_workers(name), {runtime.node_name: now})
             pipe.zremrangebyscore(keys.model_workers(name), "-inf", stale)
         ttl = runtime.settings.worker.heartbeat_ttl_seconds
-        usage, idle_since = runtime.slot_usage(), runtime.idle_since()
+        usage, idle_since = runtime.slot_usage(), runtime.in_flight.idle_since()
         capacity.publish_slots(pipe, runtime.node_name, usage, idle_since, ttl)
         pipe.execute()
 
     def renew_leases(self) -> None:
         runtime = self._runtime
-        lost = runtime.store.renew(runtime.leases(), runtime.lease_ms)
-        runtime.lease_lost(lost)
+        for job_id in runtime.store.renew(runtime.in_flight.leases(), runtime.lease_ms):
+            log.warning("job %s: lease lost; stopping this copy", job_id)
+            runtime.in_flight.stop(job_id, FinishReason.ERROR, LEASE_LOST)
 
     def sweep(self) -> None:
         runtime = self._runtime
         now = time.time()
         for job_id, outcome in runtime.store.recover_orphans(now).items():
-            if outcome == "requeued":
+            if outcome is RecoveryOutcome.REQUEUED:
                 model = runtime.requeue(job_id)
             else:
-                model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
-            log_job_event("worker_lost", job_id, model, outcome=outcome, swept_by=runtime.node_name)
-            if outcome == "canceled":
+                model = runtime.store.model_of(job_id)
+            log_job_event(
+                "worker_lost", job_id, model, outcome=outcome.value, swept_by=runtime.node_name
+            )
+            if outcome is RecoveryOutcome.CANCELED:
                 runtime.metrics.count(JOBS, model=model, status="canceled")
         for job_id in runtime.store.expire_queued(now):
-            model = str(runtime.redis.hget(keys.job(job_id), "model") or "unknown")
+            model = runtime.store.model_of(job_id)
             log_job_event("expired_in_queue", job_id, model)
             runtime.metrics.count(JOBS, model=model, status="failed")

@@ -8,42 +8,32 @@ lost its lease can never write over the one that took the job over.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 import redis
 
 from worker import keys
+from worker.accounting import account_finished
 from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
 from worker.events import TokenEvent
+from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
 from worker.jobs import FinishReason, Job, JobError, JobStatus
-from worker.maintenance import Maintenance
-from worker.metric_defs import (
-    BATCH_SIZE,
-    E2E_LATENCY,
-    INTER_TOKEN_LATENCY,
-    JOBS,
-    QUEUE_TIME,
-    TIME_TO_FIRST_TOKEN,
-    TOKENS,
-)
+from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
+from worker.metric_defs import BATCH_SIZE, JOBS, QUEUE_TIME
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
 from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
-from worker.store import Claim, JobResult, JobStore
+from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
 from worker.tracing import JobTimeline, Tracing
-from worker.webhooks import deliver
 
 log = logging.getLogger(__name__)
-
-LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
 
 # (job id, model, priority) -> put the job id on the model's queue again.
 Enqueue = Callable[[str, str, int], None]
@@ -78,16 +68,13 @@ class WorkerRuntime:
         self._enqueue = enqueue
         self._notify = notify or (lambda job_id: None)
         self.metrics = MetricsRecorder()
-        self._in_flight: dict[str, ScheduledJob] = {}
-        self._in_flight_models: dict[str, str] = {}
-        self._idle_since = time.time()
+        self.in_flight = InFlight()
         self.cold_start = ColdStart()
-        self._lock = threading.Lock()
         self.publisher = TokenPublisher(
             self.store,
             self._cancel_requested,
             self._lease_lost,
-            self._first_published if self.tracing.enabled else None,
+            self.in_flight.first_published if self.tracing.enabled else None,
         )
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}
@@ -107,30 +94,31 @@ class WorkerRuntime:
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
-        self.maintenance = Maintenance(self)
+        self.duties = WorkerDuties(
+            settings,
+            node_name,
+            tuple(self.engines),
+            self.redis,
+            self.store,
+            self.metrics,
+            self.in_flight,
+            self.slot_usage,
+            self.requeue,
+        )
+        self.maintenance = Maintenance(self.duties)
 
     @property
     def lease_ms(self) -> int:
-        return int(self.settings.worker.lease_seconds * 1000)
+        return self.duties.lease_ms
 
     def start(self) -> None:
         """Heartbeats, lease renewal and the orphan sweep start once the worker is ready."""
         self.cold_start.ready()
         self.maintenance.start()
 
-    def leases(self) -> dict[str, str]:
-        with self._lock:
-            return {job_id: job.fence for job_id, job in self._in_flight.items()}
-
-    def idle_since(self) -> float:
-        """When this worker last ran a job (its start if none yet); 0 while it runs one."""
-        with self._lock:
-            return 0.0 if self._in_flight_models else self._idle_since
-
     def slot_usage(self) -> dict[str, tuple[int, int]]:
         """(busy, total) task slots per served model, for the autoscaler (see capacity)."""
-        with self._lock:
-            running = list(self._in_flight_models.values())
+        running = self.in_flight.running_models()
         return {
             name: (running.count(name), slots_per_worker(engine.settings))
             for name, engine in self.engines.items()
@@ -149,7 +137,8 @@ class WorkerRuntime:
         for model, scheduler in self.schedulers.items():
             for job in scheduler.take_pending():
                 try:
-                    if self.store.release(job.job_id, job.fence, time.time()) == "queued":
+                    released = self.store.release(job.job_id, job.fence, time.time())
+                    if released is ReleaseOutcome.QUEUED:
                         self._enqueue(job.job_id, model, job.priority)
                         handed += 1
                 except redis.RedisError as exc:
@@ -183,9 +172,9 @@ class WorkerRuntime:
             f"claim {job_id}",
         )
         if not claim.claimed:
-            log.info("job %s not run: %s", job_id, claim.outcome)
-            if claim.outcome == "poisoned":
-                self.metrics.count(JOBS, model=self._model_of(job_id), status="failed")
+            log.info("job %s not run: %s", job_id, claim.outcome.value)
+            if claim.outcome is ClaimOutcome.POISONED:
+                self.metrics.count(JOBS, model=self.store.model_of(job_id), status="failed")
             return
         timeline.claimed = time.time()
         job = claim.job
@@ -215,10 +204,7 @@ class WorkerRuntime:
             return
         timeline.scheduled = time.time()
         scheduled.ended.wait()
-        with self._lock:
-            self._in_flight.pop(job_id, None)
-            self._in_flight_models.pop(job_id, None)
-            self._idle_since = time.time()
+        self.in_flight.remove(job_id)
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
@@ -252,53 +238,13 @@ class WorkerRuntime:
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
-        model = job.model
-        self.metrics.count(JOBS, model=model, status=result.status.value)
-        generated = result.completion_tokens - resumed
-        self.metrics.count(TOKENS, max(generated, 0), model=model)
-        e2e = result.completed_at - job.created_at
-        self.metrics.observe(E2E_LATENCY, e2e, model=model)
-        timings: dict[str, float] = {"e2e_seconds": e2e}
-        first, last = (
-            (scheduled.first_token_at, scheduled.last_token_at) if scheduled else (None, None)
-        )
-        if first is not None and resumed == 0:
-            timings["ttft_seconds"] = first - job.created_at
-            self.metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
-        if scheduled is not None:
-            timings["tokens_after_end"] = scheduled.tokens_after_end
-        if first is not None and last is not None and generated > 1:
-            timings["itl_seconds"] = (last - first) / (generated - 1)
-            self.metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)
-            timings["tokens_per_second"] = (generated - 1) / max(last - first, 1e-9)
-        log_job_event(
-            "finished",
-            job.id,
-            model,
-            status=result.status.value,
-            finish_reason=result.finish_reason.value,
-            attempt=claim.attempt,
-            prompt_tokens=job.usage.prompt_tokens,
-            completion_tokens=result.completion_tokens,
-            error=result.error.type if result.error else None,
-            **timings,
-        )
-
-    def deliver_webhook(self, job_id: str) -> None:
-        job = self.store.get(job_id)
-        if job is None or not job.webhook_url:
-            return
-        deliver(job.webhook_url, job.to_dict(), self.settings.webhooks)
-        log_job_event("webhook_delivered", job.id, job.model, url=job.webhook_url)
+        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:
             self.metrics.observe(BATCH_SIZE, size, model=model)
 
         return observe
-
-    def _model_of(self, job_id: str) -> str:
-        return str(self.redis.hget(keys.job(job_id), "model") or "unknown")
 
     def _schedule(self, job: Job, events: list[TokenEvent], claim: Claim) -> ScheduledJob:
         """Build the job's engine request, resuming after whatever was already streamed."""
@@ -323,9 +269,7 @@ class WorkerRuntime:
             scheduled.state.finish_without_token(FinishReason.LENGTH)
             scheduled.ended.set()
             return scheduled
-        with self._lock:
-            self._in_flight[job.id] = scheduled
-            self._in_flight_models[job.id] = job.model
+        self.in_flight.add(scheduled, job.model)
         self.schedulers[job.model].submit(scheduled)
         return scheduled
 
@@ -338,12 +282,6 @@ class WorkerRuntime:
                 f"exceeds the model's context of {limit} tokens"
             )
 
-    def _first_published(self, job_id: str, stored_at: float) -> None:
-        with self._lock:
-            scheduled = self._in_flight.get(job_id)
-        if scheduled is not None and scheduled.first_published_at is None:
-            scheduled.first_published_at = stored_at
-
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)
 
@@ -351,12 +289,5 @@ class WorkerRuntime:
         log.warning("job %s: lease lost; stopping this copy", job_id)
         self._stop(job_id, FinishReason.ERROR, LEASE_LOST)
 
-    def lease_lost(self, job_ids: list[str]) -> None:
-        for job_id in job_ids:
-            self._lease_lost(job_id)
-
     def _stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
-        with self._lock:
-            scheduled = self._in_flight.get(job_id)
-        if scheduled is not None:
-            scheduled.state.request_stop(reason, error)
+        self.in_flight.stop(job_id, reason, error)

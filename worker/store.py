@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 
 from worker import keys, scripts
 from worker.events import StepMessage, TokenEvent
@@ -37,11 +38,38 @@ class CancelOutcome(str, Enum):
     ALREADY_FINISHED = "finished"
 
 
+class ClaimOutcome(str, Enum):
+    CLAIMED = "claimed"
+    MISSING = "missing"
+    POISONED = "poisoned"  # it killed too many workers already: failed, not run again
+    # It is no longer queued: another copy of the message, or it was canceled or expired.
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+class ReleaseOutcome(str, Enum):
+    """What handing a claimed job back did (graceful shutdown)."""
+
+    QUEUED = "queued"  # back in the queue: enqueue its message again
+    CANCELED = "canceled"  # a cancel was pending: it ended instead
+    LOST = "lost"  # the lease was not ours any more
+
+
+class RecoveryOutcome(str, Enum):
+    """What the sweep did with a running job whose worker's lease lapsed."""
+
+    REQUEUED = "requeued"
+    CANCELED = "canceled"  # a cancel was pending: it ended instead of running again
+    GONE = "gone"  # it had finished meanwhile
+
+
 @dataclass(frozen=True)
 class Claim:
     """The result of trying to take a job: ``claimed`` with a fence, or why not."""
 
-    outcome: str  # claimed | missing | poisoned | the status the job already had
+    outcome: ClaimOutcome
     attempt: int
     fence: str
     # Read in the same round trip as the claim: the job and the length of its replay log.
@@ -50,7 +78,7 @@ class Claim:
 
     @property
     def claimed(self) -> bool:
-        return self.outcome == "claimed"
+        return self.outcome is ClaimOutcome.CLAIMED
 
 
 @dataclass(frozen=True)
@@ -150,7 +178,7 @@ class JobStore:
             self._queue_create(pipe, job)
         pipe.execute()
 
-    def _queue_create(self, pipe: Any, job: Job) -> None:
+    def _queue_create(self, pipe: Pipeline, job: Job) -> None:
         fields: dict[Any, Any] = {
             "id": job.id,
             "model": job.model,
@@ -175,6 +203,10 @@ class JobStore:
         # Long enough to stay queued, then to be read as expired for a result TTL.
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
         pipe.zadd(keys.QUEUED_JOBS, {job.id: job.created_at + self.queued_ttl_seconds})
+
+    def model_of(self, job_id: str) -> str:
+        """The job's model, for metrics and logs ("unknown" once the job has expired)."""
+        return str(self.redis.hget(keys.job(job_id), "model") or "unknown")
 
     def get(self, job_id: str) -> Job | None:
         job, _events = self.snapshot(job_id, 0)
@@ -261,9 +293,11 @@ class JobStore:
         raw_fields, logged = rest if rest else ([], 0)
         attempt = int(attempt)
         if outcome != "claimed":
-            return Claim(str(outcome), attempt, "")
+            return Claim(ClaimOutcome(outcome), attempt, "")
         fields = dict(zip(raw_fields[::2], raw_fields[1::2], strict=True))
-        return Claim("claimed", attempt, f"{node}:{attempt}", _job_from_hash(fields), int(logged))
+        return Claim(
+            ClaimOutcome.CLAIMED, attempt, f"{node}:{attempt}", _job_from_hash(fields), int(logged)
+        )
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
         """The whole replay log (to resume a job whose previous worker died mid-stream)."""
@@ -282,7 +316,7 @@ class JobStore:
         results = pipe.execute()
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
-    def release(self, job_id: str, fence: str, now: float) -> str:
+    def release(self, job_id: str, fence: str, now: float) -> ReleaseOutcome:
         """Hand a claimed, not yet started job back (graceful shutdown).
 
         Returns "queued" (requeue it), "canceled" (a cancel was pending) or "lost" (not ours).
@@ -300,12 +334,14 @@ class JobStore:
                 _changed(job_id),
             ],
         )
-        return {1: "queued", 2: "canceled"}.get(int(outcome), "lost")
+        return {1: ReleaseOutcome.QUEUED, 2: ReleaseOutcome.CANCELED}.get(
+            int(outcome), ReleaseOutcome.LOST
+        )
 
-    def recover_orphans(self, now: float) -> dict[str, str]:
+    def recover_orphans(self, now: float) -> dict[str, RecoveryOutcome]:
         """Requeue running jobs whose lease expired (their worker died): id -> outcome."""
         running = [str(job_id) for job_id in self.redis.zrange(keys.RUNNING_JOBS, 0, -1)]
-        outcomes: dict[str, str] = {}
+        outcomes: dict[str, RecoveryOutcome] = {}
         for job_id in running:
             outcome = self._scripts["RECOVER"](
                 keys=_ownership_keys(job_id),
@@ -320,7 +356,7 @@ class JobStore:
                 ],
             )
             if outcome != "alive":
-                outcomes[job_id] = str(outcome)
+                outcomes[job_id] = RecoveryOutcome(outcome)
         return outcomes
 
     def expire_queued(self, now: float) -> list[str]:
@@ -352,7 +388,7 @@ class JobStore:
     def set_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
         self.redis.hset(keys.job(job_id), "prompt_tokens", str(prompt_tokens))
 
-    def queue_step(self, pipe: Any, appends: Sequence[StepAppend]) -> None:
+    def queue_step(self, pipe: Pipeline, appends: Sequence[StepAppend]) -> None:
         """Add one flush of tokens to ``pipe``: one script, one PUBLISH, fenced per job."""
         script_keys: list[str] = [keys.EVENTS_CHANNEL]
         args: list[Any] = [len(appends)]
@@ -381,7 +417,7 @@ class JobStore:
             cancel_requested=[a.job_id for a, flag in zip(appends, cancels, strict=True) if flag],
         )
 
-    def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
+    def queue_finish(self, pipe: Pipeline, job_id: str, fence: str, result: JobResult) -> None:
         """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
         args: list[Any] = [
             job_id,

@@ -7,9 +7,9 @@ import logging
 from celery import Celery
 
 from worker import keys
-from worker.runtime import WorkerRuntime
 from worker.config import WebhookSettings
-from worker.webhooks import WebhookFailed, WebhookRejected
+from worker.runtime import WorkerRuntime
+from worker.webhooks import WebhookFailed, WebhookRejected, deliver_job
 
 log = logging.getLogger(__name__)
 WEBHOOK_BACKOFF_CAP_SECONDS = 60
@@ -47,6 +47,7 @@ def register_tasks(app: Celery, webhooks: WebhookSettings) -> None:
     def webhook(job_id: str) -> None:
         """Deliver a finished job to its webhook; a receiver that refuses it is not retried."""
         try:
-            current_runtime().deliver_webhook(job_id)
+            runtime = current_runtime()
+            deliver_job(runtime.store, job_id, runtime.settings.webhooks)
         except WebhookRejected as exc:
             log.error("webhook for %s given up: %s", job_id, exc)  # retrying cannot help

@@ -23,6 +23,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from worker.config import WebhookSettings
+from worker.joblog import log_job_event
+from worker.store import JobStore
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -141,3 +143,12 @@ def deliver(url: str, payload: Mapping[str, Any], settings: WebhookSettings) -> 
     if not 200 <= status < 300:
         raise WebhookFailed(f"webhook to {parts.hostname} answered {status}")
     return status
+
+
+def deliver_job(store: JobStore, job_id: str, settings: WebhookSettings) -> None:
+    """Deliver a finished job to its webhook (a no-op once it has expired or has none)."""
+    job = store.get(job_id)
+    if job is None or not job.webhook_url:
+        return
+    deliver(job.webhook_url, job.to_dict(), settings)
+    log_job_event("webhook_delivered", job.id, job.model, url=job.webhook_url)

@@ -1,0 +1,54 @@
+"""What a finished job leaves behind besides its stored result: metrics and one job-log line."""
+
+from __future__ import annotations
+
+from worker.joblog import log_job_event
+from worker.jobs import Job
+from worker.metric_defs import E2E_LATENCY, INTER_TOKEN_LATENCY, JOBS, TIME_TO_FIRST_TOKEN, TOKENS
+from worker.metrics import MetricsRecorder
+from worker.scheduler import ScheduledJob
+from worker.store import JobResult
+
+
+def account_finished(
+    metrics: MetricsRecorder,
+    job: Job,
+    attempt: int,
+    result: JobResult,
+    scheduled: ScheduledJob | None,
+    resumed: int,
+) -> None:
+    """Count the job and its tokens, observe its latencies, and log how it ended.
+
+    Tokens streamed by an earlier attempt (``resumed``) were counted by that attempt, and a
+    resumed job's first token is not this attempt's: its TTFT is not observed.
+    """
+    model = job.model
+    metrics.count(JOBS, model=model, status=result.status.value)
+    generated = result.completion_tokens - resumed
+    metrics.count(TOKENS, max(generated, 0), model=model)
+    e2e = result.completed_at - job.created_at
+    metrics.observe(E2E_LATENCY, e2e, model=model)
+    timings: dict[str, float] = {"e2e_seconds": e2e}
+    first, last = (scheduled.first_token_at, scheduled.last_token_at) if scheduled else (None, None)
+    if first is not None and resumed == 0:
+        timings["ttft_seconds"] = first - job.created_at
+        metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
+    if scheduled is not None:
+        timings["tokens_after_end"] = scheduled.tokens_after_end
+    if first is not None and last is not None and generated > 1:
+        timings["itl_seconds"] = (last - first) / (generated - 1)
+        metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)
+        timings["tokens_per_second"] = (generated - 1) / max(last - first, 1e-9)
+    log_job_event(
+        "finished",
+        job.id,
+        model,
+        status=result.status.value,
+        finish_reason=result.finish_reason.value,
+        attempt=attempt,
+        prompt_tokens=job.usage.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        error=result.error.type if result.error else None,
+        **timings,
+    )

@@ -1,0 +1,57 @@
+"""The jobs a worker process is running right now, shared by its task threads and its
+maintenance loop: which leases to renew, whom to stop, and whether the worker is idle."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from worker.jobs import FinishReason, JobError
+from worker.scheduler import ScheduledJob
+
+
+class InFlight:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, ScheduledJob] = {}
+        self._models: dict[str, str] = {}
+        self._idle_since = time.time()
+
+    def add(self, job: ScheduledJob, model: str) -> None:
+        with self._lock:
+            self._jobs[job.job_id] = job
+            self._models[job.job_id] = model
+
+    def remove(self, job_id: str) -> None:
+        with self._lock:
+            self._jobs.pop(job_id, None)
+            self._models.pop(job_id, None)
+            self._idle_since = time.time()
+
+    def leases(self) -> dict[str, str]:
+        """job id -> the fence this worker holds its lease with."""
+        with self._lock:
+            return {job_id: job.fence for job_id, job in self._jobs.items()}
+
+    def idle_since(self) -> float:
+        """When this worker last ran a job (its start if none yet); 0 while it runs one."""
+        with self._lock:
+            return 0.0 if self._models else self._idle_since
+
+    def running_models(self) -> list[str]:
+        """The model of every running job (a model appears once per job)."""
+        with self._lock:
+            return list(self._models.values())
+
+    def stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
+        """Ask a running job to end at its next token (no-op for one not running here)."""
+        with self._lock:
+            scheduled = self._jobs.get(job_id)
+        if scheduled is not None:
+            scheduled.state.request_stop(reason, error)
+
+    def first_published(self, job_id: str, stored_at: float) -> None:
+        with self._lock:
+            scheduled = self._jobs.get(job_id)
+        if scheduled is not None and scheduled.first_published_at is None:
+            scheduled.first_published_at = stored_at
