@@ -12,12 +12,12 @@ URLs are absolute, built from the request's own scheme and ``Host`` (the app tru
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from flask import Flask, request
 
 from web.auth import grant_stream_read
 from web.errors import ApiError
+from web.response_models import JobObject, JobUrls, JobWithUrls
 from web.services import services
 
 TOKEN_PARAM = "token"
@@ -50,7 +50,7 @@ def install_stream_access(app: Flask) -> None:
         grant_stream_read(job_id)
 
 
-def job_urls(job_id: str) -> dict[str, str]:
+def job_urls(job_id: str) -> JobUrls:
     """Absolute URLs of a job; the stream ones carry a fresh token valid for the result TTL."""
     svc = services()
     expires_at = int(time.time()) + svc.settings.limits.result_ttl_seconds
@@ -66,5 +66,6 @@ def job_urls(job_id: str) -> dict[str, str]:
     }
 
 
-def with_urls(job_object: dict[str, Any], job_id: str) -> dict[str, Any]:
-    return {**job_object, "urls": job_urls(job_id)}
+def with_urls(job_object: JobObject, job_id: str) -> JobWithUrls:
+    described: JobWithUrls = {**job_object, "urls": job_urls(job_id)}
+    return described
