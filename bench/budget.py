@@ -29,7 +29,7 @@ from bench.stack import HOST, Stack
 from bench.stats import percentile, summary
 from trickle.otlp_sink import ReceivedSpan, SpanSink
 from worker.config import PROJECT_ROOT, available_cores
-from worker.model_hints import resolve_compute_type
+from worker.engine.model_hints import resolve_compute_type
 
 ENGINE_RUNS = 10  # per engine variant: the medians settle quickly, and five variants run
 HOPS = (

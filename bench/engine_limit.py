@@ -16,7 +16,7 @@ from bench.log import progress
 from bench.models import PreparedModel
 from bench.params import RunParams
 from bench.stats import median, summary
-from worker.model_hints import resolve_compute_type
+from worker.engine.model_hints import resolve_compute_type
 
 
 def load_generator(model: PreparedModel, params: RunParams) -> ctranslate2.Generator:

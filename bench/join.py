@@ -25,9 +25,9 @@ from bench.models import MODELS_DIR
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker.config import ModelSettings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
-from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.store import JobStore
 
 MODEL_DIRS = {"demo": MODELS_DIR / "demo", "bench": MODELS_DIR / "bench-33m-v2000"}

@@ -24,7 +24,7 @@ from worker.config import DEFAULT_MODEL_DIR, Settings, load_settings
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """The demo model, built once (it is also what `make up` serves)."""
-    from worker.demo_model import build_demo_model
+    from trickle.model_builders.demo import build_demo_model
 
     return build_demo_model(DEFAULT_MODEL_DIR)
 
@@ -32,7 +32,7 @@ def demo_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small random-weight Llama-style model (RMSNorm, rotary, SwiGLU), demo tokenizer."""
-    from worker.random_model import build_random_llama
+    from trickle.model_builders.random_llama import build_random_llama
 
     return build_random_llama(
         tmp_path_factory.mktemp("tiny-llama"), demo_model_dir / "tokenizer.model"

@@ -15,9 +15,9 @@ import redis
 from tests.faultstack import wait_for
 from worker.config import ModelSettings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
-from worker.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.store import JobStore
 
 PROMPTS = [
@@ -40,6 +40,7 @@ class Harness:
         max_batch_size: int,
         wait_ms: float,
         rebatch_max_stall_ms: float = 0.0,
+        quiet_start_after_ms: float = 0.0,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
@@ -50,6 +51,7 @@ class Harness:
             max_batch_size,
             max_batch_wait_ms=wait_ms,
             rebatch_max_stall_ms=rebatch_max_stall_ms,
+            quiet_start_after_ms=quiet_start_after_ms,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:
@@ -248,3 +250,21 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
         indexes = [json.loads(entry)["index"] for entry in entries]
         assert indexes == list(range(job.state.count))  # every token once, in order
         assert "".join(json.loads(entry)["text"] for entry in entries) == job.state.output
+
+
+def test_a_lone_job_after_a_quiet_spell_does_not_wait_the_batch_window(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    # A 300 ms window would delay every lone job by 300 ms; after a quiet spell (20 ms without
+    # an arrival) a job starts at once. With the rule off, the same job waits the window.
+    spec = {"prompt": "The", "max_tokens": 4, "temperature": 0.0, "ignore_eos": True}
+    for quiet_ms, waits in ((20.0, False), (0.0, True)):
+        h = Harness(demo_engine, private_redis, 8, wait_ms=300, quiet_start_after_ms=quiet_ms)
+        try:
+            lone = h.job(**spec)  # type: ignore[arg-type]
+            submitted = time.time()
+            h.run([lone])
+            assert lone.batch_started_at is not None
+            assert (lone.batch_started_at - submitted > 0.25) is waits
+        finally:
+            h.close()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.detok import IncrementalDetokenizer
+from worker.engine.detok import IncrementalDetokenizer
 from worker.tokenizer import Tokenizer
 
 TEXTS = [

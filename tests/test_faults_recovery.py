@@ -39,7 +39,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from worker.random_model import build_random_llama
+    from trickle.model_builders.random_llama import build_random_llama
 
     root = tmp_path_factory.mktemp("recovery")
     slow = build_random_llama(
@@ -52,7 +52,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
             f'[models.slow]\npath = "{slow}"\ninter_threads = 1\n'
             # Waits long enough for company that jobs submitted together share one batch.
             f'[models.batchy]\npath = "{demo_model_dir}"\ninter_threads = 1\n'
-            "max_batch_wait_ms = 500\n"
+            "max_batch_wait_ms = 500\nquiet_start_after_ms = 0\n"
         ),
         settings_toml=(
             "[worker]\nlease_seconds = 2\nrecovery_interval_seconds = 0.5\n"

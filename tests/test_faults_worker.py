@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from worker.random_model import build_random_llama
+    from trickle.model_builders.random_llama import build_random_llama
 
     root = tmp_path_factory.mktemp("worker-faults")
     slow = build_random_llama(

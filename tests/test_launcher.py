@@ -27,7 +27,7 @@ LONG = {"model": "slow", "max_tokens": 2000, "ignore_eos": True, "temperature": 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[UpStack]:
-    from worker.random_model import build_random_llama
+    from trickle.model_builders.random_llama import build_random_llama
 
     root = tmp_path_factory.mktemp("launcher")
     slow = build_random_llama(

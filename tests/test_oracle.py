@@ -21,7 +21,7 @@ import sentencepiece as spm
 
 from tests.clients import read_sse, submit
 from tests.scripted_model import PROMPT, cycle_ids
-from worker.model_hints import resolve_compute_type
+from worker.engine.model_hints import resolve_compute_type
 
 
 class Oracle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
+from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
 
 LOGITS = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.stops import StopCheck, StopMatcher
+from worker.engine.stops import StopCheck, StopMatcher
 
 
 def feed_all(matcher: StopMatcher, chunks: list[str]) -> tuple[str, bool]:

@@ -82,7 +82,7 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def build_demo(output: Path, force: bool) -> int:
-    from worker.demo_model import build_demo_model, demo_model_ready
+    from trickle.model_builders.demo import build_demo_model, demo_model_ready
 
     if demo_model_ready(output) and not force:
         print(f"demo model present at {output}")

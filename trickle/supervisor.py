@@ -63,7 +63,7 @@ class RestartPolicy:
         should cost no more than the restart), then 0.5, 1, 2, 4 ... s."""
         if crashes <= 1:
             return 0.0
-        return min(self.delay_seconds * 2 ** (crashes - 2), self.max_delay_seconds)
+        return float(min(self.delay_seconds * 2 ** (crashes - 2), self.max_delay_seconds))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from web.errors import ApiError, invalid, not_found, too_many
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
-from web.submission import cancel_many, enqueue_many
+from web.submission import admission_cost, cancel_many, enqueue_many
 from worker import keys
 from worker.jobs import BATCH_PRIORITY, JobStatus
 
@@ -58,7 +58,7 @@ def create_batch() -> Response:
             continue
         item.job_ids = [job.id for job in item_jobs]
         jobs += item_jobs
-    svc.rate_limiter.admit(sum(job.usage.prompt_tokens + job.params.max_tokens for job in jobs))
+    svc.rate_limiter.admit(admission_cost(jobs))
     urls = {item.url for item in items}
     batch = Batch(
         new_batch_id(),
@@ -189,7 +189,8 @@ def _uploaded_file(raw: bytes) -> bytes:
     upload = files.get("file")
     if upload is None:
         raise invalid("file", "a multipart batch needs the JSONL in a field named 'file'")
-    return upload.read()
+    data: bytes = upload.read()
+    return data
 
 
 def _parse_line(number: int, line: str) -> BatchItem:

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 from web.openapi import openapi_document
 from web.services import services
 from worker import keys
+from worker.capacity import live_workers
 
 blueprint = Blueprint("health", __name__)
 
@@ -29,8 +30,8 @@ def readyz() -> Response:
     model = svc.settings.default_model
     try:
         svc.redis.ping()
-        fresh_since = time.time() - svc.settings.worker.heartbeat_ttl_seconds
-        workers = int(svc.redis.zcount(keys.model_workers(model), fresh_since, "+inf"))
+        ttl = svc.settings.worker.heartbeat_ttl_seconds
+        workers = live_workers(svc.redis, model, ttl, time.time())
         scaled = svc.settings.autoscale.external_scaler or bool(svc.redis.exists(keys.AUTOSCALER))
     except redis.RedisError as exc:
         return _not_ready(f"redis unavailable: {exc}")

@@ -36,14 +36,14 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
+from web.stream import SSE_HEADERS
 from web.submission import admit, cancel_many, enqueue, prepare_job
-from worker import keys
+from worker.capacity import live_workers
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 STARTED_AT = int(time.time())
 
 
@@ -65,14 +65,14 @@ def _model_object(name: str) -> dict[str, Any]:
     ignored by OpenAI clients)."""
     svc = services()
     settings = svc.settings
-    fresh_since = time.time() - settings.worker.heartbeat_ttl_seconds
+    ttl = settings.worker.heartbeat_ttl_seconds
     return {
         "id": name,
         "object": "model",
         "created": STARTED_AT,
         "owned_by": "trickle",
         "default": name == settings.default_model,
-        "workers": int(svc.redis.zcount(keys.model_workers(name), fresh_since, "+inf")),
+        "workers": live_workers(svc.redis, name, ttl, time.time()),
         "max_context_tokens": settings.model(name).max_context_tokens,
         "max_prompt_tokens": settings.limits.max_prompt_tokens,
         "max_tokens": settings.limits.max_tokens_ceiling,

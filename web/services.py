@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 from celery import Celery
@@ -16,6 +15,7 @@ from web.request_models import RequestModels
 from web.stream_tokens import StreamTokens, load_secret
 from worker.config import Settings
 from worker.queueing import make_celery
+from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
@@ -39,26 +39,7 @@ class Services:
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
-        redis_options: dict[str, Any] = {
-            "decode_responses": True,
-            "socket_timeout": settings.redis.socket_timeout_seconds,
-            "socket_connect_timeout": settings.redis.socket_timeout_seconds,
-            "health_check_interval": 30,
-        }
-        # A blocking pool caps connections per web process however many streams are open.
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.redis.url,
-            max_connections=settings.redis.max_connections,
-            timeout=settings.redis.socket_timeout_seconds,
-            **redis_options,
-        )
-        client = redis.Redis(connection_pool=pool)
-
-        def connect_subscriber() -> redis.Redis:
-            # The subscriber blocks on reads, so it must not time out while the channel is quiet.
-            options = {**redis_options, "socket_timeout": None, "socket_keepalive": True}
-            return redis.Redis.from_url(settings.redis.url, **options)
-
+        client = connect_pooled(settings.redis)
         return cls(
             settings=settings,
             redis=client,
@@ -66,7 +47,7 @@ class Services:
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
             celery=make_celery(settings, settings.models),
-            hub=TokenHub(connect_subscriber),
+            hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
         )
@@ -96,4 +77,5 @@ class Services:
 
 
 def services(app: Flask | None = None) -> Services:
-    return (app or current_app).extensions[EXTENSION_KEY]
+    found: Services = (app or current_app).extensions[EXTENSION_KEY]
+    return found

@@ -28,11 +28,8 @@ from worker.jobs import JobStatus
 
 log = logging.getLogger(__name__)
 
-SSE_HEADERS = {
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-    "Connection": "keep-alive",
-}
+# Every event stream (native and OpenAI): no caching, and no proxy buffering (nginx).
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 WS_CLOSE_NOT_FOUND = 4404
 WS_CLOSE_HTTP_BASE = 4000  # a refused request closes with 4000 + its HTTP status (4400, 4404)
 WS_CLOSE_UNAVAILABLE = 1011

@@ -50,9 +50,14 @@ def prepare_job(svc: Services, model: str, prompt: str, params: GenerationParams
     )
 
 
+def admission_cost(jobs: list[Job]) -> int:
+    """Tokens a submission reserves against tokens_per_minute: prompts plus max_tokens."""
+    return sum(job.usage.prompt_tokens + job.params.max_tokens for job in jobs)
+
+
 def admit(svc: Services, jobs: list[Job]) -> None:
     """Rate limits, then queue capacity: 429 before anything is stored."""
-    svc.rate_limiter.admit(sum(j.usage.prompt_tokens + j.params.max_tokens for j in jobs))
+    svc.rate_limiter.admit(admission_cost(jobs))
     check_queue_capacity(svc, jobs[0].model, adding=len(jobs))
 
 

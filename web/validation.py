@@ -18,7 +18,7 @@ from web.request_errors import request_error
 from web.request_models import JobRequest as JobRequestModel
 from web.request_models import SamplingFields
 from worker.config import Settings
-from worker.jobs import GenerationParams
+from worker.jobs import GenerationParams, context_overflow
 from worker.webhooks import WebhookRejected, check_webhook_url
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -106,12 +106,9 @@ def check_prompt_length(
     if prompt_tokens > limit:
         raise invalid("prompt", f"prompt is {prompt_tokens} tokens; the limit is {limit}")
     context = settings.model(model).max_context_tokens
-    if prompt_tokens + params.max_tokens > context:
-        raise invalid(
-            "max_tokens",
-            f"prompt ({prompt_tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds "
-            f"the model's context of {context} tokens",
-        )
+    overflow = context_overflow(prompt_tokens, params.max_tokens, context)
+    if overflow:
+        raise invalid("max_tokens", overflow)
 
 
 def parse_wait(header: str | None, max_wait: int) -> float:

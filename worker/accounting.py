@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from worker.engine.scheduler import ScheduledJob
 from worker.joblog import log_job_event
 from worker.jobs import Job
 from worker.metric_defs import E2E_LATENCY, INTER_TOKEN_LATENCY, JOBS, TIME_TO_FIRST_TOKEN, TOKENS
 from worker.metrics import MetricsRecorder
-from worker.scheduler import ScheduledJob
 from worker.store import JobResult
 
 

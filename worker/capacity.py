@@ -80,6 +80,11 @@ class ModelLoad:
         return math.ceil(self.demand / max(slots_per_worker, 1))
 
 
+def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> int:
+    """Workers serving ``model`` whose heartbeat is younger than ``heartbeat_ttl``."""
+    return int(client.zcount(keys.model_workers(model), now - heartbeat_ttl, "+inf"))
+
+
 def read_load(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> ModelLoad:
     """The model's queue depth, oldest queued job age and live workers' slots."""
     return ModelLoad(

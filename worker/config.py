@@ -1,7 +1,10 @@
 """Settings: embedded defaults, then a TOML file, then environment variables.
 
 Loaded once per process by ``load_settings`` and passed down; nothing here reads the environment at
-import time, so tests build settings explicitly.
+import time, so tests build settings explicitly. The sections are frozen dataclasses (cheap to
+pass and to copy with ``dataclasses.replace``); pydantic-settings layers the file and the
+environment (``TRICKLE__SECTION__KEY``, ``env_nested_delimiter="__"``) and pydantic validates and
+coerces every value, so an error names its key path (``limits.max_prompt_tokens``).
 """
 
 from __future__ import annotations
@@ -9,19 +12,21 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlparse
+
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
+from pydantic_settings.sources import PydanticBaseSettingsSource
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
 DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
 
-ENV_PREFIX = "TRICKLE_"
+ENV_PREFIX = "TRICKLE__"
 # Short names operators type often; every other key is reachable as TRICKLE__SECTION__KEY.
 ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "TRICKLE_REDIS_URL": ("redis", "url"),
@@ -37,8 +42,23 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message names the key to fix."""
 
 
+def _comma_separated(value: Any) -> Any:
+    """Lists from the environment are comma-separated (``TRICKLE_API_KEYS=a,b``)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
+Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
+# Unknown keys are errors, in the file and the environment alike (a typo must not pass).
+SECTION = ConfigDict(extra="forbid")
+
+
 @dataclass(frozen=True)
 class RedisSettings:
+    __pydantic_config__ = SECTION
+
     url: str = "redis://127.0.0.1:6399/0"
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
@@ -47,6 +67,8 @@ class RedisSettings:
 
 @dataclass(frozen=True)
 class WebSettings:
+    __pydantic_config__ = SECTION
+
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
@@ -61,13 +83,15 @@ class WebSettings:
     # through Redis (keys.STREAM_SECRET), so every web process signs alike.
     stream_secret: str = ""
     # Origins (scheme://host[:port], or "*") allowed to call /v1 from a browser; empty: none.
-    cors_origins: tuple[str, ...] = ()
+    cors_origins: Names = ()
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
+    __pydantic_config__ = SECTION
+
     # Models this worker process serves; empty means every configured model.
-    models: tuple[str, ...] = ()
+    models: Names = ()
     heartbeat_seconds: float = 2.0
     heartbeat_ttl_seconds: float = 10.0
     # A worker holds a lease on each job it runs and renews it every lease/3; a job whose lease
@@ -89,6 +113,8 @@ class WorkerSettings:
 
 @dataclass(frozen=True)
 class LimitSettings:
+    __pydantic_config__ = SECTION
+
     max_prompt_tokens: int = 2048
     max_tokens_ceiling: int = 2048
     default_max_tokens: int = 128
@@ -112,6 +138,8 @@ class LimitSettings:
 
 @dataclass(frozen=True)
 class RateLimitSettings:
+    __pydantic_config__ = SECTION
+
     # Per API key (per client address without keys) and per minute; 0 disables a limit.
     requests_per_minute: int = 0
     tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
@@ -119,11 +147,13 @@ class RateLimitSettings:
 
 @dataclass(frozen=True)
 class WebhookSettings:
+    __pydantic_config__ = SECTION
+
     # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_hosts: Names = ()
     secret: str = ""  # HMAC key for X-Trickle-Signature
     # Ports a webhook_url may name (its scheme's default when it names none); empty: any.
-    allowed_ports: tuple[int, ...] = ()
+    allowed_ports: Numbers = ()
     # An allowed host that resolves to a loopback, private, link-local or otherwise internal
     # address is refused at delivery unless this is true (a test receiver on 127.0.0.1).
     allow_private_addresses: bool = False
@@ -134,6 +164,8 @@ class WebhookSettings:
 @dataclass(frozen=True)
 class AutoscaleSettings:
     """`trickle up --workers MIN:MAX`: worker processes follow each served model's queue."""
+
+    __pydantic_config__ = SECTION
 
     # A worker with no job for this long stops (down to MIN, which may be 0).
     idle_seconds: float = 60.0
@@ -150,6 +182,8 @@ class AutoscaleSettings:
 class SupervisorSettings:
     """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
 
+    __pydantic_config__ = SECTION
+
     # The first restart is immediate; the next waits this long, doubling per death up to the max.
     restart_delay_seconds: float = 0.5
     max_restart_delay_seconds: float = 10.0
@@ -165,8 +199,10 @@ class SupervisorSettings:
 
 @dataclass(frozen=True)
 class AuthSettings:
+    __pydantic_config__ = SECTION
+
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
-    api_keys: tuple[str, ...] = ()
+    api_keys: Names = ()
     # Bearer token for GET /metrics (plain or "sha256:<hex>"). Empty: /metrics is as open as
     # the API (any API key when keys are set, nobody's business otherwise).
     metrics_token: str = ""
@@ -174,11 +210,13 @@ class AuthSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
+    __pydantic_config__ = SECTION
+
     name: str
     path: str
     tokenizer: str = ""
     device: str = "auto"
-    device_index: tuple[int, ...] = (0,)
+    device_index: Numbers = (0,)
     # CTranslate2 picks the fastest type the device supports (int8 on this CPU: ~3x float32).
     compute_type: str = "auto"
     # 0 = derived from the cores (see derive_threads): two engine threads, so a job arriving
@@ -188,6 +226,10 @@ class ModelSettings:
     max_context_tokens: int = 4096
     max_batch_size: int = 32
     max_batch_wait_ms: float = 2.0
+    # A job arriving after this long without any other arrival starts at once instead of
+    # waiting max_batch_wait_ms for company (a burst that follows joins it by a restart);
+    # 0 = always wait the window.
+    quiet_start_after_ms: float = 20.0
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
@@ -229,6 +271,38 @@ class Settings:
         return list(self.worker.models) or list(self.models)
 
 
+class _Layers(BaseSettings):
+    """The raw layers: the file's tables (passed in) under the environment (``TRICKLE__...``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    limits: LimitSettings = Field(default_factory=LimitSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
+    supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
+    # Tables until each is built as ModelSettings (its name is its key).
+    models: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    default_model: str = "demo"
+
+
+class _GivenEnvironment(EnvSettingsSource):
+    """The environment ``load_settings`` was given, never ``os.environ`` behind its back."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]):
+        self._given = {name.lower(): value for name, value in environ.items()}
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return self._given
+
+
 def load_settings(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> Settings:
@@ -247,56 +321,78 @@ def load_settings(
     if "models" not in raw:
         # No [models] in the file: the embedded demo model, still overridable key by key.
         raw["models"] = {"demo": {"path": str(DEFAULT_MODEL_DIR)}}
-    _apply_environment(raw, env)
-    return settings_from_dict(raw, base_dir=config_path.parent)
+    return _layered(raw, _expand_aliases(env), base_dir=config_path.parent)
 
 
 def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Settings:
     """Validate a raw mapping (TOML shape) into ``Settings``; relative model paths use base_dir."""
-    data = dict(raw)
-    models_raw = data.pop("models", None)
-    unknown = set(data) - {f.name for f in dataclasses.fields(Settings)}
-    if unknown:
-        raise ConfigError(f"unknown configuration section(s): {', '.join(sorted(unknown))}")
-    kwargs: dict[str, Any] = {}
-    for section, cls in (
-        ("redis", RedisSettings),
-        ("web", WebSettings),
-        ("worker", WorkerSettings),
-        ("limits", LimitSettings),
-        ("auth", AuthSettings),
-        ("rate_limits", RateLimitSettings),
-        ("webhooks", WebhookSettings),
-        ("autoscale", AutoscaleSettings),
-        ("supervisor", SupervisorSettings),
-    ):
-        if section in data:
-            kwargs[section] = _build(cls, data[section], section)
-    if "default_model" in data:
-        kwargs["default_model"] = str(data["default_model"])
-    if models_raw is not None:
-        kwargs["models"] = _build_models(models_raw, base_dir)
-    settings = Settings(**kwargs)
+    return _layered(dict(raw), {}, base_dir)
+
+
+def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None) -> Settings:
+    class Layers(_Layers):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (_GivenEnvironment(settings_cls, env), init_settings)  # env over the file
+
+    try:
+        layers = Layers(**raw)
+        models = {
+            name: _model(name, table, base_dir) for name, table in (layers.models or {}).items()
+        }
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    if not models:
+        raise ConfigError("[models] must contain at least one [models.<name>] table")
+    sections = {name: getattr(layers, name) for name in _Layers.model_fields if name != "models"}
+    settings = Settings(**sections, models=models)
     _check(settings)
     return settings
 
 
-def _build_models(models_raw: Any, base_dir: Path | None) -> dict[str, ModelSettings]:
-    if not isinstance(models_raw, Mapping) or not models_raw:
-        raise ConfigError("[models] must contain at least one [models.<name>] table")
-    models: dict[str, ModelSettings] = {}
-    for name, table in models_raw.items():
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"models.{name} must be a table")
-        values = {"name": name, **table}
-        model = _build(ModelSettings, values, f"models.{name}")
-        model = dataclasses.replace(
-            model,
-            path=_resolve(model.path, base_dir),
-            tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
-        ).with_threads(available_cores())
-        models[name] = model
-    return models
+_MODEL = TypeAdapter(ModelSettings)
+
+
+def _model(name: str, table: Mapping[str, Any], base_dir: Path | None) -> ModelSettings:
+    try:
+        model = _MODEL.validate_python({**table, "name": name})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, prefix=f"models.{name}")) from None
+    return dataclasses.replace(
+        model,
+        path=_resolve(model.path, base_dir),
+        tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
+    ).with_threads(available_cores())
+
+
+def _describe(exc: ValidationError, prefix: str = "") -> str:
+    """Every problem as ``key.path: what is wrong``."""
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join([prefix, *map(str, error["loc"])] if prefix else map(str, error["loc"]))
+        if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            problems.append(f"{where}: unknown key")
+        else:
+            problems.append(f"{where}: {error['msg']} (got {error.get('input')!r})")
+    return "; ".join(problems)
+
+
+def _expand_aliases(env: Mapping[str, str]) -> dict[str, str]:
+    """Short names (``TRICKLE_PORT``) as the long ones (``TRICKLE__WEB__PORT``) they stand for;
+    a long name set too wins."""
+    expanded = dict(env)
+    for alias, key_path in ENV_ALIASES.items():
+        long_name = ENV_PREFIX + "__".join(key_path).upper()
+        if alias in env and long_name not in env:
+            expanded[long_name] = env[alias]
+    return expanded
 
 
 def available_cores() -> int:
@@ -355,74 +451,3 @@ def _is_origin(value: str) -> bool:
         and value == f"{parsed.scheme}://{parsed.netloc}"
         and "@" not in parsed.netloc
     )
-
-
-def _apply_environment(raw: dict[str, Any], env: Mapping[str, str]) -> None:
-    """Overlay TRICKLE_* variables onto the raw mapping, one key each."""
-    for name, value in sorted(env.items()):
-        if name in ENV_ALIASES:
-            key_path = ENV_ALIASES[name]
-        elif name.startswith(ENV_PREFIX + "_"):
-            key_path = tuple(part.lower() for part in name[len(ENV_PREFIX) + 1 :].split("__"))
-        else:
-            continue
-        target = raw
-        for part in key_path[:-1]:
-            target = target.setdefault(part, {})
-            if not isinstance(target, dict):
-                raise ConfigError(f"{name}: {'.'.join(key_path)} is not a table")
-        target[key_path[-1]] = value
-
-
-def _build(cls: type[Any], values: Any, where: str) -> Any:
-    """Instantiate a settings dataclass, coercing strings (from the environment) to field types."""
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"[{where}] must be a table")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
-    if unknown:
-        raise ConfigError(f"unknown key(s) in [{where}]: {', '.join(sorted(unknown))}")
-    kwargs = {key: _coerce(value, hints[key], f"{where}.{key}") for key, value in values.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(f"[{where}]: {exc}") from exc
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        (item_type, _ellipsis) = typing.get_args(hint)
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list")
-        return tuple(_coerce(item, item_type, where) for item in value)
-    if origin in (typing.Union, types.UnionType):
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    try:
-        if hint is bool:
-            if isinstance(value, str):
-                lowered = value.strip().lower()
-                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise ValueError(value)
-                return lowered in ("1", "true", "yes", "on")
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            return value
-        if hint is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            return int(value)
-        if hint is float:
-            if isinstance(value, bool):
-                raise ValueError(value)
-            return float(value)
-        if hint is str:
-            if not isinstance(value, str):
-                raise ValueError(value)
-            return value
-    except ValueError as exc:
-        raise ConfigError(f"{where} must be {hint.__name__}, got {value!r}") from exc
-    return value

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from worker.engine.scheduler import ScheduledJob
 from worker.jobs import FinishReason, JobError
-from worker.scheduler import ScheduledJob
 
 
 class InFlight:

@@ -146,6 +146,19 @@ class JobObject(TypedDict):
     attempts: int
 
 
+def context_overflow(prompt_tokens: int, max_tokens: int, context: int) -> str | None:
+    """Why a prompt and its ``max_tokens`` do not fit a model's context, or None if they do.
+
+    Checked by the web tier at submission and again by the worker (whose tokenization of a
+    resumed prompt may differ)."""
+    if prompt_tokens + max_tokens <= context:
+        return None
+    return (
+        f"prompt ({prompt_tokens} tokens) plus max_tokens ({max_tokens}) exceeds "
+        f"the model's context of {context} tokens"
+    )
+
+
 @dataclass(frozen=True)
 class JobError:
     type: str

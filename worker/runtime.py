@@ -19,17 +19,18 @@ from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
+from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.events import TokenEvent
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
-from worker.jobs import FinishReason, Job, JobError, JobStatus
+from worker.jobs import FinishReason, Job, JobError, JobStatus, context_overflow
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
 from worker.metric_defs import BATCH_SIZE, JOBS, QUEUE_TIME
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
+from worker.redis_connection import connect
 from worker.retry import with_redis_retry
-from worker.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
 from worker.tracing import JobTimeline, Tracing
 
@@ -37,16 +38,6 @@ log = logging.getLogger(__name__)
 
 # (job id, model, priority) -> put the job id on the model's queue again.
 Enqueue = Callable[[str, str, int], None]
-
-
-def redis_client(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.redis.url,
-        decode_responses=True,
-        socket_timeout=settings.redis.socket_timeout_seconds,
-        socket_connect_timeout=settings.redis.socket_timeout_seconds,
-        health_check_interval=30,
-    )
 
 
 class WorkerRuntime:
@@ -61,7 +52,7 @@ class WorkerRuntime:
         self.settings = settings
         self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
-        self.redis = redis_client(settings)
+        self.redis = connect(settings.redis)
         self.store = JobStore(
             self.redis, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
         )
@@ -92,6 +83,7 @@ class WorkerRuntime:
                 engine_threads=model.inter_threads,
                 on_batch=self._batch_observer(name),
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
+                quiet_start_after_ms=model.quiet_start_after_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(
@@ -276,11 +268,9 @@ class WorkerRuntime:
     @staticmethod
     def _check_context(engine: Engine, job: Job, prompt_tokens: int) -> None:
         limit = engine.settings.max_context_tokens
-        if prompt_tokens + job.params.max_tokens > limit:
-            raise ValueError(
-                f"prompt ({prompt_tokens} tokens) plus max_tokens ({job.params.max_tokens}) "
-                f"exceeds the model's context of {limit} tokens"
-            )
+        overflow = context_overflow(prompt_tokens, job.params.max_tokens, limit)
+        if overflow:
+            raise ValueError(overflow)
 
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)

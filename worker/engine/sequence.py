@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.detok import Decoder, IncrementalDetokenizer
+from worker.engine.detok import Decoder, IncrementalDetokenizer
+from worker.engine.stops import StopMatcher
 from worker.jobs import FinishReason, JobError
-from worker.stops import StopMatcher
 
 
 @dataclass(frozen=True)

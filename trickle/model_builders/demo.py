@@ -34,7 +34,7 @@ import numpy.typing as npt
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, transformer_spec
 
-from worker.model_hints import write_hints
+from worker.engine.model_hints import write_hints
 
 VOCAB_SIZE = 2000
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -63,7 +63,7 @@ FloatArray = npt.NDArray[np.float32]
 
 
 # int8 activations round away the one-hot residual's small terms, which the table relies on:
-# quantized, the model emits control bytes and unknown pieces (see worker.model_hints).
+# quantized, the model emits control bytes and unknown pieces (see worker.engine.model_hints).
 DEMO_COMPUTE_TYPE = "float32"
 DEMO_COMPUTE_WHY = "exact bigram table; int8 activation quantization breaks it"
 
@@ -253,7 +253,8 @@ def bigram_log_probs(
     counts[row_totals == 0] = unigram
     smoothed = counts + SMOOTHING_K
     probs = smoothed / smoothed.sum(axis=1, keepdims=True)
-    return np.log(probs).astype(np.float32)
+    table: npt.NDArray[np.float32] = np.log(probs).astype(np.float32)
+    return table
 
 
 def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.int64]]) -> float:

@@ -1,7 +1,7 @@
 """The engine as the worker sees it: a tokenizer here, CTranslate2 in its own process.
 
 One ``Engine`` per served model per worker process. The generator lives in a child process
-(``worker.engine_process``) so that no Python work in the worker (Celery, the publisher,
+(``worker.engine.process``) so that no Python work in the worker (Celery, the publisher,
 detokenization, stop strings) ever holds the GIL its decoding loop needs. ``generate`` keeps a
 simple, blocking contract: it runs one batch and calls ``on_step`` for every token, on the
 calling thread, as whole decoding steps arrive; ``on_step`` returning True stops that sequence
@@ -24,7 +24,7 @@ from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 from worker.config import ModelSettings, available_cores
-from worker.engine_process import BatchCommand, serve
+from worker.engine.process import BatchCommand, serve
 from worker.jobs import GenerationParams
 from worker.tokenizer import Tokenizer
 
@@ -72,7 +72,7 @@ class EngineRequest:
     prompt_ids: Sequence[int]
     max_new_tokens: int
     sampling: SamplingKey
-    # Seeded sampling runs alone, sampled by Trickle (see worker.sampling); None: CTranslate2's.
+    # Seeded sampling runs alone, sampled by Trickle (worker.engine.sampling); None: CTranslate2's.
     seed: int | None = None
 
 

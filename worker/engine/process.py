@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from worker.config import ModelSettings
-from worker.model_hints import resolve_compute_type
-from worker.sampling import apply_repetition_penalty, log_softmax, sample_token
+from worker.engine.model_hints import resolve_compute_type
+from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ FloatArray = npt.NDArray[np.float64]
 
 def log_softmax(logits: FloatArray) -> FloatArray:
     shifted = logits - np.max(logits)
-    return shifted - np.log(np.sum(np.exp(shifted)))
+    normalised: FloatArray = shifted - np.log(np.sum(np.exp(shifted)))
+    return normalised
 
 
 def apply_repetition_penalty(logits: FloatArray, seen: Sequence[int], penalty: float) -> FloatArray:

@@ -1,8 +1,9 @@
 """Dynamic batching: jobs waiting when the engine is free run together in one generate_batch.
 
 Each engine thread (lane) takes the oldest waiting job, waits up to ``max_batch_wait_ms`` for
-company, and runs every waiting job that shares its sampling configuration (up to
-``max_batch_size``) as one batch. Per-job limits (max tokens, stop strings, cancellation) are
+company (no wait for a job that arrives after a quiet spell: the window adapts to arrivals), and
+runs every waiting job that shares its sampling configuration (up to ``max_batch_size``) as one
+batch. Per-job limits (max tokens, stop strings, cancellation) are
 enforced in the callback, which stops only its own sequence.
 
 CTranslate2 cannot add a sequence to a running batch, so a job arriving while every lane is busy
@@ -26,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.sequence import SequenceState
 from worker.events import TokenEvent
 from worker.jobs import FinishReason, GenerationParams, JobError
 from worker.publisher import TokenItem
-from worker.sequence import SequenceState
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,7 @@ class BatchScheduler:
         engine_threads: int = 1,
         on_batch: Callable[[int], None] | None = None,
         rebatch_max_stall_ms: float = 0.0,
+        quiet_start_after_ms: float = 0.0,
     ):
         self._engine = engine
         self._on_batch = on_batch
@@ -161,7 +163,11 @@ class BatchScheduler:
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
         self._max_stall = rebatch_max_stall_ms / 1000.0
+        self._quiet_after = quiet_start_after_ms / 1000.0
         self._pending: list[ScheduledJob] = []
+        # When the job before the latest one arrived: after a quiet spell a job starts at once.
+        self._previous_arrival = float("-inf")
+        self._latest_arrival = float("-inf")
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._cond = threading.Condition()
@@ -183,6 +189,7 @@ class BatchScheduler:
 
     def submit(self, job: ScheduledJob) -> None:
         with self._cond:
+            self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
             if self._idle_lanes == 0:
                 self._restart_a_young_batch()
@@ -232,7 +239,7 @@ class BatchScheduler:
             if self._closed:
                 self._idle_lanes -= 1
                 return None
-            deadline = time.monotonic() + self._max_batch_wait
+            deadline = time.monotonic() + self._admission_window()
             while len(self._pending) < self._max_batch_size:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -250,6 +257,15 @@ class BatchScheduler:
             self._pending = [job for job in self._pending if id(job) not in chosen]
             self._idle_lanes -= 1
             return batch
+
+    def _admission_window(self) -> float:
+        """How long a lane waits for company: the configured window while jobs arrive close
+        together, none after a quiet spell (``quiet_start_after_ms`` without an arrival), where
+        waiting only delays a lone job; a burst that follows still joins it by a restart."""
+        gap = self._latest_arrival - self._previous_arrival
+        if self._quiet_after > 0 and len(self._pending) == 1 and gap > self._quiet_after:
+            return 0.0
+        return self._max_batch_wait
 
     def _run_batch(self, batch: list[ScheduledJob]) -> None:
         self.batch_sizes.append(len(batch))
