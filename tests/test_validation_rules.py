@@ -76,20 +76,22 @@ def test_bounds_are_inclusive_and_exact(
     for value in outside:
         error = refused(parse_sampling, {name: value}, settings)
         assert error.param == name
-        assert error.message.startswith(f"{name} must be ")
+        assert error.message.startswith(f"{name}: Input should be ")
 
 
 def test_number_messages(settings: Settings) -> None:
     error = refused(parse_sampling, {"temperature": 3}, settings)
-    assert error.message == "temperature must be between 0.0 and 2.0"
-    assert refused(parse_sampling, {"top_p": "x"}, settings).message == "top_p must be a number"
+    assert error.message == "temperature: Input should be less than or equal to 2"
+    assert refused(parse_sampling, {"top_p": "x"}, settings).message == (
+        "top_p: Input should be a valid number"
+    )
     assert refused(parse_sampling, {"top_p": float("nan")}, settings).param == "top_p"
     assert refused(parse_sampling, {"temperature": True}, settings).param == "temperature"
     assert parse_sampling({"temperature": 1}, settings).temperature == 1.0
     assert isinstance(parse_sampling({"temperature": 1}, settings).temperature, float)
     assert parse_sampling({"ignore_eos": True}, settings).ignore_eos is True
     assert refused(parse_sampling, {"ignore_eos": 1}, settings).message == (
-        "ignore_eos must be true or false"
+        "ignore_eos: Input should be a valid boolean"
     )
 
 
@@ -100,11 +102,14 @@ def test_stop_rules(settings: Settings) -> None:
     assert parse_sampling({"stop": [longest] * 4}, settings).stop == (longest,) * 4
     cases = [
         ({"stop": 5}, "stop must be a string or a list of strings"),
-        ({"stop": ["a", 5]}, "stop must be a string"),
-        ({"stop": ["a"] * 5}, "stop must have at most 4 items"),
-        ({"stop": [""]}, "stop must not be empty"),
-        ({"stop": [longest + "x"]}, "stop must have at most 64 characters"),
-        ({"stop": ["\ud800"]}, "stop contains an unpaired surrogate at position 0"),
+        ({"stop": ["a", 5]}, "stop: Input should be a valid string"),
+        ({"stop": ["a"] * 5}, "stop: List should have at most 4 items after validation, not 5"),
+        ({"stop": [""]}, "stop: String should have at least 1 character"),
+        ({"stop": [longest + "x"]}, "stop: String should have at most 64 characters"),
+        (
+            {"stop": ["\ud800"]},
+            "stop contains an unpaired surrogate (JSON escapes that are not text)",
+        ),
     ]
     for body, message in cases:
         error = refused(parse_sampling, body, settings)

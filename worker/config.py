@@ -51,14 +51,18 @@ def _comma_separated(value: Any) -> Any:
 
 Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
-# Unknown keys are errors, in the file and the environment alike (a typo must not pass).
-SECTION = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
-class RedisSettings:
-    __pydantic_config__ = SECTION
+class Section:
+    """A configuration section: unknown keys are errors, in the file and the environment alike
+    (a typo must not pass silently)."""
 
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class RedisSettings(Section):
     url: str = "redis://127.0.0.1:6399/0"
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
@@ -66,9 +70,7 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
-class WebSettings:
-    __pydantic_config__ = SECTION
-
+class WebSettings(Section):
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
@@ -87,9 +89,7 @@ class WebSettings:
 
 
 @dataclass(frozen=True)
-class WorkerSettings:
-    __pydantic_config__ = SECTION
-
+class WorkerSettings(Section):
     # Models this worker process serves; empty means every configured model.
     models: Names = ()
     heartbeat_seconds: float = 2.0
@@ -112,9 +112,7 @@ class WorkerSettings:
 
 
 @dataclass(frozen=True)
-class LimitSettings:
-    __pydantic_config__ = SECTION
-
+class LimitSettings(Section):
     max_prompt_tokens: int = 2048
     max_tokens_ceiling: int = 2048
     default_max_tokens: int = 128
@@ -137,18 +135,14 @@ class LimitSettings:
 
 
 @dataclass(frozen=True)
-class RateLimitSettings:
-    __pydantic_config__ = SECTION
-
+class RateLimitSettings(Section):
     # Per API key (per client address without keys) and per minute; 0 disables a limit.
     requests_per_minute: int = 0
     tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
 
 
 @dataclass(frozen=True)
-class WebhookSettings:
-    __pydantic_config__ = SECTION
-
+class WebhookSettings(Section):
     # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
     allowed_hosts: Names = ()
     secret: str = ""  # HMAC key for X-Trickle-Signature
@@ -162,10 +156,8 @@ class WebhookSettings:
 
 
 @dataclass(frozen=True)
-class AutoscaleSettings:
+class AutoscaleSettings(Section):
     """`trickle up --workers MIN:MAX`: worker processes follow each served model's queue."""
-
-    __pydantic_config__ = SECTION
 
     # A worker with no job for this long stops (down to MIN, which may be 0).
     idle_seconds: float = 60.0
@@ -179,10 +171,8 @@ class AutoscaleSettings:
 
 
 @dataclass(frozen=True)
-class SupervisorSettings:
+class SupervisorSettings(Section):
     """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
-
-    __pydantic_config__ = SECTION
 
     # The first restart is immediate; the next waits this long, doubling per death up to the max.
     restart_delay_seconds: float = 0.5
@@ -198,9 +188,7 @@ class SupervisorSettings:
 
 
 @dataclass(frozen=True)
-class AuthSettings:
-    __pydantic_config__ = SECTION
-
+class AuthSettings(Section):
     # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
     api_keys: Names = ()
     # Bearer token for GET /metrics (plain or "sha256:<hex>"). Empty: /metrics is as open as
@@ -209,9 +197,7 @@ class AuthSettings:
 
 
 @dataclass(frozen=True)
-class ModelSettings:
-    __pydantic_config__ = SECTION
-
+class ModelSettings(Section):
     name: str
     path: str
     tokenizer: str = ""
