@@ -20,6 +20,7 @@ def test_default_file_matches_embedded_defaults() -> None:
     from_file = load_settings(DEFAULT_CONFIG_PATH, environ={})
     embedded = Settings()
     assert from_file.redis == embedded.redis
+    assert from_file.broker == embedded.broker
     assert from_file.web == embedded.web
     assert from_file.limits == embedded.limits
     # The loader derives engine threads left at 0 (the default) from the cores.
@@ -82,6 +83,8 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("", {"TRICKLE_PORT": "eighty"}, "web.port"),
         ("", {"TRICKLE__MODELS__DEMO__DEVICE": "tpu"}, "device"),
         ("[web\n", {}, "line 1"),
+        ("", {"TRICKLE_BROKER_URL": "kafka://x"}, "broker.url"),
+        ("[broker]\ndelivery_limit = 0\n", {}, "broker.delivery_limit"),
     ],
 )
 def test_bad_configuration_names_the_key(
@@ -96,3 +99,15 @@ def test_bad_configuration_names_the_key(
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(environ={"TRICKLE_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_broker_defaults_to_redis_and_trickle_broker_url_moves_it(tmp_path: Path) -> None:
+    env = {"TRICKLE_REDIS_URL": "redis://state:6379/0"}
+    assert load_settings(DEFAULT_CONFIG_PATH, environ=env).broker_url == "redis://state:6379/0"
+    env["TRICKLE_BROKER_URL"] = "amqp://u:p@mq:5672/trickle"
+    settings = load_settings(DEFAULT_CONFIG_PATH, environ=env)
+    assert settings.broker_url == "amqp://u:p@mq:5672/trickle"
+    assert settings.redis.url == "redis://state:6379/0"  # state and tokens stay on Redis
+    path = tmp_path / "mq.toml"
+    path.write_text('[broker]\nurl = "amqp://mq//"\n')
+    assert load_settings(path, environ={}).broker_url == "amqp://mq//"

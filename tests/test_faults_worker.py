@@ -76,12 +76,15 @@ def assert_gapless(stream: StreamResult) -> None:
 
 
 def test_killed_worker_job_resumes_on_another_without_gap(faults: FaultStack) -> None:
-    doomed = faults.worker("crash-a", ("slow",))
+    # Both workers are up before the job (starting one mid-job could outlast the job on a busy
+    # machine); the one holding the lease is killed once the stream is well under way.
+    workers = {name: faults.worker(name, ("slow",)) for name in ("crash-a", "crash-b")}
     job = submit(faults.web_url, {"prompt": "The", **LONG})
     reader, results = stream_in_background(faults.web_url, job["id"])
-    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 100, 30, "tokens from a")
-    faults.worker("crash-b", ("slow",))
-    os.kill(doomed.pid, signal.SIGKILL)
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 100, 30, "the first tokens")
+    lease = str(faults.client().get(keys.job_lease(job["id"])) or "")
+    (holder,) = [name for name in workers if lease.startswith(f"{name}@")]
+    os.kill(workers[holder].pid, signal.SIGKILL)
     reader.join(90)
     (stream,) = results
     assert_gapless(stream)

@@ -18,6 +18,8 @@ def test_exact_key_strings() -> None:
     assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:k1:requests:29000000"
     assert keys.model_queue_list("demo", 0) == "trickle.demo"
     assert keys.model_queue_list("demo", 9) == "trickle.demo\x06\x169"
+    assert keys.model_batch_queue("demo") == "trickle.demo.batch"
+    assert keys.AMQP_EXCHANGE == "trickle"
     assert keys.worker_slots("w@h") == "trickle:worker:w@h:slots"
     assert keys.AUTOSCALER == "trickle:autoscaler"
     assert keys.WEBHOOK_TASK == "trickle.webhook" and keys.WEBHOOK_QUEUE == "trickle.webhooks"

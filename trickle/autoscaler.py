@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import kombu.exceptions
 import redis
 
 from trickle.supervisor import Child, Supervisor
 from worker import keys
-from worker.capacity import ModelLoad, read_load, slots_per_worker
+from worker.capacity import ModelLoad, QueueReader, read_load, slots_per_worker
 from worker.config import Settings
 
 MARKER_TTL_MS = 10_000
@@ -87,12 +88,15 @@ class Autoscaler:
         bounds: WorkerRange,
         client: redis.Redis,
         kind: str = "worker",
+        queues: QueueReader | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.spawn = spawn
         self.settings = settings
         self.bounds = bounds
         self.client = client
+        # Where jobs wait: kombu's Redis lists by default, RabbitMQ when the broker is amqp.
+        self.queues = queues
         self.kind = kind
         self.models = settings.served_models()
         self._next = 0.0
@@ -108,15 +112,19 @@ class Autoscaler:
         try:
             self._scale()
             self._redis_down = False
-        except redis.RedisError as exc:  # Redis restarting: the supervisor handles that
+        except (redis.RedisError, kombu.exceptions.OperationalError) as exc:
+            # Redis restarting (the supervisor handles that) or the broker away: hold.
             if not self._redis_down:
-                self.supervisor.log(f"autoscaler: redis unavailable ({exc}); holding")
+                self.supervisor.log(f"autoscaler: queues unavailable ({exc}); holding")
             self._redis_down = True
 
     def _scale(self) -> None:
         ttl = self.settings.worker.heartbeat_ttl_seconds
         loads = [
-            (read_load(self.client, m, ttl, time.time()), slots_per_worker(self.settings.model(m)))
+            (
+                read_load(self.client, m, ttl, time.time(), self.queues),
+                slots_per_worker(self.settings.model(m)),
+            )
             for m in self.models
         ]
         # Per worker (by its $PORT): since when it has run no job, 0 while it runs one.

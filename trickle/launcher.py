@@ -137,6 +137,11 @@ def run_stack(
         supervisor.add(redis_child)
         env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{redis_child.port}/0"
         settings = load_settings(environ=env)
+    if settings.broker.url:
+        from kombu.utils.url import maybe_sanitize_url
+
+        # An external broker (RabbitMQ) is the operator's to run: used, never started here.
+        supervisor.log(f"job queue on {maybe_sanitize_url(settings.broker.url)}")
     fork = settings.supervisor.preload_workers
     if fork and (why := preload()):
         supervisor.log(f"workers start by exec (preloading failed: {why})")
@@ -158,7 +163,12 @@ def run_stack(
         client = redis.Redis.from_url(
             settings.redis.url, decode_responses=True, socket_timeout=2, socket_connect_timeout=2
         )
-        scaler = Autoscaler(supervisor, lambda: launcher.spawn("worker"), settings, bounds, client)
+        from worker.queueing import make_celery, queue_reader
+
+        queues = queue_reader(settings, make_celery(settings, settings.models), client)
+        scaler = Autoscaler(
+            supervisor, lambda: launcher.spawn("worker"), settings, bounds, client, queues=queues
+        )
         supervisor.on_tick.append(scaler.tick)
         supervisor.log(f"autoscaling workers between {bounds.min} and {bounds.max}")
     return supervisor.run()

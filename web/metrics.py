@@ -49,7 +49,7 @@ class DeploymentCollector:
         svc = self.svc
         ttl = svc.settings.worker.heartbeat_ttl_seconds
         now = time.time()
-        loads = [read_load(svc.redis, model, ttl, now) for model in svc.settings.models]
+        loads = [read_load(svc.redis, model, ttl, now, svc.queues) for model in svc.settings.models]
         depth = GaugeMetricFamily(
             "trickle_queue_depth",
             "Jobs waiting in each model's queue (every priority).",

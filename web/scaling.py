@@ -24,7 +24,8 @@ def scaling(model: str) -> Response:
     svc = services()
     if model not in svc.settings.models:
         raise not_found(f"model {model!r} is not configured", "model", "model_not_found")
-    load = read_load(svc.redis, model, svc.settings.worker.heartbeat_ttl_seconds, time.time())
+    ttl = svc.settings.worker.heartbeat_ttl_seconds
+    load = read_load(svc.redis, model, ttl, time.time(), svc.queues)
     per_worker = slots_per_worker(svc.settings.model(model))
     return jsonify(
         {

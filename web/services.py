@@ -13,8 +13,9 @@ from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
 from web.stream_tokens import StreamTokens, load_secret
+from worker.capacity import QueueReader
 from worker.config import Settings
-from worker.queueing import make_celery
+from worker.queueing import make_celery, queue_reader
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
@@ -32,6 +33,8 @@ class Services:
     hub: TokenHub
     rate_limiter: RateLimiter
     requests: RequestModels  # the request bodies, bound to this configuration's limits
+    # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
+    queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
@@ -40,16 +43,18 @@ class Services:
     @classmethod
     def create(cls, settings: Settings) -> Services:
         client = connect_pooled(settings.redis)
+        celery = make_celery(settings, settings.models)
         return cls(
             settings=settings,
             redis=client,
             store=JobStore(
                 client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
             ),
-            celery=make_celery(settings, settings.models),
+            celery=celery,
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
+            queues=queue_reader(settings, celery, client),
         )
 
     def close(self) -> None:

@@ -11,7 +11,6 @@ from web.auth import current_owner
 from web.errors import too_many, unavailable
 from web.services import Services
 from web.validation import check_prompt_length
-from worker.capacity import queue_depth
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
 from worker.metric_defs import JOBS
 from worker.metrics import count_now
@@ -63,7 +62,7 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
     """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
-    waiting = queue_depth(svc.redis, model)
+    waiting = svc.queues.depth(model)
     limit = svc.settings.limits.max_queued_jobs
     if waiting + adding > limit:
         raise too_many(

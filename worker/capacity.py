@@ -13,16 +13,40 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
 from worker import keys
 from worker.config import ModelSettings
-from worker.queueing import PRIORITY_STEPS
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
+# The priority steps kombu's Redis transport keeps apart (one list each); a job's priority is
+# one of them.
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 PRIORITIES = PRIORITY_STEPS
 IDLE_SINCE_FIELD = "idle_since"
+
+
+class QueueReader(Protocol):
+    """Where a model's waiting jobs are counted: Redis lists here, RabbitMQ in amqp_queues."""
+
+    def depth(self, model: str) -> int: ...
+
+    def oldest_queued_seconds(self, model: str, now: float) -> float: ...
+
+
+class RedisQueueReader:
+    """The Redis transport's queues, read straight from kombu's lists."""
+
+    def __init__(self, client: redis.Redis):
+        self._redis = client
+
+    def depth(self, model: str) -> int:
+        return queue_depth(self._redis, model)
+
+    def oldest_queued_seconds(self, model: str, now: float) -> float:
+        return oldest_queued_seconds(self._redis, model, now)
 
 
 def slots_per_worker(model: ModelSettings) -> int:
@@ -85,12 +109,20 @@ def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: flo
     return int(client.zcount(keys.model_workers(model), now - heartbeat_ttl, "+inf"))
 
 
-def read_load(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> ModelLoad:
-    """The model's queue depth, oldest queued job age and live workers' slots."""
+def read_load(
+    client: redis.Redis,
+    model: str,
+    heartbeat_ttl: float,
+    now: float,
+    queues: QueueReader | None = None,
+) -> ModelLoad:
+    """The model's queue depth, oldest queued job age and live workers' slots (``queues``:
+    where its jobs wait; the Redis transport's lists unless told otherwise)."""
+    queues = queues or RedisQueueReader(client)
     return ModelLoad(
         model=model,
-        depth=queue_depth(client, model),
-        oldest_queued_seconds=oldest_queued_seconds(client, model, now),
+        depth=queues.depth(model),
+        oldest_queued_seconds=queues.oldest_queued_seconds(model, now),
         workers=worker_slots(client, model, now - heartbeat_ttl),
     )
 

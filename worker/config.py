@@ -30,6 +30,7 @@ ENV_PREFIX = "TRICKLE__"
 # Short names operators type often; every other key is reachable as TRICKLE__SECTION__KEY.
 ENV_ALIASES: dict[str, tuple[str, ...]] = {
     "TRICKLE_REDIS_URL": ("redis", "url"),
+    "TRICKLE_BROKER_URL": ("broker", "url"),
     "TRICKLE_HOST": ("web", "host"),
     "TRICKLE_PORT": ("web", "port"),
     "TRICKLE_MODELS": ("worker", "models"),
@@ -67,6 +68,20 @@ class RedisSettings(Section):
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
     max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class BrokerSettings(Section):
+    """Where Celery's job queue lives; Redis keeps job state, replay logs and tokens either way."""
+
+    # Empty: the queue shares Redis (redis.url). amqp://user:pass@host:5672/vhost: RabbitMQ,
+    # with durable quorum queues and a separate batch queue per model (worker/amqp_queues.py).
+    url: str = ""
+    # RabbitMQ only: a message redelivered this many times (its consumers kept dying before
+    # acking it) is dropped by the quorum queue; the job then fails with queue_timeout.
+    delivery_limit: int = 10
+    # RabbitMQ only: how often an idle worker looks for batch work when it found none.
+    batch_poll_ms: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +251,7 @@ class ModelSettings(Section):
 @dataclass(frozen=True)
 class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
     web: WebSettings = field(default_factory=WebSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
@@ -252,6 +268,11 @@ class Settings:
     def model(self, name: str) -> ModelSettings:
         return self.models[name]
 
+    @property
+    def broker_url(self) -> str:
+        """Celery's broker: broker.url, or the Redis that holds job state when that is empty."""
+        return self.broker.url or self.redis.url
+
     def served_models(self) -> list[str]:
         """Models this worker process should load: its list, or all of them."""
         return list(self.worker.models) or list(self.models)
@@ -265,6 +286,7 @@ class _Layers(BaseSettings):
     )
 
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    broker: BrokerSettings = Field(default_factory=BrokerSettings)
     web: WebSettings = Field(default_factory=WebSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
@@ -423,6 +445,11 @@ def _check(settings: Settings) -> None:
             raise ConfigError(
                 f"web.cors_origins: {origin!r} is not an origin (scheme://host[:port], or *)"
             )
+    scheme = settings.broker.url.partition("://")[0]
+    if settings.broker.url and scheme not in ("redis", "rediss", "amqp", "amqps", "pyamqp"):
+        raise ConfigError(f"broker.url must be a redis:// or amqp:// URL, got {scheme!r}://")
+    if settings.broker.delivery_limit < 1:
+        raise ConfigError("broker.delivery_limit must be >= 1")
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")

@@ -69,6 +69,17 @@ def model_queue(model: str) -> str:
     return f"{PREFIX}.{model}"
 
 
+def model_batch_queue(model: str) -> str:
+    """RabbitMQ only: the quorum queue of one model's batch-priority jobs (quorum queues have no
+    priorities before RabbitMQ 4.0, so batch work waits apart; see worker/amqp_queues.py)."""
+    return f"{PREFIX}.{model}.batch"
+
+
+# RabbitMQ only: the topic exchange every queue is bound to by its own name (topic, not direct,
+# so that Celery's native delayed delivery can route webhook retries back to their queue).
+AMQP_EXCHANGE = PREFIX
+
+
 def model_workers(model: str) -> str:
     """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
     return f"{PREFIX}:workers:{model}"

@@ -116,6 +116,11 @@ class WorkerRuntime:
             for name, engine in self.engines.items()
         }
 
+    def batch_room(self, model: str) -> int:
+        """Slots of a model that no interactive job holds (RabbitMQ's batch feeder fills them)."""
+        interactive = self.in_flight.interactive(model)
+        return slots_per_worker(self.engines[model].settings) - interactive
+
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
         model, priority = self.redis.hmget(keys.job(job_id), ["model", "priority"])
