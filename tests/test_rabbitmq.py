@@ -20,7 +20,7 @@ from subprocess import Popen
 import pytest
 import requests
 
-from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
+from tests.clients import StreamResult, poll_until_finished, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from tests.metrics_text import parse_samples
 from tests.rabbitmq import RabbitNode, rabbitmq_missing, start_rabbitmq
