@@ -18,6 +18,7 @@ class StreamResult:
     done: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     comments: int = 0
+    statuses: list[dict[str, Any]] = field(default_factory=list)  # status events, in order
     arrivals: list[float] = field(default_factory=list)  # monotonic time of each token
 
     @property
@@ -52,16 +53,18 @@ def submit(base: str, body: dict[str, Any], wait: float | None = None) -> dict[s
     return response.json()  # type: ignore[no-any-return]
 
 
-def get_job(base: str, job_id: str) -> dict[str, Any]:
-    response = requests.get(f"{base}/v1/jobs/{job_id}", timeout=30)
+def get_job(base: str, job_id: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    response = requests.get(f"{base}/v1/jobs/{job_id}", headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     return response.json()  # type: ignore[no-any-return]
 
 
-def poll_until_finished(base: str, job_id: str, timeout: float = 60) -> dict[str, Any]:
+def poll_until_finished(
+    base: str, job_id: str, timeout: float = 60, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        job = get_job(base, job_id)
+        job = get_job(base, job_id, headers)
         if job["status"] in ("succeeded", "failed", "canceled"):
             return job
         assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
@@ -112,6 +115,9 @@ def read_sse(
                 result.arrivals.append(time.monotonic())
                 if max_tokens is not None and len(result.tokens) >= max_tokens:
                     return result
+            elif event.get("event") == "status":
+                assert "id" not in event  # Last-Event-ID stays the last token index
+                result.statuses.append(json.loads(event["data"]))
             elif event.get("event") == "done":
                 result.done = json.loads(event["data"])
                 return result
@@ -135,6 +141,8 @@ def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> Str
             message = json.loads(ws.recv())
             if message["event"] == "token":
                 result.tokens.append({"index": message["index"], "text": message["text"]})
+            elif message["event"] == "status":
+                result.statuses.append({k: v for k, v in message.items() if k != "event"})
             elif message["event"] == "done":
                 result.done = message["job"]
                 return result

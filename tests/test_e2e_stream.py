@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 from pathlib import Path
@@ -23,6 +24,10 @@ def assert_complete(stream: StreamResult, expected_tokens: int | None = None) ->
     assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
     if expected_tokens is not None:
         assert len(stream.tokens) == expected_tokens
+    # Status events: one per change, the last one the final state, right before done.
+    names = [status["status"] for status in stream.statuses]
+    assert names and names[-1] == stream.done["status"], names
+    assert all(a != b for a, b in itertools.pairwise(names)), names
 
 
 def test_reader_after_the_job_finished_gets_everything(stack_url: str) -> None:
@@ -66,6 +71,9 @@ def test_reader_connected_before_any_worker_serves_the_model(
     assert_complete(stream)
     assert stream.done is not None and stream.done["model"] == "late"
     assert stream.comments >= 1  # keep-alive comments while the job waited
+    # Every change, in order: waiting (with its place in line), claimed, finished.
+    assert [status["status"] for status in stream.statuses] == ["queued", "running", "succeeded"]
+    assert isinstance(stream.statuses[0]["position"], int)
 
 
 def test_websocket_stream_and_resume(stack_url: str) -> None:

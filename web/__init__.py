@@ -8,6 +8,7 @@ import os
 from flask import Flask
 
 from web.auth import install_auth
+from web.cors import install_cors
 from web.errors import register_error_handlers
 from web.services import EXTENSION_KEY, Services
 from worker.config import Settings, load_settings
@@ -30,8 +31,22 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
-    from web import batches, health, jobs, metrics, openai_api, page, scaling, stream
+    from web import (
+        batches,
+        health,
+        jobs,
+        metrics,
+        openai_api,
+        page,
+        scaling,
+        stream,
+        stream_access,
+    )
 
+    # Hook order matters: preflights are answered before any credential check, and a stream
+    # token is checked before the API key it stands in for.
+    install_cors(app, settings.web.cors_origins)
+    stream_access.install_stream_access(app)
     install_auth(app, settings.auth.api_keys, settings.auth.metrics_token)
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_api.blueprint)

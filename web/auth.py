@@ -47,6 +47,16 @@ def current_owner() -> str:
     return str(g.get("api_key_digest", ""))
 
 
+def grant_stream_read(job_id: str) -> None:
+    """A valid stream token for this job came with the request (see ``web.stream_access``)."""
+    g.stream_token_job = job_id
+
+
+def stream_grant() -> bool:
+    """True when the request reads a job on the strength of its stream token, not a key."""
+    return bool(g.get("stream_token_job"))
+
+
 def install_auth(app: Flask, api_keys: tuple[str, ...], metrics_token: str = "") -> None:
     """/v1 wants an API key; /metrics wants the metrics token when one is set, else whatever
     /v1 wants (deployment-wide counts are an operator's, a deliberate and documented choice)."""
@@ -58,6 +68,8 @@ def install_auth(app: Flask, api_keys: tuple[str, ...], metrics_token: str = "")
     @app.before_request
     def require_api_key() -> None:
         if request.path.startswith(PROTECTED_PREFIX) and digests:
+            if stream_grant():
+                return  # the token names the one job this request may read
             g.api_key_digest = _bearer_digest(digests)
         elif request.path == METRICS_PATH and metrics_digests:
             _bearer_digest(metrics_digests)

@@ -3,6 +3,13 @@
 The reader subscribes first, then reads the replay log, then applies live events, skipping
 indexes it already has and re-reading the log when it sees a gap, a reconnect or a quiet spell.
 Transport-free: the SSE and WebSocket views only format what this yields.
+
+Status events are derived from what the reader already reads, layered on the token path: the
+first snapshot gives the status at connection, every re-read (the worker announces claims and
+requeues on the job's channel, ``worker.events.STATUS_MESSAGE``) gives any change, and a live
+token seen while the last status said queued means running. A ``Status`` goes out only when the
+status differs from the last one sent, before the tokens it precedes (after them for the final
+status, which comes right before ``Done``). Tokens are untouched: still exactly once, in order.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from dataclasses import dataclass
 
 from web.hub import Subscription, TokenHub
 from worker.events import TokenEvent
-from worker.jobs import Job
+from worker.jobs import Job, JobStatus
 from worker.store import JobStore
 
 
@@ -29,7 +36,16 @@ class KeepAlive:
     pass
 
 
-FollowEvent = TokenEvent | Done | KeepAlive
+@dataclass(frozen=True)
+class Status:
+    """The job's status changed (or the reader just connected). ``position``: queued jobs
+    ahead of it, when queued and known (see ``JobStore.queue_position``)."""
+
+    status: JobStatus
+    position: int | None = None
+
+
+FollowEvent = TokenEvent | Status | Done | KeepAlive
 
 
 class JobNotFound(LookupError):
@@ -90,6 +106,7 @@ class JobFollower:
             self.close()  # a failed first read (Redis away, unknown id) leaks nothing
             raise
         self._first: tuple[Job, list[TokenEvent]] = (job, events)
+        self._status: JobStatus | None = None  # the last status sent
         self.trace_context = job.trace_context
 
     def close(self) -> None:
@@ -118,19 +135,23 @@ class JobFollower:
         """
         try:
             job, pending = self._first
+            live = False  # pending came from the channel, not from a snapshot with the status
             last_chunk = 0.0
             while True:
-                chunk: list[FollowEvent] = list(self._take(pending))
+                tokens: list[FollowEvent] = list(self._take(pending))
                 if job.status.is_terminal:
-                    yield [*chunk, Done(job)]
+                    yield [*tokens, *self._status_change(job.status), Done(job)]
                     return
-                if chunk:
-                    yield chunk
+                change = self._status_change(job.status, live_tokens=live and bool(tokens))
+                if change or tokens:
+                    yield [*change, *tokens]
+                if tokens:  # a status alone never delays the first token
                     last_chunk = time.monotonic()
                 pause = last_chunk + pace() - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)  # a greenlet sleep under gevent
                 pending, resync = self._wait(keepalive_seconds)
+                live = resync is None
                 if resync is not None:
                     if resync == "quiet":
                         yield [KeepAlive()]
@@ -140,6 +161,16 @@ class JobFollower:
                     job = latest
         finally:
             self.close()
+
+    def _status_change(self, status: JobStatus, live_tokens: bool = False) -> list[Status]:
+        """A ``Status`` if the job's status differs from the last one sent, else nothing."""
+        if live_tokens and status is JobStatus.QUEUED:
+            status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
+        if status is self._status:
+            return []
+        self._status = status
+        position = self._store.queue_position(self._job_id) if status is JobStatus.QUEUED else None
+        return [Status(status, position)]
 
     def _take(self, events: list[TokenEvent]) -> Iterator[TokenEvent]:
         for event in events:

@@ -30,6 +30,7 @@ MAX_DELIVERIES_PER_WAKE = 256
 class Signal(str, Enum):
     DONE = "done"  # the job finished: read its final state
     RESYNC = "resync"  # messages may have been missed: re-read the replay log
+    STATUS = "status"  # the job was claimed or requeued: read its state
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,8 @@ class TokenHub:
                 feed.append(Delivery(tokens=message.tokens))
             if message.done:
                 feed.append(Delivery(signal=Signal.DONE))
+            if message.status_changed:
+                feed.append(Delivery(signal=Signal.STATUS))
 
     def _resubscribed(self, channel: str) -> None:
         """A channel is live (again): readers that were already following re-read the log."""

@@ -9,6 +9,7 @@ from web.body import read_json_body
 from web.errors import ApiError, not_found
 from web.follow import owned_by, visible_to, wait_for_job
 from web.services import services
+from web.stream_access import with_urls
 from web.submission import admit, cancel, enqueue, prepare_job
 from web.validation import parse_job_request, parse_wait
 from worker.jobs import Job
@@ -76,7 +77,7 @@ def job_response(
     finished_status: int = 200,
     running_status: int = 202,
 ) -> Response:
-    response = jsonify(job.to_dict())
+    response = jsonify(with_urls(job.to_dict(), job.id))
     response.status_code = finished_status if job.status.is_terminal else running_status
     response.headers.update(headers or {})
     return response

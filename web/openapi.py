@@ -46,6 +46,14 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
         f"{settings.web.max_wait_seconds}) for the job to finish",
         "schema": {"type": "string", "example": "wait=10"},
     }
+    stream_token = {
+        "name": "token",
+        "in": "query",
+        "required": False,
+        "description": "the read-only stream token of this job (in its urls.stream and "
+        "urls.ws): reads the job without an API key; a bad or expired token is a 401",
+        "schema": {"type": "string"},
+    }
     job = {JSON: {"schema": ref("Job")}}
     # Links let a stateful fuzzer walk sequences (submit -> get -> events -> cancel).
     from_body = job_links("$response.body#/id", "getJob", "streamJobEvents", "cancelJob")
@@ -89,7 +97,7 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
                 "get": {
                     "operationId": "getJob",
                     "summary": "Read a job: the output so far, or the final result",
-                    "parameters": [job_id, prefer],
+                    "parameters": [job_id, prefer, stream_token],
                     "responses": responses(
                         {"200": {"description": "The job", "content": job, "links": from_path}},
                         400,
@@ -114,11 +122,13 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
             "/v1/jobs/{job_id}/events": {
                 "get": {
                     "operationId": "streamJobEvents",
-                    "summary": "Server-Sent Events: one token event per token, then done. The "
-                    "same events are served as JSON messages over WebSocket at "
-                    "/v1/jobs/{job_id}/ws (?after=n resumes).",
+                    "summary": "Server-Sent Events: one token event per token, a status event "
+                    "on every change (queued with position, running, the final state), then "
+                    "done. The same events are served as JSON messages over WebSocket at "
+                    "/v1/jobs/{job_id}/ws (?after=n resumes, ?token= opens it without a key).",
                     "parameters": [
                         job_id,
+                        stream_token,
                         {
                             "name": "after",
                             "in": "query",

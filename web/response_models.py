@@ -11,6 +11,21 @@ from typing_extensions import TypedDict
 from worker.jobs import JobObject as JobObject
 
 
+class JobUrls(TypedDict):
+    """Absolute URLs of a job: stream and ws carry a read-only token for it alone."""
+
+    self: str
+    cancel: str
+    stream: str
+    ws: str
+
+
+class JobWithUrls(JobObject, total=False):
+    """The job object as the job API answers it (stream events carry it without ``urls``)."""
+
+    urls: JobUrls
+
+
 class ErrorDetail(TypedDict):
     message: str
     type: str
@@ -102,7 +117,7 @@ class Batch(TypedDict):
 
 
 RESPONSE_MODELS: dict[str, Any] = {
-    "Job": JobObject,
+    "Job": JobWithUrls,
     "Error": ErrorBody,
     "Completion": Completion,
     "ChatCompletion": ChatCompletion,

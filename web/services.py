@@ -12,6 +12,7 @@ from flask import Flask, current_app
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
+from web.stream_tokens import StreamTokens, load_secret
 from worker.capacity import QueueReader
 from worker.config import Settings
 from worker.queueing import make_celery, queue_reader
@@ -36,6 +37,7 @@ class Services:
     queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    _stream_tokens: StreamTokens | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -70,6 +72,15 @@ class Services:
                 spec = self.settings.model(model)
                 self._tokenizers[model] = Tokenizer(spec.tokenizer_path, add_bos=spec.add_bos)
             return self._tokenizers[model]
+
+    def stream_tokens(self) -> StreamTokens:
+        """The signer of stream tokens, its secret read (or created) on first use: an app that
+        never hands out a stream URL never needs it, and start-up needs no Redis."""
+        with self._lock:
+            if self._stream_tokens is None:
+                secret = load_secret(self.redis, self.settings.web.stream_secret)
+                self._stream_tokens = StreamTokens(secret)
+            return self._stream_tokens
 
 
 def services(app: Flask | None = None) -> Services:

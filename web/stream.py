@@ -20,10 +20,11 @@ from simple_websocket import ConnectionClosed
 
 from web.auth import current_owner
 from web.errors import ApiError, not_found
-from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive
+from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
 from web.services import Services, services
 from web.validation import parse_after
 from worker.events import TokenEvent
+from worker.jobs import JobStatus
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ def format_sse(event: FollowEvent) -> str:
         return f"event: done\ndata: {json.dumps(event.job.to_dict(), ensure_ascii=False)}\n\n"
     if isinstance(event, KeepAlive):
         return ": keep-alive\n\n"
+    if isinstance(event, Status):
+        # No "id:" line: the browser's Last-Event-ID stays the last token index.
+        return f"event: status\ndata: {json.dumps(status_data(event))}\n\n"
     raise TypeError(f"unknown event {event!r}")
 
 
@@ -123,7 +127,17 @@ def ws_message(event: FollowEvent) -> dict[str, Any] | None:
         return {"event": "token", **event.to_dict()}
     if isinstance(event, Done):
         return {"event": "done", "job": event.job.to_dict()}
+    if isinstance(event, Status):
+        return {"event": "status", **status_data(event)}
     return None  # WebSocket keep-alive is the protocol's own ping
+
+
+def status_data(event: Status) -> dict[str, Any]:
+    """``{"status": …}``, plus ``position`` (null when unknown) while queued."""
+    data: dict[str, Any] = {"status": event.status.value}
+    if event.status is JobStatus.QUEUED:
+        data["position"] = event.position
+    return data
 
 
 class FirstDelivery:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlparse
 
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
@@ -97,6 +98,11 @@ class WebSettings(Section):
     max_wait_seconds: int = 60
     # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
     completion_timeout_seconds: float = 600.0
+    # HMAC key of the read-only stream tokens in job URLs; empty: one generated and shared
+    # through Redis (keys.STREAM_SECRET), so every web process signs alike.
+    stream_secret: str = ""
+    # Origins (scheme://host[:port], or "*") allowed to call /v1 from a browser; empty: none.
+    cors_origins: Names = ()
 
 
 @dataclass(frozen=True)
@@ -436,6 +442,11 @@ def _check(settings: Settings) -> None:
             raise ConfigError(f"models.{model.name}.device must be auto, cpu or cuda")
         if model.max_batch_size < 1:
             raise ConfigError(f"models.{model.name}.max_batch_size must be >= 1")
+    for origin in settings.web.cors_origins:
+        if origin != "*" and not _is_origin(origin):
+            raise ConfigError(
+                f"web.cors_origins: {origin!r} is not an origin (scheme://host[:port], or *)"
+            )
     scheme = settings.broker.url.partition("://")[0]
     if settings.broker.url and scheme not in ("redis", "rediss", "amqp", "amqps", "pyamqp"):
         raise ConfigError(f"broker.url must be a redis:// or amqp:// URL, got {scheme!r}://")
@@ -450,3 +461,14 @@ def _check(settings: Settings) -> None:
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")
+
+
+def _is_origin(value: str) -> bool:
+    """What a browser sends in ``Origin``: a scheme and a host, no path, query or credentials."""
+    parsed = urlparse(value)
+    return (
+        parsed.scheme in ("http", "https")
+        and bool(parsed.hostname)
+        and value == f"{parsed.scheme}://{parsed.netloc}"
+        and "@" not in parsed.netloc
+    )

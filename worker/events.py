@@ -1,8 +1,10 @@
 """Token events: what a worker publishes per decoding step and what the replay log stores.
 
 Each job has its own channel (``keys.job_events_channel``); a message on it carries that job's
-tokens from one publisher flush, or its done signal. The job id is the channel's, so a message
-names no job, and a web process only ever receives messages of jobs its readers follow.
+tokens from one publisher flush, its done signal, or the news that it changed status without a
+token (claimed, requeued: readers then re-read its state and tell their clients, ``status``
+events). The job id is the channel's, so a message names no job, and a web process only ever
+receives messages of jobs its readers follow.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class TokenEvent:
 
 # The whole message a job's done channel (and, last, its events channel) carries.
 DONE_MESSAGE = '{"d":1}'
+# A job claimed or requeued (on its events channel only: a waiter needs the end alone).
+STATUS_MESSAGE = '{"s":1}'
 
 
 def token_fragment(events: Sequence[TokenEvent]) -> str:
@@ -61,14 +65,18 @@ def token_fragment(events: Sequence[TokenEvent]) -> str:
 
 @dataclass(frozen=True)
 class JobMessage:
-    """One message on a job's channel: some of its tokens, or the news that it finished."""
+    """One message on a job's channel: some of its tokens, the news that it finished, or that
+    its status changed (claimed, requeued)."""
 
     tokens: tuple[TokenEvent, ...] = ()
     done: bool = False
+    status_changed: bool = False
 
     def encode(self) -> str:
         if self.done:
             return DONE_MESSAGE
+        if self.status_changed:
+            return STATUS_MESSAGE
         return '{"t":[' + token_fragment(self.tokens) + "]}"
 
     @classmethod
@@ -80,6 +88,7 @@ class JobMessage:
                 for index, text, logprob in data.get("t", ())
             ),
             done=bool(data.get("d")),
+            status_changed=bool(data.get("s")),
         )
 
 

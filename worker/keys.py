@@ -160,3 +160,8 @@ def worker_slots(node: str) -> str:
 # Set (with a short TTL) while `trickle up --workers MIN:MAX` runs an autoscaler: zero live
 # workers is then a ready state, since the autoscaler starts one when a job arrives.
 AUTOSCALER = f"{PREFIX}:autoscaler"
+
+
+# The generated HMAC key of stream tokens (when ``web.stream_secret`` is not set): created once
+# with SET NX by whichever web process needs it first, then shared by all of them.
+STREAM_SECRET = f"{PREFIX}:stream-secret"

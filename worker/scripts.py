@@ -31,7 +31,7 @@ end
 
 # KEYS: job, lease, running, queued, tokens, output, events channel, done channel
 # ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, publish, done_msg,
-#       then the hash fields the worker needs
+#       status_msg (announces the change to running), then the hash fields the worker needs
 # Returns {outcome, attempts}, and when claimed also those fields' values, the replay log's
 # length and the prompt if the worker needs it, so a worker starts a job in one round trip.
 CLAIM = (
@@ -56,8 +56,9 @@ if redis.call('HEXISTS', KEYS[1], 'started_at') == 0 then
 end
 redis.call('SET', KEYS[2], fence, 'PX', ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+redis.call(ARGV[8], KEYS[7], ARGV[10])
 local fields = {}
-for i = 10, #ARGV do table.insert(fields, ARGV[i]) end
+for i = 11, #ARGV do table.insert(fields, ARGV[i]) end
 local logged = redis.call('LLEN', KEYS[5])
 -- The prompt only when the worker will tokenize it: no ids from the web tier, or a resume.
 local prompt = false
@@ -102,7 +103,7 @@ return 0
 
 # A running job whose lease expired: its worker died. Requeue it (or finish it as canceled when
 # a cancel was pending). KEYS: job, lease, running, queued, tokens, output, events, done
-# ARGV: id, now, queue_deadline, result_ttl, publish, done_msg
+# ARGV: id, now, queue_deadline, result_ttl, publish, done_msg, status_msg
 RECOVER = (
     _ENDING
     + """
@@ -120,13 +121,14 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call(ARGV[5], KEYS[7], ARGV[7])
 return 'requeued'
 """
 )
 
 # Give a claimed job back without counting an attempt (graceful shutdown); one whose cancel is
 # pending is canceled instead. KEYS: job, lease, running, queued, tokens, output, events, done
-# ARGV: id, fence, queue_deadline, now, result_ttl, publish, done_msg
+# ARGV: id, fence, queue_deadline, now, result_ttl, publish, done_msg, status_msg
 RELEASE = (
     _ENDING
     + """
@@ -144,6 +146,7 @@ end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call(ARGV[6], KEYS[7], ARGV[8])
 return 1
 """
 )

@@ -17,7 +17,7 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from worker import keys, scripts
-from worker.events import DONE_MESSAGE, TokenEvent
+from worker.events import DONE_MESSAGE, STATUS_MESSAGE, TokenEvent
 from worker.job_records import (
     CLAIM_FIELDS,
     READ_FIELDS,
@@ -232,6 +232,17 @@ class JobStore:
         entries = sorted((score, str(job_id)) for shard in found for job_id, score in shard)
         return [job_id for _score, job_id in entries[:count]]
 
+    def queue_position(self, job_id: str) -> int | None:
+        """How many queued jobs (any model) were submitted before this one; None unless queued.
+
+        An estimate, first come first counted: jobs of other models count too, and interactive
+        jobs overtake batch jobs. (Queue deadlines order submissions: created + queue TTL.)
+        """
+        deadline = self.redis.zscore(keys.queued_jobs(keys.shard_of(job_id)), job_id)
+        if deadline is None:
+            return None
+        return int(sum(self._per_shard("zcount", keys.queued_jobs, "-inf", f"({deadline!r}")))
+
     def queued_count(self) -> int:
         """Jobs waiting for a worker, all models and priorities (the batch backlog bound)."""
         return sum(self._per_shard("zcard", keys.queued_jobs))
@@ -295,6 +306,7 @@ class JobStore:
                 self.result_ttl_seconds,
                 self.publish,
                 DONE_MESSAGE,
+                STATUS_MESSAGE,
                 *CLAIM_FIELDS,
             ],
         )
@@ -341,6 +353,7 @@ class JobStore:
                 self.result_ttl_seconds,
                 self.publish,
                 DONE_MESSAGE,
+                STATUS_MESSAGE,
             ],
         )
         return {1: ReleaseOutcome.QUEUED, 2: ReleaseOutcome.CANCELED}.get(
@@ -360,6 +373,7 @@ class JobStore:
                     self.result_ttl_seconds,
                     self.publish,
                     DONE_MESSAGE,
+                    STATUS_MESSAGE,
                 ],
             )
             if outcome != "alive":

@@ -1,6 +1,12 @@
 // Trickle's browser page: submit a job, then follow its tokens over SSE (EventSource, or a
 // fetch() stream when an API key must go in a header) or WebSocket, resuming after drops.
 //
+// Watching: /?job=<id>&token=<stream token> (or a stream URL pasted into "Watch a job") follows
+// any job, with the token a backend got in the job's urls instead of an API key.
+//
+// Status comes from the stream's "status" events (queued with its place in line, running, the
+// final state); the page never polls for it.
+//
 // Exactly-once: the page keeps the last token index it has shown and every (re)connection asks
 // for events after it; an index already shown is ignored and a gap forces a reconnect, so
 // no text is ever duplicated or lost, whatever the transport does.
@@ -17,7 +23,6 @@
   const ERROR_FIELDS = new Set(["model", "prompt", ...PARAM_FIELDS]);
   const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
   const RECONNECT_DELAYS_MS = [250, 500, 1000, 2000, 4000];
-  const QUEUED_POLL_MS = 1000;
   const CANCEL_GRACE_MS = 2000;
   const MIN_RATE_SPAN_MS = 250;
 
@@ -54,10 +59,13 @@
     keyInput: $("api-key"),
     keyNote: $("key-note"),
     keyForget: $("key-forget"),
+    watchForm: $("watch-form"),
+    watchUrl: $("watch-url"),
   };
 
   let apiKey = storageGet(KEY_STORAGE) || "";
   let run = null; // the job on screen (see startRun)
+  let watchToken = ""; // the stream token of the job being watched, if any
 
   // ---------------------------------------------------------------- small helpers
 
@@ -133,6 +141,11 @@
   }
 
   const jobPath = (id) => `/v1/jobs/${encodeURIComponent(id)}`;
+  // A watched job's token goes on every read of it (the job, its stream); never an API key.
+  const tokenQuery = (current) => (current.token ? `token=${encodeURIComponent(current.token)}` : "");
+  const jobUrl = (current) => `${jobPath(current.id)}${current.token ? `?${tokenQuery(current)}` : ""}`;
+  const streamQuery = (current) =>
+    `after=${current.last}${current.token ? `&${tokenQuery(current)}` : ""}`;
 
   // ---------------------------------------------------------------- errors next to the form
 
@@ -243,7 +256,8 @@
       if (!names.length) el.model.replaceChildren(new Option("no models configured", ""));
     } catch (error) {
       el.model.replaceChildren(new Option(error.status === 401 ? "API key needed" : "unavailable", ""));
-      showApiError(error);
+      // Watching with a stream token needs no key: keep the watch's own messages on screen.
+      if (!watchToken) showApiError(error);
     } finally {
       el.model.disabled = false;
     }
@@ -325,13 +339,15 @@
 
   // ---------------------------------------------------------------- one job on screen
 
-  function setStatus(status) {
-    el.status.textContent = status;
+  function setStatus(status, position) {
+    const ahead = status === "queued" && typeof position === "number";
+    el.status.textContent = ahead ? `queued · ${position} ahead` : status;
     el.status.dataset.status = status;
     el.output.dataset.status = status;
   }
 
-  function startRun(job, submittedAt, transport) {
+  // token: the job's stream token when watching a job this page did not submit.
+  function startRun(job, submittedAt, transport, token = "") {
     const text = document.createTextNode("");
     el.output.replaceChildren(text);
     el.output.classList.remove("empty", "final");
@@ -352,6 +368,7 @@
     el.copy.hidden = true;
     run = {
       id: job.id,
+      token,
       transport,
       submittedAt,
       firstTokenAt: null,
@@ -372,13 +389,13 @@
       finished: false,
       renderQueued: false,
       timers: new Set(),
+      statuses: [], // the status events received, in order
     };
     setStatus(job.status);
     el.generate.disabled = true;
-    el.stopButton.disabled = false;
+    el.stopButton.disabled = Boolean(token); // a stream token reads; it cannot cancel
     const current = run;
     later(current, tick, 100, true);
-    if (job.status === "queued") later(current, () => pollWhileQueued(current), QUEUED_POLL_MS, true);
     connect(current);
     tick();
   }
@@ -409,16 +426,11 @@
     return span < MIN_RATE_SPAN_MS ? "—" : formatRate(current.tokens, span);
   }
 
-  async function pollWhileQueued(current) {
-    if (current !== run || current.finished || current.tokens > 0) return;
-    try {
-      const job = await api(jobPath(current.id));
-      if (current === run && !current.finished && current.tokens === 0 && !TERMINAL.has(job.status)) {
-        setStatus(job.status);
-      }
-    } catch {
-      /* the stream's own reconnect logic reports real trouble */
-    }
+  function onStatus(current, data) {
+    if (el.status.dataset.status === "canceling" && !TERMINAL.has(data.status)) return;
+    current.statuses.push(data.status);
+    el.output.dataset.statuses = current.statuses.join(" ");
+    setStatus(data.status, data.position);
   }
 
   function render() {
@@ -554,12 +566,14 @@
     const live = () => current === run && !current.finished && current.connection === connection;
     const handlers = {
       token: (index, text) => live() && onToken(current, index, text),
+      status: (data) => live() && onStatus(current, data),
       done: (job) => live() && finish(current, job),
       drop: () => live() && reconnect(current),
       fatal: (error) => live() && fail(current, error.message),
     };
-    const open = { sse: apiKey ? fetchStream : eventSource, ws: webSocket }[current.transport];
-    current.stream = open(current.id, current.last, handlers);
+    const sse = apiKey && !current.token ? fetchStream : eventSource;
+    const open = { sse, ws: webSocket }[current.transport];
+    current.stream = open(current.id, streamQuery(current), handlers);
   }
 
   function reconnect(current, delay) {
@@ -575,7 +589,7 @@
       current.timers.delete(timer);
       if (current !== run || current.finished || current.connection !== connection) return;
       try {
-        const job = await api(jobPath(current.id)); // tells a vanished job from a network drop
+        const job = await api(jobUrl(current)); // tells a vanished job from a network drop
         if (el.status.dataset.status === "reconnecting" && !TERMINAL.has(job.status)) {
           setStatus(job.status);
         }
@@ -593,12 +607,13 @@
     }, wait, false);
   }
 
-  function eventSource(id, after, handlers) {
-    const source = new EventSource(`${jobPath(id)}/events?after=${after}`);
+  function eventSource(id, query, handlers) {
+    const source = new EventSource(`${jobPath(id)}/events?${query}`);
     source.addEventListener("token", (event) => {
       const data = JSON.parse(event.data);
       handlers.token(data.index, data.text);
     });
+    source.addEventListener("status", (event) => handlers.status(JSON.parse(event.data)));
     source.addEventListener("done", (event) => {
       source.close(); // or the browser reconnects by itself
       handlers.done(JSON.parse(event.data));
@@ -613,12 +628,12 @@
   }
 
   // SSE over fetch(), for when the request needs an Authorization header.
-  function fetchStream(id, after, handlers) {
+  function fetchStream(id, query, handlers) {
     const controller = new AbortController();
     (async () => {
       let response;
       try {
-        response = await fetch(`${jobPath(id)}/events?after=${after}`, {
+        response = await fetch(`${jobPath(id)}/events?${query}`, {
           headers: { Accept: "text/event-stream", ...authHeaders() },
           signal: controller.signal,
           cache: "no-store",
@@ -642,6 +657,8 @@
         if (type === "token") {
           const event = JSON.parse(data);
           handlers.token(event.index, event.text);
+        } else if (type === "status") {
+          handlers.status(JSON.parse(data));
         } else if (type === "done") {
           controller.abort();
           handlers.done(JSON.parse(data));
@@ -697,14 +714,15 @@
     };
   }
 
-  function webSocket(id, after, handlers) {
+  function webSocket(id, query, handlers) {
     const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-    const socket = new WebSocket(`${scheme}//${location.host}${jobPath(id)}/ws?after=${after}`);
+    const socket = new WebSocket(`${scheme}//${location.host}${jobPath(id)}/ws?${query}`);
     let closing = false;
     let error = null;
     socket.addEventListener("message", (event) => {
       const message = JSON.parse(event.data);
       if (message.event === "token") handlers.token(message.index, message.text);
+      else if (message.event === "status") handlers.status(message);
       else if (message.event === "done") {
         closing = true;
         socket.close();
@@ -751,6 +769,48 @@
       el.generate.textContent = "Generate";
     }
   }
+
+  // A job from a stream URL (…/v1/jobs/<id>/events?token=…, or its /ws twin) or a bare id.
+  function parseWatch(text) {
+    const value = text.trim();
+    if (/^job_[0-9a-f]+$/.test(value)) return { id: value, token: "", ws: false };
+    let url;
+    try {
+      url = new URL(value, location.href);
+    } catch {
+      return null;
+    }
+    const match = /\/v1\/jobs\/(job_[0-9a-f]+)(?:\/(events|ws))?$/.exec(url.pathname);
+    if (!match) return null;
+    return { id: match[1], token: url.searchParams.get("token") || "", ws: match[2] === "ws" };
+  }
+
+  async function watch(id, token, ws) {
+    watchToken = token;
+    if (run && !run.finished) finish(run, { id: run.id, status: "stopped watching" });
+    clearErrors();
+    const transport = ws || (el.ws.checked && (token || !apiKey)) ? "ws" : "sse";
+    try {
+      const path = `${jobPath(id)}${token ? `?token=${encodeURIComponent(token)}` : ""}`;
+      startRun(await api(path), performance.now(), transport, token);
+    } catch (error) {
+      setStatus("error");
+      el.meta.classList.add("error");
+      el.meta.textContent = error.message;
+      if (token && error.status === 401) showError(error.message, null); // the token, not a key
+      else showApiError(error);
+    }
+  }
+
+  el.watchForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const target = parseWatch(el.watchUrl.value);
+    if (!target) {
+      showError("Paste a stream URL (…/v1/jobs/job_…/events?token=…) or a job id.");
+      return;
+    }
+    watch(target.id, target.token, target.ws);
+  });
 
   async function stop() {
     const current = run;
@@ -812,5 +872,10 @@
   }
   restorePrefs();
   setApiKey(apiKey);
+  const linked = new URLSearchParams(location.search);
+  if (linked.get("job")) {
+    el.watchUrl.value = linked.get("job");
+    watch(linked.get("job"), linked.get("token") || "", linked.get("transport") === "ws");
+  }
   loadModels();
 })();
