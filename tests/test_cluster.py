@@ -44,17 +44,17 @@ class ClusterStack:
     broker: subprocess.Popen[bytes]
     web_url: str = ""
     web: subprocess.Popen[bytes] | None = None
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def worker(self, name: str) -> subprocess.Popen[bytes]:
         process = stack.start_worker(
             self.config_path, self.cluster.url, name, self.log_dir, models=("demo", "slow")
         )
-        self.workers.append(process)
+        self.workers[name] = process
         return process
 
     def close(self) -> None:
-        for process in [*self.workers, *([self.web] if self.web else [])]:
+        for process in [*self.workers.values(), *([self.web] if self.web else [])]:
             stack.stop(process)
         stop_redis(self.broker)
         self.cluster.close()
@@ -163,13 +163,15 @@ def test_cancel_mid_stream_ends_the_stream_with_what_was_stored(on_cluster: Clus
 
 
 def test_a_killed_workers_job_resumes_on_another_without_gap(on_cluster: ClusterStack) -> None:
-    doomed = on_cluster.worker("cluster-doomed")
-    stack.stop(on_cluster.workers.pop(0))  # only the doomed one takes the job
+    # Both workers up before the job (starting one mid-job could outlast the job on a busy
+    # machine); the one holding its lease is killed.
+    on_cluster.worker("cluster-heir")
     job = submit(on_cluster.web_url, {"prompt": "The", **LONG})
     reader, results = stream_in_background(on_cluster.web_url, job["id"])
     wait_for(lambda: tokens_streamed(on_cluster.web_url, job["id"]) >= 100, 30, "tokens")
-    on_cluster.worker("cluster-heir")
-    os.kill(doomed.pid, signal.SIGKILL)
+    holder = str(on_cluster.cluster.client().get(keys.job_lease(job["id"])))
+    name = holder.split("@", 1)[0]
+    os.kill(on_cluster.workers[name].pid, signal.SIGKILL)  # reaped when the stack closes
     reader.join(120)
     (stream,) = results
     assert_exactly_once(stream)
