@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
+from enum import Enum
 
 from web.hub import Subscription, TokenHub
 from worker.events import TokenEvent
@@ -90,6 +91,14 @@ def _await_signal(subscription: Subscription, deadline: float) -> bool:
     return False
 
 
+class Resync(str, Enum):
+    """Why a follower must re-read the job and its log instead of trusting live messages."""
+
+    QUIET = "quiet"  # nothing arrived within the keep-alive interval
+    SIGNAL = "signal"  # done, a reconnect, a status change or an overflow
+    GAP = "gap"  # a live token skipped an index
+
+
 class JobFollower:
     def __init__(self, store: JobStore, hub: TokenHub, job_id: str, after: int, owner: str = ""):
         """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
@@ -153,7 +162,7 @@ class JobFollower:
                 pending, resync = self._wait(keepalive_seconds)
                 live = resync is None
                 if resync is not None:
-                    if resync == "quiet":
+                    if resync is Resync.QUIET:
                         yield [KeepAlive()]
                     latest, pending = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
@@ -178,14 +187,14 @@ class JobFollower:
                 self._next += 1
                 yield event
 
-    def _wait(self, timeout: float) -> tuple[list[TokenEvent], str | None]:
+    def _wait(self, timeout: float) -> tuple[list[TokenEvent], Resync | None]:
         """Live tokens that continue the sequence (all that are queued), or why the log must be
         re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap."""
         deliveries = self._subscription.get_all(timeout)
         if not deliveries:
-            return [], "quiet"
+            return [], Resync.QUIET
         if any(delivery.signal is not None for delivery in deliveries):
-            return [], "signal"
+            return [], Resync.SIGNAL
         expected = self._next
         fresh = []
         for delivery in deliveries:
@@ -193,7 +202,7 @@ class JobFollower:
                 if event.index < expected:
                     continue
                 if event.index != expected:
-                    return [], "gap"
+                    return [], Resync.GAP
                 fresh.append(event)
                 expected += 1
         return fresh, None
