@@ -6,6 +6,7 @@ of steps, and an engine process that dies fails its batch with a clear error and
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,3 +92,12 @@ def test_a_dead_engine_process_fails_its_batch_and_is_replaced(engine: Engine) -
     engine.generate([request(engine, 10)], counting)
     assert count[0] == 10
     assert engine._process.pid != old_pid
+
+
+def test_the_engine_process_yields_the_cpu_to_the_serving_processes(engine: Engine) -> None:
+    # engine_niceness (default 5): when cores are short, the worker and web tier go first.
+    engine.generate([request(engine, 1)], lambda *_: False)  # the process is up
+    pid = engine._process.pid
+    assert pid is not None
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(mine + engine.settings.engine_niceness, 19)

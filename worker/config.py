@@ -233,6 +233,10 @@ class ModelSettings(Section):
     # waiting max_batch_wait_ms for company (a burst that follows joins it by a restart);
     # 0 = always wait the window.
     quiet_start_after_ms: float = 20.0
+    # The engine process runs this much "nicer" than the serving processes on a CPU (on a GPU
+    # the engine waits on the device anyway): when cores are short, POSTs, claims and token
+    # writes go first and CTranslate2 takes what is left. 0 = the same priority.
+    engine_niceness: int = 5
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
