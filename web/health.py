@@ -50,4 +50,5 @@ def _not_ready(reason: str) -> Response:
 
 @blueprint.get("/openapi.json")
 def openapi() -> Response:
-    return jsonify(openapi_document(services().settings))
+    svc = services()
+    return jsonify(openapi_document(svc.settings, svc.requests))
