@@ -163,3 +163,11 @@ def stream_in_background(
     )
     thread.start()
     return thread, results
+
+
+def assert_gapless(stream: StreamResult) -> None:
+    """The whole stream, every index once and in order, equal to the stored output."""
+    assert stream.done is not None, stream.error
+    assert stream.indexes == list(range(len(stream.tokens)))
+    assert stream.text == stream.done["output"]
+    assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]

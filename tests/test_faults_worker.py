@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
+from tests.clients import (
+    assert_gapless,
+    get_job,
+    poll_until_finished,
+    read_sse,
+    stream_in_background,
+    submit,
+)
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
 
@@ -61,26 +67,12 @@ def fresh_workers(faults: FaultStack) -> Iterator[None]:
     faults.stop_workers()
 
 
-def stream_in_background(base: str, job_id: str) -> tuple[threading.Thread, list[StreamResult]]:
-    results: list[StreamResult] = []
-    thread = threading.Thread(target=lambda: results.append(read_sse(base, job_id, timeout=90)))
-    thread.start()
-    return thread, results
-
-
-def assert_gapless(stream: StreamResult) -> None:
-    assert stream.done is not None, stream.error
-    assert stream.indexes == list(range(len(stream.tokens)))
-    assert stream.text == stream.done["output"]
-    assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
-
-
 def test_killed_worker_job_resumes_on_another_without_gap(faults: FaultStack) -> None:
     # Both workers are up before the job (starting one mid-job could outlast the job on a busy
     # machine); the one holding the lease is killed once the stream is well under way.
     workers = {name: faults.worker(name, ("slow",)) for name in ("crash-a", "crash-b")}
     job = submit(faults.web_url, {"prompt": "The", **LONG})
-    reader, results = stream_in_background(faults.web_url, job["id"])
+    reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
     wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 100, 30, "the first tokens")
     lease = str(faults.client().get(keys.job_lease(job["id"])) or "")
     (holder,) = [name for name in workers if lease.startswith(f"{name}@")]
@@ -117,7 +109,7 @@ def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(
 def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
     stalled = faults.worker("stall-a", ("slow",))
     job = submit(faults.web_url, {"prompt": "If", **LONG})
-    reader, results = stream_in_background(faults.web_url, job["id"])
+    reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
     wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 50, 30, "tokens from a")
     faults.worker("stall-b", ("slow",))
     os.kill(stalled.pid, signal.SIGSTOP)  # alive but silent: its lease lapses

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
@@ -20,7 +19,13 @@ from subprocess import Popen
 import pytest
 import requests
 
-from tests.clients import StreamResult, poll_until_finished, read_sse, submit
+from tests.clients import (
+    assert_gapless,
+    poll_until_finished,
+    read_sse,
+    stream_in_background,
+    submit,
+)
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from tests.metrics_text import parse_samples
 from tests.rabbitmq import RabbitNode, rabbitmq_missing, start_rabbitmq
@@ -90,20 +95,6 @@ def fresh_workers(mq: FaultStack) -> Iterator[None]:
     """Each test starts the workers it needs; none survive into the next test."""
     yield
     mq.stop_workers()
-
-
-def stream_in_background(base: str, job_id: str) -> tuple[threading.Thread, list[StreamResult]]:
-    results: list[StreamResult] = []
-    thread = threading.Thread(target=lambda: results.append(read_sse(base, job_id, timeout=120)))
-    thread.start()
-    return thread, results
-
-
-def assert_gapless(stream: StreamResult) -> None:
-    assert stream.done is not None, stream.error
-    assert stream.indexes == list(range(len(stream.tokens)))
-    assert stream.text == stream.done["output"]
-    assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
 
 
 def submit_batch(base: str, bodies: list[dict[str, object]]) -> str:
