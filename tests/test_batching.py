@@ -17,6 +17,7 @@ from worker import keys
 from worker.config import ModelSettings
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
+from worker.events import TokenEvent
 from worker.jobs import FinishReason, GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
 from worker.store import JobStore
@@ -42,10 +43,16 @@ class Harness:
         wait_ms: float,
         rebatch_max_stall_ms: float = 0.0,
         quiet_start_after_ms: float = 0.0,
+        publish_interval_ms: float = 0.0,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
-        self.publisher = TokenPublisher(self.store, lambda job_id: None, lambda job_id: None)
+        self.publisher = TokenPublisher(
+            self.store,
+            lambda job_id: None,
+            lambda job_id: None,
+            flush_interval_seconds=publish_interval_ms / 1000,
+        )
         self.scheduler = BatchScheduler(
             engine,
             self.publisher.publish_step,
@@ -210,6 +217,48 @@ def test_one_redis_round_trip_per_decoding_step(
     for job in jobs:
         stored = private_redis.lrange(keys.job_tokens(job.job_id), 0, -1)
         assert len(stored) == steps
+
+
+def test_paced_flushes_carry_several_steps_and_never_delay_the_first_token(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """With ``publish_interval_ms``, a job's message carries every token of the steps since
+    the last flush (far fewer messages than tokens), while a first token goes out at once even
+    right after another flush."""
+    interval_ms = 300
+    paced = Harness(
+        demo_engine, private_redis, max_batch_size=8, wait_ms=0, publish_interval_ms=interval_ms
+    )
+    steps = 200
+    try:
+        paced.run([paced.job("The", max_tokens=3, ignore_eos=True, temperature=0.0)])
+        job = paced.job("The", max_tokens=steps, ignore_eos=True, temperature=0.0)
+        listener = private_redis.pubsub()
+        listener.subscribe(keys.job_events_channel(job.job_id))
+        assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        submitted = time.monotonic()
+        paced.scheduler.submit(job)  # the previous job's last flush was moments ago
+        first = listener.get_message(timeout=5)
+        first_seconds = time.monotonic() - submitted
+        assert first is not None and first["type"] == "message", first
+        assert job.ended.wait(60)
+        wait_for(
+            lambda: private_redis.llen(keys.job_tokens(job.job_id)) == steps, 10, "the last flush"
+        )
+        messages = 1
+        while listener.get_message(timeout=1) is not None:
+            messages += 1
+        listener.close()
+    finally:
+        paced.close()
+    assert first_seconds < interval_ms / 2000, f"first token after {first_seconds:.3f}s"
+    events = [
+        TokenEvent.from_log_entry(job.job_id, raw)
+        for raw in private_redis.lrange(keys.job_tokens(job.job_id), 0, -1)
+    ]
+    assert [event.index for event in events] == list(range(steps))
+    assert "".join(event.text for event in events) == job.state.output
+    assert messages < steps / 10, f"{messages} messages for {steps} tokens"
 
 
 @pytest.mark.parametrize("model", ["demo", "tiny-llama"])

@@ -63,3 +63,20 @@ def test_hand_back_respects_a_pending_cancel(private_redis: redis.Redis) -> None
     assert states[plain.id].status is JobStatus.QUEUED  # type: ignore[union-attr]
     assert states[plain.id].attempts == 0  # type: ignore[union-attr]
     assert states[canceled.id].status is JobStatus.CANCELED  # type: ignore[union-attr]
+
+
+def test_queue_position_counts_earlier_submissions_across_shards(
+    private_redis: redis.Redis,
+) -> None:
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    jobs = []
+    for _ in range(6):
+        jobs.append(stored_job(store))
+        time.sleep(0.002)  # distinct submission times: queue deadlines order them
+    assert len({keys.shard_of(job.id) for job in jobs}) > 1  # the count spans shards
+    base = store.queue_position(jobs[0].id)  # jobs earlier tests left queued come first
+    assert base is not None
+    assert [store.queue_position(job.id) for job in jobs] == [base + i for i in range(6)]
+    assert store.claim(jobs[0].id, "a", time.time(), lease_ms=5000, max_attempts=2).claimed
+    assert store.queue_position(jobs[0].id) is None  # running: no longer queued
+    assert store.queue_position(jobs[3].id) == base + 2

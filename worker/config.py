@@ -126,6 +126,10 @@ class WorkerSettings(Section):
     # Celery task events (sent, received, started, succeeded) for Flower or `celery events`.
     # Off by default: each is a Redis PUBLISH on the path from POST to the first token.
     task_events: bool = False
+    # Token flushes to Redis (one script, one PUBLISH per job) at most this often after a job's
+    # first tokens: every later cost is per message, so each carries several decoding steps.
+    # 0 flushes every step.
+    publish_interval_ms: float = 10.0
 
 
 @dataclass(frozen=True)

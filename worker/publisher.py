@@ -5,6 +5,12 @@ The engine callback only enqueues; this thread drains everything queued since it
 one pipeline: one script that appends to each job's replay log and output, publishes each job's
 tokens on that job's own channel and reads its cancel flag; then the final state of jobs that
 ended. A normal step's reply is an empty list (only exceptions come back).
+
+Flushes are paced: after one, the next waits until ``flush_interval_seconds`` have passed unless
+it carries a job's first token or a job's end, which go at once. Every cost downstream is per
+message (the script, each PUBLISH, every web process's parse, wake-up and write), so a step rate
+of hundreds per second would otherwise cost that many messages per job; paced, each message
+carries the tokens of several steps, and time to first token is untouched.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from worker.store import JobResult, JobStore, StepAppend
 log = logging.getLogger(__name__)
 
 MAX_ITEMS_PER_FLUSH = 4096
+# A job's first tokens go out unpaced: a leading piece can decode to no visible text, and time to
+# first token is what a reader feels.
+UNPACED_TOKENS = 2
 RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 
@@ -57,8 +66,13 @@ class TokenPublisher:
         on_cancel_requested: Callable[[str], None],
         on_lease_lost: Callable[[str], None],
         on_first_published: Callable[[str, float], None] | None = None,
+        flush_interval_seconds: float = 0.0,
     ):
         self._store = store
+        self._interval = flush_interval_seconds
+        self._last_flush = float("-inf")
+        # Set by whoever queues a first token, an end or the stop: a paced wait ends early.
+        self._urgent = threading.Event()
         self._on_cancel_requested = on_cancel_requested
         self._on_lease_lost = on_lease_lost
         self._on_first_published = on_first_published
@@ -70,16 +84,21 @@ class TokenPublisher:
     def publish_step(self, tokens: tuple[TokenItem, ...]) -> None:
         """Called on the engine thread: never blocks, never touches the network."""
         if tokens:
-            self._queue.put(StepItem(tokens))
+            item = StepItem(tokens)
+            self._queue.put(item)
+            if _urgent(item):
+                self._urgent.set()
 
     def publish_finish(self, job_id: str, fence: str, result: JobResult) -> threading.Event:
         """Queue a job's final state after its tokens; the event is set once Redis answered."""
         item = FinishItem(job_id, fence, result)
         self._queue.put(item)
+        self._urgent.set()
         return item.persisted
 
     def close(self) -> None:
         self._queue.put(None)
+        self._urgent.set()
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
@@ -88,6 +107,7 @@ class TokenPublisher:
             if items is None:
                 return
             self._flush(items)
+            self._last_flush = time.monotonic()
 
     def _drain(self) -> list[StepItem | FinishItem] | None:
         """Everything queued since the last round trip: one step, or several when Redis lags."""
@@ -95,6 +115,11 @@ class TokenPublisher:
         if first is None:
             return None
         items: list[StepItem | FinishItem] = [first]
+        pause = self._last_flush + self._interval - time.monotonic()
+        if pause > 0 and not _urgent(first):
+            # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
+            self._urgent.wait(pause)
+        self._urgent.clear()
         while len(items) < MAX_ITEMS_PER_FLUSH:
             try:
                 item = self._queue.get_nowait()
@@ -156,6 +181,17 @@ class TokenPublisher:
                 log.warning("publishing tokens failed (%s); retrying in %.2fs", exc, delay)
                 time.sleep(delay)
                 attempt += 1
+
+
+def _urgent(item: StepItem | FinishItem) -> bool:
+    """A job's first tokens (the first may carry no visible text yet) or its end: never held
+    back for pacing."""
+    if isinstance(item, FinishItem):
+        return True
+    return any(
+        token.first_token_at is not None or token.event.index < UNPACED_TOKENS
+        for token in item.tokens
+    )
 
 
 def _group_by_job(tokens: list[TokenItem]) -> list[StepAppend]:

@@ -66,6 +66,7 @@ class WorkerRuntime:
             self._cancel_requested,
             self._lease_lost,
             self.in_flight.first_published if self.tracing.enabled else None,
+            flush_interval_seconds=settings.worker.publish_interval_ms / 1000.0,
         )
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}

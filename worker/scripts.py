@@ -238,3 +238,11 @@ announce(ARGV[4], KEYS[6], KEYS[7], ARGV[5])
 return 1
 """
 )
+
+# The sum of ZCOUNT over every shard's index in one call (a single server only: a cluster's
+# shards live in different slots). KEYS: the shard indexes. ARGV: min, max
+SUM_ZCOUNT = """
+local total = 0
+for i = 1, #KEYS do total = total + redis.call('ZCOUNT', KEYS[i], ARGV[1], ARGV[2]) end
+return total
+"""
