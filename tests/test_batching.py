@@ -44,6 +44,7 @@ class Harness:
         rebatch_max_stall_ms: float = 0.0,
         quiet_start_after_ms: float = 0.0,
         publish_interval_ms: float = 0.0,
+        rebatch_wait_ratio: float = 0.0,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
@@ -60,6 +61,7 @@ class Harness:
             max_batch_wait_ms=wait_ms,
             rebatch_max_stall_ms=rebatch_max_stall_ms,
             quiet_start_after_ms=quiet_start_after_ms,
+            rebatch_wait_ratio=rebatch_wait_ratio,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:
@@ -302,6 +304,40 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
         indexes = [json.loads(entry)["index"] for entry in entries]
         assert indexes == list(range(job.state.count))  # every token once, in order
         assert "".join(json.loads(entry)["text"] for entry in entries) == job.state.output
+
+
+def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """One lane, well past the short-pause budget: with ``rebatch_wait_ratio`` the newcomer
+    still joins (its wait for the lane would be many times the runner's catch-up pause); with
+    the ratio off it waits for the whole generation. The runner's output is unchanged."""
+    specs: list[dict[str, object]] = [
+        {"prompt": PROMPTS[1], "max_tokens": 1500, "temperature": 0.0, "ignore_eos": True},
+        {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0.0, "ignore_eos": True},
+    ]
+    outputs = {}
+    for ratio, joins in ((4.0, True), (0.0, False)):
+        harness = Harness(
+            demo_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=0.001,
+            rebatch_wait_ratio=ratio,
+        )  # fmt: skip
+        try:
+            runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
+            harness.scheduler.submit(runner)
+            deadline = time.monotonic() + 30
+            while runner.state.count < 40:  # far past a 1 µs pause budget
+                assert time.monotonic() < deadline
+                time.sleep(0.0005)
+            harness.scheduler.submit(newcomer)
+            assert runner.ended.wait(120) and newcomer.ended.wait(120)
+            assert newcomer.first_token_at is not None and runner.last_token_at is not None
+            assert (newcomer.first_token_at < runner.last_token_at) is joins
+            assert (runner.restarts >= 1) is joins
+            outputs[ratio] = [runner.state.output, newcomer.state.output]
+        finally:
+            harness.close()
+    assert outputs[4.0] == outputs[0.0]  # a restart changes nothing in greedy output
 
 
 def test_a_lone_job_after_a_quiet_spell_does_not_wait_the_batch_window(

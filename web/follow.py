@@ -228,34 +228,39 @@ def close_all(followers: list[JobFollower]) -> None:
 
 
 def follow_many(
-    followers: list[JobFollower], keepalive_seconds: float
-) -> Generator[tuple[int, FollowEvent], None, None]:
-    """Interleave several jobs' events as they arrive, tagged with the follower's position.
+    followers: list[JobFollower],
+    keepalive_seconds: float,
+    pace: Callable[[], float] = lambda: 0.0,
+) -> Generator[list[tuple[int, FollowEvent]], None, None]:
+    """Interleave several jobs' events as they arrive, tagged with the follower's position and
+    grouped by wake-up (everything that arrived meanwhile), so a caller writes once per group,
+    not once per token; ``pace`` as in ``JobFollower.chunks``.
 
     One reader thread per job (a greenlet under gevent) feeds a shared queue; closing this
     generator stops them all after their current wait.
     """
     if len(followers) == 1:
-        events = followers[0].events(keepalive_seconds)
+        chunks = followers[0].chunks(keepalive_seconds, pace)
         try:
-            for event in events:
-                yield 0, event
+            for chunk in chunks:
+                yield [(0, event) for event in chunk]
         finally:
-            events.close()
+            chunks.close()
         return
     merged: queue.SimpleQueue[tuple[int, FollowEvent | None]] = queue.SimpleQueue()
     stop = threading.Event()
 
     def pump(position: int, follower: JobFollower) -> None:
-        events = follower.events(keepalive_seconds)
+        chunks = follower.chunks(keepalive_seconds, pace)
         try:
-            for event in events:
+            for chunk in chunks:
                 if stop.is_set():
                     return
-                if not isinstance(event, KeepAlive):
-                    merged.put((position, event))
+                for event in chunk:
+                    if not isinstance(event, KeepAlive):
+                        merged.put((position, event))
         finally:
-            events.close()
+            chunks.close()
             merged.put((position, None))
 
     threads = [
@@ -267,14 +272,24 @@ def follow_many(
     try:
         while running:
             try:
-                position, item = merged.get(timeout=keepalive_seconds)
+                first = merged.get(timeout=keepalive_seconds)
             except queue.Empty:
-                yield -1, KeepAlive()
+                yield [(-1, KeepAlive())]
                 continue
-            if item is None:
-                running -= 1
-            else:
-                yield position, item
+            group: list[tuple[int, FollowEvent]] = []
+            item: tuple[int, FollowEvent | None] | None = first
+            while item is not None:
+                position, event = item
+                if event is None:
+                    running -= 1
+                else:
+                    group.append((position, event))
+                try:
+                    item = merged.get_nowait()
+                except queue.Empty:
+                    item = None
+            if group:
+                yield group
     finally:
         stop.set()
         close_all(followers)  # the count drops now; each pump ends at its next wake-up

@@ -36,7 +36,7 @@ from web.openai_requests import (
     parse_completion_request,
 )
 from web.services import Services, services
-from web.stream import SSE_HEADERS
+from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
 from worker.capacity import live_workers
 from worker.events import TokenEvent
@@ -177,28 +177,34 @@ def _stream(
             elif req.echo:
                 offsets[index] = len(prompt)
                 yield _sse(shapes.completion_chunk(envelope, index, prompt))
-        for index, event in follow_many(followers, svc.settings.web.keepalive_seconds):
-            if isinstance(event, KeepAlive):
-                yield ": keep-alive\n\n"
-            elif isinstance(event, TokenEvent):
-                generated[index] += 1
-                if event.text or req.logprobs is not None or req.continuous_usage:
-                    chunk = _token_chunk(req, envelope, index, event, offsets[index])
-                    yield _sse(with_usage(chunk, index))
-                    offsets[index] += len(event.text)
-            elif isinstance(event, Done):
-                finished.add(index)
-                job = event.job
-                if job.status is JobStatus.FAILED:
-                    yield _sse(_generation_failed(job).to_dict())
-                    return
-                completion_tokens += job.usage.completion_tokens
-                reason = shapes.finish_reason(job)
-                if chat:
-                    last = shapes.chat_chunk(envelope, index, {}, reason)
-                else:
-                    last = shapes.completion_chunk(envelope, index, "", reason)
-                yield _sse(with_usage(last, index))
+        pace = stream_pace(svc)
+        for group in follow_many(followers, svc.settings.web.keepalive_seconds, pace):
+            parts: list[str] = []  # one write per wake-up, however many tokens it brought
+            for index, event in group:
+                if isinstance(event, KeepAlive):
+                    parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenEvent):
+                    generated[index] += 1
+                    if event.text or req.logprobs is not None or req.continuous_usage:
+                        chunk = _token_chunk(req, envelope, index, event, offsets[index])
+                        parts.append(_sse(with_usage(chunk, index)))
+                        offsets[index] += len(event.text)
+                elif isinstance(event, Done):
+                    finished.add(index)
+                    job = event.job
+                    if job.status is JobStatus.FAILED:
+                        parts.append(_sse(_generation_failed(job).to_dict()))
+                        yield "".join(parts)
+                        return
+                    completion_tokens += job.usage.completion_tokens
+                    reason = shapes.finish_reason(job)
+                    if chat:
+                        last = shapes.chat_chunk(envelope, index, {}, reason)
+                    else:
+                        last = shapes.completion_chunk(envelope, index, "", reason)
+                    parts.append(_sse(with_usage(last, index)))
+            if parts:
+                yield "".join(parts)
         if req.include_usage:
             kind = "chat.completion.chunk" if chat else "text_completion"
             usage = shapes.usage(shapes.prompt_tokens(req, jobs), completion_tokens)

@@ -244,6 +244,10 @@ class ModelSettings(Section):
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
+    # Past that pause, a restart is still made when the newcomers would otherwise wait at least
+    # this many times the pause for a lane to free up (the running batch's remaining steps);
+    # 0 = never past rebatch_max_stall_ms.
+    rebatch_wait_ratio: float = 4.0
     add_bos: bool = True
     # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
     chat_template: str = ""

@@ -84,6 +84,7 @@ class WorkerRuntime:
                 engine_threads=model.inter_threads,
                 on_batch=self._batch_observer(name),
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
+                rebatch_wait_ratio=model.rebatch_wait_ratio,
                 quiet_start_after_ms=model.quiet_start_after_ms,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)

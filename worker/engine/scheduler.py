@@ -12,8 +12,13 @@ sequences stop, and run again at once with the newcomers, each continuing from i
 what it has generated (same detokenizer, same token count, nothing streamed twice). The price is
 the catch-up: CTranslate2 feeds the part of a prompt longer than the batch's shortest one token
 per step, so a restarted sequence pauses for about as many steps as it had generated. A batch is
-restarted only while that pause stays under ``rebatch_max_stall_ms`` (timed from the batch's own
-step rate), so the streams already running keep their inter-token latency bounded.
+restarted while that pause stays under ``rebatch_max_stall_ms`` (timed from the batch's recent
+step rate), so the streams already running keep their inter-token latency bounded, or, past
+that, while the pause is at most ``1 / rebatch_wait_ratio`` of what the newcomers would wait for
+a lane to free (the running batch's remaining steps): a pause of 100 ms for the running streams
+instead of a wait of seconds for the newcomers. The check runs when a job arrives and again at
+every decoding step while jobs wait, so a newcomer that could not join at once (a batch still in
+its first step, a pause too long) joins as soon as it can.
 """
 
 from __future__ import annotations
@@ -120,6 +125,16 @@ class RunningBatch:
     started: float = field(default_factory=time.monotonic)
     steps: int = 0
     restart: bool = False  # set under the scheduler's lock; the lane then stops every sequence
+    last_step_at: float | None = None
+    step_seconds: float | None = None  # recent decoding step time (moving average)
+
+    def stepped(self, now: float) -> None:
+        """A new decoding step began: update the recent step time (prefill excluded)."""
+        if self.last_step_at is not None:
+            interval = now - self.last_step_at
+            previous = self.step_seconds
+            self.step_seconds = interval if previous is None else 0.7 * previous + 0.3 * interval
+        self.last_step_at = now
 
     def stall_steps(self, newcomers: list[ScheduledJob]) -> int:
         """Steps the longest running sequence would pause to catch up after a restart."""
@@ -132,6 +147,16 @@ class RunningBatch:
             return 0
         shortest = min([*running, *(len(job.request.prompt_ids) for job in newcomers)])
         return max(running) - shortest
+
+    def recent_step_seconds(self, now: float) -> float:
+        """The batch's recent step time; before two steps, its time per step so far."""
+        if self.step_seconds is not None:
+            return self.step_seconds
+        return (now - self.started) / max(self.steps, 1)
+
+    def seconds_left(self, now: float) -> float:
+        """Until this batch's longest live sequence reaches max_tokens (an upper bound)."""
+        return self.remaining_steps() * self.recent_step_seconds(now)
 
     def remaining_steps(self) -> int:
         """Steps until the batch's longest live sequence reaches its max_tokens."""
@@ -156,6 +181,7 @@ class BatchScheduler:
         on_batch: Callable[[int], None] | None = None,
         rebatch_max_stall_ms: float = 0.0,
         quiet_start_after_ms: float = 0.0,
+        rebatch_wait_ratio: float = 0.0,
     ):
         self._engine = engine
         self._on_batch = on_batch
@@ -163,6 +189,7 @@ class BatchScheduler:
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
         self._max_stall = rebatch_max_stall_ms / 1000.0
+        self._wait_ratio = rebatch_wait_ratio
         self._quiet_after = quiet_start_after_ms / 1000.0
         self._pending: list[ScheduledJob] = []
         # When the job before the latest one arrived: after a quiet spell a job starts at once.
@@ -196,25 +223,37 @@ class BatchScheduler:
             self._cond.notify()
 
     def _restart_a_young_batch(self) -> None:
-        """Every lane is busy: restart the batch that can take the waiting jobs cheapest."""
-        if self._max_stall <= 0:
+        """Every lane is busy: restart the batch that can take the waiting jobs cheapest, if
+        its running streams' pause is short (``rebatch_max_stall_ms``) or small beside the
+        newcomers' wait for a lane (``rebatch_wait_ratio``). Called under the lock."""
+        if self._max_stall <= 0 or not self._pending or self._idle_lanes > 0:
             return
+        if any(batch.restart for batch in self._running):
+            return  # one restart at a time: the waiting jobs join the batch being restarted
+        now = time.monotonic()
+        # The newcomers' alternative: the first lane to free up.
+        wait = min((batch.seconds_left(now) for batch in self._running), default=0.0)
         best: tuple[float, RunningBatch] | None = None
         for batch in self._running:
             sampling = batch.requests[0].sampling
             # A restart would change what a seeded or min_tokens sequence owes the engine.
-            if batch.restart or batch.steps == 0 or not _restartable(batch.requests[0]):
+            if batch.steps == 0 or not _restartable(batch.requests[0]):
                 continue
             newcomers = [job for job in self._pending if _batches_with(job, sampling)]
             live = sum(1 for job in batch.jobs if not job.state.finished)
             if not newcomers or live + len(newcomers) > self._max_batch_size:
                 continue
-            step_seconds = (time.monotonic() - batch.started) / batch.steps
-            stall = batch.stall_steps(newcomers)
-            if stall * step_seconds > self._max_stall or stall >= batch.remaining_steps():
+            stall_steps = batch.stall_steps(newcomers)
+            if stall_steps >= batch.remaining_steps():
                 continue
-            if best is None or stall * step_seconds < best[0]:
-                best = (stall * step_seconds, batch)
+            # Catch-up steps run at the bigger batch's pace: on a CPU a step's time grows about
+            # linearly with the batch (an overestimate on a GPU, which errs toward no restart).
+            pause = stall_steps * batch.recent_step_seconds(now) * (live + len(newcomers)) / live
+            worth_it = pause <= self._max_stall or (
+                self._wait_ratio > 0 and pause * self._wait_ratio <= wait
+            )
+            if worth_it and (best is None or pause < best[0]):
+                best = (pause, batch)
         if best is not None:
             best[1].restart = True
             self.restarts += 1
@@ -288,6 +327,10 @@ class BatchScheduler:
                 return True  # tokens past a restart are dropped: the restart regenerates them
             if step >= running.steps:
                 running.steps = step + 1
+                running.stepped(time.monotonic())
+                if self._pending:  # jobs wait for a lane: may one join by a restart now?
+                    with self._cond:
+                        self._restart_a_young_batch()
             job = batch[position]
             if job.state.finished:
                 job.tokens_after_end += 1
