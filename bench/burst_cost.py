@@ -45,7 +45,7 @@ def process_groups(stack: Stack, model: str) -> dict[str, list[int]]:
     worker = pids[f"worker:{model}"]
     below_worker = [p for child in child_pids(worker) for p in _tree_pids(child)]
     return {
-        "web": [pids["web"]],
+        "web": stack.web_pids(),
         "worker": [worker],
         "engine": below_worker,
         "redis": [pids["redis"]],

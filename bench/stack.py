@@ -223,6 +223,10 @@ class Stack:
         children = child_pids(self._web.pid)
         return children[0] if children else None
 
+    def web_pids(self) -> list[int]:
+        """Every gunicorn worker process (``web.processes`` of them)."""
+        return [] if self._web is None else child_pids(self._web.pid)
+
     def pids(self) -> dict[str, int]:
         """The processes whose CPU use a measurement reports."""
         found = {"bench": os.getpid()}

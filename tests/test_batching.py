@@ -334,6 +334,7 @@ def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(
             assert newcomer.first_token_at is not None and runner.last_token_at is not None
             assert (newcomer.first_token_at < runner.last_token_at) is joins
             assert (runner.restarts >= 1) is joins
+            assert runner.long_pauses == (1 if joins else 0)  # once per job at most
             outputs[ratio] = [runner.state.output, newcomer.state.output]
         finally:
             harness.close()

@@ -111,3 +111,15 @@ def test_broker_defaults_to_redis_and_trickle_broker_url_moves_it(tmp_path: Path
     path = tmp_path / "mq.toml"
     path.write_text('[broker]\nurl = "amqp://mq//"\n')
     assert load_settings(path, environ={}).broker_url == "amqp://mq//"
+
+
+def test_web_processes_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[web] processes`` is gunicorn's worker count (the config module reads it at import)."""
+    import importlib
+
+    import trickle.gunicorn_conf as conf
+
+    monkeypatch.setenv("TRICKLE__WEB__PROCESSES", "3")
+    assert importlib.reload(conf).workers == 3
+    monkeypatch.delenv("TRICKLE__WEB__PROCESSES")
+    assert importlib.reload(conf).workers == 1

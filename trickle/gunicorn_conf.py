@@ -16,7 +16,7 @@ gunicorn_errors.install()  # its own 400/414/431 answers are JSON too
 
 bind = f"{_settings.web.host}:{_settings.web.port}"
 worker_class = "gevent"
-workers = 1
+workers = max(1, _settings.web.processes)
 worker_connections = 10_000
 graceful_timeout = 10
 # A gevent worker saturated by thousands of streams can miss its heartbeat for a while; only

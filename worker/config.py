@@ -94,6 +94,10 @@ class WebSettings(Section):
     # Native SSE streams write at most once per this interval after the first token (tokens
     # that arrive meanwhile go out together): what lets one process feed thousands of readers.
     stream_flush_interval_ms: float = 10.0
+    # gunicorn worker processes (gevent: each holds thousands of streams). More than one spreads
+    # request handling (validation, tokenization, enqueueing, stream set-up) over cores, which
+    # is what a burst of new clients waits on; each process keeps its own pub/sub connection.
+    processes: int = 1
     max_body_bytes: int = 1_048_576
     max_wait_seconds: int = 60
     # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.

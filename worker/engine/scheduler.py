@@ -16,9 +16,9 @@ restarted while that pause stays under ``rebatch_max_stall_ms`` (timed from the 
 step rate), so the streams already running keep their inter-token latency bounded, or, past
 that, while the pause is at most ``1 / rebatch_wait_ratio`` of what the newcomers would wait for
 a lane to free (the running batch's remaining steps): a pause of 100 ms for the running streams
-instead of a wait of seconds for the newcomers. The check runs when a job arrives and again at
-every decoding step while jobs wait, so a newcomer that could not join at once (a batch still in
-its first step, a pause too long) joins as soon as it can.
+instead of a wait of seconds for the newcomers, once per job at most. The check runs when a job
+arrives and again at every decoding step while jobs wait, so a newcomer that could not join at
+once (a batch still in its first step, a pause too long) joins as soon as it can.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ class ScheduledJob:
     # Token ids generated in this attempt: a restarted batch continues from prompt + these.
     generated_ids: list[int] = field(default_factory=list)
     restarts: int = 0
+    long_pauses: int = 0  # restarts past rebatch_max_stall_ms: at most one per job
 
     def current_request(self) -> EngineRequest:
         """The engine request that continues this job from where it is now."""
@@ -233,7 +234,7 @@ class BatchScheduler:
         now = time.monotonic()
         # The newcomers' alternative: the first lane to free up.
         wait = min((batch.seconds_left(now) for batch in self._running), default=0.0)
-        best: tuple[float, RunningBatch] | None = None
+        best: tuple[float, RunningBatch, bool] | None = None
         for batch in self._running:
             sampling = batch.requests[0].sampling
             # A restart would change what a seeded or min_tokens sequence owes the engine.
@@ -249,14 +250,23 @@ class BatchScheduler:
             # Catch-up steps run at the bigger batch's pace: on a CPU a step's time grows about
             # linearly with the batch (an overestimate on a GPU, which errs toward no restart).
             pause = stall_steps * batch.recent_step_seconds(now) * (live + len(newcomers)) / live
-            worth_it = pause <= self._max_stall or (
-                self._wait_ratio > 0 and pause * self._wait_ratio <= wait
+            short = pause <= self._max_stall
+            # A long pause once per job at most: its inter-token latency stays bounded in all
+            # but one gap, however many newcomers follow.
+            spares_wait = (
+                self._wait_ratio > 0
+                and pause * self._wait_ratio <= wait
+                and not any(job.long_pauses for job in batch.jobs if not job.state.finished)
             )
-            if worth_it and (best is None or pause < best[0]):
-                best = (pause, batch)
+            if (short or spares_wait) and (best is None or pause < best[0]):
+                best = (pause, batch, not short)
         if best is not None:
-            best[1].restart = True
+            _pause, batch, long = best
+            batch.restart = True
             self.restarts += 1
+            if long:
+                for job in batch.jobs:
+                    job.long_pauses += 1
 
     def close(self) -> None:
         with self._cond:
