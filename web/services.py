@@ -15,7 +15,7 @@ from web.request_models import RequestModels
 from web.stream_tokens import StreamTokens, load_secret
 from worker.capacity import QueueReader
 from worker.config import Settings
-from worker.queueing import make_celery, queue_reader
+from worker.queueing import GenerationPusher, generation_pusher, make_celery, queue_reader
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
@@ -36,6 +36,8 @@ class Services:
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
+    # Generation tasks as one LPUSH on a plain Redis broker; None: through Celery's send_task.
+    pusher: GenerationPusher | None = None
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -55,6 +57,7 @@ class Services:
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
             queues=queue_reader(settings, celery, client),
+            pusher=generation_pusher(settings, celery, client),
         )
 
     def close(self) -> None:

@@ -93,7 +93,10 @@ def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcom
 def enqueue(svc: Services, job: Job) -> None:
     """Record the job, then hand its id to the model's queue."""
     svc.store.create(job)
-    enqueue_generation(svc.celery, job.id, job.model, job.priority)
+    if svc.pusher is not None:
+        svc.pusher.push(job.id, job.model, job.priority)
+    else:
+        enqueue_generation(svc.celery, job.id, job.model, job.priority)
 
 
 def enqueue_many(svc: Services, jobs: list[Job]) -> None:
