@@ -113,14 +113,16 @@ def web_main(url: str, job_ids: list[str], start: Any, seconds: float, results: 
     followers = [JobFollower(store, hub, job_id, -1) for job_id in job_ids]
 
     def read(follower: JobFollower) -> None:
-        for event in follower.events(keepalive_seconds=5.0):
-            if isinstance(event, TokenEvent):
-                arrived = time.time()
-                delivered[0] += 1
-                if start.value <= arrived <= start.value + seconds and event.logprob is not None:
-                    latencies.append(arrived - event.logprob)
-            elif isinstance(event, Done):
-                return
+        for chunk in follower.chunks(keepalive_seconds=5.0):
+            arrived = time.time()
+            for event in chunk:
+                if isinstance(event, TokenEvent):
+                    delivered[0] += 1
+                    in_window = start.value <= arrived <= start.value + seconds
+                    if in_window and event.logprob is not None:
+                        latencies.append(arrived - event.logprob)
+                elif isinstance(event, Done):
+                    return
 
     threads = [threading.Thread(target=read, args=(f,), daemon=True) for f in followers]
     for thread in threads:

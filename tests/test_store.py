@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import redis
 
@@ -80,3 +81,9 @@ def test_queue_position_counts_earlier_submissions_across_shards(
     assert store.claim(jobs[0].id, "a", time.time(), lease_ms=5000, max_attempts=2).claimed
     assert store.queue_position(jobs[0].id) is None  # running: no longer queued
     assert store.queue_position(jobs[3].id) == base + 2
+
+    def counted(index: Any) -> int:
+        return sum(private_redis.zcard(index(shard)) for shard in range(keys.SHARDS))
+
+    assert store.queued_count() == counted(keys.queued_jobs) >= 5
+    assert store.running_count() == counted(keys.running_jobs) >= 1

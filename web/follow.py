@@ -123,15 +123,6 @@ class JobFollower:
         it (a response never iterated, or a client gone mid-stream, still ends here)."""
         self._subscription.close()
 
-    def events(self, keepalive_seconds: float) -> Generator[FollowEvent, None, None]:
-        """Every event, one at a time (see ``chunks`` for the batched form)."""
-        chunks = self.chunks(keepalive_seconds)
-        try:
-            for chunk in chunks:
-                yield from chunk
-        finally:
-            chunks.close()
-
     def chunks(
         self, keepalive_seconds: float, pace: Callable[[], float] = lambda: 0.0
     ) -> Generator[list[FollowEvent], None, None]:

@@ -150,11 +150,9 @@ class ChannelSubscriber:
 
     def remove(self, channel: str) -> None:
         with self._lock:
-            count = self._wanted.get(channel, 0) - 1
-            if count > 0:
-                self._wanted[channel] = count
+            if not _count_down(self._wanted, channel):
                 return
-            self._wanted.pop(channel, None)  # its ready event goes when it is unsubscribed
+            # No reader wants it: its ready event goes when it is unsubscribed.
         self._wake()
 
     def close(self) -> None:
@@ -273,11 +271,8 @@ class ChannelSubscriber:
 
     def _confirmed(self, channel: str) -> None:
         with self._lock:
-            remaining = self._pending.get(channel, 0) - 1
-            if remaining > 0:
-                self._pending[channel] = remaining
-                return
-            self._pending.pop(channel, None)
+            if not _count_down(self._pending, channel):
+                return  # another SUBSCRIBE for it is still unconfirmed
             if channel not in self._wanted:
                 return
             ready = self._ready.setdefault(channel, threading.Event())
@@ -302,3 +297,13 @@ class ChannelSubscriber:
                 while os.read(self._wake_read, 4096):
                     pass
         return [by_fd[fd] for fd in readable if fd in by_fd]
+
+
+def _count_down(counts: dict[str, int], channel: str) -> bool:
+    """One fewer for ``channel``; True (and the entry gone) once none is left."""
+    remaining = counts.get(channel, 0) - 1
+    if remaining > 0:
+        counts[channel] = remaining
+        return False
+    counts.pop(channel, None)
+    return True

@@ -164,8 +164,9 @@ def generation_pusher(
     if urlparse(url).scheme != "redis" or settings.worker.task_events:
         return None
     if jobs_client is not None and url == settings.redis.url:
-        return GenerationPusher(jobs_client, app.thread_oid)
-    client = redis.Redis.from_url(url, **client_options(settings.redis))
+        client = jobs_client
+    else:
+        client = redis.Redis.from_url(url, **client_options(settings.redis))
     return GenerationPusher(client, app.thread_oid)
 
 

@@ -239,10 +239,11 @@ return 1
 """
 )
 
-# The sum of ZCOUNT over every shard's index in one call (a single server only: a cluster's
-# shards live in different slots). KEYS: the shard indexes. ARGV: min, max
-SUM_ZCOUNT = """
+# The sum of one counting command (ZCARD, ZCOUNT) over every shard's index in one call (a single
+# server only: a cluster's shards live in different slots). KEYS: the shard indexes.
+# ARGV: the command, then its arguments after the key
+SUM_PER_SHARD = """
 local total = 0
-for i = 1, #KEYS do total = total + redis.call('ZCOUNT', KEYS[i], ARGV[1], ARGV[2]) end
+for i = 1, #KEYS do total = total + redis.call(ARGV[1], KEYS[i], unpack(ARGV, 2)) end
 return total
 """

@@ -92,7 +92,7 @@ class JobStore:
                 "EXPIRE_QUEUED",
                 "APPEND_STEP",
                 "FINISH",
-                "SUM_ZCOUNT",
+                "SUM_PER_SHARD",
             )
         }
 
@@ -242,29 +242,31 @@ class JobStore:
         deadline = self.redis.zscore(keys.queued_jobs(keys.shard_of(job_id)), job_id)
         if deadline is None:
             return None
-        below = f"({deadline!r}"
-        if self.cluster:
-            return int(sum(self._per_shard("zcount", keys.queued_jobs, "-inf", below)))
-        # One script over the shards: a pipeline of 256 ZCOUNTs cost milliseconds of Python
-        # on every stream that starts while its job is queued.
-        shards = [keys.queued_jobs(shard) for shard in range(keys.SHARDS)]
-        return int(
-            self.execute(
-                lambda pipe: self.queue_script(pipe, "SUM_ZCOUNT", shards, ["-inf", below])
-            )[0]
-        )
+        return self._sum_per_shard("zcount", keys.queued_jobs, "-inf", f"({deadline!r}")
 
     def queued_count(self) -> int:
         """Jobs waiting for a worker, all models and priorities (the batch backlog bound)."""
-        return sum(self._per_shard("zcard", keys.queued_jobs))
+        return self._sum_per_shard("zcard", keys.queued_jobs)
 
     def running_count(self) -> int:
-        return sum(self._per_shard("zcard", keys.running_jobs))
+        return self._sum_per_shard("zcard", keys.running_jobs)
 
     def running_ids(self) -> list[str]:
         """Every job some worker holds (or held, until a sweep notices it died)."""
         members = self._per_shard("zrange", keys.running_jobs, 0, -1)
         return [str(job_id) for shard in members for job_id in shard]
+
+    def _sum_per_shard(self, command: str, key: Callable[[int], str], *args: Any) -> int:
+        """The sum of a counting command over every shard's index. On a single server one
+        script loops over them: a pipeline of 256 commands cost milliseconds of Python (on
+        every stream that starts while its job is queued, for its position)."""
+        if self.cluster:
+            return int(sum(self._per_shard(command, key, *args)))
+        shards = [key(shard) for shard in range(keys.SHARDS)]
+        (total,) = self.execute(
+            lambda pipe: self.queue_script(pipe, "SUM_PER_SHARD", shards, [command, *args])
+        )
+        return int(total)
 
     def _per_shard(self, command: str, key: Any, *args: Any, **options: Any) -> list[Any]:
         """One command per shard's index, in one pipelined round trip (per node on a cluster)."""
