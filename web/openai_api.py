@@ -217,7 +217,7 @@ def _stream(
         log.info("completion stream %s: the client left; canceling its jobs", envelope.id)
         raise
     finally:
-        # The client went away (or generation failed): stop what still runs, within one step.
+        # The client went away (or generation failed): stop what still runs (a flush and a step).
         unfinished = [job for index, job in enumerate(jobs) if index not in finished]
         _cancel(svc, unfinished)
 

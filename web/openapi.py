@@ -108,7 +108,7 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
             "/v1/jobs/{job_id}/cancel": {
                 "post": {
                     "operationId": "cancelJob",
-                    "summary": "Cancel a job; a running one ends within one decoding step",
+                    "summary": "Cancel a job; a running one ends after a token flush and a step",
                     "parameters": [job_id],
                     "responses": responses(
                         {

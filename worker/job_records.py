@@ -45,7 +45,7 @@ class RecoveryOutcome(str, Enum):
 class CancelOutcome(str, Enum):
     MISSING = "missing"
     CANCELED = "canceled"  # it was still queued: canceled on the spot
-    REQUESTED = "requested"  # it is running: the worker stops it within one step
+    REQUESTED = "requested"  # it is running: the worker stops it at its next flush
     ALREADY_FINISHED = "finished"
 
 
