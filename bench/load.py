@@ -248,7 +248,8 @@ async def run_burst(
     for conn in [await conns.take() for _ in range(clients)]:
         conns.give_back(conn)
     send = openai_request if api == "openai" else job_request
-    offsets = sorted(random.Random(seed).uniform(0, window_s) for _ in range(clients))
+    rng = random.Random(seed)  # one generator: a new one per draw gave every client the same moment
+    offsets = sorted(rng.uniform(0, window_s) for _ in range(clients))
 
     async def later(offset: float) -> RequestResult:
         await asyncio.sleep(offset)
