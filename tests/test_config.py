@@ -85,6 +85,7 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("[web\n", {}, "line 1"),
         ("", {"TRICKLE_BROKER_URL": "kafka://x"}, "broker.url"),
         ("[broker]\ndelivery_limit = 0\n", {}, "broker.delivery_limit"),
+        ("[worker]\ngil_switch_interval_ms = -1\n", {}, "worker.gil_switch_interval_ms"),
     ],
 )
 def test_bad_configuration_names_the_key(

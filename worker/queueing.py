@@ -23,6 +23,7 @@ from kombu import Queue
 
 from worker import keys
 from worker.amqp_queues import AmqpQueueReader, amqp_conf, amqp_queues, batch_queue_of, is_amqp
+from worker.broker_transport import TRANSPORT_PATH as BROKER_TRANSPORT
 from worker.capacity import PRIORITY_STEPS, QueueReader, RedisQueueReader
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY
@@ -57,13 +58,13 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         worker_send_task_events=settings.worker.task_events,
         task_send_sent_event=settings.worker.task_events,
     )
+    scheme = urlparse(settings.broker_url).scheme
+    if scheme == "redis":
+        app.conf.broker_transport = BROKER_TRANSPORT
     if is_amqp(settings.broker_url):
         app.conf.update(task_queues=amqp_queues(models, settings.broker.delivery_limit))
         app.conf.update(amqp_conf())
-    elif (
-        urlparse(settings.broker_url).scheme == "rediss"
-        and "ssl_cert_reqs" not in settings.broker_url
-    ):
+    elif scheme == "rediss" and "ssl_cert_reqs" not in settings.broker_url:
         # kombu refuses a rediss:// URL without a certificate policy; verify by default.
         app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
     return app
@@ -104,9 +105,11 @@ class GenerationPusher:
     ``tests/test_queueing.py`` checks the message against the one ``send_task`` builds.
     """
 
-    def __init__(self, client: redis.Redis, reply_to: str):
+    def __init__(self, client: redis.Redis, reply_to: str, shares_store: bool = False):
         self._client = client
         self._reply_to = reply_to
+        # The broker is the job store's own Redis: a message can ride in the job's transaction.
+        self.shares_store = shares_store
         self._origin = f"gen{os.getpid()}@{socket.gethostname()}"
 
     def message(self, job_id: str, model: str, priority: int) -> dict[str, Any]:
@@ -150,8 +153,12 @@ class GenerationPusher:
         }
 
     def push(self, job_id: str, model: str, priority: int = 0) -> None:
+        self.push_into(self._client, job_id, model, priority)
+
+    def push_into(self, pipe: Any, job_id: str, model: str, priority: int = 0) -> None:
+        """Queue the push on ``pipe`` (a pipeline of the broker's Redis, or its client)."""
         message = json.dumps(self.message(job_id, model, priority))
-        self._client.lpush(keys.model_queue_list(model, priority), message)
+        pipe.lpush(keys.model_queue_list(model, priority), message)
 
 
 def generation_pusher(
@@ -164,9 +171,8 @@ def generation_pusher(
     if urlparse(url).scheme != "redis" or settings.worker.task_events:
         return None
     if jobs_client is not None and url == settings.redis.url:
-        client = jobs_client
-    else:
-        client = redis.Redis.from_url(url, **client_options(settings.redis))
+        return GenerationPusher(jobs_client, app.thread_oid, shares_store=True)
+    client = redis.Redis.from_url(url, **client_options(settings.redis))
     return GenerationPusher(client, app.thread_oid)
 
 
