@@ -139,15 +139,20 @@ class JobStore:
 
     # -- web side -------------------------------------------------------------------------------
 
-    def create(self, job: Job) -> None:
-        self.create_many([job])
+    def create(self, job: Job, also: Callable[[Any], object] | None = None) -> None:
+        """Record a new job; ``also`` adds commands for the same Redis to the same transaction
+        (the web tier's task message: the record and its message arrive together, in one round
+        trip, with no other request's work between them)."""
+        self.create_many([job], also)
 
-    def create_many(self, jobs: Sequence[Job]) -> None:
+    def create_many(self, jobs: Sequence[Job], also: Callable[[Any], object] | None = None) -> None:
         """Record new jobs in one round trip (a batch can bring thousands); atomic on a single
         Redis, per job on a cluster (jobs live on different slots)."""
         pipe = self.pipeline(transaction=not self.cluster)
         for job in jobs:
             self._queue_create(pipe, job)
+        if also is not None:
+            also(pipe)
         pipe.execute()
 
     def _queue_create(self, pipe: Any, job: Job) -> None:
