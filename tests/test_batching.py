@@ -45,6 +45,7 @@ class Harness:
         quiet_start_after_ms: float = 0.0,
         publish_interval_ms: float = 0.0,
         rebatch_wait_ratio: float = 0.0,
+        engine_threads: int = 1,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
@@ -62,6 +63,7 @@ class Harness:
             rebatch_max_stall_ms=rebatch_max_stall_ms,
             quiet_start_after_ms=quiet_start_after_ms,
             rebatch_wait_ratio=rebatch_wait_ratio,
+            engine_threads=engine_threads,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:
@@ -304,6 +306,41 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
         indexes = [json.loads(entry)["index"] for entry in entries]
         assert indexes == list(range(job.state.count))  # every token once, in order
         assert "".join(json.loads(entry)["text"] for entry in entries) == job.state.output
+
+
+@pytest.mark.parametrize("stall_ms", [60_000.0, 0.001])
+def test_a_short_restart_keeps_the_idle_lane_free(
+    stall_ms: float, demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """Two lanes, one idle: a newcomer that a young batch can take within the stall budget
+    joins it (one batch of two; the idle lane stays free for the rest of a burst). Past the
+    budget it takes the idle lane at once. Outputs are the solo ones either way."""
+    assert demo_engine.settings.inter_threads >= 2
+    assert demo_engine.warm_step_seconds  # the warm-up timed a decoding step
+    specs: list[dict[str, object]] = [
+        {"prompt": PROMPTS[1], "max_tokens": 400, "temperature": 0.0, "ignore_eos": True},
+        {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0.0, "ignore_eos": True},
+    ]
+    harness = Harness(
+        demo_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=stall_ms, engine_threads=2
+    )
+    try:
+        runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
+        harness.scheduler.submit(runner)
+        deadline = time.monotonic() + 30
+        while runner.state.count < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        harness.scheduler.submit(newcomer)
+        assert runner.ended.wait(60) and newcomer.ended.wait(60)
+        if stall_ms > 1:
+            assert runner.restarts >= 1 and max(harness.scheduler.batch_sizes) == 2
+        else:
+            assert runner.restarts == 0 and list(harness.scheduler.batch_sizes) == [1, 1]
+    finally:
+        harness.close()
+    outputs = solo_outputs(demo_engine, private_redis, specs)
+    assert [runner.state.output, newcomer.state.output] == outputs
 
 
 def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(

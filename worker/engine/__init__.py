@@ -24,7 +24,7 @@ from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
 from worker.config import ModelSettings, available_cores
-from worker.engine.process import BatchCommand, serve
+from worker.engine.process import BatchCommand, EngineReady, serve
 from worker.jobs import GenerationParams
 from worker.tokenizer import Tokenizer
 
@@ -110,6 +110,7 @@ class Engine:
         self._broken = False  # a lane's pipe broke: the process is dead or dying
         self._generation = 0
         self.device = "cpu"
+        self.warm_step_seconds: dict[int, float] = {}  # step time by batch size, from warm-up
         self._start()
 
     def _start(self) -> None:
@@ -149,7 +150,9 @@ class Engine:
         if kind != "ready":
             self._process.join(timeout=5)
             raise ValueError(f"model {self.settings.name!r} could not be loaded: {detail}")
-        self.device = str(detail)
+        ready = EngineReady.from_dict(detail)
+        self.device = ready.device
+        self.warm_step_seconds = ready.step_seconds
 
     def _ensure_running(self) -> None:
         with self._restart_lock:

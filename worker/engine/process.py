@@ -14,7 +14,8 @@ which stops a sequence by setting its flag; the callback returns True on its nex
 Wire format, one pair of pipes per lane (pickled tuples, for speed; both ends live in this
 package):
   worker -> engine: ``BatchCommand.to_dict()``, or None to stop.
-  engine -> worker: ("ready", device) | ("fatal", message) on lane 0 at start, then per batch
+  engine -> worker: ("ready", ``EngineReady.to_dict()``) | ("fatal", message) on lane 0 at
+                    start, then per batch
                     ("step", batch_id, tokens)... ("end", batch_id, error or None), where
                     tokens is a list of (position, step, token_id, logprob, is_last).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,6 +44,26 @@ log = logging.getLogger(__name__)
 StepToken = tuple[int, int, int, float | None, bool]
 # One engine thread's pipe ends in this process: (commands from the worker, events to it).
 LanePipes = tuple[Connection, Connection]
+
+
+WARM_UP_STEPS = 8  # decoding steps timed per batch size at start
+
+
+@dataclass(frozen=True)
+class EngineReady:
+    """The engine is loaded and warm: its device, and a decoding step's seconds by batch size
+    (measured during warm-up; the scheduler's first restart decisions are priced with them)."""
+
+    device: str
+    step_seconds: dict[int, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "step_seconds": dict(self.step_seconds)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineReady:
+        steps = {int(size): float(seconds) for size, seconds in data["step_seconds"].items()}
+        return cls(str(data["device"]), steps)
 
 
 @dataclass(frozen=True)
@@ -144,14 +166,37 @@ class EngineRunner:
             intra_threads=model.intra_threads,
         )
         self._flags = flags
-        self._warm_up()
+        self.step_seconds = self._warm_up()
 
-    def _warm_up(self) -> None:
+    def _warm_up(self) -> dict[int, float]:
         """One small batch per engine thread before the first job: CTranslate2's first calls
-        run about twice as slow (allocations), which users would otherwise pay as TTFT."""
+        run about twice as slow (allocations), which users would otherwise pay as TTFT. Then a
+        decoding step is timed alone and at ``max_batch_size``, for the restart policy."""
         start = self.tokenizer.to_pieces(self.tokenizer.encode("The"))
         for _ in range(max(self.settings.inter_threads, 1)):
             self.generator.generate_batch([start] * 4, max_length=8, include_prompt_in_result=False)
+        sizes = sorted({1, self.settings.max_batch_size})
+        return {size: self._time_steps(start, size) for size in sizes}
+
+    def _time_steps(self, prompt: list[str], size: int) -> float:
+        """Seconds per decoding step of ``size`` sequences (the prompt's forward pass excluded)."""
+        moments: list[float] = []
+
+        def note(step: Any) -> bool:
+            if step.batch_id == 0:
+                moments.append(time.perf_counter())
+            return False
+
+        self.generator.generate_batch(
+            [prompt] * size,
+            max_length=WARM_UP_STEPS,
+            include_prompt_in_result=False,
+            end_token=[],
+            callback=note,
+        )
+        if len(moments) < 2:
+            return 0.0
+        return (moments[-1] - moments[0]) / (len(moments) - 1)
 
     def run(self, command: BatchCommand, events: Connection) -> None:
         """Run one batch, sending its steps and then its end on this lane's pipe."""
@@ -255,7 +300,7 @@ def serve(
     except Exception as exc:
         first_events.send(("fatal", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
-    first_events.send(("ready", runner.device))
+    first_events.send(("ready", EngineReady(runner.device, runner.step_seconds).to_dict()))
     stopped = threading.Event()
 
     def lane(commands: Connection, events: Connection) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.sequence import SequenceState
+from worker.engine.step_times import StepTimes
 from worker.events import TokenEvent
 from worker.jobs import FinishReason, GenerationParams, JobError
 from worker.publisher import TokenItem
@@ -129,13 +130,18 @@ class RunningBatch:
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
 
-    def stepped(self, now: float) -> None:
-        """A new decoding step began: update the recent step time (prefill excluded)."""
+    def stepped(self, now: float, step_times: StepTimes) -> None:
+        """A new decoding step began: update the recent step time (prefill excluded), and the
+        model's step time at the size the step that just ended ran with."""
         if self.last_step_at is not None:
             interval = now - self.last_step_at
             previous = self.step_seconds
             self.step_seconds = interval if previous is None else 0.7 * previous + 0.3 * interval
+            step_times.observe(self.live(), interval)
         self.last_step_at = now
+
+    def live(self) -> int:
+        return sum(1 for job in self.jobs if not job.state.finished)
 
     def stall_steps(self, newcomers: list[ScheduledJob]) -> int:
         """Steps the longest running sequence would pause to catch up after a restart."""
@@ -192,6 +198,7 @@ class BatchScheduler:
         self._max_stall = rebatch_max_stall_ms / 1000.0
         self._wait_ratio = rebatch_wait_ratio
         self._quiet_after = quiet_start_after_ms / 1000.0
+        self._step_times = StepTimes(engine.warm_step_seconds)
         self._pending: list[ScheduledJob] = []
         # When the job before the latest one arrived: after a quiet spell a job starts at once.
         self._previous_arrival = float("-inf")
@@ -219,42 +226,47 @@ class BatchScheduler:
         with self._cond:
             self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
-            if self._idle_lanes == 0:
-                self._restart_a_young_batch()
+            # Even with a lane idle: a young batch that takes the newcomer for a short pause
+            # keeps that lane free for the rest of a burst (or for a job that cannot wait).
+            self._restart_a_young_batch()
             self._cond.notify()
 
     def _restart_a_young_batch(self) -> None:
-        """Every lane is busy: restart the batch that can take the waiting jobs cheapest, if
-        its running streams' pause is short (``rebatch_max_stall_ms``) or small beside the
+        """Restart the batch that can take the waiting jobs cheapest, if its running streams'
+        pause is short (``rebatch_max_stall_ms``), or, with every lane busy, small beside the
         newcomers' wait for a lane (``rebatch_wait_ratio``). Called under the lock."""
-        if self._max_stall <= 0 or not self._pending or self._idle_lanes > 0:
+        if self._max_stall <= 0 or not self._pending:
             return
-        if any(batch.restart for batch in self._running):
+        if self._restart_in_flight():
             return  # one restart at a time: the waiting jobs join the batch being restarted
         now = time.monotonic()
-        # The newcomers' alternative: the first lane to free up.
+        # The newcomers' alternative: an idle lane now, or the first lane to free up.
+        lane_busy = self._idle_lanes == 0
         wait = min((batch.seconds_left(now) for batch in self._running), default=0.0)
         best: tuple[float, RunningBatch, bool] | None = None
         for batch in self._running:
             sampling = batch.requests[0].sampling
             # A restart would change what a seeded or min_tokens sequence owes the engine.
-            if batch.steps == 0 or not _restartable(batch.requests[0]):
+            if not _restartable(batch.requests[0]):
+                continue
+            # Not before its first step: every restart gives each of its jobs a token first, so
+            # a stream of arrivals cannot keep a batch from ever speaking.
+            if batch.steps == 0:
                 continue
             newcomers = [job for job in self._pending if _batches_with(job, sampling)]
-            live = sum(1 for job in batch.jobs if not job.state.finished)
+            live = batch.live()
             if not newcomers or live + len(newcomers) > self._max_batch_size:
                 continue
             stall_steps = batch.stall_steps(newcomers)
             if stall_steps >= batch.remaining_steps():
                 continue
-            # Catch-up steps run at the bigger batch's pace: on a CPU a step's time grows about
-            # linearly with the batch (an overestimate on a GPU, which errs toward no restart).
-            pause = stall_steps * batch.recent_step_seconds(now) * (live + len(newcomers)) / live
+            pause = stall_steps * self._step_seconds(batch, live, len(newcomers), now)
             short = pause <= self._max_stall
             # A long pause once per job at most: its inter-token latency stays bounded in all
             # but one gap, however many newcomers follow.
             spares_wait = (
-                self._wait_ratio > 0
+                lane_busy
+                and self._wait_ratio > 0
                 and pause * self._wait_ratio <= wait
                 and not any(job.long_pauses for job in batch.jobs if not job.state.finished)
             )
@@ -267,6 +279,14 @@ class BatchScheduler:
             if long:
                 for job in batch.jobs:
                     job.long_pauses += 1
+
+    def _step_seconds(self, batch: RunningBatch, live: int, newcomers: int, now: float) -> float:
+        """A catch-up step's time at the restarted batch's size: the model's measured step
+        time at that size, or (nothing measured) the batch's own, grown linearly with it."""
+        measured = self._step_times.estimate(live + newcomers)
+        if measured is not None:
+            return measured
+        return batch.recent_step_seconds(now) * (live + newcomers) / max(live, 1)
 
     def close(self) -> None:
         with self._cond:
@@ -283,7 +303,8 @@ class BatchScheduler:
     def _next_batch(self) -> list[ScheduledJob] | None:
         with self._cond:
             self._idle_lanes += 1  # until this lane has chosen its batch, arrivals join it
-            while not self._pending and not self._closed:
+            # Jobs waiting for a restart in flight are its own: they run with its survivors.
+            while (not self._pending or self._restart_in_flight()) and not self._closed:
                 self._cond.wait()
             if self._closed:
                 self._idle_lanes -= 1
@@ -306,6 +327,9 @@ class BatchScheduler:
             self._pending = [job for job in self._pending if id(job) not in chosen]
             self._idle_lanes -= 1
             return batch
+
+    def _restart_in_flight(self) -> bool:
+        return any(batch.restart for batch in self._running)
 
     def _admission_window(self) -> float:
         """How long a lane waits for company: the configured window while jobs arrive close
@@ -337,7 +361,7 @@ class BatchScheduler:
                 return True  # tokens past a restart are dropped: the restart regenerates them
             if step >= running.steps:
                 running.steps = step + 1
-                running.stepped(time.monotonic())
+                running.stepped(time.monotonic(), self._step_times)
                 if self._pending:  # jobs wait for a lane: may one join by a restart now?
                     with self._cond:
                         self._restart_a_young_batch()
