@@ -24,6 +24,7 @@ from tests.clients import (
 )
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
+from worker.job_feeder import job_id_of
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -177,3 +178,24 @@ def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> No
     assert stream.done is not None and stream.done["status"] == "failed"
     assert stream.done["error"]["type"] == "queue_timeout"
     assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
+
+
+def test_a_job_taken_by_a_lost_worker_goes_back_and_runs(faults: FaultStack) -> None:
+    """A worker that died after its feeder took a job and before claiming it: the job's message
+    sits in that worker's taken list. A live worker's sweep puts it back, and the job runs."""
+    job = submit(faults.web_url, {"prompt": "The", "model": "demo", "max_tokens": 5})
+    queue = keys.model_queue_list("demo", 0)
+    ghost = "ghost@nowhere"
+    with faults.client() as client:
+        message = client.rpop(queue)  # no demo worker is up: the message is still queued
+        assert message is not None and job_id_of(message) == job["id"]
+        client.rpush(keys.worker_taken(ghost), f"{queue}\n{message}")
+        client.sadd(keys.FEEDERS, ghost)
+    faults.worker("rescuer", ("demo",))
+    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
+    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
+    with faults.client() as client:
+        assert not client.exists(keys.worker_taken(ghost))
+        assert ghost not in client.smembers(keys.FEEDERS)
+    log = (faults.log_dir / "rescuer.log").read_text()
+    assert f"put back 1 task message(s) taken by lost worker {ghost}" in log

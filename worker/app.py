@@ -2,9 +2,11 @@
 
 The app is built on first access (module ``__getattr__``), not at import, so settings are read
 once from the file and environment when the worker starts. The model is loaded once per process
-in ``worker_init``, before the worker consumes anything. On RabbitMQ, batch jobs do not come
-through Celery but through a ``BatchFeeder`` (worker/batch_feeder.py), started once the worker is
-ready and stopped with it.
+in ``worker_init``, before the worker consumes anything. On a plain Redis broker (the default)
+generation jobs do not come through Celery's consumer but through a ``JobFeeder``
+(worker/job_feeder.py), which takes every waiting job it has room for at once; on RabbitMQ, batch
+jobs come through a ``BatchFeeder`` (worker/batch_feeder.py). Either is started once the worker
+is ready and stopped with it; Celery keeps the rest (webhooks).
 """
 
 from __future__ import annotations
@@ -12,21 +14,27 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any
 
+import redis
 from celery import Celery, signals
 
 from worker import keys
 from worker.amqp_queues import consume_interactive_only, declare_queues, is_amqp
 from worker.batch_feeder import BatchFeeder
+from worker.capacity import PRIORITY_STEPS, node_alive
 from worker.config import Settings, load_settings
-from worker.queueing import enqueue_generation, enqueue_webhook, make_celery
+from worker.job_feeder import BLOCK_SECONDS as FEEDER_BLOCK_SECONDS
+from worker.job_feeder import JobFeeder
+from worker.queueing import direct_feed, enqueue_generation, enqueue_webhook, make_celery
+from worker.redis_connection import client_options
 from worker.runtime import WorkerRuntime
 from worker.tasks import current_runtime, install_runtime, register_tasks
 from worker.tracing import Tracing
 
 _app: Celery | None = None
-_feeder: BatchFeeder | None = None
+_feeder: BatchFeeder | JobFeeder | None = None
 
 
 def create_worker_app() -> Celery:
@@ -42,8 +50,11 @@ def create_worker_app() -> Celery:
     )
     register_tasks(app, settings.webhooks)
     amqp = is_amqp(settings.broker_url)
+    direct = direct_feed(settings)
     if amqp:
         consume_interactive_only(app, served)
+    elif direct:  # generation tasks come through the JobFeeder; Celery keeps the webhooks
+        app.amqp.queues.select([keys.WEBHOOK_QUEUE])
     # Requeued jobs may belong to any model, not only those this worker consumes.
     producer = make_celery(settings, settings.models)
 
@@ -76,6 +87,9 @@ def create_worker_app() -> Celery:
         if amqp:
             _feeder = batch_feeder(app, settings, runtime)
             _feeder.start()
+        elif direct:
+            _feeder = job_feeder(settings, runtime, app.conf.worker_concurrency)
+            _feeder.start()
 
     @signals.worker_shutting_down.connect(weak=False)
     def hand_back(**_: Any) -> None:
@@ -94,6 +108,29 @@ def create_worker_app() -> Celery:
         install_runtime(None)
 
     return app
+
+
+def job_feeder(settings: Settings, runtime: WorkerRuntime, slots: int) -> JobFeeder:
+    """Plain Redis broker: the feeder of this worker's models' queues, interactive lists first."""
+    options = client_options(settings.redis)
+    blocking = {**options, "socket_timeout": FEEDER_BLOCK_SECONDS + options["socket_timeout"]}
+    steps = sorted(PRIORITY_STEPS)
+    queues = [keys.model_queue_list(name, step) for step in steps for name in runtime.engines]
+    ttl = settings.worker.heartbeat_ttl_seconds
+
+    def alive(node: str) -> bool:
+        return node_alive(runtime.redis, settings.models, node, ttl, time.time())
+
+    return JobFeeder(
+        redis.Redis.from_url(settings.broker_url, **options),
+        runtime.node_name,
+        queues,
+        slots,
+        runtime.run_job,
+        lambda: redis.Redis.from_url(settings.broker_url, **blocking),
+        alive,
+        settings.worker.recovery_interval_seconds,
+    )
 
 
 def batch_feeder(app: Celery, settings: Settings, runtime: WorkerRuntime) -> BatchFeeder:

@@ -152,6 +152,16 @@ def model_queue_list(model: str, priority: int) -> str:
     return f"{queue}{KOMBU_PRIORITY_SEP}{priority}" if priority else queue
 
 
+def worker_taken(node: str) -> str:
+    """List of the task messages one worker's job feeder took off the queues and has not yet
+    finished ("<queue list>\n<message>"); put back by the sweep should the worker die."""
+    return f"{PREFIX}:worker:{node}:taken"
+
+
+# Set of the node names whose feeders have (or had) a taken list, for the sweep to visit.
+FEEDERS = f"{PREFIX}:feeders"
+
+
 def worker_slots(node: str) -> str:
     """Hash of one worker's slots per model ("<busy>/<total>"); expires with its heartbeat."""
     return f"{PREFIX}:worker:{node}:slots"

@@ -161,6 +161,13 @@ class GenerationPusher:
         pipe.lpush(keys.model_queue_list(model, priority), message)
 
 
+def direct_feed(settings: Settings) -> bool:
+    """Generation tasks bypass Celery at both ends (the web tier pushes them, the worker's
+    ``JobFeeder`` takes them): a plain ``redis://`` broker with task events off, the default.
+    RabbitMQ, TLS brokers and task events (Flower) keep Celery's producer and consumer."""
+    return urlparse(settings.broker_url).scheme == "redis" and not settings.worker.task_events
+
+
 def generation_pusher(
     settings: Settings, app: Celery, jobs_client: Any = None
 ) -> GenerationPusher | None:
@@ -168,7 +175,7 @@ def generation_pusher(
     (``enqueue_generation`` then sends through Celery). ``jobs_client`` (the job store's
     client) is reused when the broker is that same Redis."""
     url = settings.broker_url
-    if urlparse(url).scheme != "redis" or settings.worker.task_events:
+    if not direct_feed(settings):
         return None
     if jobs_client is not None and url == settings.redis.url:
         return GenerationPusher(jobs_client, app.thread_oid, shares_store=True)
