@@ -4,6 +4,7 @@ per-job parameters honoured inside a batch, and one Redis round trip per decodin
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -306,6 +307,33 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
         indexes = [json.loads(entry)["index"] for entry in entries]
         assert indexes == list(range(job.state.count))  # every token once, in order
         assert "".join(json.loads(entry)["text"] for entry in entries) == job.state.output
+
+
+def test_two_idle_lanes_waiting_out_windows_share_the_jobs_and_both_survive(
+    demo_engine: Engine, private_redis: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Both lanes idle: the first job wakes one into its admission window, the second wakes the
+    other into its own. The first window takes both jobs; the second lane finds none left and
+    must wait again (it raised IndexError and its thread died, leaving one lane for good)."""
+    harness = Harness(demo_engine, private_redis, 8, wait_ms=150, engine_threads=2)
+    try:
+        spec: dict[str, object] = {"prompt": "The", "max_tokens": 3, "temperature": 0.0}
+        first, second = harness.job(**spec), harness.job(**spec)  # type: ignore[arg-type]
+        harness.scheduler.submit(first)
+        time.sleep(0.03)
+        harness.scheduler.submit(second)
+        assert first.ended.wait(30) and second.ended.wait(30)
+        time.sleep(0.3)  # past the second lane's window
+        assert list(harness.scheduler.batch_sizes) == [2]
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        # Both lanes still serve: two jobs of different sampling run at once, one per lane.
+        third = harness.job(prompt="A", max_tokens=3, temperature=0.0)
+        fourth = harness.job(prompt="A", max_tokens=3, temperature=0.5)
+        harness.run([third, fourth])
+        assert list(harness.scheduler.batch_sizes)[1:] == [1, 1]
+        assert all(thread.is_alive() for thread in harness.scheduler._threads)
+    finally:
+        harness.close()
 
 
 @pytest.mark.parametrize("stall_ms", [60_000.0, 0.001])

@@ -295,38 +295,54 @@ class BatchScheduler:
 
     def _run(self) -> None:
         while True:
-            batch = self._next_batch()
-            if batch is None:
-                return
-            self._run_batch(batch)
+            try:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+                self._run_batch(batch)
+            except Exception:  # a lane that died would leave every later job one lane short
+                log.exception("engine lane %s failed; it goes on", threading.current_thread().name)
 
     def _next_batch(self) -> list[ScheduledJob] | None:
         with self._cond:
             self._idle_lanes += 1  # until this lane has chosen its batch, arrivals join it
-            # Jobs waiting for a restart in flight are its own: they run with its survivors.
-            while (not self._pending or self._restart_in_flight()) and not self._closed:
-                self._cond.wait()
-            if self._closed:
+            try:
+                while True:
+                    batch = self._choose_batch()
+                    if batch is None or batch:
+                        return batch
+                    # Another lane's admission window ended first and took every waiting job.
+            finally:
                 self._idle_lanes -= 1
-                return None
-            deadline = time.monotonic() + self._admission_window()
-            while len(self._pending) < self._max_batch_size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            # Interactive before batch work; arrival order within a priority (sort is stable).
-            waiting = sorted(self._pending, key=lambda job: job.priority)
-            first = waiting[0].request
-            if first.seed is not None:
-                batch = [waiting[0]]  # seeded jobs sample step by step, alone
-            else:
-                batch = [job for job in waiting if _batches_with(job, first.sampling)]
-                batch = batch[: self._max_batch_size]
-            chosen = {id(job) for job in batch}
-            self._pending = [job for job in self._pending if id(job) not in chosen]
-            self._idle_lanes -= 1
-            return batch
+
+    def _choose_batch(self) -> list[ScheduledJob] | None:
+        """Wait for jobs and the admission window, then take a batch: None once closed, [] if
+        another idle lane took the jobs meanwhile (two lanes can wait out windows at once).
+        Called under the lock."""
+        # Jobs waiting for a restart in flight are its own: they run with its survivors.
+        while (not self._pending or self._restart_in_flight()) and not self._closed:
+            self._cond.wait()
+        if self._closed:
+            return None
+        deadline = time.monotonic() + self._admission_window()
+        while len(self._pending) < self._max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._cond.wait(remaining)
+        if not self._pending:
+            return []
+        # Interactive before batch work; arrival order within a priority (sort is stable).
+        waiting = sorted(self._pending, key=lambda job: job.priority)
+        first = waiting[0].request
+        if first.seed is not None:
+            batch = [waiting[0]]  # seeded jobs sample step by step, alone
+        else:
+            batch = [job for job in waiting if _batches_with(job, first.sampling)]
+            batch = batch[: self._max_batch_size]
+        chosen = {id(job) for job in batch}
+        self._pending = [job for job in self._pending if id(job) not in chosen]
+        return batch
 
     def _restart_in_flight(self) -> bool:
         return any(batch.restart for batch in self._running)
