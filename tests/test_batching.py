@@ -77,6 +77,18 @@ class Harness:
         ids = self.engine.tokenizer.encode(prompt)
         return make_scheduled_job(self.engine, job.id, ids, options, claim.fence)
 
+    def runner_then_newcomer(
+        self, runner: ScheduledJob, newcomer: ScheduledJob, after_tokens: int, timeout: float
+    ) -> None:
+        """Start ``runner``, submit ``newcomer`` once it has ``after_tokens`` tokens, wait both."""
+        self.scheduler.submit(runner)
+        deadline = time.monotonic() + 30
+        while runner.state.count < after_tokens:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        self.scheduler.submit(newcomer)
+        assert runner.ended.wait(timeout) and newcomer.ended.wait(timeout)
+
     def run(self, jobs: list[ScheduledJob]) -> list[ScheduledJob]:
         for job in jobs:
             self.scheduler.submit(job)
@@ -280,13 +292,7 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
     harness = Harness(engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=60_000)
     try:
         runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
-        harness.scheduler.submit(runner)
-        deadline = time.monotonic() + 30
-        while runner.state.count < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.0005)
-        harness.scheduler.submit(newcomer)
-        assert runner.ended.wait(60) and newcomer.ended.wait(60)
+        harness.runner_then_newcomer(runner, newcomer, after_tokens=5, timeout=60)
         assert harness.scheduler.restarts >= 1
         assert runner.restarts >= 1
         assert newcomer.batch_started_at is not None and runner.last_token_at is not None
@@ -354,13 +360,7 @@ def test_a_short_restart_keeps_the_idle_lane_free(
     )
     try:
         runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
-        harness.scheduler.submit(runner)
-        deadline = time.monotonic() + 30
-        while runner.state.count < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.0005)
-        harness.scheduler.submit(newcomer)
-        assert runner.ended.wait(60) and newcomer.ended.wait(60)
+        harness.runner_then_newcomer(runner, newcomer, after_tokens=3, timeout=60)
         if stall_ms > 1:
             assert runner.restarts >= 1 and max(harness.scheduler.batch_sizes) == 2
         else:
@@ -389,13 +389,8 @@ def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(
         )  # fmt: skip
         try:
             runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
-            harness.scheduler.submit(runner)
-            deadline = time.monotonic() + 30
-            while runner.state.count < 40:  # far past a 1 µs pause budget
-                assert time.monotonic() < deadline
-                time.sleep(0.0005)
-            harness.scheduler.submit(newcomer)
-            assert runner.ended.wait(120) and newcomer.ended.wait(120)
+            # 40 tokens in: far past a 1 µs pause budget.
+            harness.runner_then_newcomer(runner, newcomer, after_tokens=40, timeout=120)
             assert newcomer.first_token_at is not None and runner.last_token_at is not None
             assert (newcomer.first_token_at < runner.last_token_at) is joins
             assert (runner.restarts >= 1) is joins
