@@ -127,3 +127,39 @@ def test_a_restarted_node_puts_back_and_runs_what_its_previous_life_took(
     assert feeder.join(10)
     assert private_redis.llen(keys.worker_taken("again")) == 0
     assert private_redis.sismember(keys.FEEDERS, "again")
+
+
+def test_a_take_is_claimed_in_one_call_and_each_job_gets_its_claim(
+    private_redis: redis.Redis,
+) -> None:
+    fresh(private_redis, "c")
+    calls: list[list[str]] = []
+    given: dict[str, object] = {}
+
+    def claim_many(job_ids: list[str]) -> list[str]:
+        calls.append(list(job_ids))
+        return [f"claim-of-{job_id}" for job_id in job_ids]
+
+    def run_job(job_id: str, claim: object) -> None:
+        given[job_id] = claim
+
+    for job in ("c1", "c2", "c3"):
+        private_redis.lpush(INTERACTIVE, message(job))
+    port = private_redis.connection_pool.connection_kwargs["port"]
+    feeder = JobFeeder(
+        private_redis,
+        "c",
+        [INTERACTIVE],
+        8,
+        run_job,
+        lambda: redis.Redis(port=port, decode_responses=True, socket_timeout=5),
+        lambda node: True,
+        60,
+        claim_many,
+    )
+    feeder.start()
+    wait_for(lambda: len(given) == 3, 10, "the three jobs to run")
+    feeder.stop_taking()
+    assert feeder.join(10)
+    assert calls == [["c1", "c2", "c3"]]  # one take, one claim call
+    assert given == {job: f"claim-of-{job}" for job in ("c1", "c2", "c3")}

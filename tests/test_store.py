@@ -87,3 +87,16 @@ def test_queue_position_counts_earlier_submissions_across_shards(
 
     assert store.queued_count() == counted(keys.queued_jobs) >= 5
     assert store.running_count() == counted(keys.running_jobs) >= 1
+
+
+def test_claim_many_claims_each_job_once_in_one_call(private_redis: redis.Redis) -> None:
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    jobs = [stored_job(store) for _ in range(3)]
+    ids = [job.id for job in jobs]
+    claims = store.claim_many(ids, "feeder", time.time(), lease_ms=5000, max_attempts=2)
+    assert [claim.claimed for claim in claims] == [True, True, True]
+    assert [claim.fence for claim in claims] == ["feeder:1"] * 3
+    assert [claim.job.id for claim in claims if claim.job] == ids
+    again = store.claim_many(ids, "other", time.time(), lease_ms=5000, max_attempts=2)
+    assert not any(claim.claimed for claim in again)  # running under feeder's lease
+    assert store.claim(ids[0], "other", time.time(), 5000, 2).outcome == again[0].outcome

@@ -130,6 +130,7 @@ def job_feeder(settings: Settings, runtime: WorkerRuntime, slots: int) -> JobFee
         lambda: redis.Redis.from_url(settings.broker_url, **blocking),
         alive,
         settings.worker.recovery_interval_seconds,
+        runtime.claim_many,
     )
 
 

@@ -4,8 +4,8 @@ Celery's consumer takes one message per event-loop turn: a ``BRPOP``, a synchron
 kombu's unacked record, then the hand-off to a task thread. Measured on an idle worker, 16
 one-token jobs pushed at once reached their task threads 4-9 ms apart (60-150 ms for the last
 one); under a burst that was the largest hop between a POST and its first token. This feeder
-takes every waiting message it has room for in one script, runs each job in its own thread, and
-leaves Celery only the webhook queue.
+takes every waiting message it has room for in one script, claims those jobs in one more round
+trip (``claim_many``), runs each in its own thread, and leaves Celery only the webhook queue.
 
 Reliability is kombu's, made explicit: the script moves each message from its queue to this
 worker's *taken* list in the same atomic step (``keys.worker_taken``), and a job's entry is
@@ -87,10 +87,11 @@ class JobFeeder:
         node: str,
         queues: Sequence[str],
         slots: int,
-        run_job: Callable[[str], None],
+        run_job: Callable[..., None],
         connect_blocking: Callable[[], redis.Redis],
         live: Callable[[str], bool],
         sweep_seconds: float,
+        claim_many: Callable[[list[str]], Sequence[Any]] | None = None,
     ):
         self._client = client
         self._node = node
@@ -102,6 +103,9 @@ class JobFeeder:
         self._take = client.register_script(TAKE)
         self._give_back = client.register_script(GIVE_BACK)
         self._live = live
+        # Claims for a whole take in one round trip, handed to run_job(job_id, claim); without
+        # it (or should it fail) each job thread claims its own job.
+        self._claim_many = claim_many
         self._sweep_seconds = sweep_seconds
         self._next_sweep = 0.0
         self._lock = threading.Condition()
@@ -170,28 +174,45 @@ class JobFeeder:
                     ]
                 except redis.RedisError:
                     log.exception("taking jobs failed; retrying")
-            for entry in entries:
-                self._start_job(entry)
+            jobs = [job for job in map(self._job_of, entries) if job is not None]
+            claims = self._claims([job_id for job_id, _entry in jobs])
+            for (job_id, entry), claim in zip(jobs, claims, strict=True):
+                self._start_job(job_id, entry, claim)
             if not entries:
                 self._wake.wait(IDLE_POLL_SECONDS)
 
-    def _start_job(self, entry: str) -> None:
+    def _job_of(self, entry: str) -> tuple[str, str] | None:
+        """(job id, entry); None for a message that names no job (dropped, and logged)."""
         _queue, _, message = entry.partition("\n")
         try:
-            job_id = job_id_of(message)
+            return job_id_of(message), entry
         except (ValueError, KeyError, IndexError, TypeError):
             log.error("dropped a task message that names no job: %.200s", message)
             self._done(entry)
-            return
+            return None
+
+    def _claims(self, job_ids: list[str]) -> Sequence[Any]:
+        if not job_ids or self._claim_many is None:
+            return [None] * len(job_ids)
+        try:
+            return self._claim_many(job_ids)
+        except redis.RedisError:
+            log.exception("claiming %d jobs at once failed; each claims its own", len(job_ids))
+            return [None] * len(job_ids)
+
+    def _start_job(self, job_id: str, entry: str, claim: Any) -> None:
         with self._lock:
             self._busy += 1
             if self._busy >= self._slots:
                 self._has_room.clear()
-        self._jobs.submit(self._run, job_id, entry)
+        self._jobs.submit(self._run, job_id, entry, claim)
 
-    def _run(self, job_id: str, entry: str) -> None:
+    def _run(self, job_id: str, entry: str, claim: Any) -> None:
         try:
-            self._run_job(job_id)
+            if claim is None:
+                self._run_job(job_id)
+            else:
+                self._run_job(job_id, claim)
         except Exception:  # the edge of a job thread: log it; the lease sweep takes the job over
             log.exception("job %s: run_job failed", job_id)
         finally:

@@ -155,21 +155,30 @@ class WorkerRuntime:
             engine.close()
         self.maintenance.withdraw()
 
-    def run_job(self, job_id: str) -> None:
-        """Claim, generate and store one job; returns once its final state is in Redis."""
+    def claim_many(self, job_ids: list[str]) -> list[Claim]:
+        """Claims for the jobs a feeder took at once, in one round trip (no retry: on an error
+        the feeder leaves each job to claim itself in ``run_job``)."""
+        max_attempts = self.settings.worker.max_attempts
+        now = time.time()
+        return self.store.claim_many(job_ids, self.node_name, now, self.lease_ms, max_attempts)
+
+    def run_job(self, job_id: str, claim: Claim | None = None) -> None:
+        """Claim (unless ``claim`` is given), generate and store one job; returns once its
+        final state is in Redis."""
         retry = self.settings.worker.redis_retry_seconds
         timeline = JobTimeline(claim_started=time.time())
-        claim = with_redis_retry(
-            lambda: self.store.claim(
-                job_id,
-                self.node_name,
-                time.time(),
-                self.lease_ms,
-                self.settings.worker.max_attempts,
-            ),
-            retry,
-            f"claim {job_id}",
-        )
+        if claim is None:
+            claim = with_redis_retry(
+                lambda: self.store.claim(
+                    job_id,
+                    self.node_name,
+                    time.time(),
+                    self.lease_ms,
+                    self.settings.worker.max_attempts,
+                ),
+                retry,
+                f"claim {job_id}",
+            )
         if not claim.claimed:
             log.info("job %s not run: %s", job_id, claim.outcome.value)
             if claim.outcome is ClaimOutcome.POISONED:

@@ -50,6 +50,21 @@ __all__ = [
 ]
 
 
+def _claim_from_reply(node: str, reply: list[Any]) -> Claim:
+    """The CLAIM script's reply as a Claim: outcome, attempt, then the job's fields if taken."""
+    outcome, attempt, *rest = reply
+    values, logged, prompt = rest if rest else ([], 0, None)
+    attempt = int(attempt)
+    if outcome != "claimed":
+        return Claim(ClaimOutcome(outcome), attempt, "")
+    fields = hash_fields(CLAIM_FIELDS, values)
+    if prompt:  # only when the worker must tokenize it (see CLAIM)
+        fields["prompt"] = prompt
+    return Claim(
+        ClaimOutcome.CLAIMED, attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged)
+    )
+
+
 def _ownership_keys(job_id: str) -> list[str]:
     """The keys CLAIM, RECOVER and RELEASE touch, in the order the scripts expect them."""
     shard = keys.shard_of(job_id)
@@ -308,36 +323,42 @@ class JobStore:
 
         Beyond ``max_attempts`` claims (its workers kept dying) the job fails instead.
         """
+        args = self._claim_args(job_id, node, now, lease_ms, max_attempts)
+        reply = self._scripts["CLAIM"](keys=_ownership_keys(job_id), args=args)
+        return _claim_from_reply(node, reply)
+
+    def claim_many(
+        self, job_ids: Sequence[str], node: str, now: float, lease_ms: int, max_attempts: int
+    ) -> list[Claim]:
+        """``claim`` for several jobs in one round trip (what a job feeder took at once)."""
+
+        def build(pipe: Any) -> None:
+            for job_id in job_ids:
+                args = self._claim_args(job_id, node, now, lease_ms, max_attempts)
+                self.queue_script(pipe, "CLAIM", _ownership_keys(job_id), args)
+
+        return [_claim_from_reply(node, reply) for reply in self.execute(build)]
+
+    def _claim_args(
+        self, job_id: str, node: str, now: float, lease_ms: int, max_attempts: int
+    ) -> list[Any]:
         error = JobError(
             "worker_lost",
             f"the job was attempted {max_attempts} times and its worker died each time",
         )
-        outcome, attempt, *rest = self._scripts["CLAIM"](
-            keys=_ownership_keys(job_id),
-            args=[
-                job_id,
-                repr(now),
-                node,
-                lease_ms,
-                max_attempts,
-                json.dumps(error.to_dict()),
-                self.result_ttl_seconds,
-                self.publish,
-                DONE_MESSAGE,
-                STATUS_MESSAGE,
-                *CLAIM_FIELDS,
-            ],
-        )
-        values, logged, prompt = rest if rest else ([], 0, None)
-        attempt = int(attempt)
-        if outcome != "claimed":
-            return Claim(ClaimOutcome(outcome), attempt, "")
-        fields = hash_fields(CLAIM_FIELDS, values)
-        if prompt:  # only when the worker must tokenize it (see CLAIM)
-            fields["prompt"] = prompt
-        return Claim(
-            ClaimOutcome.CLAIMED, attempt, f"{node}:{attempt}", job_from_hash(fields), int(logged)
-        )
+        return [
+            job_id,
+            repr(now),
+            node,
+            lease_ms,
+            max_attempts,
+            json.dumps(error.to_dict()),
+            self.result_ttl_seconds,
+            self.publish,
+            DONE_MESSAGE,
+            STATUS_MESSAGE,
+            *CLAIM_FIELDS,
+        ]
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
         """The whole replay log (to resume a job whose previous worker died mid-stream)."""
