@@ -371,6 +371,28 @@ def test_a_short_restart_keeps_the_idle_lane_free(
     assert [runner.state.output, newcomer.state.output] == outputs
 
 
+def test_a_batch_with_a_repetition_penalty_is_never_restarted(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """CTranslate2 penalizes generated tokens, not the prompt: a restart would feed the runner's
+    tokens back as prompt and change its greedy output. The newcomer waits instead."""
+    specs: list[dict[str, object]] = [
+        {"prompt": "The value", "max_tokens": 200, "temperature": 0.0, "repetition_penalty": 1.5},
+        {"prompt": "The", "max_tokens": 10, "temperature": 0.0, "repetition_penalty": 1.5},
+    ]
+    for spec in specs:
+        spec["ignore_eos"] = True
+    harness = Harness(demo_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=60_000)
+    try:
+        runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
+        harness.runner_then_newcomer(runner, newcomer, after_tokens=20, timeout=60)
+        assert runner.restarts == 0 and harness.scheduler.restarts == 0
+    finally:
+        harness.close()
+    outputs = solo_outputs(demo_engine, private_redis, specs)
+    assert [runner.state.output, newcomer.state.output] == outputs
+
+
 def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(
     demo_engine: Engine, private_redis: redis.Redis
 ) -> None:

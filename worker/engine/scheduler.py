@@ -246,7 +246,6 @@ class BatchScheduler:
         best: tuple[float, RunningBatch, bool] | None = None
         for batch in self._running:
             sampling = batch.requests[0].sampling
-            # A restart would change what a seeded or min_tokens sequence owes the engine.
             if not _restartable(batch.requests[0]):
                 continue
             # Not before its first step: every restart gives each of its jobs a token first, so
@@ -435,7 +434,11 @@ class BatchScheduler:
 
 
 def _restartable(request: EngineRequest) -> bool:
-    return request.seed is None and request.sampling.min_tokens == 0
+    """Whether a restart leaves the batch's outputs unchanged. Not for seeded jobs (they run
+    alone), min_tokens (owed per call) or a repetition penalty: CTranslate2 penalizes what a
+    sequence generated, not its prompt, so generated tokens fed back as prompt escape it."""
+    sampling = request.sampling
+    return request.seed is None and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
 
 
 def _batches_with(job: ScheduledJob, sampling: SamplingKey) -> bool:
