@@ -323,31 +323,18 @@ class JobStore:
 
         Beyond ``max_attempts`` claims (its workers kept dying) the job fails instead.
         """
-        args = self._claim_args(job_id, node, now, lease_ms, max_attempts)
-        reply = self._scripts["CLAIM"](keys=_ownership_keys(job_id), args=args)
-        return _claim_from_reply(node, reply)
+        (claim,) = self.claim_many([job_id], node, now, lease_ms, max_attempts)
+        return claim
 
     def claim_many(
         self, job_ids: Sequence[str], node: str, now: float, lease_ms: int, max_attempts: int
     ) -> list[Claim]:
         """``claim`` for several jobs in one round trip (what a job feeder took at once)."""
-
-        def build(pipe: Any) -> None:
-            for job_id in job_ids:
-                args = self._claim_args(job_id, node, now, lease_ms, max_attempts)
-                self.queue_script(pipe, "CLAIM", _ownership_keys(job_id), args)
-
-        return [_claim_from_reply(node, reply) for reply in self.execute(build)]
-
-    def _claim_args(
-        self, job_id: str, node: str, now: float, lease_ms: int, max_attempts: int
-    ) -> list[Any]:
         error = JobError(
             "worker_lost",
             f"the job was attempted {max_attempts} times and its worker died each time",
         )
-        return [
-            job_id,
+        shared = [
             repr(now),
             node,
             lease_ms,
@@ -359,6 +346,12 @@ class JobStore:
             STATUS_MESSAGE,
             *CLAIM_FIELDS,
         ]
+
+        def build(pipe: Any) -> None:
+            for job_id in job_ids:
+                self.queue_script(pipe, "CLAIM", _ownership_keys(job_id), [job_id, *shared])
+
+        return [_claim_from_reply(node, reply) for reply in self.execute(build)]
 
     def tokens(self, job_id: str) -> list[TokenEvent]:
         """The whole replay log (to resume a job whose previous worker died mid-stream)."""
