@@ -24,7 +24,7 @@ from tests.clients import (
 )
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
-from worker.job_feeder import job_id_of
+from worker.capacity import message_job_id
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -188,7 +188,7 @@ def test_a_job_taken_by_a_lost_worker_goes_back_and_runs(faults: FaultStack) -> 
     ghost = "ghost@nowhere"
     with faults.client() as client:
         message = client.rpop(queue)  # no demo worker is up: the message is still queued
-        assert message is not None and job_id_of(message) == job["id"]
+        assert message is not None and message_job_id(message) == job["id"]
         client.rpush(keys.worker_taken(ghost), f"{queue}\n{message}")
         client.sadd(keys.FEEDERS, ghost)
     faults.worker("rescuer", ("demo",))

@@ -11,7 +11,8 @@ import redis
 
 from tests.faultstack import wait_for
 from worker import keys
-from worker.job_feeder import GIVE_BACK, TAKE, JobFeeder, job_id_of, return_dead_feeders
+from worker.capacity import message_job_id
+from worker.job_feeder import GIVE_BACK, TAKE, JobFeeder, return_dead_feeders
 from worker.queueing import GenerationPusher
 
 INTERACTIVE = keys.model_queue_list("demo", 0)
@@ -35,18 +36,18 @@ def test_take_moves_at_most_room_messages_oldest_and_most_urgent_first(
     private_redis.lpush(BATCH, message("b1", 9))
     take = private_redis.register_script(TAKE)
     first = take(keys=[keys.worker_taken("a"), INTERACTIVE, BATCH], args=[2])
-    assert [job_id_of(entry.partition("\n")[2]) for entry in first] == ["i1", "i2"]
+    assert [message_job_id(entry.partition("\n")[2]) for entry in first] == ["i1", "i2"]
     second = take(keys=[keys.worker_taken("a"), INTERACTIVE, BATCH], args=[5])
-    assert [job_id_of(entry.partition("\n")[2]) for entry in second] == ["i3", "b1"]
+    assert [message_job_id(entry.partition("\n")[2]) for entry in second] == ["i3", "b1"]
     assert [entry.partition("\n")[0] for entry in second] == [INTERACTIVE, BATCH]
     assert private_redis.llen(INTERACTIVE) == private_redis.llen(BATCH) == 0
     assert private_redis.lrange(keys.worker_taken("a"), 0, -1) == [*first, *second]
     # Given back, each message is at the tail of its own queue again, in the original order.
     private_redis.lpush(INTERACTIVE, message("i4"))
     assert private_redis.register_script(GIVE_BACK)(keys=[keys.worker_taken("a")]) == 4
-    queued = [job_id_of(m) for m in reversed(private_redis.lrange(INTERACTIVE, 0, -1))]
+    queued = [message_job_id(m) for m in reversed(private_redis.lrange(INTERACTIVE, 0, -1))]
     assert queued == ["i1", "i2", "i3", "i4"]  # next out first
-    assert [job_id_of(m) for m in private_redis.lrange(BATCH, 0, -1)] == ["b1"]
+    assert [message_job_id(m) for m in private_redis.lrange(BATCH, 0, -1)] == ["b1"]
     assert not private_redis.exists(keys.worker_taken("a"))
 
 
@@ -59,7 +60,7 @@ def test_only_dead_feeders_give_back(private_redis: redis.Redis) -> None:
         take(keys=[keys.worker_taken(node), INTERACTIVE], args=[1])
     returned = return_dead_feeders(private_redis, lambda node: node == "alive")
     assert returned == {"dead": 1}
-    assert [job_id_of(m) for m in private_redis.lrange(INTERACTIVE, 0, -1)] == ["x2"]
+    assert [message_job_id(m) for m in private_redis.lrange(INTERACTIVE, 0, -1)] == ["x2"]
     assert private_redis.llen(keys.worker_taken("alive")) == 1
     assert private_redis.smembers(keys.FEEDERS) == {"alive"}
 

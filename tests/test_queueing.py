@@ -10,6 +10,7 @@ from typing import Any
 import redis
 
 from worker import broker_transport, keys
+from worker.capacity import message_job_id
 from worker.config import DEFAULT_CONFIG_PATH, load_settings
 from worker.jobs import BATCH_PRIORITY, GenerationParams, Job, new_job_id
 from worker.queueing import enqueue_generation, generation_pusher, make_celery
@@ -121,7 +122,7 @@ def test_record_and_message_travel_in_one_transaction(private_redis: redis.Redis
     )
     assert private_redis.hget(keys.job(job.id), "status") == "queued"
     (raw,) = private_redis.lrange(queue, 0, -1)
-    assert json.loads(base64.b64decode(json.loads(raw)["body"]))[0] == [job.id]
+    assert message_job_id(raw) == job.id
     # The push was queued on the job's own transaction, after the record's commands.
     (stack,) = commands
     assert stack[0][0][0] == "HSET" and stack[-1][0][0] == "LPUSH"

@@ -147,7 +147,7 @@ def oldest_queued_seconds(client: redis.Redis, model: str, now: float, jobs: Any
     """
     oldest: float | None = None
     for name in queue_lists(model):
-        job_id = _job_id_of(client.lindex(name, -1))
+        job_id = message_job_id(client.lindex(name, -1))
         if job_id is None:
             continue
         created = (jobs or client).hget(keys.job(job_id), "created_at")
@@ -186,8 +186,9 @@ def publish_slots(
     pipe.pexpire(name, max(int(ttl * 1000), 1))
 
 
-def _job_id_of(message: str | bytes | None) -> str | None:
-    """The job id a Celery message carries (its first argument), or None if unreadable."""
+def message_job_id(message: str | bytes | None) -> str | None:
+    """The job id a Celery task message on a Redis list carries (its first argument), or None
+    if unreadable: the queue-age reader and the worker's job feeder read messages with it."""
     if message is None:
         return None
     try:

@@ -22,9 +22,7 @@ events keep Celery's consumer.
 
 from __future__ import annotations
 
-import base64
 import functools
-import json
 import logging
 import threading
 import time
@@ -35,6 +33,7 @@ from typing import Any
 import redis
 
 from worker import keys
+from worker.capacity import message_job_id
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +68,6 @@ end
 redis.call('DEL', KEYS[1])
 return #entries
 """
-
-
-def job_id_of(message: str) -> str:
-    """The job id a generation task message carries (task protocol 2: body = [args, ...])."""
-    body = json.loads(base64.b64decode(json.loads(message)["body"]))
-    return str(body[0][0])
 
 
 class JobFeeder:
@@ -184,12 +177,12 @@ class JobFeeder:
     def _job_of(self, entry: str) -> tuple[str, str] | None:
         """(job id, entry); None for a message that names no job (dropped, and logged)."""
         _queue, _, message = entry.partition("\n")
-        try:
-            return job_id_of(message), entry
-        except (ValueError, KeyError, IndexError, TypeError):
+        job_id = message_job_id(message)
+        if job_id is None:
             log.error("dropped a task message that names no job: %.200s", message)
             self._done(entry)
             return None
+        return job_id, entry
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         if not job_ids or self._claim_many is None:
