@@ -278,6 +278,56 @@ def test_paced_flushes_carry_several_steps_and_never_delay_the_first_token(
     assert messages < steps / 10, f"{messages} messages for {steps} tokens"
 
 
+def test_an_arrival_or_an_end_flushes_only_its_own_job(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """Pacing is per job: short jobs starting and ending next to a long one (each a first token
+    and an end, published at once) do not drag the long job's held tokens out with them; they
+    wait for its own paced flush."""
+    interval_ms = 150
+    paced = Harness(
+        demo_engine,
+        private_redis,
+        max_batch_size=8,
+        wait_ms=0,
+        publish_interval_ms=interval_ms,
+        engine_threads=2,
+    )
+    steps, shorts = 300, 8
+    try:
+        long = paced.job("The", max_tokens=steps, ignore_eos=True, temperature=0.0)
+        listener = private_redis.pubsub()
+        listener.subscribe(keys.job_events_channel(long.job_id))
+        assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        began = time.monotonic()
+        paced.scheduler.submit(long)
+        for _ in range(shorts):  # each on the other lane while the long job runs
+            short = paced.job("A socket", max_tokens=2, ignore_eos=True, temperature=0.0)
+            paced.scheduler.submit(short)
+            assert short.ended.wait(10)
+        shorts_done = long.state.count
+        assert long.ended.wait(60)
+        elapsed = time.monotonic() - began
+        wait_for(
+            lambda: private_redis.llen(keys.job_tokens(long.job_id)) == steps, 10, "the last flush"
+        )
+        messages = 0
+        while listener.get_message(timeout=1) is not None:
+            messages += 1
+        listener.close()
+    finally:
+        paced.close()
+    assert shorts_done < steps, "the short jobs must run while the long one does"
+    events = [
+        TokenEvent.from_log_entry(long.job_id, raw)
+        for raw in private_redis.lrange(keys.job_tokens(long.job_id), 0, -1)
+    ]
+    assert "".join(event.text for event in events) == long.state.output
+    # Its own flushes only: the first tokens, one per interval, and its end (the short jobs'
+    # 3 x 8 immediate flushes would each have carried a message for it).
+    assert messages <= elapsed * 1000 / interval_ms + 4, f"{messages} messages in {elapsed:.2f}s"
+
+
 @pytest.mark.parametrize("model", ["demo", "tiny-llama"])
 def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
     model: str, demo_engine: Engine, llama_engine: Engine, private_redis: redis.Redis

@@ -132,8 +132,13 @@ class WorkerSettings(Section):
     task_events: bool = False
     # Token flushes to Redis (one script, one PUBLISH per job) at most this often after a job's
     # first tokens: every later cost is per message, so each carries several decoding steps.
-    # 0 flushes every step.
+    # 0 flushes every step. A first token and an end go at once, without the other jobs' tokens.
     publish_interval_ms: float = 10.0
+    # With many jobs the interval grows to keep messages (one per job per flush) under this
+    # rate, up to publish_max_interval_ms: each message costs the worker, Redis, the web tier
+    # and the client CPU that the engine needs under load. 0 keeps publish_interval_ms.
+    publish_max_messages_per_second: float = 1000.0
+    publish_max_interval_ms: float = 30.0
     # Python's GIL switch interval in the worker process. Its I/O threads (Celery's consumer,
     # the task threads that claim jobs, the publisher) each wait up to this long for the GIL
     # while the engine thread turns decoding steps into tokens; Python's 5 ms default put tens of
@@ -473,6 +478,10 @@ def _check(settings: Settings) -> None:
         raise ConfigError(f"broker.url must be a redis:// or amqp:// URL, got {scheme!r}://")
     if settings.worker.gil_switch_interval_ms < 0:
         raise ConfigError("worker.gil_switch_interval_ms must be >= 0 (0 keeps Python's default)")
+    pacing = ("publish_interval_ms", "publish_max_messages_per_second", "publish_max_interval_ms")
+    for name in pacing:
+        if getattr(settings.worker, name) < 0:
+            raise ConfigError(f"worker.{name} must be >= 0")
     if settings.broker.delivery_limit < 1:
         raise ConfigError("broker.delivery_limit must be >= 1")
     if "+cluster://" in settings.broker_url:

@@ -6,11 +6,16 @@ one pipeline: one script that appends to each job's replay log and output, publi
 tokens on that job's own channel and reads its cancel flag; then the final state of jobs that
 ended. A normal step's reply is an empty list (only exceptions come back).
 
-Flushes are paced: after one, the next waits until ``flush_interval_seconds`` have passed unless
-it carries a job's first token or a job's end, which go at once. Every cost downstream is per
-message (the script, each PUBLISH, every web process's parse, wake-up and write), so a step rate
-of hundreds per second would otherwise cost that many messages per job; paced, each message
-carries the tokens of several steps, and time to first token is untouched.
+Flushes are paced per job: a job's tokens go out at most every interval after its first ones,
+while a job's first tokens and its end go at once, alone (the other jobs' tokens stay held for
+their paced flush, so an arrival or an end does not cost every running job a message). Every
+cost downstream is per message (the script, each PUBLISH, every web process's parse, wake-up and
+write, every client's parse), so a step rate of hundreds per second would otherwise cost that
+many messages per job; paced, each message carries the tokens of several steps, and time to
+first token is untouched. The interval grows with the number of jobs flushed together, to keep
+messages under ``max_messages_per_second``, up to ``max_interval_seconds``: under load the
+serving path's CPU goes to the engine instead of to messages, while a lone stream keeps the
+floor's smoothness.
 """
 
 from __future__ import annotations
@@ -67,10 +72,17 @@ class TokenPublisher:
         on_lease_lost: Callable[[str], None],
         on_first_published: Callable[[str, float], None] | None = None,
         flush_interval_seconds: float = 0.0,
+        max_interval_seconds: float = 0.0,
+        max_messages_per_second: float = 0.0,
     ):
+        """``flush_interval_seconds`` is the pace with few jobs; with ``max_messages_per_second``
+        it grows with the jobs flushed together, up to ``max_interval_seconds``."""
         self._store = store
+        self._pacing = Pacing(flush_interval_seconds, max_interval_seconds, max_messages_per_second)
         self._interval = flush_interval_seconds
-        self._last_flush = float("-inf")
+        self._last_flush = float("-inf")  # the last flush of every held job (a paced one)
+        # Tokens drained but not yet sent, by job (in order): they wait for the paced flush.
+        self._held: dict[str, list[TokenItem]] = {}
         # Set by whoever queues a first token, an end or the stop: a paced wait ends early.
         self._urgent = threading.Event()
         self._on_cancel_requested = on_cancel_requested
@@ -80,6 +92,11 @@ class TokenPublisher:
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
         self._thread.start()
+
+    @property
+    def interval_seconds(self) -> float:
+        """The current pace of held jobs' flushes (for tests and logs)."""
+        return self._interval
 
     def publish_step(self, tokens: tuple[TokenItem, ...]) -> None:
         """Called on the engine thread: never blocks, never touches the network."""
@@ -102,23 +119,34 @@ class TokenPublisher:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while True:
-            items = self._drain()
-            if items is None:
-                return
-            self._flush(items)
-            self._last_flush = time.monotonic()
+        stopping = False
+        while not stopping:
+            items, stopping = self._drain()
+            now = time.monotonic()
+            if stopping or now >= self._last_flush + self._interval:
+                tokens = self._release(None, items)
+                self._last_flush = now
+                self._interval = self._pacing.interval(len({t.event.job_id for t in tokens}))
+            else:
+                tokens = self._release(_urgent_jobs(items), items)
+            finishes = [item for item in items if isinstance(item, FinishItem)]
+            if tokens or finishes:
+                self._flush(tokens, finishes)
 
-    def _drain(self) -> list[StepItem | FinishItem] | None:
-        """Everything queued since the last round trip: one step, or several when Redis lags."""
-        first = self._queue.get()
-        if first is None:
-            return None
-        items: list[StepItem | FinishItem] = [first]
-        pause = self._last_flush + self._interval - time.monotonic()
-        if pause > 0 and not _urgent(first):
-            # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
-            self._urgent.wait(pause)
+    def _drain(self) -> tuple[list[StepItem | FinishItem], bool]:
+        """What was queued by the time a flush is due: the paced moment, or at once for a first
+        token or an end. True once the stop was queued (everything held then goes out)."""
+        items: list[StepItem | FinishItem] = []
+        if not self._held:
+            first = self._queue.get()  # nothing held: sleep until something comes
+            if first is None:
+                return items, True
+            items.append(first)
+        if not any(_urgent(item) for item in items):
+            pause = self._last_flush + self._interval - time.monotonic()
+            if pause > 0:
+                # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
+                self._urgent.wait(pause)
         self._urgent.clear()
         while len(items) < MAX_ITEMS_PER_FLUSH:
             try:
@@ -126,17 +154,26 @@ class TokenPublisher:
             except queue.Empty:
                 break
             if item is None:
-                self._queue.put(None)
-                break
+                return items, True
             items.append(item)
-        return items
+        return items, False
 
-    def _flush(self, items: list[StepItem | FinishItem]) -> None:
-        appends = _group_by_job(
-            [t for item in items if isinstance(item, StepItem) for t in item.tokens]
-        )
-        finishes = [item for item in items if isinstance(item, FinishItem)]
+    def _release(
+        self, jobs: set[str] | None, items: list[StepItem | FinishItem]
+    ) -> list[TokenItem]:
+        """Hold the new tokens, then take out those of ``jobs`` (every job: None), in order."""
+        for item in items:
+            if isinstance(item, StepItem):
+                for token in item.tokens:
+                    self._held.setdefault(token.event.job_id, []).append(token)
+        if jobs is None:
+            released = [token for tokens in self._held.values() for token in tokens]
+            self._held.clear()
+            return released
+        return [token for job_id in jobs for token in self._held.pop(job_id, [])]
 
+    def _flush(self, tokens: list[TokenItem], finishes: list[FinishItem]) -> None:
+        appends = _group_by_job(tokens)
         calls = 0
 
         def build(pipe: Any) -> None:
@@ -192,6 +229,36 @@ def _urgent(item: StepItem | FinishItem) -> bool:
         token.first_token_at is not None or token.event.index < UNPACED_TOKENS
         for token in item.tokens
     )
+
+
+def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
+    """Jobs whose tokens must go out now: a first token among them, or their end."""
+    jobs: set[str] = set()
+    for item in items:
+        if isinstance(item, FinishItem):
+            jobs.add(item.job_id)
+            continue
+        for token in item.tokens:
+            if token.first_token_at is not None or token.event.index < UNPACED_TOKENS:
+                jobs.add(token.event.job_id)
+    return jobs
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How long held tokens wait: the floor with few jobs, longer with many, so a flush's
+    messages (one per job) stay under ``max_messages_per_second``; never past the ceiling,
+    which bounds the inter-token latency the pacing adds."""
+
+    floor_seconds: float
+    ceiling_seconds: float = 0.0
+    max_messages_per_second: float = 0.0
+
+    def interval(self, jobs: int) -> float:
+        if self.max_messages_per_second <= 0:
+            return self.floor_seconds
+        wanted = jobs / self.max_messages_per_second
+        return max(self.floor_seconds, min(wanted, self.ceiling_seconds))
 
 
 def _group_by_job(tokens: list[TokenItem]) -> list[StepAppend]:
