@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 
+import redis
+
+from web.follow import JobFollower, Status
 from web.hub import Delivery, Signal, TokenHub
 from worker import keys
+from worker.events import JobMessage, TokenEvent
+from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
+from worker.store import JobStore
 
 
 class ManualSubscriber:
@@ -106,3 +113,49 @@ def test_a_channel_subscribed_again_tells_its_readers_to_resync() -> None:
     hub._resubscribed(EVENTS)
     (delivery,) = reader.get_all(timeout=0.1)
     assert delivery.signal is Signal.RESYNC
+
+
+def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
+    private_redis: redis.Redis,
+) -> None:
+    """An OpenAI stream has no use for status events: its follower emits none, so the queue
+    position (a script per stream) is never read for it, while a native stream still gets it."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = Job(new_job_id(), "demo", "The", GenerationParams(), created_at=time.time())
+    store.create(job)
+    hub, _ = make_hub()
+    asked: list[str] = []
+    read_position = store.queue_position
+
+    def counted(job_id: str) -> int | None:
+        asked.append(job_id)
+        return read_position(job_id)
+
+    store.queue_position = counted  # type: ignore[method-assign]
+    native = JobFollower(store, hub, job.id, -1).chunks(1.0)
+    assert next(native) == [Status(JobStatus.QUEUED, 0)]
+    assert asked == [job.id]
+
+    plain = JobFollower(store, hub, job.id, -1, statuses=False).chunks(1.0)
+    token = TokenEvent(job.id, 0, "x")
+    hub._dispatch(keys.job_events_channel(job.id), JobMessage(tokens=(token,)).encode())
+    assert next(plain) == [token]
+    assert asked == [job.id]
+
+    # "Claimed" is news only for status events: no re-read of the job for this reader.
+    snapshots: list[str] = []
+    read_snapshot = store.snapshot
+
+    def counted_snapshot(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
+        snapshots.append(job_id)
+        return read_snapshot(job_id, from_index)
+
+    store.snapshot = counted_snapshot  # type: ignore[method-assign]
+    channel = keys.job_events_channel(job.id)
+    hub._dispatch(channel, JobMessage(status_changed=True).encode())
+    later = TokenEvent(job.id, 1, "y")
+    hub._dispatch(channel, JobMessage(tokens=(later,)).encode())
+    assert next(plain) == [later]
+    assert snapshots == []
+    native.close()
+    plain.close()

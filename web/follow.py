@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from enum import Enum
 
-from web.hub import Subscription, TokenHub
+from web.hub import Signal, Subscription, TokenHub
 from worker.events import TokenEvent
 from worker.jobs import Job, JobStatus
 from worker.store import JobStore
@@ -100,10 +100,21 @@ class Resync(str, Enum):
 
 
 class JobFollower:
-    def __init__(self, store: JobStore, hub: TokenHub, job_id: str, after: int, owner: str = ""):
+    def __init__(
+        self,
+        store: JobStore,
+        hub: TokenHub,
+        job_id: str,
+        after: int,
+        owner: str = "",
+        statuses: bool = True,
+    ):
         """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
-        another API key's job (``owner`` is the caller's key digest, "" without keys)."""
+        another API key's job (``owner`` is the caller's key digest, "" without keys).
+        ``statuses=False``: a reader with no use for ``Status`` events (an OpenAI stream) gets
+        none, and no queue position is read for it."""
         self._store = store
+        self._statuses = statuses
         self._job_id = job_id
         self._next = after + 1
         self._subscription: Subscription = hub.subscribe(job_id)
@@ -166,7 +177,7 @@ class JobFollower:
         """A ``Status`` if the job's status differs from the last one sent, else nothing."""
         if live_tokens and status is JobStatus.QUEUED:
             status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
-        if status is self._status:
+        if status is self._status or not self._statuses:
             return []
         self._status = status
         position = self._store.queue_position(self._job_id) if status is JobStatus.QUEUED else None
@@ -184,6 +195,10 @@ class JobFollower:
         deliveries = self._subscription.get_all(timeout)
         if not deliveries:
             return [], Resync.QUIET
+        if not self._statuses:
+            # Claimed or requeued: news only for status events; the tokens' own order (a gap
+            # sends it to the log) and the done signal keep such a reader whole without it.
+            deliveries = [d for d in deliveries if d.signal is not Signal.STATUS]
         if any(delivery.signal is not None for delivery in deliveries):
             return [], Resync.SIGNAL
         expected = self._next
@@ -200,13 +215,13 @@ class JobFollower:
 
 
 def open_followers(
-    store: JobStore, hub: TokenHub, job_ids: list[str], owner: str = ""
+    store: JobStore, hub: TokenHub, job_ids: list[str], owner: str = "", statuses: bool = True
 ) -> list[JobFollower]:
     """A follower per job from the start, or none at all: a failure closes those opened."""
     followers: list[JobFollower] = []
     try:
         for job_id in job_ids:
-            followers.append(JobFollower(store, hub, job_id, -1, owner))
+            followers.append(JobFollower(store, hub, job_id, -1, owner, statuses))
     except BaseException:
         close_all(followers)
         raise

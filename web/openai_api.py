@@ -99,7 +99,8 @@ def _respond(svc: Services, req: OpenAIRequest) -> Response:
     )
     if req.stream:
         owner = jobs[0].owner
-        followers = open_followers(svc.store, svc.hub, [job.id for job in jobs], owner)
+        # Chunks carry no status: no Status events, and no queue position read per stream.
+        followers = open_followers(svc.store, svc.hub, [job.id for job in jobs], owner, False)
         body = stream_with_context(_stream(svc, req, jobs, followers, envelope))
         response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
         response.call_on_close(lambda: close_all(followers))
