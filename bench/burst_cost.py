@@ -28,33 +28,8 @@ from bench import models
 from bench.load import engine_burst, run_burst
 from bench.log import progress
 from bench.params import RunParams
-from bench.stack import Stack, child_pids, cpu_seconds
+from bench.stack import Stack, cpu_of, process_groups
 from worker.config import PROJECT_ROOT
-
-
-def _tree_pids(pid: int) -> list[int]:
-    found = [pid]
-    for child in child_pids(pid):
-        found.extend(_tree_pids(child))
-    return found
-
-
-def process_groups(stack: Stack, model: str) -> dict[str, list[int]]:
-    """Processes to charge, by role: the engine is the worker's child, reported on its own."""
-    pids = stack.pids()
-    worker = pids[f"worker:{model}"]
-    below_worker = [p for child in child_pids(worker) for p in _tree_pids(child)]
-    return {
-        "web": stack.web_pids(),
-        "worker": [worker],
-        "engine": below_worker,
-        "redis": [pids["redis"]],
-        "client": [pids["bench"]],
-    }
-
-
-def cpu_of(groups: dict[str, list[int]]) -> dict[str, float]:
-    return {name: sum(cpu_seconds(p) or 0.0 for p in pids) for name, pids in groups.items()}
 
 
 def start_profilers(groups: dict[str, list[int]], out: Path) -> list[subprocess.Popen[bytes]]:

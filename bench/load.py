@@ -1,7 +1,7 @@
 """Open-loop load, the way vLLM's ``bench serve`` measures a server.
 
     .venv/bin/python -m bench.load [--model demo] [--rates 0.05,0.1,0.25,0.5,1.0]
-        [--requests 100] [--max-tokens 128] [--api openai,jobs] [--seed 0] [--plot]
+        [--rps 15] [--requests 100] [--max-tokens 128] [--api openai,jobs] [--seed 0] [--plot]
 
 Rates are fractions of the engine's batched capacity, measured in the same run: the best
 ``generate_batch`` tokens/s over a few batch sizes, divided by ``--max-tokens`` (requests/s).
@@ -11,8 +11,10 @@ completions (``/v1/chat/completions``, ``stream: true``) or jobs (``POST /v1/job
 stream). Per rate: TTFT, inter-token latency (ITL) and end-to-end latency at p50/p99,
 throughput, and goodput (requests/s that met the SLO: TTFT <= 250 ms and every ITL <= 50 ms);
 the highest rate whose p99s meet the SLO is reported as a fraction of the engine's capacity.
-Results go to JSON (and a PNG with ``--plot``, which needs matplotlib: ``pip install
-matplotlib``).
+``--rps 15`` adds absolute rates (for A/B runs of two versions, whose capacity readings differ).
+Each rate also charges every process's CPU time (web, worker, engine, Redis, this client) to the
+tokens delivered. Results go to JSON (and a PNG with ``--plot``, which needs matplotlib:
+``pip install matplotlib``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from bench import models
 from bench.engine_limit import load_generator
 from bench.log import progress
 from bench.params import RunParams
-from bench.stack import HOST, Stack
+from bench.stack import HOST, Stack, cpu_of, process_groups
 from bench.stats import percentile
 from worker.config import PROJECT_ROOT
 
@@ -352,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__)
     parser.add_argument("--model", default="demo")
     parser.add_argument("--rates", default="0.05,0.1,0.25,0.5,1.0")
+    parser.add_argument(
+        "--rps", default="", help="absolute rates (req/s), run after --rates (e.g. 15 for A/B runs)"
+    )
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--api", default="openai,jobs")
@@ -385,14 +390,17 @@ def main(argv: list[str] | None = None) -> int:
                         stack.web_port, api, args.model, args.burst, window, args.max_tokens, seed
                     )
                     bursts.append(asyncio.run(burst))
-            for fraction in (float(f) for f in args.rates.split(",") if f.strip()):
-                rate = fraction * capacity["requests_per_s"]
+            groups = process_groups(stack, args.model)
+            for rate in _rates(args.rates, args.rps, capacity["requests_per_s"]):
+                before = cpu_of(groups)
                 row = asyncio.run(
                     run_rate(
                         stack.web_port, api, args.model, rate, args.requests, args.max_tokens,
                         args.seed,
                     )
                 )  # fmt: skip
+                row["cpu_us_per_token"] = _cpu_per_token(before, cpu_of(groups), row)
+                fraction = rate / capacity["requests_per_s"]
                 rows.append({"fraction_of_capacity": fraction, **row})
     finally:
         stack.close()
@@ -434,7 +442,22 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['output_tokens_per_s']:.0f} tok/s, goodput {row['goodput_rps']:.2f} req/s, "
             f"{row['errors']} errors"
         )
+        print(f"         CPU us per delivered token: {row['cpu_us_per_token']}")
     return 0
+
+
+def _rates(fractions: str, absolute: str, capacity_rps: float) -> list[float]:
+    """Request rates to run: fractions of the engine's capacity, then absolute req/s."""
+    rates = [float(f) * capacity_rps for f in fractions.split(",") if f.strip()]
+    return rates + [float(r) for r in absolute.split(",") if r.strip()]
+
+
+def _cpu_per_token(
+    before: dict[str, float], after: dict[str, float], row: dict[str, Any]
+) -> dict[str, float]:
+    """Each process group's CPU time over the run, per token the clients received."""
+    tokens = row["output_tokens_per_s"] * row["duration_s"]
+    return {name: round((after[name] - before[name]) * 1e6 / max(tokens, 1), 1) for name in after}
 
 
 if __name__ == "__main__":

@@ -286,6 +286,31 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_pids(pid: int) -> list[int]:
+    found = [pid]
+    for child in child_pids(pid):
+        found.extend(tree_pids(child))
+    return found
+
+
+def process_groups(stack: Stack, model: str) -> dict[str, list[int]]:
+    """Processes to charge, by role: the engine is the worker's child, reported on its own."""
+    pids = stack.pids()
+    worker = pids[f"worker:{model}"]
+    below_worker = [p for child in child_pids(worker) for p in tree_pids(child)]
+    return {
+        "web": stack.web_pids(),
+        "worker": [worker],
+        "engine": below_worker,
+        "redis": [pids["redis"]],
+        "client": [pids["bench"]],
+    }
+
+
+def cpu_of(groups: dict[str, list[int]]) -> dict[str, float]:
+    return {name: sum(cpu_seconds(p) or 0.0 for p in pids) for name, pids in groups.items()}
+
+
 class CpuMeter:
     """CPU use of some processes over an interval, in percent of one CPU."""
 
