@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -124,6 +125,26 @@ def harness(demo_engine: Engine, private_redis: redis.Redis) -> Iterator[Harness
     h = Harness(demo_engine, private_redis, max_batch_size=8, wait_ms=100)
     yield h
     h.close()
+
+
+def messages_after_the_last_flush(
+    client: redis.Redis, listener: Any, job_id: str, steps: int
+) -> int:
+    """Once the job's replay log holds its ``steps`` tokens: the messages ``listener`` (on the
+    job's channel) still has, after which it is closed."""
+    wait_for(lambda: client.llen(keys.job_tokens(job_id)) == steps, 10, "the last flush")
+    messages = 0
+    while listener.get_message(timeout=1) is not None:
+        messages += 1
+    listener.close()
+    return messages
+
+
+def logged_events(client: redis.Redis, job_id: str) -> list[TokenEvent]:
+    return [
+        TokenEvent.from_log_entry(job_id, raw)
+        for raw in client.lrange(keys.job_tokens(job_id), 0, -1)
+    ]
 
 
 def solo_outputs(engine: Engine, client: redis.Redis, specs: list[dict[str, object]]) -> list[str]:
@@ -259,20 +280,11 @@ def test_paced_flushes_carry_several_steps_and_never_delay_the_first_token(
         first_seconds = time.monotonic() - submitted
         assert first is not None and first["type"] == "message", first
         assert job.ended.wait(60)
-        wait_for(
-            lambda: private_redis.llen(keys.job_tokens(job.job_id)) == steps, 10, "the last flush"
-        )
-        messages = 1
-        while listener.get_message(timeout=1) is not None:
-            messages += 1
-        listener.close()
+        messages = 1 + messages_after_the_last_flush(private_redis, listener, job.job_id, steps)
     finally:
         paced.close()
     assert first_seconds < interval_ms / 2000, f"first token after {first_seconds:.3f}s"
-    events = [
-        TokenEvent.from_log_entry(job.job_id, raw)
-        for raw in private_redis.lrange(keys.job_tokens(job.job_id), 0, -1)
-    ]
+    events = logged_events(private_redis, job.job_id)
     assert [event.index for event in events] == list(range(steps))
     assert "".join(event.text for event in events) == job.state.output
     assert messages < steps / 10, f"{messages} messages for {steps} tokens"
@@ -308,20 +320,11 @@ def test_an_arrival_or_an_end_flushes_only_its_own_job(
         shorts_done = long.state.count
         assert long.ended.wait(60)
         elapsed = time.monotonic() - began
-        wait_for(
-            lambda: private_redis.llen(keys.job_tokens(long.job_id)) == steps, 10, "the last flush"
-        )
-        messages = 0
-        while listener.get_message(timeout=1) is not None:
-            messages += 1
-        listener.close()
+        messages = messages_after_the_last_flush(private_redis, listener, long.job_id, steps)
     finally:
         paced.close()
     assert shorts_done < steps, "the short jobs must run while the long one does"
-    events = [
-        TokenEvent.from_log_entry(long.job_id, raw)
-        for raw in private_redis.lrange(keys.job_tokens(long.job_id), 0, -1)
-    ]
+    events = logged_events(private_redis, long.job_id)
     assert "".join(event.text for event in events) == long.state.output
     # Its own flushes only: the first tokens, one per interval, and its end (the short jobs'
     # 3 x 8 immediate flushes would each have carried a message for it).
