@@ -48,6 +48,8 @@ class Harness:
         publish_interval_ms: float = 0.0,
         rebatch_wait_ratio: float = 0.0,
         engine_threads: int = 1,
+        publish_max_interval_ms: float = 0.0,
+        publish_max_messages_per_second: float = 0.0,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
@@ -56,6 +58,8 @@ class Harness:
             lambda job_id: None,
             lambda job_id: None,
             flush_interval_seconds=publish_interval_ms / 1000,
+            max_interval_seconds=publish_max_interval_ms / 1000,
+            max_messages_per_second=publish_max_messages_per_second,
         )
         self.scheduler = BatchScheduler(
             engine,
@@ -329,6 +333,45 @@ def test_an_arrival_or_an_end_flushes_only_its_own_job(
     # Its own flushes only: the first tokens, one per interval, and its end (the short jobs'
     # 3 x 8 immediate flushes would each have carried a message for it).
     assert messages <= elapsed * 1000 / interval_ms + 4, f"{messages} messages in {elapsed:.2f}s"
+
+
+def test_many_jobs_stretch_the_flush_interval_to_the_message_budget(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """Eight jobs flushed together with a budget of 100 messages/s: after the first paced
+    flush the interval is 8 / 100 s = 80 ms (the 10 ms floor is for few jobs), so each job's
+    channel carries about one message per 80 ms, not one per 10."""
+    paced = Harness(
+        demo_engine,
+        private_redis,
+        max_batch_size=8,
+        wait_ms=50,
+        publish_interval_ms=10,
+        publish_max_interval_ms=200,
+        publish_max_messages_per_second=100,
+    )
+    steps, count = 400, 8
+    try:
+        jobs = [
+            paced.job("The", max_tokens=steps, ignore_eos=True, temperature=0.0)
+            for _ in range(count)
+        ]
+        listener = private_redis.pubsub()
+        listener.subscribe(keys.job_events_channel(jobs[0].job_id))
+        assert listener.get_message(timeout=5)["type"] == "subscribe"  # type: ignore[index]
+        began = time.monotonic()
+        paced.run(jobs)
+        elapsed = time.monotonic() - began
+        stretched = paced.publisher.interval_seconds
+        messages = messages_after_the_last_flush(private_redis, listener, jobs[0].job_id, steps)
+    finally:
+        paced.close()
+    assert stretched == pytest.approx(count / 100)
+    assert "".join(e.text for e in logged_events(private_redis, jobs[0].job_id)) == (
+        jobs[0].state.output
+    )
+    # First tokens, one flush per 80 ms after the first paced one (at 10 ms), and the end.
+    assert messages <= elapsed / 0.08 + 5, f"{messages} messages in {elapsed:.2f}s"
 
 
 @pytest.mark.parametrize("model", ["demo", "tiny-llama"])
