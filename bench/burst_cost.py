@@ -28,7 +28,7 @@ from bench import models
 from bench.load import engine_burst, run_burst
 from bench.log import progress
 from bench.params import RunParams
-from bench.stack import Stack, cpu_of, process_groups
+from bench.stack import Stack, cpu_of, process_groups, us_per_token
 from worker.config import PROJECT_ROOT
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             tokens = args.clients * args.max_tokens - row["errors"] * args.max_tokens
             cost = {name: (after[name] - before[name]) for name in groups}
             row["cpu_s"] = {k: round(v, 3) for k, v in cost.items()}
-            row["us_per_token"] = {k: round(1e6 * v / tokens, 1) for k, v in cost.items()}
+            row["us_per_token"] = us_per_token(cost, tokens)
             row["cores_busy"] = round(sum(cost.values()) / wall, 2)
             runs.append(row)
             progress(

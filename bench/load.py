@@ -33,7 +33,7 @@ from bench import models
 from bench.engine_limit import load_generator
 from bench.log import progress
 from bench.params import RunParams
-from bench.stack import HOST, Stack, cpu_of, process_groups
+from bench.stack import HOST, Stack, cpu_of, process_groups, us_per_token
 from bench.stats import percentile
 from worker.config import PROJECT_ROOT
 
@@ -457,7 +457,7 @@ def _cpu_per_token(
 ) -> dict[str, float]:
     """Each process group's CPU time over the run, per token the clients received."""
     tokens = row["output_tokens_per_s"] * row["duration_s"]
-    return {name: round((after[name] - before[name]) * 1e6 / max(tokens, 1), 1) for name in after}
+    return us_per_token({name: after[name] - before[name] for name in after}, tokens)
 
 
 if __name__ == "__main__":

@@ -311,6 +311,11 @@ def cpu_of(groups: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) or 0.0 for p in pids) for name, pids in groups.items()}
 
 
+def us_per_token(cpu_s: dict[str, float], tokens: int | float) -> dict[str, float]:
+    """Each process group's CPU seconds over a run, in µs per token the clients received."""
+    return {name: round(1e6 * seconds / max(tokens, 1), 1) for name, seconds in cpu_s.items()}
+
+
 class CpuMeter:
     """CPU use of some processes over an interval, in percent of one CPU."""
 

@@ -76,7 +76,7 @@ def test_feeder_runs_each_job_once_within_its_slots_and_clears_what_ended(
     most = 0
     lock = threading.Lock()
 
-    def run_job(job_id: str) -> None:
+    def run_job(job_id: str, claim: object) -> None:
         nonlocal running, most
         with lock:
             running += 1
@@ -117,7 +117,7 @@ def test_a_restarted_node_puts_back_and_runs_what_its_previous_life_took(
         "again",
         [INTERACTIVE],
         2,
-        ran.append,
+        lambda job_id, claim: ran.append(job_id),
         lambda: redis.Redis(port=port, decode_responses=True, socket_timeout=5),
         lambda node: True,
         60,

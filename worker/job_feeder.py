@@ -80,7 +80,7 @@ class JobFeeder:
         node: str,
         queues: Sequence[str],
         slots: int,
-        run_job: Callable[..., None],
+        run_job: Callable[[str, Any], None],
         connect_blocking: Callable[[], redis.Redis],
         live: Callable[[str], bool],
         sweep_seconds: float,
@@ -202,10 +202,7 @@ class JobFeeder:
 
     def _run(self, job_id: str, entry: str, claim: Any) -> None:
         try:
-            if claim is None:
-                self._run_job(job_id)
-            else:
-                self._run_job(job_id, claim)
+            self._run_job(job_id, claim)  # None: the job thread claims its own job
         except Exception:  # the edge of a job thread: log it; the lease sweep takes the job over
             log.exception("job %s: run_job failed", job_id)
         finally:

@@ -220,15 +220,14 @@ class TokenPublisher:
                 attempt += 1
 
 
+def _unpaced(token: TokenItem) -> bool:
+    """A job's first tokens (the first may carry no visible text yet): never held back."""
+    return token.first_token_at is not None or token.event.index < UNPACED_TOKENS
+
+
 def _urgent(item: StepItem | FinishItem) -> bool:
-    """A job's first tokens (the first may carry no visible text yet) or its end: never held
-    back for pacing."""
-    if isinstance(item, FinishItem):
-        return True
-    return any(
-        token.first_token_at is not None or token.event.index < UNPACED_TOKENS
-        for token in item.tokens
-    )
+    """A job's first tokens or its end: the flush goes at once."""
+    return isinstance(item, FinishItem) or any(_unpaced(token) for token in item.tokens)
 
 
 def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
@@ -237,10 +236,8 @@ def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
     for item in items:
         if isinstance(item, FinishItem):
             jobs.add(item.job_id)
-            continue
-        for token in item.tokens:
-            if token.first_token_at is not None or token.event.index < UNPACED_TOKENS:
-                jobs.add(token.event.job_id)
+        else:
+            jobs.update(token.event.job_id for token in item.tokens if _unpaced(token))
     return jobs
 
 

@@ -158,8 +158,8 @@ class WorkerRuntime:
         self.maintenance.withdraw()
 
     def claim_many(self, job_ids: list[str]) -> list[Claim]:
-        """Claims for the jobs a feeder took at once, in one round trip (no retry: on an error
-        the feeder leaves each job to claim itself in ``run_job``)."""
+        """Claims for the jobs a feeder took at once, in one round trip (no retry here: on an
+        error the feeder leaves each job to claim itself in ``run_job``, which retries)."""
         max_attempts = self.settings.worker.max_attempts
         now = time.time()
         return self.store.claim_many(job_ids, self.node_name, now, self.lease_ms, max_attempts)
@@ -170,17 +170,7 @@ class WorkerRuntime:
         retry = self.settings.worker.redis_retry_seconds
         timeline = JobTimeline(claim_started=time.time())
         if claim is None:
-            claim = with_redis_retry(
-                lambda: self.store.claim(
-                    job_id,
-                    self.node_name,
-                    time.time(),
-                    self.lease_ms,
-                    self.settings.worker.max_attempts,
-                ),
-                retry,
-                f"claim {job_id}",
-            )
+            (claim,) = with_redis_retry(lambda: self.claim_many([job_id]), retry, f"claim {job_id}")
         if not claim.claimed:
             log.info("job %s not run: %s", job_id, claim.outcome.value)
             if claim.outcome is ClaimOutcome.POISONED:
