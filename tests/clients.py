@@ -171,3 +171,13 @@ def assert_gapless(stream: StreamResult) -> None:
     assert stream.indexes == list(range(len(stream.tokens)))
     assert stream.text == stream.done["output"]
     assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
+
+
+def batch_line(custom_id: str = "r1", **body: Any) -> dict[str, Any]:
+    """One line of a batch input file: a one-token completion unless ``body`` says otherwise."""
+    body = {"model": "demo", "prompt": "The", "max_tokens": 1, **body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()

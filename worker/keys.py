@@ -1,7 +1,7 @@
 """Every Redis key, channel and Celery queue name Trickle uses, and nothing else.
 
 One module owns the schema so the web tier and the workers can never drift apart; the exact strings
-are pinned by tests/test_keys.py.
+are pinned by tests/unit/test_keys.py.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class GenerationPusher:
     on the web tier's path to the first token, against 0.13 ms for the push itself; a burst of
     new clients waits on that CPU. Only for the Redis transport with task events off (an event
     would be one more message); everything else goes through ``send_task``.
-    ``tests/test_queueing.py`` checks the message against the one ``send_task`` builds.
+    ``tests/integration/test_queueing.py`` checks the message against the one ``send_task`` builds.
     """
 
     def __init__(self, client: redis.Redis, reply_to: str, shares_store: bool = False):

@@ -28,7 +28,7 @@ from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wai
 from tests.metrics_text import parse_samples
 from worker import keys
 
-INJECT = Path(__file__).parent / "inject"
+INJECT = Path(__file__).parents[1] / "inject"
 ENGINE_FAILS = "The ☢"  # generate_batch raises for any batch holding this prompt
 TOKENS_FAIL = "The ☠"  # decoding this job's tokens raises
 DIES_AT_THE_END = "The ☣"  # the worker is killed as it stores this job's result

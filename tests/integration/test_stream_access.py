@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import redis
-import requests
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tests import stack
-from tests.clients import poll_until_finished, read_sse, read_ws
-from trickle.redis_server import free_port
 from web.services import services
 from web.stream_tokens import StreamTokens, load_secret
 from worker import keys
@@ -216,53 +211,3 @@ def test_cors_origins_from_the_environment_and_checked() -> None:
     for bad in ("https://a.example/path", "a.example", "https://user@a.example", "ftp://a"):
         with pytest.raises(ConfigError, match=r"web\.cors_origins"):
             load_settings(environ={"TRICKLE__WEB__CORS_ORIGINS": bad})
-
-
-@pytest.fixture(scope="module")
-def keyed_web(config_path: Path, log_dir: Path, stack_url: str) -> Iterator[tuple[str, Path]]:
-    """A gunicorn with API keys and CORS set through the environment, on the shared worker."""
-    port = free_port()
-    env = {"TRICKLE_API_KEYS": KEY, "TRICKLE__WEB__CORS_ORIGINS": PAGE_ORIGIN}
-    process = stack.start_web(config_path, port, log_dir, extra_env=env, name="web-tokens")
-    yield f"http://127.0.0.1:{port}", log_dir / "web-tokens.log"
-    stack.stop(process)
-
-
-def test_a_backend_hands_out_urls_that_stream_everything_without_the_key(
-    keyed_web: tuple[str, Path],
-) -> None:
-    url, log = keyed_web
-    body = {"prompt": "The socket", "max_tokens": 80, "ignore_eos": True, "temperature": 0}
-    response = requests.post(f"{url}/v1/jobs", json=body, headers=AUTH, timeout=30)
-    assert response.status_code == 202
-    job = response.json()
-    urls = job["urls"]
-    assert urls["stream"].startswith(url)  # absolute, from the request's Host
-    assert requests.get(f"{url}/v1/jobs/{job['id']}/events", timeout=10).status_code == 401
-
-    stream = read_sse(url, job["id"], query="?" + urlsplit(urls["stream"]).query)
-    final = poll_until_finished(url, job["id"], headers=AUTH)
-    assert stream.done is not None and stream.text == final["output"]
-    assert stream.indexes == list(range(80))
-    assert [s["status"] for s in stream.statuses][-1] == "succeeded"
-    resumed = read_sse(
-        url, job["id"], headers={"Last-Event-ID": "69"}, query="?" + urlsplit(urls["ws"]).query
-    )
-    assert resumed.indexes == list(range(70, 80))
-    ws = read_ws(url, job["id"], query="?" + urlsplit(urls["ws"]).query + "&after=9")
-    assert [t["index"] for t in ws.tokens] == list(range(10, 80))
-    assert final["output"].endswith("".join(t["text"] for t in ws.tokens))
-
-    # A wrong token on the WebSocket is refused before the upgrade: a JSON 401, no stream.
-    handshake = {
-        "Connection": "Upgrade",
-        "Upgrade": "websocket",
-        "Sec-WebSocket-Version": "13",
-        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-    }
-    refused = requests.get(
-        f"{url}/v1/jobs/{job['id']}/ws?token=1.wrong", headers=handshake, timeout=10
-    )
-    assert refused.status_code == 401
-    assert refused.json()["error"]["code"] == "invalid_stream_token"
-    assert KEY not in log.read_text()  # never logged, and never in a URL to log

@@ -1,6 +1,6 @@
 """The RabbitMQ queue layout, without a broker: what each app declares and where jobs go.
 
-The stack on a real RabbitMQ node is tests/test_rabbitmq.py; this pins the declarations that
+The stack on a real RabbitMQ node is tests/system/test_rabbitmq.py; this pins the declarations that
 decide durability and the interactive/batch split, and the Redis transport left as it was.
 """
 

@@ -11,22 +11,14 @@ from typing import Any
 
 import pytest
 import redis
-import requests
 
 from tests import stack
 from tests.clients import poll_until_finished, submit
 from tests.faultstack import wait_for
-from tests.metrics_text import parse_samples
+from tests.metrics_text import scrape
 from worker import keys
 from worker.metric_defs import JOBS
 from worker.metrics import count_now, label_string
-
-
-def scrape(base: str) -> dict[str, float]:
-    response = requests.get(f"{base}/metrics", timeout=10)
-    assert response.status_code == 200
-    assert response.headers["Content-Type"].startswith("text/plain; version=")
-    return parse_samples(response.text)
 
 
 def test_metrics_cover_queue_jobs_latency_and_batches(stack_url: str) -> None:

@@ -4,8 +4,6 @@ page or a leaked subscription."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import socket
 import threading
@@ -16,21 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import requests
 import websocket
 from flask import Flask
-from flask.testing import FlaskClient
 
-from tests.clients import poll_until_finished, submit
+from tests.clients import batch_line, jsonl, poll_until_finished, submit
 from tests.faultstack import wait_for
-from tests.test_operations import scrape
-from trickle.redis_server import free_port
+from tests.metrics_text import scrape
 from web.services import services
-from worker import keys
-from worker.config import AuthSettings, Settings, WebhookSettings
-from worker.jobs import new_job_id
-from worker.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
+from worker.config import Settings
 
 DEEP = b"[" * 100_000
 HUGE_INTEGER = b"1" * 5_000
@@ -52,15 +44,6 @@ def error_of(response: requests.Response, status: int) -> dict[str, Any]:
     assert response.status_code == status, response.text[:300]
     assert response.headers["Content-Type"].startswith("application/json"), response.text[:300]
     return response.json()["error"]  # type: ignore[no-any-return]
-
-
-def batch_line(custom_id: str = "r1", **body: Any) -> dict[str, Any]:
-    body = {"model": "demo", "prompt": "The", "max_tokens": 1, **body}
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
-
-
-def jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(line) + "\n" for line in lines).encode()
 
 
 def chunked(data: bytes, size: int = 65_536) -> Iterator[bytes]:
@@ -350,22 +333,6 @@ def test_gunicorns_own_errors_are_json(stack_url: str, request_bytes: bytes, sta
 # In-process apps on the test Redis, for what needs other settings than the stack's -----------
 
 
-def test_a_first_read_that_fails_closes_its_subscription(
-    settings: Settings, make_app: Callable[[Settings], Flask]
-) -> None:
-    """Row 1 with Redis away: the follower subscribes, its first read fails, nothing leaks."""
-    dead = dataclasses.replace(
-        settings,
-        redis=dataclasses.replace(settings.redis, url=f"redis://127.0.0.1:{free_port()}/0"),
-    )
-    app = make_app(dead)
-    client = app.test_client()
-    job_id = new_job_id()
-    for path in (f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}"):
-        assert client.get(path, headers={"Prefer": "wait=1"}).status_code == 503
-    assert services(app).hub.active_subscriptions == 0
-
-
 def test_a_stream_response_never_read_closes_its_subscription(
     stack_url: str, settings: Settings, make_app: Callable[[Settings], Flask]
 ) -> None:
@@ -391,56 +358,3 @@ def test_a_stream_response_never_read_closes_its_subscription(
     while threading.active_count() > threads and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= threads
-
-
-def keyed_client(
-    settings: Settings, make_app: Callable[[Settings], Flask], metrics_token: str
-) -> FlaskClient:
-    auth = AuthSettings(api_keys=("keyA", "keyB"), metrics_token=metrics_token)
-    return make_app(dataclasses.replace(settings, auth=auth)).test_client()
-
-
-def test_metrics_want_the_metrics_token_when_one_is_set(
-    settings: Settings, make_app: Callable[[Settings], Flask]
-) -> None:
-    client = keyed_client(settings, make_app, "sha256:" + hashlib.sha256(b"scrape").hexdigest())
-    assert client.get("/metrics").status_code == 401
-    assert client.get("/metrics", headers={"Authorization": "Bearer keyA"}).status_code == 401
-    response = client.get("/metrics", headers={"Authorization": "Bearer scrape"})
-    assert response.status_code == 200 and "trickle_active_streams" in response.text
-    assert client.get("/healthz").status_code == 200
-
-
-def test_without_a_metrics_token_metrics_follow_the_api_keys(
-    settings: Settings, make_app: Callable[[Settings], Flask]
-) -> None:
-    client = keyed_client(settings, make_app, "")
-    response = client.get("/metrics")
-    assert response.status_code == 401 and response.get_json()["error"]["code"]
-    assert client.get("/metrics", headers={"Authorization": "Bearer keyB"}).status_code == 200
-
-
-def test_batch_jobs_and_backlog_are_bounded(
-    settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
-) -> None:
-    limits = dataclasses.replace(settings.limits, max_batch_jobs=100)
-    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
-    lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
-    error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
-    assert error["param"] == "input" and "1280 jobs" in error["message"]
-    queued = sum(redis_client.zcard(keys.queued_jobs(s)) for s in range(keys.SHARDS))
-    limits = dataclasses.replace(settings.limits, max_batch_backlog=queued + 1)
-    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
-    response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))
-    assert response.status_code == 429 and response.headers["Retry-After"]
-    assert response.get_json()["error"]["code"] == "queue_full"
-
-
-def test_webhook_hosts_resolving_to_internal_addresses_are_refused_at_delivery() -> None:
-    strict = WebhookSettings(allowed_hosts=("localhost", "127.0.0.1"), allowed_ports=(8080,))
-    for host in ("localhost", "127.0.0.1"):
-        with pytest.raises(WebhookRejected, match="internal address"):
-            deliver(f"http://{host}:8080/hook", {}, strict)
-    assert resolve_address("127.0.0.1", 8080, replace(strict, allow_private_addresses=True))
-    with pytest.raises(WebhookRejected, match="allowed_ports"):
-        check_webhook_url("http://localhost/hook", strict)  # port 80 by default

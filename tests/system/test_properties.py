@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.clients import submit
-from tests.test_robustness import active_streams, raw_http, settle_streams
+from tests.system.test_robustness import active_streams, raw_http, settle_streams
 
 
 def examples(count: int) -> Any:

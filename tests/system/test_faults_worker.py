@@ -39,8 +39,10 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
     from trickle.model_builders.random_llama import build_random_llama
 
     root = tmp_path_factory.mktemp("worker-faults")
+    # Big enough that LONG takes several seconds on one thread of a fast core (at d_model 256 and
+    # 4 layers it took 1 s, and the one-second deadline raced the job's end).
     slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+        root / "slow", demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
     )
     stack = build_fault_stack(
         root,

@@ -17,7 +17,7 @@ import requests
 
 from tests.clients import read_sse, submit
 from tests.faultstack import wait_for
-from tests.test_operations import scrape
+from tests.metrics_text import scrape
 from tests.upstack import UpStack, start_up
 
 IDLE_SECONDS = 5.0

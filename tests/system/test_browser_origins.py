@@ -4,7 +4,7 @@ The "backend" is the test: it submits with the API key and hands the page ``urls
 ``urls.ws``. The page, served by a plain ``http.server`` on another port (another origin), opens
 it with ``EventSource`` or ``WebSocket`` and never sees a key. The web tier is a real gunicorn
 with API keys and ``TRICKLE__WEB__CORS_ORIGINS`` naming that origin, on the shared worker.
-Chromium and its fixtures are ``tests/test_browser.py``'s.
+Chromium and its fixtures are ``tests/system/test_browser.py``'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import requests
 from playwright.sync_api import Page
 
 from tests import stack
-from tests import test_browser as shared
+from tests.system import test_browser as shared
 from trickle.redis_server import free_port
 
 browser = shared.browser  # the same Chromium fixtures, not a copy

@@ -29,7 +29,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from tests import stack
 from trickle.redis_server import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",

@@ -80,17 +80,6 @@ def test_worker_slots_come_from_live_heartbeats(private_redis: redis.Redis) -> N
     assert live == WorkerSlots("worker-5100@h", 3, 16, 0.0)
 
 
-def test_scaling_endpoint_hands_keda_the_demand(stack_url: str) -> None:
-    import requests
-
-    body = requests.get(f"{stack_url}/scaling/demo", timeout=10).json()
-    assert body["model"] == "demo" and body["workers"] >= 1
-    assert body["slots_per_worker"] == 16 and body["total_slots"] >= 16
-    assert body["demand_slots"] == body["queue_depth"] + body["busy_slots"]
-    missing = requests.get(f"{stack_url}/scaling/nope", timeout=10)
-    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
-
-
 def load(depth: int, busy: int = 0, total: int = 0, oldest: float = 0.0) -> ModelLoad:
     workers = [WorkerSlots("w", busy, total)] if total else []
     return ModelLoad("demo", depth, oldest, workers)
