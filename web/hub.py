@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from web.subscriber import ChannelSubscriber
 from worker import keys
-from worker.events import JobMessage, TokenEvent
+from worker.events import JobMessage, TokenRun
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,10 @@ class Signal(str, Enum):
     STATUS = "status"  # the job was claimed or requeued: read its state
 
 
-@dataclass(frozen=True)
-class Delivery:
-    tokens: tuple[TokenEvent, ...] = ()
+class Delivery(NamedTuple):
+    """A message's tokens, or a signal."""
+
+    tokens: TokenRun | None = None
     signal: Signal | None = None
 
 
@@ -169,10 +169,10 @@ class TokenHub:
         self.received_messages += 1
         if feed is None:
             return  # its last reader left while the message travelled
-        message = JobMessage.decode(job_id, raw)
-        self.received_tokens += len(message.tokens)
+        message = JobMessage.decode(raw)
         with self._lock:
-            if message.tokens:
+            if message.tokens is not None:
+                self.received_tokens += len(message.tokens)
                 feed.append(Delivery(tokens=message.tokens))
             if message.done:
                 feed.append(Delivery(signal=Signal.DONE))

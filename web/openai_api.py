@@ -39,7 +39,7 @@ from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
 from worker.capacity import live_workers
-from worker.events import TokenEvent
+from worker.events import TokenEvent, TokenRun
 from worker.jobs import Job, JobStatus
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,9 @@ def _stream(
     envelope: shapes.Envelope,
 ) -> Iterator[str]:
     chat = req.kind is RequestKind.CHAT
+    # Logprobs and continuous usage are per token; otherwise a wake-up's tokens are one chunk.
+    per_token = req.logprobs is not None or req.continuous_usage
+    templates = [shapes.text_chunk_template(envelope, i, chat) for i in range(len(jobs))]
     finished: set[int] = set()
     offsets = [0] * len(jobs)
     generated = [0] * len(jobs)  # per choice, for continuous_usage_stats
@@ -184,12 +187,17 @@ def _stream(
             for index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
-                elif isinstance(event, TokenEvent):
-                    generated[index] += 1
-                    if event.text or req.logprobs is not None or req.continuous_usage:
-                        chunk = _token_chunk(req, envelope, index, event, offsets[index])
+                elif isinstance(event, TokenRun) and not per_token:
+                    generated[index] += len(event)
+                    literal = event.text_literal()
+                    if literal != '""':  # held text (a partial character) is no chunk
+                        parts.append(templates[index].render(literal))
+                elif isinstance(event, TokenRun):
+                    for token in event.events(jobs[index].id):
+                        generated[index] += 1
+                        chunk = _token_chunk(req, envelope, index, token, offsets[index])
                         parts.append(_sse(with_usage(chunk, index)))
-                        offsets[index] += len(event.text)
+                        offsets[index] += len(token.text)
                 elif isinstance(event, Done):
                     finished.add(index)
                     job = event.job

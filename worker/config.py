@@ -91,9 +91,11 @@ class WebSettings(Section):
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
-    # Native SSE streams write at most once per this interval after the first token (tokens
-    # that arrive meanwhile go out together): what lets one process feed thousands of readers.
-    stream_flush_interval_ms: float = 10.0
+    # A stream writes at most once per this interval after the first token (tokens that arrive
+    # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
+    # job's messages; the pace still grows with a process's streams (web.stream.stream_pace),
+    # which is what lets one process feed thousands of readers.
+    stream_flush_interval_ms: float = 0.0
     # gunicorn worker processes (gevent: each holds thousands of streams). More than one spreads
     # request handling (validation, tokenization, enqueueing, stream set-up) over cores, which
     # is what a burst of new clients waits on; each process keeps its own pub/sub connection.

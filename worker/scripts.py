@@ -193,8 +193,9 @@ for i = 1, jobs do
   local present = redis.call('LLEN', KEYS[base + 2]) - first_index
   if redis.call('GET', KEYS[base + 3]) == fence and present >= 0 then
     if present < k then
-      for j = present, k - 1 do
-        redis.call('RPUSH', KEYS[base + 2], ARGV[a + j])
+      -- One RPUSH per job (pieces of 1,000: unpack's limit is about 8,000 values).
+      for j = present, k - 1, 1000 do
+        redis.call('RPUSH', KEYS[base + 2], unpack(ARGV, a + j, a + math.min(j + 999, k - 1)))
       end
       if present == 0 then
         redis.call('APPEND', KEYS[base + 4], ARGV[a + k])

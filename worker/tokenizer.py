@@ -19,6 +19,7 @@ class Tokenizer:
         self.bos_id = self._sp.bos_id()
         self.eos_id = self._sp.eos_id()
         self.vocab_size = self._sp.get_piece_size()
+        self._unk_id = self._sp.unk_id()
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids as the model sees them (with the start token when the model wants one)."""
@@ -42,5 +43,7 @@ class Tokenizer:
     def _in_vocabulary(self, ids: list[int]) -> list[int]:
         """A model may have more output ids than the tokenizer has pieces (padded vocabularies):
         those decode as the unknown piece instead of failing the whole batch."""
-        unk = self._sp.unk_id()
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
+            return ids  # the usual case, checked in C (this runs twice per generated token)
+        unk = self._unk_id
         return [i if 0 <= i < self.vocab_size else unk for i in ids]

@@ -10,7 +10,14 @@ import redis
 from web.follow import JobFollower, Status
 from web.hub import Delivery, Signal, TokenHub
 from worker import keys
-from worker.events import JobMessage, TokenEvent
+from worker.events import (
+    DONE_MESSAGE,
+    STATUS_MESSAGE,
+    TokenEvent,
+    TokenRun,
+    encode_text,
+    token_message,
+)
 from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
 from worker.store import JobStore
 
@@ -41,20 +48,31 @@ def make_hub() -> tuple[TokenHub, ManualSubscriber]:
 
 
 EVENTS = keys.job_events_channel("job_x")
+
+
+def tokens(first: int, *texts: str) -> str:
+    """A channel message carrying ``texts`` as tokens ``first`` onwards."""
+    return token_message(first, [encode_text(text) for text in texts], [None] * len(texts))
+
+
+def indexes(deliveries: list[Delivery]) -> list[int]:
+    return [i for d in deliveries if d.tokens is not None for i in d.tokens.indexes]
+
+
 DONE = keys.job_done_channel("job_x")
 
 
 def test_every_reader_sees_every_delivery_from_when_it_subscribed() -> None:
     hub, _ = make_hub()
     early = hub.subscribe("job_x")
-    hub._dispatch(EVENTS, '{"t": [[0, "a", null]]}')
+    hub._dispatch(EVENTS, tokens(0, "a"))
     late = hub.subscribe("job_x")
-    hub._dispatch(EVENTS, '{"t": [[1, "b", null], [2, "c", null]]}')
-    hub._dispatch(EVENTS, '{"d": 1}')
+    hub._dispatch(EVENTS, tokens(1, "b", "c"))
+    hub._dispatch(EVENTS, DONE_MESSAGE)
     seen_early = early.get_all(timeout=0.1)
-    assert [e.index for d in seen_early for e in d.tokens] == [0, 1, 2]
+    assert indexes(seen_early) == [0, 1, 2]
     assert seen_early[-1].signal is Signal.DONE
-    assert [e.index for d in late.get_all(timeout=0.1) for e in d.tokens] == [1, 2]
+    assert indexes(late.get_all(timeout=0.1)) == [1, 2]
     assert early.get_all(timeout=0.01) == []
 
 
@@ -62,7 +80,7 @@ def test_a_message_costs_one_append_per_job_whatever_the_readers() -> None:
     hub, subscriber = make_hub()
     readers = [hub.subscribe("job_x") for _ in range(1000)]
     for index in range(50):
-        hub._dispatch(EVENTS, f'{{"t": [[{index}, "a", null]]}}')
+        hub._dispatch(EVENTS, tokens(index, "a"))
     assert len(hub._feeds["job_x"].deliveries) == 50  # shared, not copied per reader
     assert hub.active_subscriptions == 1000
     assert len(readers[-1].get_all(timeout=0.1)) == 50
@@ -94,7 +112,7 @@ def test_a_waiter_hears_only_the_done_channel_and_is_no_stream() -> None:
     hub, subscriber = make_hub()
     waiter = hub.watch("job_x")
     assert subscriber.wanted == {DONE: 1} and hub.active_subscriptions == 0
-    hub._dispatch(DONE, '{"d": 1}')
+    hub._dispatch(DONE, DONE_MESSAGE)
     (delivery,) = waiter.get_all(timeout=0.1)
     assert delivery.signal is Signal.DONE
     waiter.close()
@@ -138,8 +156,8 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
 
     plain = JobFollower(store, hub, job.id, -1, statuses=False).chunks(1.0)
     token = TokenEvent(job.id, 0, "x")
-    hub._dispatch(keys.job_events_channel(job.id), JobMessage(tokens=(token,)).encode())
-    assert next(plain) == [token]
+    hub._dispatch(keys.job_events_channel(job.id), tokens(token.index, token.text))
+    assert next(plain) == [TokenRun.from_events([token])]
     assert asked == [job.id]
 
     # "Claimed" is news only for status events: no re-read of the job for this reader.
@@ -152,10 +170,10 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
 
     store.snapshot = counted_snapshot  # type: ignore[method-assign]
     channel = keys.job_events_channel(job.id)
-    hub._dispatch(channel, JobMessage(status_changed=True).encode())
+    hub._dispatch(channel, STATUS_MESSAGE)
     later = TokenEvent(job.id, 1, "y")
-    hub._dispatch(channel, JobMessage(tokens=(later,)).encode())
-    assert next(plain) == [later]
+    hub._dispatch(channel, tokens(later.index, later.text))
+    assert next(plain) == [TokenRun.from_events([later])]
     assert snapshots == []
     native.close()
     plain.close()

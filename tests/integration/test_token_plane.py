@@ -74,7 +74,7 @@ def test_a_web_process_receives_only_the_jobs_its_readers_follow(
     seen: list[int] = []
     deliveries = subscription.get_all(5.0)
     while deliveries:
-        seen += [e.index for d in deliveries for e in d.tokens]
+        seen += [i for d in deliveries if d.tokens is not None for i in d.tokens.indexes]
         if any(d.signal is Signal.DONE for d in deliveries):
             break
         deliveries = subscription.get_all(5.0)
@@ -129,7 +129,9 @@ def test_a_broken_subscription_is_taken_again_and_its_readers_re_read(
     job = running_job(store)
     subscription = hub.subscribe(job[0])
     step(publisher, [job], 0)
-    assert [e.index for d in subscription.get_all(5.0) for e in d.tokens] == [0]
+    assert [
+        i for d in subscription.get_all(5.0) if d.tokens is not None for i in d.tokens.indexes
+    ] == [0]
     private_redis.client_kill_filter(_type="pubsub")
     signals = wait_for(
         lambda: [d.signal for d in subscription.get_all(0.5) if d.signal is not None],
@@ -139,6 +141,10 @@ def test_a_broken_subscription_is_taken_again_and_its_readers_re_read(
     assert Signal.RESYNC in signals
     wait_for(lambda: private_redis.pubsub_numsub(keys.job_events_channel(job[0]))[0][1], 10, "it")
     step(publisher, [job], 1)  # live again on the new connection
-    got = wait_for(lambda: [e.index for d in subscription.get_all(0.5) for e in d.tokens], 10, "1")
+    got = wait_for(
+        lambda: [i for d in subscription.get_all(0.5) if d.tokens for i in d.tokens.indexes],
+        10,
+        "1",
+    )
     assert got == [1]
     subscription.close()

@@ -94,7 +94,9 @@ class DroppingProxy:
     after ``cut_after`` bytes of its response: a network drop mid-stream, wherever the cut
     falls (mid-event, mid-character), however fast the model generates."""
 
-    def __init__(self, target: str, cut_after: int = 4000) -> None:
+    # A WebSocket frame carries every token that arrived together, so 400 tokens can take under
+    # 4 kB on the wire: cut early enough to fall mid-stream on either transport.
+    def __init__(self, target: str, cut_after: int = 1200) -> None:
         host, _, port = target.removeprefix("http://").partition(":")
         self.target = (host, int(port))
         self.cut_after = cut_after

@@ -41,7 +41,11 @@ WATCH_HTML = """<!doctype html>
 const url = new URLSearchParams(location.search).get("url");
 const out = document.getElementById("out");
 window.indexes = []; window.statuses = []; window.job = null;
-const token = (event) => { window.indexes.push(event.index); out.textContent += event.text; };
+const token = (event) => {
+  // A WebSocket frame is a run of `count` tokens from `index`; an SSE event is one token.
+  for (let i = 0; i < (event.count || 1); i++) window.indexes.push(event.index + i);
+  out.textContent += event.text;
+};
 const status = (event) => window.statuses.push(event.status);
 const done = (job) => { window.job = job; out.dataset.state = "final"; };
 async function failed() {

@@ -19,11 +19,11 @@ LONG = {"max_tokens": 300, "ignore_eos": True}
 
 def assert_complete(stream: StreamResult, expected_tokens: int | None = None) -> None:
     assert stream.done is not None, "stream ended without done"
-    assert stream.indexes == list(range(len(stream.tokens)))
+    assert stream.indexes == list(range(stream.token_count))
     assert stream.text == stream.done["output"]
-    assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
+    assert stream.token_count == stream.done["usage"]["completion_tokens"]
     if expected_tokens is not None:
-        assert len(stream.tokens) == expected_tokens
+        assert stream.token_count == expected_tokens
     # Status events: one per change, the last one the final state, right before done.
     names = [status["status"] for status in stream.statuses]
     assert names and names[-1] == stream.done["status"], names
@@ -81,7 +81,7 @@ def test_websocket_stream_and_resume(stack_url: str) -> None:
     stream = read_ws(stack_url, job["id"])
     assert_complete(stream, 60)
     resumed = read_ws(stack_url, job["id"], query="?after=49")
-    assert [t["index"] for t in resumed.tokens] == list(range(50, 60))
+    assert resumed.indexes == list(range(50, 60))
     assert stream.text.endswith("".join(t["text"] for t in resumed.tokens))
 
 

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import pytest
 
 from tests.conftest import write_test_config
+from worker.config import Settings, load_settings
 
 MESSAGE = "the unit tier runs no {what}: move this test to tests/{tier}"
 # The discard port: settings here name a Redis that nothing in this tier may connect to.
@@ -60,6 +61,13 @@ def config_path(
         llama_model_dir,
         scripted_model_dir,
     )
+
+
+@pytest.fixture(scope="session")
+def settings(config_path: Path) -> Settings:
+    """Its own session fixture, not the root one: a session fixture is cached once, and the
+    other tiers' ``settings`` must keep naming their real Redis."""
+    return load_settings(config_path, environ={})
 
 
 @pytest.fixture(autouse=True)
