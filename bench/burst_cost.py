@@ -41,7 +41,7 @@ def start_profilers(groups: dict[str, list[int]], out: Path) -> list[subprocess.
             subprocess.Popen(
                 [spy, "record", "--pid", str(groups[role][0]), "--rate", "200", "--nonblocking",
                  "--format", "speedscope", "--output", str(out / f"{role}.speedscope.json"),
-                 "--threads", "--subprocesses", "--gil"],
+                 "--threads", "--gil"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
         )  # fmt: skip
