@@ -24,7 +24,6 @@ from tests.clients import (
 )
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
-from worker.capacity import message_job_id
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -40,7 +39,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
 
     root = tmp_path_factory.mktemp("worker-faults")
     slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+        root / "slow", demo_model_dir / "tokenizer.model", d_model=384, num_layers=6, ffn_dim=1152
     )
     stack = build_fault_stack(
         root,
@@ -112,9 +111,9 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
     job = submit(faults.web_url, {"prompt": "If", **LONG})
     reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
     wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 50, 30, "tokens from a")
-    faults.worker("stall-b", ("slow",))
     os.kill(stalled.pid, signal.SIGSTOP)  # alive but silent: its lease lapses
     try:
+        faults.worker("stall-b", ("slow",))  # started after the stop: the job is still running
         wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "takeover")
     finally:
         os.kill(stalled.pid, signal.SIGCONT)  # wakes up believing it still runs the job
@@ -178,24 +177,3 @@ def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> No
     assert stream.done is not None and stream.done["status"] == "failed"
     assert stream.done["error"]["type"] == "queue_timeout"
     assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
-
-
-def test_a_job_taken_by_a_lost_worker_goes_back_and_runs(faults: FaultStack) -> None:
-    """A worker that died after its feeder took a job and before claiming it: the job's message
-    sits in that worker's taken list. A live worker's sweep puts it back, and the job runs."""
-    job = submit(faults.web_url, {"prompt": "The", "model": "demo", "max_tokens": 5})
-    queue = keys.model_queue_list("demo", 0)
-    ghost = "ghost@nowhere"
-    with faults.client() as client:
-        message = client.rpop(queue)  # no demo worker is up: the message is still queued
-        assert message is not None and message_job_id(message) == job["id"]
-        client.rpush(keys.worker_taken(ghost), f"{queue}\n{message}")
-        client.sadd(keys.FEEDERS, ghost)
-    faults.worker("rescuer", ("demo",))
-    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
-    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
-    with faults.client() as client:
-        assert not client.exists(keys.worker_taken(ghost))
-        assert ghost not in client.smembers(keys.FEEDERS)
-    log = (faults.log_dir / "rescuer.log").read_text()
-    assert f"put back 1 task message(s) taken by lost worker {ghost}" in log

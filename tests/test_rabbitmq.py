@@ -79,7 +79,7 @@ def mq(
             f'[models.parked]\npath = "{demo_model_dir}"\n'
         ),
         settings_toml=(
-            f'[broker]\nurl = "{rabbit.url}"\nbatch_poll_ms = 20\n'
+            f'[broker]\nurl = "{rabbit.url}"\n'
             f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
             f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
             f"[limits]\nmax_tokens_ceiling = 2000\nmax_queued_jobs = {QUEUE_LIMIT}\n"

@@ -7,6 +7,8 @@ import threading
 import time
 from collections import Counter
 
+import redis
+
 from web.auth import current_owner
 from web.errors import too_many, unavailable
 from web.services import Services
@@ -14,7 +16,7 @@ from web.validation import check_prompt_length
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
 from worker.metric_defs import JOBS
 from worker.metrics import count_now
-from worker.queueing import enqueue_generation
+from worker.queue import BROKER_ERRORS, enqueue_generation
 from worker.store import CancelOutcome
 
 log = logging.getLogger(__name__)
@@ -91,38 +93,40 @@ def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcom
 
 
 def enqueue(svc: Services, job: Job) -> None:
-    """Record the job and hand its id to the model's queue.
+    """Record the job, then publish its task through Celery (``send_task``).
 
-    On the default set-up (the broker is the job store's Redis) both go in one transaction:
-    a separate push was a second round trip, and under gevent every round trip lets the other
-    requests' work run first; in a 16-client burst the push trailed the record by 60 ms (p50),
-    all of it added to the time to first token.
+    The record goes first, so a worker never takes a task whose job it cannot read. Should the
+    publish fail (the broker is down), the record is taken back and the caller gets a 503 that
+    says nothing was created: a job record is never left without its task, nor a task without
+    its record.
     """
-    pusher = svc.pusher
-    if pusher is not None and pusher.shares_store:
-        svc.store.create(
-            job, also=lambda pipe: pusher.push_into(pipe, job.id, job.model, job.priority)
-        )
-        return
     svc.store.create(job)
-    if pusher is not None:
-        pusher.push(job.id, job.model, job.priority)
-    else:
+    try:
         enqueue_generation(svc.celery, job.id, job.model, job.priority)
+    except BROKER_ERRORS as exc:
+        _withdraw(svc, [job], exc)
+        raise unavailable(f"job queue (broker) unavailable, no job was created: {exc}") from exc
 
 
 def enqueue_many(svc: Services, jobs: list[Job]) -> None:
     """``enqueue`` for a batch's jobs: every record at once (one round trip), then the ids to
     the queues in the background, so thousands of jobs are accepted in about a second.
 
-    Until its id is sent a job reads ``queued`` like any other. Should this process die
-    first, the jobs not yet sent fail with ``queue_timeout`` after ``queued_ttl_seconds``:
-    late, but never silently lost.
+    Until its task is sent a job reads ``queued`` like any other. Should the broker fail or
+    this process die first, the jobs not yet sent fail with ``queue_timeout`` after
+    ``queued_ttl_seconds``: late, but never silently lost.
     """
     svc.store.create_many(jobs)
     threading.Thread(
         target=_send_all, args=(svc, jobs), name="trickle-batch-fanout", daemon=True
     ).start()
+
+
+def _withdraw(svc: Services, jobs: list[Job], cause: Exception) -> None:
+    try:
+        svc.store.delete_unpublished([job.id for job in jobs])
+    except redis.RedisError:  # left queued: it fails with queue_timeout, never silently
+        log.exception("could not withdraw %d unpublished job(s) after %s", len(jobs), cause)
 
 
 def _send_all(svc: Services, jobs: list[Job]) -> None:

@@ -121,45 +121,17 @@ def rate_window(subject: str, kind: str, window: int) -> str:
 
 
 def model_queue(model: str) -> str:
-    """Celery queue (a Redis list under kombu) that carries the ids of one model's jobs."""
+    """Celery queue that carries the ids of one model's jobs, at every priority."""
     return f"{PREFIX}.{model}"
 
 
-def model_batch_queue(model: str) -> str:
-    """RabbitMQ only: the quorum queue of one model's batch-priority jobs (quorum queues have no
-    priorities before RabbitMQ 4.0, so batch work waits apart; see worker/amqp_queues.py)."""
-    return f"{PREFIX}.{model}.batch"
-
-
-# RabbitMQ only: the topic exchange every queue is bound to by its own name (topic, not direct,
-# so that Celery's native delayed delivery can route webhook retries back to their queue).
+# RabbitMQ only: the topic exchange every queue is bound to by its own name.
 AMQP_EXCHANGE = PREFIX
 
 
 def model_workers(model: str) -> str:
     """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
     return f"{PREFIX}:workers:{model}"
-
-
-# kombu's Redis transport keeps each priority step of a queue in its own list, named
-# "<queue><sep><priority>" (priority 0 keeps the bare name); see kombu.transport.redis.
-KOMBU_PRIORITY_SEP = "\x06\x16"
-
-
-def model_queue_list(model: str, priority: int) -> str:
-    """The Redis list holding one priority step of a model's queue."""
-    queue = model_queue(model)
-    return f"{queue}{KOMBU_PRIORITY_SEP}{priority}" if priority else queue
-
-
-def worker_taken(node: str) -> str:
-    """List of the task messages one worker's job feeder took off the queues and has not yet
-    finished ("<queue list>\n<message>"); put back by the sweep should the worker die."""
-    return f"{PREFIX}:worker:{node}:taken"
-
-
-# Set of the node names whose feeders have (or had) a taken list, for the sweep to visit.
-FEEDERS = f"{PREFIX}:feeders"
 
 
 def worker_slots(node: str) -> str:

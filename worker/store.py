@@ -70,6 +70,15 @@ class JobStore(OwnershipTransitions, OutputWrites):
             also(pipe)
         pipe.execute()
 
+    def delete_unpublished(self, job_ids: Sequence[str]) -> None:
+        """Take back records whose task could not be published (the broker was down): no
+        worker can have them, and the caller was told nothing was created."""
+        pipe = self.pipeline(transaction=not self.cluster)
+        for job_id in job_ids:
+            pipe.delete(keys.job(job_id))
+            pipe.zrem(keys.queued_jobs(keys.shard_of(job_id)), job_id)
+        pipe.execute()
+
     def _queue_create(self, pipe: Any, job: Job) -> None:
         fields: dict[Any, Any] = {
             "id": job.id,
