@@ -152,7 +152,15 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         if (request.expires or request.id in revoked) and request.revoked():
             return
         if send_received:
-            request.send_event("task-received", args=request.argsrepr, kwargs="{}")
+            request.send_event(
+                "task-received",
+                name=request.name,
+                args=request.argsrepr,
+                kwargs=request.kwargsrepr,
+                root_id=request.root_id,
+                parent_id=request.parent_id,
+                retries=request.request_dict.get("retries", 0),
+            )
         worker_state.task_reserved(request)
         for callback in callbacks or ():
             callback(request)
