@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -129,10 +130,8 @@ def test_task_events_on_change_nothing_but_events(tools: FaultStack) -> None:
         with app.connection_for_read() as conn:
             receiver = app.events.Receiver(conn, handlers={"*": seen.append})
             ready.set()
-            try:
+            with contextlib.suppress(TimeoutError):
                 receiver.capture(limit=None, timeout=20, wakeup=False)
-            except TimeoutError:
-                pass
 
     thread = threading.Thread(target=capture, daemon=True)
     thread.start()
