@@ -89,6 +89,9 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
+        # One broker connection per request in flight (a gevent web process serves hundreds):
+        # kombu's default pool of 10 made the 11th concurrent POST wait for a connection.
+        broker_pool_limit=settings.redis.max_connections,
         broker_transport_options=transport,
         worker_hijack_root_logger=False,
         # Task events only when asked for (Flower, `celery events`): each one is a message
