@@ -125,13 +125,15 @@ def test_task_events_on_change_nothing_but_events(tools: FaultStack) -> None:
     app = celery_app(tools)
     seen: list[dict[str, Any]] = []
     ready = threading.Event()
+    receivers: list[Any] = []
 
     def capture() -> None:
         with app.connection_for_read() as conn:
             receiver = app.events.Receiver(conn, handlers={"*": seen.append})
+            receivers.append(receiver)
             ready.set()
             with contextlib.suppress(TimeoutError):
-                receiver.capture(limit=None, timeout=20, wakeup=False)
+                receiver.capture(limit=None, timeout=1, wakeup=False)
 
     thread = threading.Thread(target=capture, daemon=True)
     thread.start()
