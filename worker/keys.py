@@ -7,6 +7,7 @@ are pinned by tests/test_keys.py.
 from __future__ import annotations
 
 import functools
+import hashlib
 import zlib
 
 PREFIX = "trickle"
@@ -24,10 +25,12 @@ WEBHOOK_TASK = "trickle.webhook"
 WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
 
 
-@functools.lru_cache(maxsize=65_536)
-def shard_of(job_id: str) -> int:
+def shard_of_uncached(job_id: str) -> int:
     """The job's shard: stable across processes and releases (CRC-32, not Python's hash)."""
     return zlib.crc32(job_id.encode()) % SHARDS
+
+
+shard_of = functools.lru_cache(maxsize=65_536)(shard_of_uncached)
 
 
 def _tag(shard: int) -> str:
@@ -113,6 +116,23 @@ def batch(batch_id: str) -> str:
 def batch_items(batch_id: str) -> str:
     """List of a batch's requests in input order: custom_id, url, body, job ids or error."""
     return f"{batch(batch_id)}:items"
+
+
+def idempotency_shard(scope: str, key: str) -> int:
+    """The shard an idempotency key lives in; the jobs its request creates are drawn there, so
+    the key and their records are written in one script on one slot (see ``idempotency``)."""
+    return int(_idempotency_digest(scope, key)[:8], 16) % SHARDS
+
+
+def idempotency(scope: str, key: str) -> str:
+    """String: what the first request with this ``Idempotency-Key`` from this API key (the
+    ``scope``, its digest) created, with its request's fingerprint. The header's value is
+    hashed: any bytes a client sends make a well-formed key."""
+    return f"{_tag(idempotency_shard(scope, key))}:idem:{_idempotency_digest(scope, key)}"
+
+
+def _idempotency_digest(scope: str, key: str) -> str:
+    return hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
 
 
 def rate_window(subject: str, kind: str, window: int) -> str:
