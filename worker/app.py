@@ -100,6 +100,10 @@ def create_worker_app() -> Celery:
     app = make_celery(settings, served)
     app.conf[SETTINGS_KEY] = settings
     app.conf.worker_pool = "threads"
+    app.conf.worker_consumer = "worker.dispatch:TrickleConsumer"
+    # Celery lowers the prefetch window after a reconnect and raises it again as the tasks of
+    # before are acked; those acks cannot reach the new connection (worker/dispatch.py, _ack).
+    app.conf.worker_enable_prefetch_count_reduction = False
     # Slots to fill every engine thread's batch for every served model: the job threads, and
     # the prefetch window (one message per slot, acked once its job is stored).
     app.conf.worker_concurrency = sum(

@@ -36,6 +36,7 @@ from typing import Any
 
 import redis
 from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,17 @@ class JobDispatcher:
             self._lock.notify_all()
 
 
+def _ack(message: Any, logger: Any, errors: Any) -> None:
+    """Ack on the consumer's thread (``call_soon_ack``, as Celery's own acks). A message from a
+    connection lost since (a broker restart) cannot be acked any more, and kombu raised
+    AttributeError out of the event loop for it: it stays in kombu's unacked hash and comes
+    back after the visibility timeout, where its finished job makes it a no-op."""
+    try:
+        message.ack_log_error(logger, errors)
+    except AttributeError:
+        log.warning("task %s came from a lost broker connection; not acked", message.delivery_tag)
+
+
 def job_id_of(request: Request) -> str:
     """The job id a ``trickle.generate`` request carries (its one argument)."""
     return str(request.args[0])
@@ -149,7 +161,7 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
         request = Request(
             message,
-            on_ack=ack,
+            on_ack=functools.partial(consumer.call_soon_ack, _ack, message),
             on_reject=reject,
             app=app,
             hostname=hostname,
@@ -184,3 +196,22 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         dispatcher.submit(functools.partial(reserve, message, ack, reject, callbacks))
 
     return on_generate_message
+
+
+class TrickleConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer (``worker_consumer``), surviving a broker restart with unacked tasks.
+
+    When the connection to a Redis broker is lost, Celery collects the connection (the
+    transport lets go of its client) and then closes it; the close restores the channel's
+    unacknowledged messages, which needs that client: with any task in flight (every running
+    job, acked late) it raised ``AttributeError`` out of the error handler, and the worker
+    stopped ("Unrecoverable error"). Here the error is logged and the reconnect goes on; the
+    messages stay in kombu's unacked hash, and come back after the visibility timeout, where
+    the lease makes a redelivered task of a running or finished job a no-op.
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError:
+            log.warning("broker connection lost with tasks in flight; reconnecting", exc_info=True)
