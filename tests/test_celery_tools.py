@@ -156,3 +156,22 @@ def test_task_events_on_change_nothing_but_events(tools: FaultStack) -> None:
         )
     finally:
         tools.stop_workers()
+
+
+def test_a_generate_task_that_names_no_job_is_dropped_and_the_worker_goes_on(
+    tools: FaultStack,
+) -> None:
+    tools.worker("sturdy", ("demo",))
+    try:
+        app = celery_app(tools)
+        for args in ([], [42], ["job_a", "job_b"]):
+            app.send_task(keys.GENERATE_TASK, args=args, queue=keys.model_queue("demo"))
+        job = submit(tools.web_url, {"prompt": "The", "model": "demo", "max_tokens": 4})
+        final = poll_until_finished(tools.web_url, job["id"], timeout=30)
+        assert final["status"] == "succeeded"
+        log = (tools.log_dir / "sturdy.log").read_text()
+        assert log.count("dropped a trickle.generate message that names no job") == 3
+        inspect = app.control.inspect(timeout=5)
+        wait_for(lambda: inspect.active() is not None, 15, "inspect active")
+    finally:
+        tools.stop_workers()

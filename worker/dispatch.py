@@ -114,15 +114,17 @@ class JobDispatcher:
     def _run(self, request: Request, claim: Any) -> None:
         started = time.monotonic()
         job_id = job_id_of(request)
+        succeeded = False
         try:
             self._run_job(job_id, claim)  # None: the job thread claims its own job
+            succeeded = True
             request.send_event("task-succeeded", result=None, runtime=time.monotonic() - started)
         except Exception as exc:  # the edge of a job thread: the lease sweep takes the job over
             log.exception("job %s: run_job failed", job_id)
             request.send_event("task-failed", exception=repr(exc), traceback="")
         finally:
             request.acknowledge()
-            worker_state.task_ready(request, successful=True)
+            worker_state.task_ready(request, successful=succeeded)
             self._ended(1)
 
     def _ended(self, count: int) -> None:
@@ -144,7 +146,10 @@ def _ack(message: Any, logger: Any, errors: Any) -> None:
 
 def job_id_of(request: Request) -> str:
     """The job id a ``trickle.generate`` request carries (its one argument)."""
-    return str(request.args[0])
+    (job_id,) = request.args
+    if not isinstance(job_id, str):
+        raise TypeError(f"trickle.generate takes a job id, not {job_id!r}")
+    return job_id
 
 
 def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[..., None]:
@@ -159,20 +164,27 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     dispatcher: JobDispatcher = consumer.controller.trickle.dispatcher
 
     def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
-        request = Request(
-            message,
-            on_ack=functools.partial(consumer.call_soon_ack, _ack, message),
-            on_reject=reject,
-            app=app,
-            hostname=hostname,
-            eventer=eventer,
-            task=task,
-            connection_errors=connection_errors,
-            body=message.body,
-            headers=message.headers,
-            decoded=False,
-            utc=True,
-        )
+        on_ack = functools.partial(consumer.call_soon_ack, _ack, message)
+        try:
+            request = Request(
+                message,
+                on_ack=on_ack,
+                on_reject=reject,
+                app=app,
+                hostname=hostname,
+                eventer=eventer,
+                task=task,
+                connection_errors=connection_errors,
+                body=message.body,
+                headers=message.headers,
+                decoded=False,
+                utc=True,
+            )
+            job_id_of(request)
+        except Exception:  # no worker could ever run it: drop it, loudly, not forever again
+            log.exception("dropped a trickle.generate message that names no job")
+            on_ack(log, connection_errors)
+            return None
         if (request.expires or request.id in revoked) and request.revoked():
             return None
         if send_received:
