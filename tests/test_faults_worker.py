@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from tests.clients import (
 )
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
+from worker.jobs import GenerationParams, Job, new_job_id
+from worker.store import JobStore
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -51,7 +54,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
         settings_toml=(
             f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
             f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
-            "max_attempts = 2\n"
+            "max_attempts = 2\nrepublish_after_seconds = 2\n"
             "[limits]\nqueued_ttl_seconds = 6\nmax_tokens_ceiling = 2000\n"
             "[web]\nkeepalive_seconds = 1.0\n"
         ),
@@ -177,3 +180,24 @@ def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> No
     assert stream.done is not None and stream.done["status"] == "failed"
     assert stream.done["error"]["type"] == "queue_timeout"
     assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
+
+
+def test_a_job_record_whose_task_was_never_published_is_published_again(
+    faults: FaultStack,
+) -> None:
+    """The web process died between writing a job's record and publishing its task: the record
+    is queued and nothing in the queue names it. A live worker's sweep publishes it again."""
+    worker = faults.worker("republisher", ("demo",))
+    try:
+        params = GenerationParams(max_tokens=5, ignore_eos=True)
+        job = Job(new_job_id(), "demo", "The", params, created_at=time.time())
+        with faults.client() as client:
+            JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=6).create(job)
+        final = poll_until_finished(faults.web_url, job.id, timeout=30)
+        assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
+        assert final["attempts"] == 1
+    finally:
+        faults.stop_workers()
+    assert worker.returncode is not None
+    log = (faults.log_dir / "republisher.log").read_text()
+    assert f'"event": "republished", "job_id": "{job.id}"' in log

@@ -19,8 +19,10 @@ from celery import Celery, bootsteps
 
 from worker.config import Settings, load_settings
 from worker.dispatch import JobDispatcher
-from worker.queue import enqueue_generation, enqueue_webhook, make_celery
+from worker.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
+from worker.redis_connection import connect
 from worker.runtime import WorkerRuntime
+from worker.store import JobStore
 from worker.tasks import register_tasks
 from worker.tracing import Tracing
 
@@ -64,7 +66,10 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
             enqueue_webhook(producer, job_id)
 
         tracing = Tracing.from_environment(os.environ, "trickle-worker")
-        runtime = WorkerRuntime(settings, requeue, worker.hostname, notify, tracing)
+        queues = QueueReader(producer, JobStore(connect(settings.redis), 0, 0))
+        runtime = WorkerRuntime(
+            settings, requeue, worker.hostname, notify, tracing, queue_depth=queues.depth
+        )
         self.runtime = runtime
         self.dispatcher = JobDispatcher(runtime.run_job, runtime.claim_many, worker.concurrency)
 

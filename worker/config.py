@@ -114,6 +114,10 @@ class WorkerSettings(Section):
     # stream stopped. Recovery takes at most lease_seconds + recovery_interval_seconds.
     lease_seconds: float = 10.0
     recovery_interval_seconds: float = 2.0
+    # A job still queued this long after its submission while its model's queue is empty has
+    # lost its task (the web process died between the record and the publish): a live worker
+    # publishes it again (a duplicate is harmless: only one claim can take a queued job).
+    republish_after_seconds: float = 30.0
     # Claims per job: past this, a job whose workers keep dying fails instead of looping.
     max_attempts: int = 3
     # Redis brokers: kombu puts a delivered, unacknowledged message back on its queue after this
@@ -477,6 +481,8 @@ def _check(settings: Settings) -> None:
     for name in pacing:
         if getattr(settings.worker, name) < 0:
             raise ConfigError(f"worker.{name} must be >= 0")
+    if settings.worker.republish_after_seconds <= 0:
+        raise ConfigError("worker.republish_after_seconds must be > 0")
     if "+cluster://" in settings.broker_url:
         raise ConfigError(
             "broker.url: Celery's queue cannot live on a Redis Cluster (kombu's Redis transport "

@@ -61,6 +61,12 @@ def job_lease(job_id: str) -> str:
     return f"{job(job_id)}:lease"
 
 
+def job_republished(job_id: str) -> str:
+    """String (with a TTL) set by the worker that published a job's lost task again, so the
+    other workers' sweeps do not publish it too."""
+    return f"{job(job_id)}:republished"
+
+
 # Token plane: two channels per job, published to from inside the job's Lua scripts. A web
 # process subscribes to a job's channel only while one of its own readers follows the job, so
 # it never receives (let alone decodes) tokens nobody there reads, and a channel without

@@ -49,6 +49,7 @@ class WorkerRuntime:
         node_name: str = "worker",
         notify: Callable[[str], None] | None = None,
         tracing: Tracing | None = None,
+        queue_depth: Callable[[str], int] | None = None,
     ):
         self.settings = settings
         self.tracing = tracing or Tracing.disabled()
@@ -101,6 +102,7 @@ class WorkerRuntime:
             self.in_flight,
             self.slot_usage,
             self.requeue,
+            queue_depth or (lambda model: 0),
         )
         self.maintenance = Maintenance(self.duties)
 

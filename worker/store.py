@@ -193,6 +193,18 @@ class JobStore(OwnershipTransitions, OutputWrites):
         entries = sorted((score, str(job_id)) for shard in found for job_id, score in shard)
         return [job_id for _score, job_id in entries[:count]]
 
+    def queued_before(self, created_before: float) -> list[str]:
+        """Queued jobs submitted before ``created_before`` (the index scores queue deadlines:
+        submission + queued TTL)."""
+        deadline = created_before + self.queued_ttl_seconds
+        found = self._per_shard("zrangebyscore", keys.queued_jobs, "-inf", repr(deadline))
+        return [str(job_id) for shard in found for job_id in shard]
+
+    def claim_republish(self, job_id: str, seconds: float) -> bool:
+        """True for the one sweep that may publish this job's task again in ``seconds``."""
+        lock = keys.job_republished(job_id)
+        return bool(self.redis.set(lock, "1", nx=True, ex=max(int(seconds), 1)))
+
     def queue_position(self, job_id: str) -> int | None:
         """How many queued jobs (any model) were submitted before this one; None unless queued.
 
