@@ -265,7 +265,7 @@ class ModelSettings(Section):
     # A lane idle while another runs several sequences takes half of them (a restart of that
     # batch as two) when the time saved is at least this many times the catch-up it costs
     # (worker/engine/policy.py); 0 = never split a running batch.
-    rebalance_gain_ratio: float = 2.0
+    rebalance_gain_ratio: float = 3.0
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()

@@ -31,6 +31,9 @@ class RunningBatch:
     restart: bool = False  # set under the scheduler's lock; the lane then stops every sequence
     # With ``restart``: the survivors are shared with an idle lane instead of all rerun here.
     split: bool = False
+    # Waiting jobs given to this batch's restart: they run with its survivors, on its lane.
+    joiners: list[ScheduledJob] = field(default_factory=list)
+    long: bool = False  # its restart pauses its streams past rebatch_max_stall_ms
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
 
@@ -49,6 +52,10 @@ class RunningBatch:
 
     def live(self) -> int:
         return sum(1 for job in self.jobs if not job.state.finished)
+
+    def load(self) -> int:
+        """Sequences this batch will run after its restart (if one is due)."""
+        return self.live() + len(self.joiners)
 
     def stall_steps(self, newcomers: list[ScheduledJob]) -> int:
         """Steps the longest running sequence would pause to catch up after a restart."""

@@ -6,10 +6,12 @@ is the catch-up: the prompt's common part is one forward pass (``prefill_seconds
 per token, timed at warm-up), and the part of a sequence longer than the batch's shortest is
 fed one token per step, so the longer sequences pause that many steps.
 
-**Joining** (every lane busy): a newcomer restarts the batch that takes it with the smallest
-result, if the running streams' pause stays under ``rebatch_max_stall_ms``, or, past that, if
-the pause is at most ``1 / rebatch_wait_ratio`` of the newcomers' wait for a lane (once per job
-at most, so each stream keeps its inter-token latency in all but one gap).
+**Joining** (every lane busy): each newcomer restarts the batch that is smallest with it (one
+already due to restart takes it at no further cost), if the running streams' pause stays under
+``rebatch_max_stall_ms``, or, past that, if the pause is at most ``1 / rebatch_wait_ratio`` of
+the newcomer's wait for a lane (once per job at most, so each stream keeps its inter-token
+latency in all but one gap). A burst arriving over a few milliseconds so spreads over the lanes
+instead of piling onto the batch that happened to restart first.
 
 **Splitting** (a lane idle, nothing waiting): a batch of several sequences is restarted as two,
 one per lane, when the time it saves (the remaining steps, each now at half the batch size and
@@ -60,39 +62,41 @@ class RestartPolicy:
         self.rules = rules
         self._step_times = step_times
 
-    def join(
-        self, running: Sequence[RunningBatch], pending: Sequence[ScheduledJob], now: float
-    ) -> Join | None:
-        """The batch to restart so the waiting jobs join it (every lane is busy), if any."""
+    def join(self, running: Sequence[RunningBatch], job: ScheduledJob, now: float) -> Join | None:
+        """The batch whose restart ``job`` joins (every lane is busy), if any: the one that is
+        smallest with it, so a burst spreads evenly over the lanes. A batch already due to
+        restart takes more joiners at no further cost than the larger batch."""
         rules = self.rules
-        if rules.max_stall <= 0 or not pending:
+        if rules.max_stall <= 0:
             return None
         wait = min((batch.seconds_left(now) for batch in running), default=0.0)
         best: tuple[int, float, Join] | None = None
         for batch in running:
             first = batch.requests[0]
-            # Not before its first step: every restart gives each of its jobs a token first, so
-            # a stream of arrivals cannot keep a batch from ever speaking.
-            if batch.restart or not restartable(first) or batch.steps == 0:
+            if batch.split or not restartable(first) or not batches_with(job, first):
                 continue
-            newcomers = [job for job in pending if batches_with(job, first)]
-            live = batch.live()
-            if not newcomers or live + len(newcomers) > rules.max_batch_size:
+            # Before its first step only if none of its jobs was restarted yet: a burst that
+            # arrives while the lanes prefill spreads over them, and a stream of arrivals still
+            # cannot keep a batch from ever speaking (a second restart waits for a token).
+            fresh = not any(job.restarts for job in batch.live_jobs())
+            if batch.steps == 0 and not batch.restart and not fresh:
                 continue
-            stall_steps = batch.stall_steps(newcomers)
+            size = batch.load() + 1
+            if size > rules.max_batch_size:
+                continue
+            stall_steps = batch.stall_steps([*batch.joiners, job])
             if stall_steps >= batch.remaining_steps():
                 continue
-            pause = stall_steps * self.step_seconds(batch, live + len(newcomers), now)
+            pause = stall_steps * self.step_seconds(batch, size, now)
             short = pause <= rules.max_stall
             spares_wait = (
                 rules.wait_ratio > 0
                 and pause * rules.wait_ratio <= wait
-                and not any(job.long_pauses for job in batch.live_jobs())
+                and (batch.long or not any(job.long_pauses for job in batch.live_jobs()))
             )
             if not (short or spares_wait):
                 continue
-            # The smallest batch after the join first: the lanes' loads stay even.
-            key = (live + len(newcomers), pause)
+            key = (size, pause)
             if best is None or key < best[:2]:
                 best = (*key, Join(batch, not short))
         return None if best is None else best[2]
@@ -126,6 +130,18 @@ class RestartPolicy:
             if long and any(job.long_pauses for job in live):
                 continue
             if best is None or gain > best.gain_seconds:
+                import logging
+
+                logging.getLogger(__name__).info(
+                    "DIAG split before=%.3f after=%.3f catch=%.3f t_n=%.4f t_k=%.4f n=%d rem=%d",
+                    before,
+                    after,
+                    catch_up,
+                    self.step_seconds(batch, len(live), now),
+                    self.step_seconds(batch, len(keep), now),
+                    len(live),
+                    max(j.remaining_tokens() for j in live),
+                )
                 best = Split(batch, gain, long)
         return best
 

@@ -117,15 +117,19 @@ class BatchScheduler:
     # -- moving work between batches (under the lock) ------------------------------------------
 
     def _rebalance(self) -> None:
-        """Apply the policy: newcomers join a batch when no lane is free for them; an idle lane
-        with nothing waiting takes half of a busy one. One restart at a time: jobs that arrive
-        meanwhile join the batch being restarted."""
-        if self._restart_in_flight():
+        """Apply the policy: with every lane busy, each waiting job joins the batch that is
+        smallest with it (by restarting it); with a lane idle and nothing waiting, the lane
+        takes half of a busy batch. One split at a time (its half goes to the idle lane)."""
+        if self._split_in_flight():
             return
         now = time.monotonic()
         if self._pending and self._idle_lanes == 0:
-            join = self._policy.join(self._running, self._pending, now)
-            if join is not None:
+            for job in sorted(self._pending, key=lambda job: job.priority):
+                join = self._policy.join(self._running, job, now)
+                if join is None:
+                    continue
+                self._pending.remove(job)
+                join.batch.joiners.append(job)
                 self._restart(join.batch, join.long, split=False)
         elif not self._pending and self._idle_lanes > 0:
             split = self._policy.split(self._running, now)
@@ -133,18 +137,21 @@ class BatchScheduler:
                 self._restart(split.batch, split.long, split=True)
 
     def _restart(self, batch: RunningBatch, long: bool, split: bool) -> None:
+        if long and not batch.long:
+            batch.long = True
+            for job in batch.live_jobs():
+                job.long_pauses += 1
+        if batch.restart:
+            return  # already due: one more joiner
         batch.restart = True
         batch.split = split
         self.restarts += 1
         self.splits += split
         if self._on_restart is not None:
             self._on_restart(split)
-        if long:
-            for job in batch.live_jobs():
-                job.long_pauses += 1
 
-    def _restart_in_flight(self) -> bool:
-        return any(batch.restart for batch in self._running)
+    def _split_in_flight(self) -> bool:
+        return any(batch.split for batch in self._running)
 
     # -- the lanes -----------------------------------------------------------------------------
 
@@ -176,8 +183,8 @@ class BatchScheduler:
         """Wait for jobs and the admission window, then take a batch: None once closed, [] if
         another idle lane took the jobs meanwhile (two lanes can wait out windows at once).
         Called under the lock."""
-        # Jobs waiting for a restart in flight are its own: they run with its survivors.
-        while (not self._pending or self._restart_in_flight()) and not self._closed:
+        # While a split is in flight its other half is on its way here: take it with the rest.
+        while (not self._pending or self._split_in_flight()) and not self._closed:
             self._rebalance()  # this lane is idle: is a busy batch worth sharing with it?
             self._cond.wait()
         if self._closed:
@@ -196,14 +203,27 @@ class BatchScheduler:
         if first.seed is not None:
             batch = [waiting[0]]  # seeded jobs sample step by step, alone
         else:
-            batch = [job for job in waiting if batches_with(job, first)]
-            # Lanes free at the same moment share the jobs: half batches on two cores finish
-            # well before a whole one on one core.
-            share = -(-len(batch) // max(self._idle_lanes, 1))
-            batch = batch[: min(share, self._max_batch_size)]
+            batch = self._share([job for job in waiting if batches_with(job, first)])
         chosen = {id(job) for job in batch}
         self._pending = [job for job in self._pending if id(job) not in chosen]
         return batch
+
+    def _share(self, compatible: list[ScheduledJob]) -> list[ScheduledJob]:
+        """This lane's share of the waiting jobs that can run together: lanes free at the same
+        moment divide them (half batches on two cores finish well before a whole one on one
+        core), and a lane free beside a busy one leaves it the jobs that even out their loads
+        when they can join it by a restart (a burst that found one lane busy with its first
+        job no longer piles onto the other). Called under the lock."""
+        take = -(-len(compatible) // max(self._idle_lanes, 1))
+        lanes = len(self._threads)
+        if self._idle_lanes < lanes and take > 1:
+            first = compatible[0].request
+            busy = sum(b.load() for b in self._running if batches_with(b.jobs[0], first))
+            fair = max(-(-(len(compatible) + busy) // lanes), 1)
+            left = compatible[fair:]
+            if fair < take and left and self._policy.join(self._running, left[0], time.monotonic()):
+                take = fair
+        return compatible[: min(take, self._max_batch_size)]
 
     def _admission_window(self) -> float:
         """How long a lane waits for company: the configured window while jobs arrive close
@@ -219,6 +239,14 @@ class BatchScheduler:
         share of a split batch), or None to take from the waiting jobs."""
         self.batch_sizes.append(len(batch))
         started = time.time()
+        log.info(
+            "DIAG batch %d on %s restarts=%d splits=%d lens=%s",
+            len(batch),
+            threading.current_thread().name,
+            self.restarts,
+            self.splits,
+            [j.total_length() for j in batch],
+        )
         for job in batch:
             if job.batch_started_at is None:
                 job.batch_started_at = started
@@ -250,9 +278,10 @@ class BatchScheduler:
         return carried
 
     def _after_batch(self, running: RunningBatch) -> tuple[list[ScheduledJob] | None, set[int]]:
-        """Take the batch off the lane. A restarted batch's live jobs wait again (ahead of the
-        newcomers: they are older); a split one's longer half stays on this lane. Returns the
-        jobs this lane runs next and the ids of every job that goes on."""
+        """Take the batch off the lane. A restarted batch's live jobs run again at once on this
+        lane with its joiners (and any waiting job that fits); a split one's longer half stays
+        here and the other waits for the idle lane. Returns the jobs this lane runs next and
+        the ids of the batch's jobs that go on."""
         with self._cond:
             self._running.remove(running)
             if not running.restart:
@@ -263,12 +292,20 @@ class BatchScheduler:
             for job in survivors:
                 job.restarts += 1
             going_on = {id(job) for job in survivors}
-            carried = None
-            if running.split and len(survivors) >= 2:
-                carried, survivors = halves(survivors)
-            self._pending[:0] = survivors
-            self._cond.notify()
-            return carried, going_on
+            if running.split:
+                carried, given = halves(survivors) if len(survivors) >= 2 else (survivors, [])
+                self._pending[:0] = given
+                self._cond.notify()
+                return carried or None, going_on
+            carried = [*survivors, *running.joiners]
+            if not carried:
+                return None, going_on
+            room = self._max_batch_size - len(carried)
+            waiting = sorted(self._pending, key=lambda job: job.priority)
+            fits = [job for job in waiting if batches_with(job, carried[0].request)][:room]
+            chosen = {id(job) for job in fits}
+            self._pending = [job for job in self._pending if id(job) not in chosen]
+            return [*carried, *fits], going_on
 
     def _step_callback(
         self, batch: list[ScheduledJob], running: RunningBatch, step_buffer: StepBuffer
