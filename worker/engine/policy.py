@@ -130,18 +130,6 @@ class RestartPolicy:
             if long and any(job.long_pauses for job in live):
                 continue
             if best is None or gain > best.gain_seconds:
-                import logging
-
-                logging.getLogger(__name__).info(
-                    "DIAG split before=%.3f after=%.3f catch=%.3f t_n=%.4f t_k=%.4f n=%d rem=%d",
-                    before,
-                    after,
-                    catch_up,
-                    self.step_seconds(batch, len(live), now),
-                    self.step_seconds(batch, len(keep), now),
-                    len(live),
-                    max(j.remaining_tokens() for j in live),
-                )
                 best = Split(batch, gain, long)
         return best
 

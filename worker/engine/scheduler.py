@@ -239,14 +239,6 @@ class BatchScheduler:
         share of a split batch), or None to take from the waiting jobs."""
         self.batch_sizes.append(len(batch))
         started = time.time()
-        log.info(
-            "DIAG batch %d on %s restarts=%d splits=%d lens=%s",
-            len(batch),
-            threading.current_thread().name,
-            self.restarts,
-            self.splits,
-            [j.total_length() for j in batch],
-        )
         for job in batch:
             if job.batch_started_at is None:
                 job.batch_started_at = started
