@@ -10,6 +10,7 @@ import redis
 
 from worker.config import ModelSettings
 from worker.engine import Engine
+from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
