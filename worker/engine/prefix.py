@@ -12,7 +12,7 @@ prompt's own, and greedy output cannot change):
   included); its last few ids are dropped, since a tokenizer may merge the prefix's end with
   the text that follows it, and what remains is the prefix of every prompt that starts with it;
 - **learned**: a prompt that shares at least ``prefix_min_tokens`` leading ids with a recent
-  prompt makes their common part a prefix.
+  prompt makes their common part (less the same margin) a prefix.
 
 Memory and eviction: CTranslate2 keeps each cached state (per layer, keys and values of every
 prefix token: 2 x layers x tokens x d_model values, float32 on a CPU, float16 on a GPU; about
@@ -96,7 +96,10 @@ class PrefixTable:
         common = max(
             (_common_length(prompt, other) for other in self._recent.get(head, ())), default=0
         )
-        common = min(common, len(prompt) - 1)
+        # Less a margin, as for configured prompts: the ids just past a shared system prompt
+        # (the first piece of the user's turn) are shared by chance, and a prefix that ends
+        # there would miss the next chat that starts otherwise.
+        common = min(common - BOUNDARY_MARGIN, len(prompt) - 1)
         if common < self._min:
             return ()
         prefix = prompt[:common]
