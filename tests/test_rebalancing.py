@@ -4,6 +4,7 @@ takes half of a busy batch. Real engine, real publisher, real Redis; outputs aga
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import redis
 
 from tests.scheduler_harness import Harness, engine_for, solo_outputs
 from worker import keys
+from worker.config import ModelSettings
 from worker.engine import Engine
 
 PROMPTS = ["The", "Return the number of items", "A socket", "If the value is", "Raise", "This"]
@@ -139,3 +141,12 @@ def test_a_burst_arriving_one_job_at_a_time_spreads_over_both_lanes(
         harness.close()
     assert 0 < peak <= 7, f"one lane held {peak} of {len(jobs)} jobs"
     assert [job.state.output for job in jobs] == solo_outputs(demo_engine, private_redis, specs)
+
+
+def test_lanes_count_every_replica_ctranslate2_builds() -> None:
+    """CTranslate2 makes inter_threads replicas per device index (one copy of the weights per
+    device, shared by its replicas): the scheduler runs a lane thread for each."""
+    one_gpu = ModelSettings(name="m", path="", device="cuda", inter_threads=2)
+    assert one_gpu.lanes == 2
+    assert dataclasses.replace(one_gpu, device_index=(0, 1)).lanes == 4
+    assert ModelSettings(name="m", path="").with_threads(2).lanes == 2  # CPU: min(2, cores)

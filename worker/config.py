@@ -256,7 +256,7 @@ class ModelSettings(Section):
     # writes go first and CTranslate2 takes what is left. 0 = the same priority.
     engine_niceness: int = 5
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
-    # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
+    # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
     # Past that pause, a restart is still made when the newcomers would otherwise wait at least
     # this many times the pause for a lane to free up (the running batch's remaining steps);
