@@ -235,8 +235,9 @@ class BatchScheduler:
         return self._max_batch_wait
 
     def _run_batch(self, batch: list[ScheduledJob]) -> list[ScheduledJob] | None:
-        """Run one batch to its end or its restart; returns the jobs this lane runs next (its
-        share of a split batch), or None to take from the waiting jobs."""
+        """Run one batch to its end or its restart; returns the jobs this lane runs next (a
+        restarted batch's survivors and joiners, or its half of a split), or None to take from
+        the waiting jobs."""
         self.batch_sizes.append(len(batch))
         started = time.time()
         for job in batch:
