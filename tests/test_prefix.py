@@ -9,6 +9,7 @@ loop (a job batched beside a shorter prompt), so no batching change is bit-exact
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,9 +66,9 @@ def test_learned_prefixes_are_bounded_and_configured_ones_always_kept() -> None:
 def test_the_prefix_knobs_are_validated_by_name(tmp_path: Path) -> None:
     for key, value in (("prefix_cache_entries", -1), ("prefix_min_tokens", 0)):
         table = {"path": str(tmp_path), key: value}
-        with pytest.raises(ConfigError, match=f"models.m.{key}"):
+        with pytest.raises(ConfigError, match=re.escape(f"models.m.{key}")):
             settings_from_dict({"models": {"m": table}, "default_model": "m"})
-    with pytest.raises(ConfigError, match="models.m.rebalance_gain_ratio"):
+    with pytest.raises(ConfigError, match=re.escape("models.m.rebalance_gain_ratio")):
         models = {"m": {"path": str(tmp_path), "rebalance_gain_ratio": -1}}
         settings_from_dict({"models": models, "default_model": "m"})
 
