@@ -93,15 +93,15 @@ async def run(port: int, model: str, system: str, chats: int, max_tokens: int) -
         await chat_ttft(conns, model, [{"role": "user", "content": u}], max_tokens) for u in users
     ]
     conns.close()
-    later = shared[2:]
-    row = {
+    later = percentile(shared[2:], 50) or 0.0
+    alone_p50 = percentile(alone, 50) or 1.0
+    return {
         "shared_ttft_ms": shared,
         "alone_ttft_ms": alone,
-        "shared_after_first_two_p50_ms": percentile(later, 50),
-        "alone_p50_ms": percentile(alone, 50),
+        "shared_after_first_two_p50_ms": later,
+        "alone_p50_ms": alone_p50,
+        "ratio": later / alone_p50,
     }
-    row["ratio"] = row["shared_after_first_two_p50_ms"] / row["alone_p50_ms"]
-    return row
 
 
 def engine_alone(model: models.PreparedModel, system: str, user: str) -> dict[str, float]:
