@@ -15,7 +15,8 @@ instead of piling onto the batch that happened to restart first.
 
 **Splitting** (a lane idle, nothing waiting): a batch of several sequences is restarted as two,
 one per lane, when the time it saves (the remaining steps, each now at half the batch size and
-on two lanes at once) is at least ``rebalance_gain_ratio`` times its catch-up. Without it, a
+on two lanes at once) is at least ``rebalance_gain_ratio`` times its catch-up, and at least
+``rebatch_max_stall_ms`` (the free lane it takes is worth that to the next arrival). Without it, a
 burst that landed on one lane ran there on one core to its end while the other core idled.
 
 Pure decisions over ``RunningBatch`` state, priced with the model's measured step times; the
@@ -123,8 +124,10 @@ class RestartPolicy:
                 * self.step_seconds(batch, len(half), now)
                 for half in (keep, give)
             )
+            # Worth at least one pause budget too: a split takes the lane a newcomer would
+            # start on at once, and at low load that lane is worth more than a few ms.
             gain = before - after
-            if gain <= 0 or gain < rules.split_gain_ratio * catch_up:
+            if gain < max(rules.split_gain_ratio * catch_up, rules.max_stall):
                 continue
             long = catch_up > rules.max_stall
             if long and any(job.long_pauses for job in live):

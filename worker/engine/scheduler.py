@@ -221,7 +221,9 @@ class BatchScheduler:
             busy = sum(b.load() for b in self._running if batches_with(b.jobs[0], first))
             fair = max(-(-(len(compatible) + busy) // lanes), 1)
             left = compatible[fair:]
-            if fair < take and left and self._policy.join(self._running, left[0], time.monotonic()):
+            # Only for a short join: a job left waiting on a long one may find it refused.
+            join = self._policy.join(self._running, left[0], time.monotonic()) if left else None
+            if fair < take and join is not None and not join.long:
                 take = fair
         return compatible[: min(take, self._max_batch_size)]
 
