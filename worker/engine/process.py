@@ -311,9 +311,10 @@ def serve(
     the worker thread waiting for that batch. A closed pipe means the worker is gone.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
-    if model.engine_niceness and model.device != "cuda":
+    if model.engine_niceness and resolve_device(model.device) != "cuda":
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
+        # On a GPU (``auto`` resolved to it included) the engine waits on the device anyway.
         os.nice(model.engine_niceness)
     shared = SharedMemory(name=flags_name)
     first_events = lanes[0][1]
