@@ -139,6 +139,14 @@ def test_task_events_on_change_nothing_but_events(tools: FaultStack) -> None:
     thread.start()
     try:
         ready.wait(10)
+        # Events are fanned out: those sent before the receiver's queue is bound are nobody's.
+        # A first job tells when it is listening.
+        warm = submit(tools.web_url, {"prompt": "A", "model": "demo", "max_tokens": 2})
+        wait_for(
+            lambda: any(e.get("type") == "task-succeeded" for e in seen), 30, "the first event"
+        )
+        poll_until_finished(tools.web_url, warm["id"], timeout=60)
+        seen.clear()
         job = submit(tools.web_url, {"prompt": "The", "model": "demo", "max_tokens": 8})
         final = poll_until_finished(tools.web_url, job["id"], timeout=60)
         assert final["status"] == "succeeded"

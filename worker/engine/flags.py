@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
@@ -31,11 +30,9 @@ def create_flags(size: int) -> SharedMemory:
 
 def attach_flags(name: str) -> SharedMemory:
     """The engine process's side: map the worker's segment, leaving its name to the worker.
-    (Python 3.11 registers an attached segment with this process's resource tracker, which
-    would unlink it, or warn, when this process ends: the worker owns it.)"""
-    shared = SharedMemory(name=name)
-    resource_tracker.unregister(f"/{name}", "shared_memory")
-    return shared
+    (Attaching registers the name with the resource tracker a spawned process shares with its
+    parent, where the worker registered it already; the worker's unlink takes it off.)"""
+    return SharedMemory(name=name)
 
 
 def unlink_dead_segments(root: Path = SHM_DIR) -> list[str]:
