@@ -1,11 +1,12 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and make):
 #   make up    - venv, install, demo model, embedded Redis, worker and web on :8000
 #   make test  - venv with dev extras, then the whole test suite (starts its own Redis)
+#   make test-fast - the unit and integration tiers only (no worker or web process; under a minute)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: up test test-cov mutate lint install install-dev demo-model bench clean
+.PHONY: up test test-fast test-system test-cov mutate lint install install-dev demo-model bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +31,14 @@ up: install demo-model
 
 test: install-dev
 	$(BIN)/pytest
+
+# tests/unit (no Redis, no processes) and tests/integration (a private Redis, apps in process).
+test-fast: install-dev
+	$(BIN)/pytest tests/unit tests/integration
+
+# tests/system: real worker, web, Redis, RabbitMQ and browser processes.
+test-system: install-dev
+	$(BIN)/pytest tests/system
 
 # The whole suite under coverage, subprocesses (Celery, gunicorn, CLI) included; prints the total.
 test-cov: install-dev

@@ -25,6 +25,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.stack import HOST, Stack, cpu_of, process_groups, us_per_token
 from bench.stats import percentile
+from bench.ws import follow_job_ws
 from worker.config import PROJECT_ROOT
 
 SLO_TTFT_MS = 250.0
@@ -47,7 +49,8 @@ class RequestResult:
     error: str = ""
     ttft_s: float = 0.0
     e2e_s: float = 0.0
-    arrivals: list[float] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # of each write that carried text
+    tokens: int = 0  # tokens received (a write may carry several)
 
     @property
     def itls_s(self) -> list[float]:
@@ -65,7 +68,7 @@ class Connections:
     """Keep-alive HTTP/1.1 connections, reused once a response has been read to its end."""
 
     def __init__(self, port: int):
-        self._port = port
+        self.port = port
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
         self.opened = 0
 
@@ -75,7 +78,7 @@ class Connections:
             if not writer.is_closing() and not reader.at_eof():
                 return reader, writer
         self.opened += 1
-        return await asyncio.open_connection(HOST, self._port)
+        return await asyncio.open_connection(HOST, self.port)
 
     def give_back(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
         self._idle.append(conn)
@@ -138,6 +141,7 @@ async def openai_request(conns: Connections, model: str, max_tokens: int) -> Req
         "messages": [{"role": "user", "content": models.PROMPT}],
         "max_tokens": max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},
         "temperature": 1.0,
         "ignore_eos": True,  # a top-level field, as vLLM takes it
     }
@@ -151,13 +155,18 @@ async def openai_request(conns: Connections, model: str, max_tokens: int) -> Req
         if "error" in chunk:
             result.ok, result.error = False, json.dumps(chunk["error"])[:200]
             continue
+        if chunk.get("usage"):
+            result.tokens = chunk["usage"]["completion_tokens"]
         choices = chunk.get("choices") or [{}]
         if choices[0].get("delta", {}).get("content"):
             result.arrivals.append(time.perf_counter())
     return _finished(result, start, status)
 
 
-async def job_request(conns: Connections, model: str, max_tokens: int) -> RequestResult:
+async def job_request(
+    conns: Connections, model: str, max_tokens: int, over_websocket: bool = False
+) -> RequestResult:
+    """``POST /v1/jobs``, then the job's SSE stream (its WebSocket with ``over_websocket``)."""
     body = {"model": model, "prompt": models.PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
     start = time.perf_counter()
     status, lines = await _exchange(conns, "POST", "/v1/jobs", body)
@@ -165,6 +174,11 @@ async def job_request(conns: Connections, model: str, max_tokens: int) -> Reques
     if status != 202:
         return RequestResult(False, f"POST {status}: {text[:200]}")
     job_id = json.loads(text)["id"]
+    if over_websocket:
+        arrivals, tokens, final = await follow_job_ws(conns.port, job_id)
+        result = RequestResult(ok=final == "succeeded", arrivals=arrivals, tokens=tokens)
+        result.error = "" if result.ok else f"job {final}"
+        return _finished(result, start, 101)
     status, lines = await _exchange(conns, "GET", f"/v1/jobs/{job_id}/events", None)
     result = RequestResult(ok=status == 200)
     event = ""
@@ -172,6 +186,7 @@ async def job_request(conns: Connections, model: str, max_tokens: int) -> Reques
         if line.startswith("event: "):
             event = line[7:].strip()
         elif line.startswith("data: ") and event == "token":
+            result.tokens += 1
             if json.loads(line[6:])["text"]:
                 result.arrivals.append(time.perf_counter())
         elif line.startswith("data: ") and event == "done":
@@ -179,6 +194,19 @@ async def job_request(conns: Connections, model: str, max_tokens: int) -> Reques
             if job["status"] != "succeeded":
                 result.ok, result.error = False, f"job {job['status']}"
     return _finished(result, start, status)
+
+
+async def ws_request(conns: Connections, model: str, max_tokens: int) -> RequestResult:
+    return await job_request(conns, model, max_tokens, over_websocket=True)
+
+
+Sender = Callable[[Connections, str, int], Coroutine[Any, Any, RequestResult]]
+
+
+def sender(api: str) -> Sender:
+    """The client of one API: ``openai`` (streamed chat), ``ws`` (a job over WebSocket), or
+    anything else: a job over SSE."""
+    return {"openai": openai_request, "ws": ws_request}.get(api, job_request)
 
 
 def _finished(result: RequestResult, start: float, status: int) -> RequestResult:
@@ -195,7 +223,7 @@ async def run_rate(
     port: int, api: str, model: str, rate: float, count: int, max_tokens: int, seed: int
 ) -> dict[str, Any]:
     conns = Connections(port)
-    send = openai_request if api == "openai" else job_request
+    send = sender(api)
     rng = random.Random(seed)
     tasks = []
     began = time.perf_counter()
@@ -209,7 +237,7 @@ async def run_rate(
     ttfts = [r.ttft_s * 1000 for r in ok]
     itls = [gap * 1000 for r in ok for gap in r.itls_s]
     e2es = [r.e2e_s * 1000 for r in ok]
-    tokens = sum(len(r.arrivals) for r in ok)
+    tokens = sum(r.tokens or len(r.arrivals) for r in ok)
 
     def pct(values: list[float], q: float) -> float | None:
         return percentile(values, q)
@@ -249,7 +277,7 @@ async def run_burst(
     conns = Connections(port)
     for conn in [await conns.take() for _ in range(clients)]:
         conns.give_back(conn)
-    send = openai_request if api == "openai" else job_request
+    send = sender(api)
     rng = random.Random(seed)  # one generator: a new one per draw gave every client the same moment
     offsets = sorted(rng.uniform(0, window_s) for _ in range(clients))
 
@@ -264,13 +292,17 @@ async def run_burst(
     ttfts = [r.ttft_s * 1000 for r in ok]
     ends = [r.arrivals[-1] for r in ok]
     firsts = [r.arrivals[0] for r in ok]
-    tokens = sum(len(r.arrivals) for r in ok)
+    tokens = sum(r.tokens or len(r.arrivals) for r in ok)
     row = {
         "api": api,
         "clients": clients,
         "window_ms": window_s * 1000,
         "errors": len(results) - len(ok),
         "ttft_ms": {"p50": percentile(ttfts, 50), "max": max(ttfts, default=None)},
+        "itl_ms": {
+            "p50": percentile([gap * 1000 for r in ok for gap in r.itls_s], 50),
+            "p99": percentile([gap * 1000 for r in ok for gap in r.itls_s], 99),
+        },
         "aggregate_tokens_per_s": tokens / (max(ends) - min(firsts)) if ok else 0.0,
         "wall_s": time.perf_counter() - began,
     }

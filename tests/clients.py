@@ -26,8 +26,17 @@ class StreamResult:
         return "".join(token["text"] for token in self.tokens)
 
     @property
+    def token_count(self) -> int:
+        return len(self.indexes)
+
+    @property
     def indexes(self) -> list[int]:
-        return [token["index"] for token in self.tokens]
+        """Every token's index (a WebSocket run of ``count`` tokens stands for that many)."""
+        return [
+            token["index"] + offset
+            for token in self.tokens
+            for offset in range(token.get("count", 1))
+        ]
 
 
 class Deadline:
@@ -140,7 +149,10 @@ def read_ws(base: str, job_id: str, query: str = "", timeout: float = 60) -> Str
             deadline.check(result)
             message = json.loads(ws.recv())
             if message["event"] == "token":
-                result.tokens.append({"index": message["index"], "text": message["text"]})
+                # A frame is a run of tokens; the stream's indexes stay checkable run by run.
+                result.tokens.append(
+                    {"index": message["index"], "text": message["text"], "count": message["count"]}
+                )
             elif message["event"] == "status":
                 result.statuses.append({k: v for k, v in message.items() if k != "event"})
             elif message["event"] == "done":
@@ -171,3 +183,13 @@ def assert_gapless(stream: StreamResult) -> None:
     assert stream.indexes == list(range(len(stream.tokens)))
     assert stream.text == stream.done["output"]
     assert len(stream.tokens) == stream.done["usage"]["completion_tokens"]
+
+
+def batch_line(custom_id: str = "r1", **body: Any) -> dict[str, Any]:
+    """One line of a batch input file: a one-token completion unless ``body`` says otherwise."""
+    body = {"model": "demo", "prompt": "The", "max_tokens": 1, **body}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+
+
+def jsonl(lines: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(line) + "\n" for line in lines).encode()

@@ -57,15 +57,11 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     stop_redis(process)
 
 
-@pytest.fixture(scope="session")
-def config_path(
-    tmp_path_factory: pytest.TempPathFactory,
-    redis_url: str,
-    demo_model_dir: Path,
-    llama_model_dir: Path,
-    scripted_model_dir: Path,
+def write_test_config(
+    directory: Path, redis_url: str, demo: Path, llama: Path, scripted: Path
 ) -> Path:
-    path = tmp_path_factory.mktemp("config") / "test.toml"
+    """The suite's configuration file: three served models and one (``late``) no worker serves."""
+    path = directory / "test.toml"
     path.write_text(
         f"""
 default_model = "demo"
@@ -87,21 +83,38 @@ allow_private_addresses = true
 secret = "test-secret"
 max_attempts = 3
 [models.demo]
-path = "{demo_model_dir}"
+path = "{demo}"
 max_batch_size = 8
 [models.tiny-llama]
-path = "{llama_model_dir}"
+path = "{llama}"
 max_context_tokens = 512
 max_batch_size = 4
 [models.scripted]
-path = "{scripted_model_dir}"
+path = "{scripted}"
 inter_threads = 1
 # No worker serves this one until a test starts it: jobs for it stay queued.
 [models.late]
-path = "{demo_model_dir}"
+path = "{demo}"
 """
     )
     return path
+
+
+@pytest.fixture(scope="session")
+def config_path(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_url: str,
+    demo_model_dir: Path,
+    llama_model_dir: Path,
+    scripted_model_dir: Path,
+) -> Path:
+    return write_test_config(
+        tmp_path_factory.mktemp("config"),
+        redis_url,
+        demo_model_dir,
+        llama_model_dir,
+        scripted_model_dir,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ read fails the test (label escaping included)."""
 
 from __future__ import annotations
 
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -16,3 +17,11 @@ def parse_samples(text: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in ordered)
             samples[f"{sample.name}{{{labels}}}"] = float(sample.value)
     return samples
+
+
+def scrape(base: str) -> dict[str, float]:
+    """A running web tier's /metrics, parsed."""
+    response = requests.get(f"{base}/metrics", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain; version=")
+    return parse_samples(response.text)

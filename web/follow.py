@@ -17,12 +17,12 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from enum import Enum
 
 from web.hub import Signal, Subscription, TokenHub
-from worker.events import TokenEvent
+from worker.events import TokenEvent, TokenRun
 from worker.jobs import Job, JobStatus
 from worker.store import JobStore
 
@@ -46,7 +46,7 @@ class Status:
     position: int | None = None
 
 
-FollowEvent = TokenEvent | Status | Done | KeepAlive
+FollowEvent = TokenRun | Status | Done | KeepAlive
 
 
 class JobNotFound(LookupError):
@@ -91,6 +91,11 @@ def _await_signal(subscription: Subscription, deadline: float) -> bool:
     return False
 
 
+# A pace shorter than this is not worth a timer and a greenlet switch per chunk: the publisher
+# already paces each job's messages.
+MIN_PAUSE_SECONDS = 0.002
+
+
 class Resync(str, Enum):
     """Why a follower must re-read the job and its log instead of trusting live messages."""
 
@@ -125,7 +130,7 @@ class JobFollower:
         except BaseException:
             self.close()  # a failed first read (Redis away, unknown id) leaks nothing
             raise
-        self._first: tuple[Job, list[TokenEvent]] = (job, events)
+        self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
         self._status: JobStatus | None = None  # the last status sent
         self.trace_context = job.trace_context
 
@@ -149,7 +154,8 @@ class JobFollower:
             live = False  # pending came from the channel, not from a snapshot with the status
             last_chunk = 0.0
             while True:
-                tokens: list[FollowEvent] = list(self._take(pending))
+                run = self._take(pending)
+                tokens: list[FollowEvent] = [run] if run is not None else []
                 if job.status.is_terminal:
                     yield [*tokens, *self._status_change(job.status), Done(job)]
                     return
@@ -159,17 +165,17 @@ class JobFollower:
                 if tokens:  # a status alone never delays the first token
                     last_chunk = time.monotonic()
                 pause = last_chunk + pace() - time.monotonic()
-                if pause > 0:
+                if pause > MIN_PAUSE_SECONDS:
                     time.sleep(pause)  # a greenlet sleep under gevent
                 pending, resync = self._wait(keepalive_seconds)
                 live = resync is None
                 if resync is not None:
                     if resync is Resync.QUIET:
                         yield [KeepAlive()]
-                    latest, pending = self._store.snapshot(self._job_id, self._next)
+                    latest, events = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
                         return
-                    job = latest
+                    job, pending = latest, _runs(events)
         finally:
             self.close()
 
@@ -183,13 +189,19 @@ class JobFollower:
         position = self._store.queue_position(self._job_id) if status is JobStatus.QUEUED else None
         return [Status(status, position)]
 
-    def _take(self, events: list[TokenEvent]) -> Iterator[TokenEvent]:
-        for event in events:
-            if event.index == self._next:
-                self._next += 1
-                yield event
+    def _take(self, runs: list[TokenRun]) -> TokenRun | None:
+        """The tokens of ``runs`` from the next index on, as one run (None: nothing new)."""
+        taken: list[TokenRun] = []
+        for run in runs:
+            if run.end <= self._next:
+                continue  # had them already
+            if run.first > self._next:
+                break  # a gap (a snapshot never has one; ``_wait`` sends live gaps to the log)
+            taken.append(run.starting_at(self._next))
+            self._next = run.end
+        return TokenRun.joined(taken) if taken else None
 
-    def _wait(self, timeout: float) -> tuple[list[TokenEvent], Resync | None]:
+    def _wait(self, timeout: float) -> tuple[list[TokenRun], Resync | None]:
         """Live tokens that continue the sequence (all that are queued), or why the log must be
         re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap."""
         deliveries = self._subscription.get_all(timeout)
@@ -204,14 +216,19 @@ class JobFollower:
         expected = self._next
         fresh = []
         for delivery in deliveries:
-            for event in delivery.tokens:
-                if event.index < expected:
-                    continue
-                if event.index != expected:
-                    return [], Resync.GAP
-                fresh.append(event)
-                expected += 1
+            run = delivery.tokens
+            if run is None or run.end <= expected:
+                continue
+            if run.first > expected:
+                return [], Resync.GAP
+            fresh.append(run)
+            expected = run.end
         return fresh, None
+
+
+def _runs(events: list[TokenEvent]) -> list[TokenRun]:
+    """A snapshot's tokens (consecutive, from the log) as one run."""
+    return [TokenRun.from_events(events)] if events else []
 
 
 def open_followers(

@@ -13,13 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 from web.subscriber import ChannelSubscriber
 from worker import keys
-from worker.events import JobMessage, TokenEvent
+from worker.events import JobMessage, TokenRun
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +32,10 @@ class Signal(str, Enum):
     STATUS = "status"  # the job was claimed or requeued: read its state
 
 
-@dataclass(frozen=True)
-class Delivery:
-    tokens: tuple[TokenEvent, ...] = ()
+class Delivery(NamedTuple):
+    """A message's tokens, or a signal."""
+
+    tokens: TokenRun | None = None
     signal: Signal | None = None
 
 
@@ -118,12 +118,13 @@ class TokenHub:
         # job's (or one that just stopped being followed), never another process's.
         self.received_messages = 0
         self.received_tokens = 0
+        self._readers = 0
 
     @property
     def active_subscriptions(self) -> int:
-        """Open streams (readers of tokens; ``Prefer: wait`` waiters are not streams)."""
-        with self._lock:
-            return sum(feed.readers for feed in self._feeds.values())
+        """Open streams (readers of tokens; ``Prefer: wait`` waiters are not streams): a count
+        kept as readers come and go, since every stream's pace reads it once per write."""
+        return self._readers
 
     def subscribe(self, job_id: str) -> Subscription:
         """Follow a job's tokens; live events flow from the moment this returns."""
@@ -137,7 +138,9 @@ class TokenHub:
         with self._lock:
             feed = self._feeds.setdefault(job_id, JobFeed())
             feed.interested += 1
-            feed.readers += 1 if reader else 0
+            if reader:
+                feed.readers += 1
+                self._readers += 1
         ready = self._subscriber.add(channel)
         # Without the subscription the reader still works, only by resyncing on its poll timer.
         ready.wait(READY_TIMEOUT_SECONDS)
@@ -154,6 +157,7 @@ class TokenHub:
                 feed.interested -= 1
                 if subscription.channel == keys.job_events_channel(subscription.job_id):
                     feed.readers -= 1
+                    self._readers -= 1
                 if feed.interested <= 0:
                     del self._feeds[subscription.job_id]
         self._subscriber.remove(subscription.channel)
@@ -169,10 +173,10 @@ class TokenHub:
         self.received_messages += 1
         if feed is None:
             return  # its last reader left while the message travelled
-        message = JobMessage.decode(job_id, raw)
-        self.received_tokens += len(message.tokens)
+        message = JobMessage.decode(raw)
         with self._lock:
-            if message.tokens:
+            if message.tokens is not None:
+                self.received_tokens += len(message.tokens)
                 feed.append(Delivery(tokens=message.tokens))
             if message.done:
                 feed.append(Delivery(signal=Signal.DONE))

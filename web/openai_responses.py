@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from web.openai_requests import OpenAIRequest, RequestKind
-from worker.events import TokenEvent
+from worker.events import TokenEvent, encode_text
 from worker.jobs import FinishReason, Job
 
 
@@ -123,6 +124,32 @@ def chat_chunk(
 ) -> dict[str, Any]:
     choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
     return {**_base(envelope, "chat.completion.chunk"), "choices": [choice]}
+
+
+# Stands for a chunk's text while its template is rendered: no token's text can hold a NUL
+# literal written this way, since the template is split on the placeholder's literal alone.
+_PLACEHOLDER = "\x00text\x00"
+_PLACEHOLDER_LITERAL = encode_text(_PLACEHOLDER)
+
+
+class TextChunkTemplate:
+    """One choice's token chunk with its text left open, rendered once per stream: a wake-up's
+    tokens become one chunk by writing their joined text's literal between the two halves, with
+    no dict built or JSON encoded per chunk (vLLM renders its frames from a per-stream template
+    the same way). The output is exactly ``data: json.dumps(chunk)``."""
+
+    def __init__(self, chunk: dict[str, Any]):
+        rendered = f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        self._before, self._after = rendered.split(_PLACEHOLDER_LITERAL)
+
+    def render(self, text_literal: str) -> str:
+        return self._before + text_literal + self._after
+
+
+def text_chunk_template(envelope: Envelope, index: int, chat: bool) -> TextChunkTemplate:
+    if chat:
+        return TextChunkTemplate(chat_chunk(envelope, index, {"content": _PLACEHOLDER}))
+    return TextChunkTemplate(completion_chunk(envelope, index, _PLACEHOLDER))
 
 
 def usage_chunk(envelope: Envelope, kind: str, usage_: dict[str, int]) -> dict[str, Any]:

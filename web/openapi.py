@@ -3,7 +3,7 @@
 The paths are written here; every schema is generated from the classes that validate requests
 (``web.request_models``, bound to the configuration's limits) and the types the response builders
 return (``web.response_models``), so the document and the server cannot disagree. CI fuzzes the
-running server from it (tests/test_schema_fuzz.py). The WebSocket route is described in the
+running server from it (tests/system/test_schema_fuzz.py). The WebSocket route is described in the
 job-events operation, since OpenAPI cannot express it.
 """
 

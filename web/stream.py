@@ -6,7 +6,6 @@ a connection cut without explanation; it can resume with ``Last-Event-ID`` once 
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -23,7 +22,7 @@ from web.errors import ApiError, not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
 from web.services import Services, services
 from web.validation import parse_after
-from worker.events import TokenEvent
+from worker.events import TokenRun
 from worker.jobs import JobStatus
 
 log = logging.getLogger(__name__)
@@ -103,8 +102,8 @@ def sse_events(job_id: str) -> Response:
 
 
 def format_sse(event: FollowEvent) -> str:
-    if isinstance(event, TokenEvent):
-        return token_sse(event)
+    if isinstance(event, TokenRun):
+        return tokens_sse(event)
     if isinstance(event, Done):
         return f"event: done\ndata: {json.dumps(event.job.to_dict(), ensure_ascii=False)}\n\n"
     if isinstance(event, KeepAlive):
@@ -115,20 +114,27 @@ def format_sse(event: FollowEvent) -> str:
     raise TypeError(f"unknown event {event!r}")
 
 
-@functools.lru_cache(maxsize=65_536)
-def token_sse(event: TokenEvent) -> str:
-    """Every reader of a job gets the same token events: format each one once, not per reader."""
-    data = json.dumps(event.to_dict(), ensure_ascii=False)
-    return f"id: {event.index}\nevent: token\ndata: {data}\n\n"
+def tokens_sse(run: TokenRun) -> str:
+    """One ``token`` event per token, each text's literal written as the worker encoded it
+    (the same bytes ``json.dumps`` of ``{"index", "text"}`` would give)."""
+    return "".join(
+        f'id: {index}\nevent: token\ndata: {{"index": {index}, "text": {literal}}}\n\n'
+        for index, literal in enumerate(run.literals, run.first)
+    )
 
 
-def ws_message(event: FollowEvent) -> dict[str, Any] | None:
-    if isinstance(event, TokenEvent):
-        return {"event": "token", **event.to_dict()}
+def ws_frame(event: FollowEvent) -> str | None:
+    """One WebSocket frame: a run of tokens is one ``token`` message, its texts joined,
+    ``index`` its first token and ``count`` how many (the last one is index + count - 1)."""
+    if isinstance(event, TokenRun):
+        return (
+            f'{{"event": "token", "index": {event.first}, "count": {len(event)}, '
+            f'"text": {event.text_literal()}}}'
+        )
     if isinstance(event, Done):
-        return {"event": "done", "job": event.job.to_dict()}
+        return json.dumps({"event": "done", "job": event.job.to_dict()}, ensure_ascii=False)
     if isinstance(event, Status):
-        return {"event": "status", **status_data(event)}
+        return json.dumps({"event": "status", **status_data(event)})
     return None  # WebSocket keep-alive is the protocol's own ping
 
 
@@ -152,7 +158,7 @@ class FirstDelivery:
 
     def starting(self, chunk: list[FollowEvent]) -> None:
         if self._tracing is not None and any(
-            isinstance(event, TokenEvent) and event.index == 0 for event in chunk
+            isinstance(event, TokenRun) and event.first == 0 for event in chunk
         ):
             self._started = time.time()
 
@@ -182,10 +188,9 @@ def register(app: Flask) -> None:
         try:
             for chunk in chunks:
                 delivery.starting(chunk)
-                for event in chunk:
-                    message = ws_message(event)
-                    if message is not None:
-                        ws.send(json.dumps(message, ensure_ascii=False))
+                frames = [frame for event in chunk if (frame := ws_frame(event)) is not None]
+                for frame in frames:
+                    ws.send(frame)
                 delivery.written()
             ws.close(reason=1000, message="done")
         except redis.RedisError as exc:

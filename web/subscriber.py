@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
+import selectors
 import threading
 import time
 from collections.abc import Callable
@@ -97,9 +97,12 @@ class _Link:
         if parser is not None and hasattr(parser, "read_from_socket"):
             parser.read_from_socket()  # one recv; a closed connection raises ConnectionError
 
-    def fileno(self) -> int | None:
+    def socket(self) -> Any:
         connection = self.pubsub.connection
-        sock = getattr(connection, "_sock", None) if connection is not None else None
+        return getattr(connection, "_sock", None) if connection is not None else None
+
+    def fileno(self) -> int | None:
+        sock = self.socket()
         return sock.fileno() if sock is not None else None
 
     def keep_alive(self) -> None:
@@ -133,6 +136,9 @@ class ChannelSubscriber:
         os.set_blocking(self._wake_write, False)
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        # Set when readers changed what is wanted: only then does the listener compare wanted
+        # and subscribed channels (an O(channels) pass), not on every message.
+        self._dirty = True
 
     @property
     def channels(self) -> int:
@@ -145,6 +151,7 @@ class ChannelSubscriber:
             self._start()
             self._wanted[channel] = self._wanted.get(channel, 0) + 1
             ready = self._ready.setdefault(channel, threading.Event())
+            self._dirty = True
         self._wake()
         return ready
 
@@ -153,6 +160,7 @@ class ChannelSubscriber:
             if not _count_down(self._wanted, channel):
                 return
             # No reader wants it: its ready event goes when it is unsubscribed.
+            self._dirty = True
         self._wake()
 
     def close(self) -> None:
@@ -199,15 +207,23 @@ class ChannelSubscriber:
     def _listen(self) -> None:
         client = self._connect()
         links: dict[str, _Link] = {}
+        # One selector for the connection's life: its registrations persist (under gevent, a
+        # select() call built and dropped a watcher per socket on every wake-up).
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_read, selectors.EVENT_READ)
+        with self._lock:
+            self._dirty = True  # a new connection subscribes to everything wanted
         try:
             while not self._stopping.is_set():
-                self._sync(client, links)
+                if self._dirty:
+                    self._sync(client, links)
                 handled = self._drain(links)
-                for link in self._wait(links, 0.0 if handled else POLL_SECONDS):
+                for link in self._wait(selector, links, 0.0 if handled else POLL_SECONDS):
                     link.receive()
                 for link in links.values():
                     link.keep_alive()
         finally:
+            selector.close()
             for link in links.values():
                 link.close()
             client.close()
@@ -216,6 +232,7 @@ class ChannelSubscriber:
         """Send SUBSCRIBE and UNSUBSCRIBE for what changed since the last pass."""
         subscribed = {channel for link in links.values() for channel in link.channels}
         with self._lock:
+            self._dirty = False
             wanted = set(self._wanted)
             for channel in subscribed - wanted:
                 # A reader arriving after this point waits for a new subscription.
@@ -281,7 +298,9 @@ class ChannelSubscriber:
         self._on_subscribed(channel)
         ready.set()
 
-    def _wait(self, links: dict[str, _Link], timeout: float) -> list[_Link]:
+    def _wait(
+        self, selector: selectors.BaseSelector, links: dict[str, _Link], timeout: float
+    ) -> list[_Link]:
         """Sleep until a connection has data, a reader wants a change, or ``timeout``; the
         links whose sockets are readable."""
         # A link without channels reads nothing (redis-py's pubsub is then idle): selecting its
@@ -291,7 +310,19 @@ class ChannelSubscriber:
             for link in links.values()
             if link.channels and (fd := link.fileno()) is not None
         }
-        readable, _, _ = select.select([self._wake_read, *by_fd], [], [], timeout)
+        # Registered with its socket object: a socket that was replaced under the same number
+        # (redis-py reconnected) is registered again.
+        registered = {
+            key.fd: key.data for key in selector.get_map().values() if key.fd != self._wake_read
+        }
+        for fd, sock in registered.items():
+            if fd not in by_fd or by_fd[fd].socket() is not sock:
+                selector.unregister(fd)
+                registered[fd] = None
+        for fd, link in by_fd.items():
+            if registered.get(fd) is None:
+                selector.register(fd, selectors.EVENT_READ, link.socket())
+        readable = {key.fd for key, _ in selector.select(timeout)}
         if self._wake_read in readable:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._wake_read, 4096):

@@ -1,47 +1,75 @@
-"""Token events: what a worker publishes per decoding step and what the replay log stores.
+"""Token events: what a worker publishes per flush and what the replay log stores.
 
 Each job has its own channel (``keys.job_events_channel``); a message on it carries that job's
 tokens from one publisher flush, its done signal, or the news that it changed status without a
 token (claimed, requeued: readers then re-read its state and tell their clients, ``status``
 events). The job id is the channel's, so a message names no job, and a web process only ever
 receives messages of jobs its readers follow.
+
+A token's text is JSON-encoded once, in the worker, as a JSON string literal; the web tier keeps
+that literal and writes it into SSE events, WebSocket frames and OpenAI chunks as it is, never
+parsing and re-encoding it. A token message is therefore lines, not a JSON document:
+
+    t<first index> <count>
+    <literal of token first>
+    ...
+    <logprobs, comma-separated>
+
+A JSON string literal never holds a raw newline (``encode_basestring`` escapes every control
+character), so splitting on ``\\n`` is exact. The logprob line is parsed only by a reader whose
+client asked for logprobs.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+# The C encoder of one string with non-ASCII kept: exactly what ``json.dumps(text,
+# ensure_ascii=False)`` writes, without building a JSONEncoder per call.
+encode_text: Any = json.encoder.encode_basestring
 
 
-@dataclass(frozen=True)
 class TokenEvent:
     """Token ``index`` (0-based) of a job and the text it released (may be empty while held).
 
-    ``logprob`` is the sampled token's log-probability under the model (None if unknown).
+    ``logprob`` is the sampled token's log-probability under the model (None if unknown). A
+    plain slotted class: one is built per token on the engine thread, and a frozen dataclass
+    costs several times more to build. Treated as immutable.
     """
 
-    job_id: str
-    index: int
-    text: str
-    logprob: float | None = None
+    __slots__ = ("index", "job_id", "logprob", "text")
+
+    def __init__(self, job_id: str, index: int, text: str, logprob: float | None = None):
+        self.job_id = job_id
+        self.index = index
+        self.text = text
+        self.logprob = logprob
+
+    def _fields(self) -> tuple[str, int, str, float | None]:
+        return (self.job_id, self.index, self.text, self.logprob)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenEvent) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "TokenEvent(job_id={!r}, index={!r}, text={!r}, logprob={!r})".format(
+            *self._fields()
+        )
 
     def to_log_entry(self) -> str:
         """The replay-log form; the job id is implied by the list's key."""
-        return self.encoded()[0]
+        return self.log_entry(encode_text(self.text))
 
-    def encoded(self) -> tuple[str, str]:
-        """The replay-log entry and the channel-message item, built from one encoding of the
-        text (the publisher makes both for every token; ``json.dumps`` of the whole is slower).
-        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}`` and of the list."""
-        text = json.dumps(self.text, ensure_ascii=False)
-        logprob = _number(self.logprob)
-        return (
-            f'{{"index": {self.index}, "text": {text}, "logprob": {logprob}}}',
-            f"[{self.index}, {text}, {logprob}]",
-        )
+    def log_entry(self, literal: str) -> str:
+        """The replay-log form from the text's literal (the publisher encodes it once).
+        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}``."""
+        return f'{{"index": {self.index}, "text": {literal}, "logprob": {_number(self.logprob)}}}'
 
     @classmethod
     def from_log_entry(cls, job_id: str, raw: str | bytes) -> TokenEvent:
@@ -52,44 +80,132 @@ class TokenEvent:
         return {"index": self.index, "text": self.text}
 
 
+class TokenRun:
+    """Consecutive tokens of one job, ``first`` onwards, as the JSON literals of their texts.
+
+    What the web tier carries from the channel to the client: a message's tokens stay one run,
+    and the runs a reader takes in one wake-up are joined into one, so it writes once.
+    """
+
+    __slots__ = ("_logprobs", "_raw_logprobs", "first", "literals")
+
+    def __init__(
+        self,
+        first: int,
+        literals: Sequence[str],
+        logprobs: Sequence[float | None] | None = None,
+        raw_logprobs: str = "",
+    ):
+        self.first = first
+        self.literals = literals
+        self._logprobs = logprobs
+        self._raw_logprobs = raw_logprobs  # parsed on first use (few clients ask)
+
+    def __len__(self) -> int:
+        return len(self.literals)
+
+    def __repr__(self) -> str:
+        return f"TokenRun({self.first}, {list(self.literals)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """The same tokens (logprobs aside: a run read live parses them only on demand)."""
+        if not isinstance(other, TokenRun):
+            return NotImplemented
+        return self.first == other.first and list(self.literals) == list(other.literals)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def indexes(self) -> range:
+        return range(self.first, self.end)
+
+    @property
+    def end(self) -> int:
+        """The index after the last token."""
+        return self.first + len(self.literals)
+
+    @property
+    def logprobs(self) -> Sequence[float | None]:
+        if self._logprobs is None:
+            raw = self._raw_logprobs
+            self._logprobs = (
+                [_logprob(json.loads(v)) for v in raw.split(",")]
+                if raw
+                else [None] * len(self.literals)
+            )
+        return self._logprobs
+
+    def text_literal(self) -> str:
+        """The literal of all the tokens' text together (joined without decoding any)."""
+        if len(self.literals) == 1:
+            return self.literals[0]
+        return '"' + "".join(literal[1:-1] for literal in self.literals) + '"'
+
+    @property
+    def text(self) -> str:
+        return str(json.loads(self.text_literal()))
+
+    def starting_at(self, index: int) -> TokenRun:
+        """The tokens from ``index`` on (``index`` within the run)."""
+        skip = index - self.first
+        if skip <= 0:
+            return self
+        logprobs = self.logprobs[skip:] if self._logprobs or self._raw_logprobs else None
+        return TokenRun(index, self.literals[skip:], logprobs)
+
+    def events(self, job_id: str) -> Iterator[TokenEvent]:
+        """One event per token, texts decoded: for clients that want per-token detail."""
+        for offset, (literal, logprob) in enumerate(zip(self.literals, self.logprobs, strict=True)):
+            yield TokenEvent(job_id, self.first + offset, json.loads(literal), logprob)
+
+    @classmethod
+    def from_events(cls, events: Sequence[TokenEvent]) -> TokenRun:
+        return cls(
+            events[0].index,
+            [encode_text(event.text) for event in events],
+            [event.logprob for event in events],
+        )
+
+    @classmethod
+    def joined(cls, runs: Sequence[TokenRun]) -> TokenRun:
+        """Consecutive runs as one."""
+        if len(runs) == 1:
+            return runs[0]
+        literals = [literal for run in runs for literal in run.literals]
+        if any(run._logprobs or run._raw_logprobs for run in runs):
+            return cls(runs[0].first, literals, [lp for run in runs for lp in run.logprobs])
+        return cls(runs[0].first, literals)
+
+
 # The whole message a job's done channel (and, last, its events channel) carries.
-DONE_MESSAGE = '{"d":1}'
+DONE_MESSAGE = "d"
 # A job claimed or requeued (on its events channel only: a waiter needs the end alone).
-STATUS_MESSAGE = '{"s":1}'
+STATUS_MESSAGE = "s"
 
 
-def token_fragment(events: Sequence[TokenEvent]) -> str:
-    """One flush of a job's tokens as the inside of a message's token list."""
-    return ",".join(event.encoded()[1] for event in events)
+def token_message(first: int, literals: Sequence[str], logprobs: Sequence[float | None]) -> str:
+    """One flush of a job's tokens as its channel message."""
+    header = f"t{first} {len(literals)}\n"
+    return header + "\n".join(literals) + "\n" + ",".join(map(_number, logprobs))
 
 
-@dataclass(frozen=True)
-class JobMessage:
-    """One message on a job's channel: some of its tokens, the news that it finished, or that
-    its status changed (claimed, requeued)."""
+class JobMessage(NamedTuple):
+    """One message on a job's channel, decoded: some of its tokens, the news that it finished,
+    or that its status changed (claimed, requeued)."""
 
-    tokens: tuple[TokenEvent, ...] = ()
+    tokens: TokenRun | None = None
     done: bool = False
     status_changed: bool = False
 
-    def encode(self) -> str:
-        if self.done:
-            return DONE_MESSAGE
-        if self.status_changed:
-            return STATUS_MESSAGE
-        return '{"t":[' + token_fragment(self.tokens) + "]}"
-
     @classmethod
-    def decode(cls, job_id: str, raw: str | bytes) -> JobMessage:
-        data = json.loads(raw)
-        return cls(
-            tokens=tuple(
-                TokenEvent(job_id, int(index), str(text), _logprob(logprob))
-                for index, text, logprob in data.get("t", ())
-            ),
-            done=bool(data.get("d")),
-            status_changed=bool(data.get("s")),
-        )
+    def decode(cls, raw: str) -> JobMessage:
+        kind = raw[:1]
+        if kind == "t":
+            lines = raw.split("\n")
+            first, count = lines[0][1:].split(" ")
+            end = 1 + int(count)
+            return cls(TokenRun(int(first), lines[1:end], raw_logprobs=lines[end]))
+        return cls(done=kind == DONE_MESSAGE, status_changed=kind == STATUS_MESSAGE)
 
 
 def _number(value: float | None) -> str:

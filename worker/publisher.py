@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -42,18 +42,19 @@ UNPACED_TOKENS = 2
 RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 
-@dataclass(frozen=True)
-class TokenItem:
+class TokenItem(NamedTuple):
+    """One token on its way out (a named tuple: one is built per token on the engine thread)."""
+
     event: TokenEvent
     fence: str  # the lease this worker holds on the job: writes without it are refused
     first_token_at: float | None = None
 
 
-@dataclass(frozen=True)
-class StepItem:
+class StepItem(NamedTuple):
     """Every token one decoding step produced across a batch: published together."""
 
     tokens: tuple[TokenItem, ...]
+    urgent: bool  # a job's first tokens among them: the flush goes at once
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,12 @@ class TokenPublisher:
     def publish_step(self, tokens: tuple[TokenItem, ...]) -> None:
         """Called on the engine thread: never blocks, never touches the network."""
         if tokens:
-            item = StepItem(tokens)
-            self._queue.put(item)
-            if _urgent(item):
+            urgent = any(
+                token.first_token_at is not None or token.event.index < UNPACED_TOKENS
+                for token in tokens
+            )
+            self._queue.put(StepItem(tokens, urgent))
+            if urgent:
                 self._urgent.set()
 
     def publish_finish(self, job_id: str, fence: str, result: JobResult) -> threading.Event:
@@ -126,7 +130,7 @@ class TokenPublisher:
             if stopping or now >= self._last_flush + self._interval:
                 tokens = self._release(None, items)
                 self._last_flush = now
-                self._interval = self._pacing.interval(len({t.event.job_id for t in tokens}))
+                self._interval = self._pacing.interval(len(tokens))
             else:
                 tokens = self._release(_urgent_jobs(items), items)
             finishes = [item for item in items if isinstance(item, FinishItem)]
@@ -142,7 +146,7 @@ class TokenPublisher:
             if first is None:
                 return items, True
             items.append(first)
-        if not any(_urgent(item) for item in items):
+        if not any(isinstance(item, FinishItem) or item.urgent for item in items):
             pause = self._last_flush + self._interval - time.monotonic()
             if pause > 0:
                 # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
@@ -160,20 +164,26 @@ class TokenPublisher:
 
     def _release(
         self, jobs: set[str] | None, items: list[StepItem | FinishItem]
-    ) -> list[TokenItem]:
-        """Hold the new tokens, then take out those of ``jobs`` (every job: None), in order."""
+    ) -> list[list[TokenItem]]:
+        """Hold the new tokens, then take out those of ``jobs`` (every job: None): each job's
+        tokens in order, one list per job."""
+        held = self._held
         for item in items:
             if isinstance(item, StepItem):
                 for token in item.tokens:
-                    self._held.setdefault(token.event.job_id, []).append(token)
+                    job_id = token.event.job_id
+                    if job_id in held:
+                        held[job_id].append(token)
+                    else:
+                        held[job_id] = [token]
         if jobs is None:
-            released = [token for tokens in self._held.values() for token in tokens]
-            self._held.clear()
+            released = list(held.values())
+            held.clear()
             return released
-        return [token for job_id in jobs for token in self._held.pop(job_id, [])]
+        return [held.pop(job_id) for job_id in jobs if job_id in held]
 
-    def _flush(self, tokens: list[TokenItem], finishes: list[FinishItem]) -> None:
-        appends = _group_by_job(tokens)
+    def _flush(self, tokens: list[list[TokenItem]], finishes: list[FinishItem]) -> None:
+        appends = [_append_of(job_tokens) for job_tokens in tokens]
         calls = 0
 
         def build(pipe: Any) -> None:
@@ -220,24 +230,18 @@ class TokenPublisher:
                 attempt += 1
 
 
-def _unpaced(token: TokenItem) -> bool:
-    """A job's first tokens (the first may carry no visible text yet): never held back."""
-    return token.first_token_at is not None or token.event.index < UNPACED_TOKENS
-
-
-def _urgent(item: StepItem | FinishItem) -> bool:
-    """A job's first tokens or its end: the flush goes at once."""
-    return isinstance(item, FinishItem) or any(_unpaced(token) for token in item.tokens)
-
-
 def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
     """Jobs whose tokens must go out now: a first token among them, or their end."""
     jobs: set[str] = set()
     for item in items:
         if isinstance(item, FinishItem):
             jobs.add(item.job_id)
-        else:
-            jobs.update(token.event.job_id for token in item.tokens if _unpaced(token))
+        elif item.urgent:
+            jobs.update(
+                token.event.job_id
+                for token in item.tokens
+                if token.first_token_at is not None or token.event.index < UNPACED_TOKENS
+            )
     return jobs
 
 
@@ -258,19 +262,13 @@ class Pacing:
         return max(self.floor_seconds, min(wanted, self.ceiling_seconds))
 
 
-def _group_by_job(tokens: list[TokenItem]) -> list[StepAppend]:
-    """One StepAppend per job, its tokens in order (a flush may span several steps)."""
-    grouped: dict[str, list[TokenItem]] = {}
-    for item in tokens:
-        grouped.setdefault(item.event.job_id, []).append(item)
-    return [
-        StepAppend(
-            job_id=job_id,
-            fence=items[0].fence,
-            events=[item.event for item in items],
-            first_token_at=next(
-                (item.first_token_at for item in items if item.first_token_at is not None), None
-            ),
-        )
-        for job_id, items in grouped.items()
-    ]
+def _append_of(items: list[TokenItem]) -> StepAppend:
+    """One job's held tokens, in order, as its share of a flush (it may span several steps)."""
+    return StepAppend(
+        job_id=items[0].event.job_id,
+        fence=items[0].fence,
+        events=[item.event for item in items],
+        first_token_at=next(
+            (item.first_token_at for item in items if item.first_token_at is not None), None
+        ),
+    )

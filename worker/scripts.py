@@ -193,8 +193,9 @@ for i = 1, jobs do
   local present = redis.call('LLEN', KEYS[base + 2]) - first_index
   if redis.call('GET', KEYS[base + 3]) == fence and present >= 0 then
     if present < k then
-      for j = present, k - 1 do
-        redis.call('RPUSH', KEYS[base + 2], ARGV[a + j])
+      -- One RPUSH per job (pieces of 1,000: unpack's limit is about 8,000 values).
+      for j = present, k - 1, 1000 do
+        redis.call('RPUSH', KEYS[base + 2], unpack(ARGV, a + j, a + math.min(j + 999, k - 1)))
       end
       if present == 0 then
         redis.call('APPEND', KEYS[base + 4], ARGV[a + k])
@@ -246,4 +247,19 @@ SUM_PER_SHARD = """
 local total = 0
 for i = 1, #KEYS do total = total + redis.call(ARGV[1], KEYS[i], unpack(ARGV, 2)) end
 return total
+"""
+
+# Writes a request's records only if its idempotency key is new, in the same step as the key:
+# two POSTs with one key can never both create. KEYS[1]: the idempotency key, then every key the
+# writes touch. ARGV[1]: the key's record (JSON), ARGV[2]: its TTL (s), ARGV[3]: the writes, a
+# JSON list of [command, index into KEYS, argument...]. Returns the existing record, or false.
+CREATE_ONCE = """
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for _, write in ipairs(cjson.decode(ARGV[3])) do
+  write[2] = KEYS[write[2]]
+  redis.call(unpack(write))
+end
+return false
 """

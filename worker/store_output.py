@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from worker import keys
-from worker.events import DONE_MESSAGE
+from worker.events import DONE_MESSAGE, TokenEvent, encode_text, token_message
 from worker.job_records import JobResult, StepAppend, StepOutcome
 from worker.store_base import StoreBase
 
@@ -35,11 +35,16 @@ class OutputWrites(StoreBase):
                     keys.job_events_channel(append.job_id),
                 ]
                 first = "" if append.first_token_at is None else repr(append.first_token_at)
-                encoded = [event.encoded() for event in append.events]
-                args += [append.fence, first, append.events[0].index, len(append.events)]
-                args += [entry for entry, _item in encoded]
-                args.append("".join(event.text for event in append.events))
-                args.append('{"t":[' + ",".join(item for _entry, item in encoded) + "]}")
+                events = append.events
+                # Each text is JSON-encoded here once: the log entries and the channel message
+                # are built from the same literals, and readers forward them as they are.
+                literals = [encode_text(event.text) for event in events]
+                args += [append.fence, first, events[0].index, len(events)]
+                args += map(TokenEvent.log_entry, events, literals)
+                args.append("".join(event.text for event in events))
+                args.append(
+                    token_message(events[0].index, literals, [event.logprob for event in events])
+                )
             self.queue_script(pipe, "APPEND_STEP", script_keys, args)
         return len(groups)
 

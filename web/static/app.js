@@ -452,7 +452,8 @@
     return out.scrollHeight - out.scrollTop - out.clientHeight < 48;
   }
 
-  function onToken(current, index, text) {
+  // A WebSocket frame carries a run of tokens: index is its first, count how many.
+  function onToken(current, index, text, count = 1) {
     if (index <= current.last) {
       current.duplicates += 1; // already on screen (a resumed stream overlapping): ignore
       el.output.dataset.duplicates = String(current.duplicates);
@@ -469,9 +470,9 @@
     } else if (el.status.dataset.status !== "running" && el.status.dataset.status !== "canceling") {
       setStatus("running"); // back from "reconnecting"
     }
-    current.last = index;
+    current.last = index + count - 1;
     current.lastTokenAt = now;
-    current.tokens += 1;
+    current.tokens += count;
     current.retry = 0;
     current.text += text;
     current.pending += text;
@@ -565,7 +566,7 @@
     const connection = current.connection;
     const live = () => current === run && !current.finished && current.connection === connection;
     const handlers = {
-      token: (index, text) => live() && onToken(current, index, text),
+      token: (index, text, count) => live() && onToken(current, index, text, count),
       status: (data) => live() && onStatus(current, data),
       done: (job) => live() && finish(current, job),
       drop: () => live() && reconnect(current),
@@ -721,7 +722,7 @@
     let error = null;
     socket.addEventListener("message", (event) => {
       const message = JSON.parse(event.data);
-      if (message.event === "token") handlers.token(message.index, message.text);
+      if (message.event === "token") handlers.token(message.index, message.text, message.count);
       else if (message.event === "status") handlers.status(message);
       else if (message.event === "done") {
         closing = true;

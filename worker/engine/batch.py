@@ -97,24 +97,26 @@ class StepBuffer:
         self._first_step = [length - shortest for length in lengths]
         self._live = set(range(len(batch)))
         self._step = -1
-        self._reported: set[int] = set()
+        # Who has yet to speak in this step: worked out once per step (O(batch)), then one
+        # discard per token, instead of a pass over the whole batch for every token.
+        self._waiting: set[int] = set()
         self._items: list[TokenItem] = []
 
     def add(self, position: int, step: int, item: TokenItem | None, finished: bool) -> None:
         if step != self._step:
             self.flush()
             self._step = step
-        self._reported.add(position)
+            first_step = self._first_step
+            self._waiting = {p for p in self._live if first_step[p] <= step}
+        self._waiting.discard(position)
         if item is not None:
             self._items.append(item)
         if finished:
             self._live.discard(position)
-        expected = {p for p in self._live if self._first_step[p] <= step}
-        if expected <= self._reported:
+        if not self._waiting:
             self.flush()
 
     def flush(self) -> None:
         if self._items:
             self._publish_step(tuple(self._items))
         self._items = []
-        self._reported = set()

@@ -1,0 +1,91 @@
+"""The outside audit's reproductions that need no running stack: in-process apps on the test Redis,
+and plain calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+import redis
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.clients import batch_line, jsonl
+from trickle.redis_server import free_port
+from web.services import services
+from worker import keys
+from worker.config import AuthSettings, Settings, WebhookSettings
+from worker.jobs import new_job_id
+from worker.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
+
+
+def test_a_first_read_that_fails_closes_its_subscription(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    """Row 1 with Redis away: the follower subscribes, its first read fails, nothing leaks."""
+    dead = dataclasses.replace(
+        settings,
+        redis=dataclasses.replace(settings.redis, url=f"redis://127.0.0.1:{free_port()}/0"),
+    )
+    app = make_app(dead)
+    client = app.test_client()
+    job_id = new_job_id()
+    for path in (f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}"):
+        assert client.get(path, headers={"Prefer": "wait=1"}).status_code == 503
+    assert services(app).hub.active_subscriptions == 0
+
+
+def keyed_client(
+    settings: Settings, make_app: Callable[[Settings], Flask], metrics_token: str
+) -> FlaskClient:
+    auth = AuthSettings(api_keys=("keyA", "keyB"), metrics_token=metrics_token)
+    return make_app(dataclasses.replace(settings, auth=auth)).test_client()
+
+
+def test_metrics_want_the_metrics_token_when_one_is_set(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    client = keyed_client(settings, make_app, "sha256:" + hashlib.sha256(b"scrape").hexdigest())
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", headers={"Authorization": "Bearer keyA"}).status_code == 401
+    response = client.get("/metrics", headers={"Authorization": "Bearer scrape"})
+    assert response.status_code == 200 and "trickle_active_streams" in response.text
+    assert client.get("/healthz").status_code == 200
+
+
+def test_without_a_metrics_token_metrics_follow_the_api_keys(
+    settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    client = keyed_client(settings, make_app, "")
+    response = client.get("/metrics")
+    assert response.status_code == 401 and response.get_json()["error"]["code"]
+    assert client.get("/metrics", headers={"Authorization": "Bearer keyB"}).status_code == 200
+
+
+def test_batch_jobs_and_backlog_are_bounded(
+    settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
+) -> None:
+    limits = dataclasses.replace(settings.limits, max_batch_jobs=100)
+    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
+    lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
+    error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
+    assert error["param"] == "input" and "1280 jobs" in error["message"]
+    queued = sum(redis_client.zcard(keys.queued_jobs(s)) for s in range(keys.SHARDS))
+    limits = dataclasses.replace(settings.limits, max_batch_backlog=queued + 1)
+    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
+    response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))
+    assert response.status_code == 429 and response.headers["Retry-After"]
+    assert response.get_json()["error"]["code"] == "queue_full"
+
+
+def test_webhook_hosts_resolving_to_internal_addresses_are_refused_at_delivery() -> None:
+    strict = WebhookSettings(allowed_hosts=("localhost", "127.0.0.1"), allowed_ports=(8080,))
+    for host in ("localhost", "127.0.0.1"):
+        with pytest.raises(WebhookRejected, match="internal address"):
+            deliver(f"http://{host}:8080/hook", {}, strict)
+    assert resolve_address("127.0.0.1", 8080, replace(strict, allow_private_addresses=True))
+    with pytest.raises(WebhookRejected, match="allowed_ports"):
+        check_webhook_url("http://localhost/hook", strict)  # port 80 by default

@@ -1,0 +1,205 @@
+"""Worker faults on real processes: SIGKILL, SIGSTOP, poison jobs, SIGTERM and deadlines.
+
+A job whose worker dies resumes on another worker from the tokens already published, so the
+client's stream goes on without a gap or a duplicate.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.clients import (
+    assert_gapless,
+    get_job,
+    poll_until_finished,
+    read_sse,
+    stream_in_background,
+    submit,
+)
+from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from worker import keys
+from worker.jobs import GenerationParams, Job, new_job_id
+from worker.store import JobStore
+
+LEASE_SECONDS = 2.0
+SWEEP_SECONDS = 0.5
+LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
+
+# Each test starts and kills real processes: a longer ceiling than the suite's 60 s.
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
+    from trickle.model_builders.random_llama import build_random_llama
+
+    root = tmp_path_factory.mktemp("worker-faults")
+    # Big enough that LONG takes several seconds on one thread of a fast core (at d_model 256 and
+    # 4 layers it took 1 s, and the one-second deadline raced the job's end).
+    slow = build_random_llama(
+        root / "slow", demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
+    )
+    stack = build_fault_stack(
+        root,
+        models_toml=(
+            f'[models.demo]\npath = "{demo_model_dir}"\n'
+            f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+            f'[models.nobody]\npath = "{demo_model_dir}"\n'
+        ),
+        settings_toml=(
+            f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
+            f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
+            "max_attempts = 2\nrepublish_after_seconds = 2\n"
+            "[limits]\nqueued_ttl_seconds = 6\nmax_tokens_ceiling = 2000\n"
+            "[web]\nkeepalive_seconds = 1.0\n"
+        ),
+    )
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_workers(faults: FaultStack) -> Iterator[None]:
+    """Each test starts the workers it needs; none survive into the next test."""
+    yield
+    faults.stop_workers()
+
+
+def test_killed_worker_job_resumes_on_another_without_gap(faults: FaultStack) -> None:
+    # Both workers are up before the job (starting one mid-job could outlast the job on a busy
+    # machine); the one holding the lease is killed once the stream is well under way.
+    workers = {name: faults.worker(name, ("slow",)) for name in ("crash-a", "crash-b")}
+    job = submit(faults.web_url, {"prompt": "The", **LONG})
+    reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 100, 30, "the first tokens")
+    lease = str(faults.client().get(keys.job_lease(job["id"])) or "")
+    (holder,) = [name for name in workers if lease.startswith(f"{name}@")]
+    os.kill(workers[holder].pid, signal.SIGKILL)
+    reader.join(90)
+    (stream,) = results
+    assert_gapless(stream)
+    assert stream.done is not None
+    assert stream.done["status"] == "succeeded"
+    assert stream.done["attempts"] == 2
+    assert len(stream.tokens) == 1500
+    # The client saw one pause: the lease lapsing plus a sweep, then the resumed stream.
+    gaps = [b - a for a, b in zip(stream.arrivals, stream.arrivals[1:], strict=False)]
+    assert max(gaps) < LEASE_SECONDS + SWEEP_SECONDS + 3.0
+
+
+def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(
+    faults: FaultStack,
+) -> None:
+    first = faults.worker("poison-a", ("slow",))
+    job = submit(faults.web_url, {"prompt": "A", **LONG})
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) > 0, 30, "first attempt")
+    os.kill(first.pid, signal.SIGKILL)
+    second = faults.worker("poison-b", ("slow",))
+    wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "second attempt")
+    os.kill(second.pid, signal.SIGKILL)
+    faults.worker("poison-c", ("slow",))
+    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
+    assert final["status"] == "failed"
+    assert final["error"]["type"] == "worker_lost"
+    assert "2 times" in final["error"]["message"]
+
+
+def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
+    stalled = faults.worker("stall-a", ("slow",))
+    job = submit(faults.web_url, {"prompt": "If", **LONG})
+    reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
+    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 50, 30, "tokens from a")
+    os.kill(stalled.pid, signal.SIGSTOP)  # alive but silent: its lease lapses
+    try:
+        faults.worker("stall-b", ("slow",))  # started after the stop: the job is still running
+        wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "takeover")
+    finally:
+        os.kill(stalled.pid, signal.SIGCONT)  # wakes up believing it still runs the job
+    reader.join(90)
+    (stream,) = results
+    assert_gapless(stream)
+    assert stream.done is not None and stream.done["status"] == "succeeded"
+    with faults.client() as client:
+        log = client.lrange(keys.job_tokens(job["id"]), 0, -1)
+    indexes = [int(entry.split('"index": ')[1].split(",")[0]) for entry in log]
+    assert indexes == list(range(1500))  # the woken worker wrote nothing after losing its lease
+
+
+def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
+    # One engine thread, so jobs that cannot join the running batch really wait.
+    leaving = faults.worker("term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1")
+    # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
+    running = submit(faults.web_url, {"prompt": "The", **LONG})
+    wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
+    # A different sampling configuration cannot join the running batch: these wait.
+    waiting = [
+        submit(
+            faults.web_url, {"prompt": "A", "model": "slow", "max_tokens": 50, "temperature": 0.8}
+        )
+        for _ in range(3)
+    ]
+    wait_for(
+        lambda: all(get_job(faults.web_url, job["id"])["status"] == "running" for job in waiting),
+        30,
+        "the waiting jobs to be claimed by the leaving worker",
+    )
+    # The next worker is up before the hand-back: a handed-back job waits at most the queue TTL
+    # (6 s here), less than a worker can take to start on a loaded machine.
+    faults.worker("term-b", ("slow",))
+    assert get_job(faults.web_url, running["id"])["status"] == "running"  # still: waiters wait
+    leaving.send_signal(signal.SIGTERM)
+    finished = [poll_until_finished(faults.web_url, job["id"], 60) for job in [running, *waiting]]
+    assert [job["status"] for job in finished] == ["succeeded"] * 4
+    assert all(job["attempts"] == 1 for job in finished)  # handing back is not an attempt
+    assert finished[0]["usage"]["completion_tokens"] == LONG["max_tokens"]
+    leaving.wait(30)
+    log = (faults.log_dir / "term-a.log").read_text()
+    assert "3 waiting job(s) handed back" in log
+
+
+def test_execution_deadline_stops_and_fails_the_job(faults: FaultStack) -> None:
+    faults.worker("deadline", ("slow",), TRICKLE__LIMITS__MAX_JOB_SECONDS="1")
+    job = submit(faults.web_url, {"prompt": "The", **LONG})
+    stream = read_sse(faults.web_url, job["id"], timeout=60)
+    assert stream.done is not None
+    assert stream.done["status"] == "failed"
+    assert stream.done["error"]["type"] == "deadline_exceeded"
+    assert stream.text == stream.done["output"]
+    assert 0 < len(stream.tokens) < 1500
+
+
+def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> None:
+    faults.worker("sweeper", ("demo",))
+    job = submit(faults.web_url, {"prompt": "The", "model": "nobody", "max_tokens": 5})
+    stream = read_sse(faults.web_url, job["id"], timeout=30)
+    assert stream.done is not None and stream.done["status"] == "failed"
+    assert stream.done["error"]["type"] == "queue_timeout"
+    assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
+
+
+def test_a_job_record_whose_task_was_never_published_is_published_again(
+    faults: FaultStack,
+) -> None:
+    """The web process died between writing a job's record and publishing its task: the record
+    is queued and nothing in the queue names it. A live worker's sweep publishes it again."""
+    worker = faults.worker("republisher", ("demo",))
+    try:
+        params = GenerationParams(max_tokens=5, ignore_eos=True)
+        job = Job(new_job_id(), "demo", "The", params, created_at=time.time())
+        with faults.client() as client:
+            JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=6).create(job)
+        final = poll_until_finished(faults.web_url, job.id, timeout=30)
+        assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
+        assert final["attempts"] == 1
+    finally:
+        faults.stop_workers()
+    assert worker.returncode is not None
+    log = (faults.log_dir / "republisher.log").read_text()
+    assert f'"event": "republished", "job_id": "{job.id}"' in log
