@@ -25,8 +25,12 @@ MAX_TOP_K = 1000
 MAX_TEMPERATURE = 2.0
 MAX_CHOICES = 8
 MAX_PROMPTS = 16
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHAT_TOP_LOGPROBS = 20
+# The engine reports the sampled token's log-probability, not the alternatives it passed over:
+# more than one entry per position would be a shorter list than asked for, so it is refused.
+MAX_COMPLETION_LOGPROBS = 1
+MAX_CHAT_TOP_LOGPROBS = 1
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOKEN_ID = 2**31 - 1
 # Placeholders until bound to a configuration (RequestModels); never used to validate a request.
 UNBOUND_MAX_TOKENS = 2**31 - 1
 
@@ -74,6 +78,10 @@ class SamplingFields(BaseModel):
     ] = None
     repetition_penalty: Annotated[
         float | None, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    ] = None
+    stop_token_ids: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] | None,
+        Field(max_length=MAX_STOP_TOKEN_IDS, description="vLLM: token ids that end the output"),
     ] = None
 
 

@@ -73,7 +73,7 @@ class Services:
         with self._lock:
             if model not in self._tokenizers:
                 spec = self.settings.model(model)
-                self._tokenizers[model] = Tokenizer(spec.tokenizer_path, add_bos=spec.add_bos)
+                self._tokenizers[model] = Tokenizer.for_model(spec)
             return self._tokenizers[model]
 
     def stream_tokens(self) -> StreamTokens:

@@ -100,7 +100,7 @@ class Engine:
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
-        self.tokenizer = Tokenizer(model.tokenizer_path, add_bos=model.add_bos)
+        self.tokenizer = Tokenizer.for_model(model)
         self._shared = SharedMemory(create=True, size=MAX_SLOTS)
         self._flags = _buffer(self._shared)
         self._free_slots = list(range(MAX_SLOTS))
@@ -187,6 +187,16 @@ class Engine:
     def eos_id(self) -> int:
         return self.tokenizer.eos_id
 
+    @property
+    def end_ids(self) -> frozenset[int]:
+        """Every token that ends a sequence: the tokenizer's and the model's extra ones."""
+        return self.tokenizer.end_ids
+
+    def stop_ids(self, params: GenerationParams) -> frozenset[int]:
+        """The ids that end one job: the end tokens (unless ignore_eos) and its stop_token_ids."""
+        ends = frozenset() if params.ignore_eos else self.end_ids
+        return ends | frozenset(params.stop_token_ids)
+
     def generate(self, requests: Sequence[EngineRequest], on_step: StepCallback) -> None:
         """Run one batch to completion; every request must share one ``SamplingKey``."""
         sampling = requests[0].sampling
@@ -253,3 +263,4 @@ def _buffer(shared: SharedMemory) -> memoryview:
     if shared.buf is None:
         raise EngineError("shared memory for the engine's stop flags is not mapped")
     return shared.buf
+
