@@ -12,6 +12,7 @@ from flask import Flask, current_app
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
+from web.responses_store import ResponseStore
 from web.stream_tokens import StreamTokens, load_secret
 from worker.capacity import QueueReader
 from worker.config import Settings
@@ -75,6 +76,12 @@ class Services:
                 spec = self.settings.model(model)
                 self._tokenizers[model] = Tokenizer.for_model(spec)
             return self._tokenizers[model]
+
+    @property
+    def responses(self) -> ResponseStore:
+        """Stored Responses API responses; a record lives as long as its job can."""
+        limits = self.settings.limits
+        return ResponseStore(self.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that

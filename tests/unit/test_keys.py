@@ -32,6 +32,7 @@ def test_exact_key_strings() -> None:
     assert keys.batch("batch_1") == "trickle:batch:{batch_1}"
     assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
     assert keys.STREAM_SECRET == "trickle:stream-secret"
+    assert keys.response("resp_1") == "trickle:response:{resp_1}"
 
 
 def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:

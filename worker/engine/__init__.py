@@ -263,4 +263,3 @@ def _buffer(shared: SharedMemory) -> memoryview:
     if shared.buf is None:
         raise EngineError("shared memory for the engine's stop flags is not mapped")
     return shared.buf
-
