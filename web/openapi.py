@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from web.openapi_openai import openai_paths
 from web.openapi_parts import JSON, SSE, body, links, ref, responses
+from web.openapi_responses import responses_paths
 from web.request_models import RequestModels
 from web.response_models import RESPONSE_MODELS
 from worker.config import Settings
@@ -158,6 +159,7 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
                 }
             },
             **openai_paths(),
+            **responses_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
@@ -31,6 +30,7 @@ from web.follow import (
     wait_for_job,
 )
 from web.openai_requests import chat_prompt
+from web.response_models import ResponseObject
 from web.responses_request import ResponseRequest, parse_response_request
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
@@ -66,7 +66,8 @@ def create_response() -> Response:
 def get_response(response_id: str) -> Response:
     svc = services()
     record, job = _visible(svc, response_id)
-    if request.args.get("stream", "").lower() not in ("true", "1"):
+    _flag("include_obfuscation")
+    if not _flag("stream"):
         return jsonify(_object(svc, record, job))
     after = _starting_after(request.args.get("starting_after"))
     if job.status.is_terminal:
@@ -159,9 +160,18 @@ def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
     return record, job
 
 
-def _object(svc: Services, record: StoredResponse, job: Job) -> dict[str, Any]:
+def _object(svc: Services, record: StoredResponse, job: Job) -> ResponseObject:
     logprobs = svc.store.tokens(job.id) if record.logprobs and job.status.is_terminal else None
     return render.response_object(record, job, render.status_of(job), logprobs)
+
+
+def _flag(name: str) -> bool:
+    raw = request.args.get(name)
+    if raw is None or raw in ("false", "0"):
+        return False
+    if raw in ("true", "1"):
+        return True
+    raise invalid(name, f"{name} must be true or false")
 
 
 def _starting_after(raw: str | None) -> int:

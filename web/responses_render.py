@@ -19,6 +19,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from web.response_models import (
+    IncompleteDetails,
+    ItemStatus,
+    OutputLogprob,
+    OutputMessage,
+    OutputText,
+    ResponseError,
+    ResponseObject,
+    ResponseStatus,
+    ResponseUsage,
+)
 from web.responses_store import StoredResponse
 from worker.events import TokenEvent, encode_text
 from worker.jobs import FinishReason, Job, JobStatus
@@ -27,7 +38,7 @@ HEAD_EVENTS = 4  # created, in_progress, output_item.added, content_part.added
 TAIL_EVENTS = 4  # output_text.done, content_part.done, output_item.done, the final one
 
 
-def status_of(job: Job) -> str:
+def status_of(job: Job) -> ResponseStatus:
     if job.status is JobStatus.QUEUED:
         return "queued"
     if job.status is JobStatus.RUNNING:
@@ -39,7 +50,7 @@ def status_of(job: Job) -> str:
     return "incomplete" if job.finish_reason is FinishReason.LENGTH else "completed"
 
 
-def usage_of(job: Job) -> dict[str, Any]:
+def usage_of(job: Job) -> ResponseUsage:
     prompt, completion = job.usage.prompt_tokens, job.usage.completion_tokens
     return {
         "input_tokens": prompt,
@@ -53,13 +64,16 @@ def usage_of(job: Job) -> dict[str, Any]:
 def response_object(
     record: StoredResponse,
     job: Job | None,
-    status: str,
+    status: ResponseStatus,
     logprobs: Sequence[TokenEvent] | None = None,
-) -> dict[str, Any]:
+) -> ResponseObject:
     """The response object; ``job`` None (or not started) has no output yet. ``logprobs``:
     the job's tokens, when the record asked for them."""
-    output: list[dict[str, Any]] = []
-    usage = completed_at = error = incomplete = None
+    output: list[OutputMessage] = []
+    usage: ResponseUsage | None = None
+    completed_at: int | None = None
+    error: ResponseError | None = None
+    incomplete: IncompleteDetails | None = None
     if job is not None and status != "queued":
         output = [message_item(record, job.output, _item_status(status), logprobs)]
     if job is not None and job.status.is_terminal:
@@ -102,7 +116,7 @@ def response_object(
     }
 
 
-def _item_status(status: str) -> str:
+def _item_status(status: ResponseStatus) -> ItemStatus:
     if status == "completed":
         return "completed"
     return "in_progress" if status in ("queued", "in_progress") else "incomplete"
@@ -111,9 +125,9 @@ def _item_status(status: str) -> str:
 def message_item(
     record: StoredResponse,
     text: str | None,
-    status: str,
+    status: ItemStatus,
     logprobs: Sequence[TokenEvent] | None = None,
-) -> dict[str, Any]:
+) -> OutputMessage:
     """The output message; ``text`` None: its content part has not been added yet."""
     content = [] if text is None else [text_part(text, logprobs)]
     return {
@@ -125,18 +139,18 @@ def message_item(
     }
 
 
-def text_part(text: str, logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+def text_part(text: str, logprobs: Sequence[TokenEvent] | None = None) -> OutputText:
     entries = [_part_logprob(token) for token in logprobs] if logprobs is not None else []
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": entries}
 
 
-def _part_logprob(token: TokenEvent) -> dict[str, Any]:
-    entry = {
+def _part_logprob(token: TokenEvent) -> OutputLogprob:
+    return {
         "token": token.text,
         "bytes": list(token.text.encode("utf-8")),
         "logprob": _logprob(token.logprob),
+        "top_logprobs": [],
     }
-    return {**entry, "top_logprobs": []}
 
 
 def _logprob(value: float | None) -> float:
@@ -147,7 +161,7 @@ def _logprob(value: float | None) -> float:
 
 def head_events(record: StoredResponse) -> list[dict[str, Any]]:
     """Events 0-3: they depend on the record alone."""
-    first = "queued" if record.background else "in_progress"
+    first: ResponseStatus = "queued" if record.background else "in_progress"
     part = {"item_id": record.item_id, "output_index": 0, "content_index": 0}
     return [
         _event("response.created", 0, response=response_object(record, None, first)),

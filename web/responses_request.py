@@ -8,7 +8,7 @@ no-op value and refused by name otherwise, as on the other OpenAI routes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from web.chat_template import ChatMessage
 from web.errors import invalid
@@ -38,7 +38,7 @@ class ResponseRequest:
     logprobs: bool
     top_logprobs: int
     parallel_tool_calls: bool
-    tool_choice: str
+    tool_choice: Literal["none", "auto"]
 
 
 def parse_response_request(

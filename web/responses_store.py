@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -59,7 +59,7 @@ class StoredResponse:
     logprobs: bool = False  # include: ["message.output_text.logprobs"]
     top_logprobs: int = 0
     parallel_tool_calls: bool = True
-    tool_choice: str = "auto"
+    tool_choice: Literal["none", "auto"] = "auto"
 
     @property
     def item_id(self) -> str:
