@@ -211,6 +211,9 @@ def component_schemas(models: RequestModels) -> dict[str, Any]:
     schemas: dict[str, Any] = dict(requests.get("$defs", {}))
     for name, shape in RESPONSE_MODELS.items():
         schema = TypeAdapter(shape).json_schema(mode="serialization", ref_template=REF_TEMPLATE)
-        schemas.update(schema.pop("$defs", {}))
-        schemas[name] = schema
+        for nested, definition in {**schema.pop("$defs", {}), name: schema}.items():
+            # A request and a response model of one name would silently replace each other.
+            if schemas.get(nested, definition) != definition:
+                raise ValueError(f"two different schemas are named {nested!r}")
+            schemas[nested] = definition
     return schemas

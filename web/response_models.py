@@ -178,12 +178,12 @@ class ReasoningConfig(TypedDict):
     summary: None
 
 
-class TextFormatConfig(TypedDict):
+class ResponseTextFormat(TypedDict):
     type: Literal["text"]
 
 
-class TextConfig(TypedDict):
-    format: TextFormatConfig
+class ResponseTextConfig(TypedDict):
+    format: ResponseTextFormat
     verbosity: Literal["medium"]
 
 
@@ -210,7 +210,7 @@ class ResponseObject(TypedDict):
     service_tier: Literal["default"]
     store: bool
     temperature: float
-    text: TextConfig
+    text: ResponseTextConfig
     tool_choice: Literal["none", "auto"]
     tools: list[Any]
     top_logprobs: int
