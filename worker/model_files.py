@@ -33,6 +33,9 @@ class ModelProfile:
     # Ids besides the tokenizer's end token that end generation (generation_config.json, or
     # models.<name>.eos_token_ids); the engine adds the tokenizer's own.
     end_token_ids: tuple[int, ...] = ()
+    # End tokens named by the files (tokenizer_config.json's eos_token), resolved to ids by the
+    # tokenizer; the template default "</s>" is never one (it may be plain text elsewhere).
+    end_token_names: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=64)
@@ -53,6 +56,9 @@ def model_profile(model: ModelSettings) -> ModelProfile:
         eos_token=_token_text(tokenizer.get("eos_token"), "</s>"),
         add_bos=add_bos,
         end_token_ids=end_ids,
+        end_token_names=(_token_text(tokenizer["eos_token"], ""),)
+        if "eos_token" in tokenizer
+        else (),
     )
 
 

@@ -34,9 +34,10 @@ class Tokenizer:
         profile = model_profile(model)
         tokenizer = cls(model.tokenizer_path, add_bos=profile.add_bos)
         ids = {*tokenizer.end_ids, *profile.end_token_ids}
-        named = tokenizer.piece_id(profile.eos_token)
-        if named != tokenizer.unk_id:
-            ids.add(named)
+        for name in profile.end_token_names:
+            named = tokenizer.piece_id(name) if name else tokenizer.unk_id
+            if named != tokenizer.unk_id:
+                ids.add(named)
         tokenizer.end_ids = frozenset(i for i in ids if i >= 0)
         return tokenizer
 

@@ -37,7 +37,7 @@ def test_the_files_are_read(tmp_path: Path) -> None:
         },
         {"eos_token_id": [2, 7]},
     )
-    expected = ModelProfile("T", "<|begin|>", "<|end|>", False, (2, 7))
+    expected = ModelProfile("T", "<|begin|>", "<|end|>", False, (2, 7), ("<|end|>",))
     assert model_profile(ModelSettings("m", str(path))) == expected
 
 
