@@ -12,7 +12,10 @@ from typing import Any
 import openai
 import pytest
 import requests
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 from tests.clients import get_job
 
@@ -120,6 +123,8 @@ def test_background_stream_resumes_from_any_event(client: openai.OpenAI, stack_u
     assert whole[-1]["type"] == "response.incomplete"
     # After the end: the same events, number for number, from the start or from any event.
     again = raw_events(stack_url, response_id)
+    for event in again:  # every event as OpenAI's types have it, strictly
+        assert STREAM_EVENT.validate_python(event, strict=True).type == event["type"]
     assert [(e["type"], e.get("delta")) for e in again] == [
         (e["type"], e.get("delta")) for e in whole
     ]
