@@ -15,9 +15,10 @@ import requests
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 from tests.clients import get_job
+
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
 
 
 @pytest.fixture(scope="module")
