@@ -15,7 +15,6 @@ import requests
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-
 from tests.clients import get_job
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
