@@ -184,10 +184,6 @@ class Engine:
         self._shared.unlink()
 
     @property
-    def eos_id(self) -> int:
-        return self.tokenizer.eos_id
-
-    @property
     def end_ids(self) -> frozenset[int]:
         """Every token that ends a sequence: the tokenizer's and the model's extra ones."""
         return self.tokenizer.end_ids
