@@ -12,11 +12,11 @@ from enum import Enum
 from typing import Any
 
 from web.chat_template import ChatMessage, render_chat
-from web.errors import invalid
+from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, CompletionRequest, OpenAIFields
 from web.request_models import ChatMessage as ChatMessageModel
 from web.validation import generation_params, served_model, validate
-from worker.config import Settings
+from worker.config import ConfigError, Settings
 from worker.jobs import GenerationParams
 from worker.model_files import model_profile
 
@@ -79,7 +79,10 @@ def chat_prompt(
     messages: list[ChatMessage], settings: Settings, model: str, param: str = "messages"
 ) -> str:
     """The conversation through the model's template, with its own start and end tokens."""
-    profile = model_profile(settings.model(model))
+    try:
+        profile = model_profile(settings.model(model))
+    except ConfigError as exc:  # the model directory's files are broken: not the client's fault
+        raise unavailable(f"model {model!r} is not available: {exc}") from exc
     return render_chat(
         messages, profile.chat_template, profile.bos_token, profile.eos_token, param=param
     )
