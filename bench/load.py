@@ -299,6 +299,10 @@ async def run_burst(
         "window_ms": window_s * 1000,
         "errors": len(results) - len(ok),
         "ttft_ms": {"p50": percentile(ttfts, 50), "max": max(ttfts, default=None)},
+        "itl_ms": {
+            "p50": percentile([gap * 1000 for r in ok for gap in r.itls_s], 50),
+            "p99": percentile([gap * 1000 for r in ok for gap in r.itls_s], 99),
+        },
         "aggregate_tokens_per_s": tokens / (max(ends) - min(firsts)) if ok else 0.0,
         "wall_s": time.perf_counter() - began,
     }

@@ -87,16 +87,15 @@ class Autoscaler:
         settings: Settings,
         bounds: WorkerRange,
         client: redis.Redis,
+        queues: QueueReader,
         kind: str = "worker",
-        queues: QueueReader | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.spawn = spawn
         self.settings = settings
         self.bounds = bounds
         self.client = client
-        # Where jobs wait: kombu's Redis lists by default, RabbitMQ when the broker is amqp.
-        self.queues = queues
+        self.queues = queues  # the broker's count of waiting jobs (worker.queue)
         self.kind = kind
         self.models = settings.served_models()
         self._next = 0.0

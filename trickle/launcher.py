@@ -157,14 +157,15 @@ def run_stack(
             launcher.spawn(kind)
     if bounds is not None:
         from trickle.autoscaler import Autoscaler
-        from worker.queueing import make_celery, queue_reader
+        from worker.queue import QueueReader, make_celery
         from worker.redis_connection import connect
+        from worker.store import JobStore
 
         client = connect(settings.redis)  # a cluster client for a cluster URL
-
-        queues = queue_reader(settings, make_celery(settings, settings.models), client)
+        store = JobStore(client, settings.limits.result_ttl_seconds, 0)
+        queues = QueueReader(make_celery(settings, settings.models), store)
         scaler = Autoscaler(
-            supervisor, lambda: launcher.spawn("worker"), settings, bounds, client, queues=queues
+            supervisor, lambda: launcher.spawn("worker"), settings, bounds, client, queues
         )
         supervisor.on_tick.append(scaler.tick)
         supervisor.log(f"autoscaling workers between {bounds.min} and {bounds.max}")

@@ -102,11 +102,16 @@ class BatchStore:
 
     def create(self, batch: Batch, items: list[BatchItem]) -> None:
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())  # type: ignore[arg-type]
+        self.queue_create(pipe, batch, items)
+        pipe.execute()
+
+    def queue_create(self, pipe: Any, batch: Batch, items: list[BatchItem]) -> None:
+        """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's
+        recorder: the batch, its jobs and the key then land in one script)."""
+        pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())
         pipe.rpush(keys.batch_items(batch.id), *[json.dumps(item.to_dict()) for item in items])
         pipe.expire(keys.batch(batch.id), self.ttl_seconds)
         pipe.expire(keys.batch_items(batch.id), self.ttl_seconds)
-        pipe.execute()
 
     def get(self, batch_id: str) -> tuple[Batch, list[BatchItem]] | None:
         if not is_batch_id(batch_id):

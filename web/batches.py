@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import redis
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.formparser import FormDataParser
 
@@ -20,7 +21,8 @@ from web import openai_responses as shapes
 from web.auth import current_owner
 from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
-from web.errors import ApiError, invalid, not_found, too_many
+from web.errors import ApiError, invalid, not_found, too_many, unavailable
+from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
@@ -38,7 +40,18 @@ BACKLOG_RETRY_AFTER_SECONDS = 30
 def create_batch() -> Response:
     svc = services()
     limits = svc.settings.limits
-    lines = _input_lines(read_body(limits.max_batch_bytes))
+    raw = read_body(limits.max_batch_bytes)
+    key = requested_key(raw)
+    if key is not None and svc.store.cluster:
+        raise invalid(
+            HEADER,
+            f"{HEADER} on /v1/batches needs a single Redis: on a cluster a batch's records "
+            "span slots, so they cannot be written in one step with the key",
+        )
+    first = earlier(svc, key)
+    if first is not None:
+        return _replay(svc, first.batch_id)
+    lines = _input_lines(raw)
     if not lines:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
@@ -48,10 +61,11 @@ def create_batch() -> Response:
     parsed = _parse_requests(svc, items)
     _check_job_bounds(svc, sum(req.choices for req in parsed.values()))
     jobs = []
+    shard = key.shard if key else None
     for index, req in parsed.items():
         item = items[index]
         try:
-            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY)
+            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
         except ApiError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
             continue
@@ -66,11 +80,43 @@ def create_batch() -> Response:
         urls.pop() if len(urls) == 1 else "mixed",
         len(items),
     )
-    _store(svc).create(batch, items)
-    enqueue_many(svc, jobs)
-    response = jsonify(_batch_object(svc, batch, items))
+    store = _store(svc)
+    if key is None:
+        store.create(batch, items)
+        enqueue_many(svc, jobs)
+    else:
+
+        def writes(pipe: Any) -> None:
+            for job in jobs:
+                svc.store.queue_create(pipe, job)
+            store.queue_create(pipe, batch, items)
+
+        record = Created(key.fingerprint, [job.id for job in jobs], batch.id).to_json()
+        found = svc.store.create_once(key.redis_key, record, ttl_seconds(svc), writes)
+        if found is not None:  # a concurrent first request won: its batch
+            return _replay(svc, matching(key, found).batch_id)
+        enqueue_many(svc, jobs, recorded=True)
+    return _created_response(svc, batch, items, [job.id for job in jobs])
+
+
+def _created_response(
+    svc: Services, batch: Batch, items: list[BatchItem], job_ids: list[str]
+) -> Response:
+    try:
+        response = jsonify(_batch_object(svc, batch, items))
+    except redis.RedisError as exc:  # created: name its jobs, never a 5xx that hides them
+        raise unavailable(
+            f"job store (Redis) unavailable after creating batch {batch.id}: {exc}", job_ids
+        ) from exc
     response.headers["Location"] = f"/v1/batches/{batch.id}"
     return response
+
+
+def _replay(svc: Services, batch_id: str) -> Response:
+    """The batch the first request with this Idempotency-Key created."""
+    batch, items = _visible(svc, batch_id)
+    job_ids = [job_id for item in items for job_id in item.job_ids or []]
+    return _created_response(svc, batch, items, job_ids)
 
 
 def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRequest]:

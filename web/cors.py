@@ -1,8 +1,13 @@
 """CORS for the ``/v1`` routes, for the origins listed in ``web.cors_origins`` (none by default).
 
-Written out rather than taken from flask-cors: the policy is a few lines (one prefix, a fixed
-list of headers, no per-route options) and it must answer preflights before the API key check,
-which a browser's preflight can never pass (it carries no ``Authorization``).
+Written out rather than taken from flask-cors, which cannot express one rule Trickle keeps:
+a list that mixes ``*`` with named origins gives the named ones credentials and everyone else a
+bare ``*``. flask-cors's ``supports_credentials`` holds for a whole resource: with ``*`` among
+the origins it either refuses the configuration (``send_wildcard``) or reflects every origin
+with ``Access-Control-Allow-Credentials: true`` (checked against flask-cors 6.0's
+``get_cors_origins``), which would let any site send a user's cookies. The policy is also a
+few lines, and it answers preflights before the API key check, which a browser's preflight can
+never pass (it carries no ``Authorization``).
 
 A listed origin is echoed back with ``Access-Control-Allow-Credentials: true``; ``*`` answers
 any origin with a literal ``*`` and never with credentials (browsers refuse the pair, and it
@@ -16,9 +21,11 @@ from flask import Flask, Response, request
 CORS_PREFIX = "/v1/"
 WILDCARD = "*"
 ALLOWED_METHODS = "GET, POST, OPTIONS"
-ALLOWED_HEADERS = "Authorization, Content-Type, Last-Event-ID, Prefer, Accept"
+ALLOWED_HEADERS = "Authorization, Content-Type, Last-Event-ID, Prefer, Accept, Idempotency-Key"
 # Response headers a script may read besides the CORS-safelisted ones.
-EXPOSED_HEADERS = "Location, Retry-After, WWW-Authenticate, X-Batch-Status"
+EXPOSED_HEADERS = (
+    "Location, Retry-After, WWW-Authenticate, X-Batch-Status, Trickle-Wait-Interrupted"
+)
 PREFLIGHT_MAX_AGE_SECONDS = "600"
 
 

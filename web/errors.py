@@ -28,8 +28,10 @@ class ApiError(Exception):
         param: str | None = None,
         headers: dict[str, str] | None = None,
         code: str | None = None,
+        job_ids: list[str] | None = None,
     ):
         super().__init__(message)
+        self.job_ids = job_ids
         self.status = status
         self.type = type
         self.message = message
@@ -39,14 +41,15 @@ class ApiError(Exception):
 
     def to_dict(self) -> dict[str, Any]:
         """The error body, in the shape OpenAI clients parse (a superset of Trickle's own)."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "param": self.param,
+            "code": self.code,
         }
+        if self.job_ids is not None:
+            error["job_ids"] = self.job_ids
+        return {"error": error}
 
 
 def invalid(param: str | None, message: str) -> ApiError:
@@ -69,9 +72,15 @@ def too_many(code: str, message: str, retry_after: int) -> ApiError:
     return ApiError(429, code, message, headers={"Retry-After": str(retry_after)}, code=code)
 
 
-def unavailable(reason: str) -> ApiError:
+def unavailable(reason: str, job_ids: list[str] | None = None) -> ApiError:
+    """503 with Retry-After; ``job_ids``: the jobs this request created before it failed (the
+    client follows them instead of retrying into a second copy)."""
     return ApiError(
-        503, "service_unavailable", reason, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        503,
+        "service_unavailable",
+        reason,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        job_ids=job_ids,
     )
 
 

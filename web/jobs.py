@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import logging
+
+import redis
 from flask import Blueprint, Response, jsonify, request
 
 from web.auth import current_owner
 from web.body import read_json_body
 from web.errors import ApiError, not_found
 from web.follow import owned_by, visible_to, wait_for_job
+from web.idempotency import earlier, requested_key
 from web.services import services
 from web.stream_access import with_urls
 from web.submission import admit, cancel, enqueue, prepare_job
 from web.validation import parse_job_request, parse_wait
 from worker.jobs import Job
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("jobs", __name__)
+# On a 202 whose Prefer: wait was cut short (Redis went away after the job was created).
+WAIT_INTERRUPTED = "Trickle-Wait-Interrupted"
 
 
 @blueprint.post("/v1/jobs")
@@ -23,15 +30,32 @@ def submit_job() -> Response:
     with svc.tracing.request("POST /v1/jobs") as trace:
         with trace.step("validate"):
             wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
-            job_request = parse_job_request(read_json_body(), svc.settings, svc.requests.job)
-            job = prepare_job(svc, job_request.model, job_request.prompt, job_request.params)
-            job.webhook_url = job_request.webhook_url
-            job.trace_context = trace.traceparent
-        admit(svc, [job])
-        with trace.step("enqueue"):
-            enqueue(svc, job)
-    current = wait_for_job(svc.store, svc.hub, job.id, wait) if wait > 0 else None
-    return job_response(current or job, headers={"Location": f"/v1/jobs/{job.id}"})
+            body = read_json_body()
+            key = requested_key(body)
+            job_request = parse_job_request(body, svc.settings, svc.requests.job)
+        first = earlier(svc, key)
+        if first is None:
+            with trace.step("validate"):
+                shard = key.shard if key else None
+                job = prepare_job(
+                    svc, job_request.model, job_request.prompt, job_request.params, shard
+                )
+                job.webhook_url = job_request.webhook_url
+                job.trace_context = trace.traceparent
+            admit(svc, [job])
+            with trace.step("enqueue"):
+                first = enqueue(svc, job, key)
+        if first is not None:  # a retry: the first request's job, whatever its state
+            job = visible_job(first.job_ids[0])
+    headers = {"Location": f"/v1/jobs/{job.id}"}
+    current = None
+    if wait > 0:
+        try:
+            current = wait_for_job(svc.store, svc.hub, job.id, wait)
+        except redis.RedisError as exc:  # the job exists: say so, never a 5xx that hides it
+            log.warning("wait for %s cut short: redis unavailable: %s", job.id, exc)
+            headers[WAIT_INTERRUPTED] = f"job store (Redis) unavailable: {exc}"[:200]
+    return job_response(current or job, headers=headers)
 
 
 @blueprint.get("/v1/jobs/<job_id>")

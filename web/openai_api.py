@@ -29,6 +29,7 @@ from web.follow import (
     open_followers,
     wait_for_job,
 )
+from web.idempotency import IdempotencyKey, earlier, requested_key
 from web.openai_requests import (
     OpenAIRequest,
     RequestKind,
@@ -37,7 +38,7 @@ from web.openai_requests import (
 )
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
-from web.submission import admit, cancel_many, enqueue, prepare_job
+from web.submission import admit, cancel_many, enqueue_all, prepare_job
 from worker.capacity import live_workers
 from worker.events import TokenEvent, TokenRun
 from worker.jobs import Job, JobStatus
@@ -83,17 +84,21 @@ def _model_object(name: str) -> dict[str, Any]:
 def completions() -> Response:
     svc = services()
     body = read_json_body()
-    return _respond(svc, parse_completion_request(body, svc.settings, svc.requests.completion))
+    key = requested_key(body)
+    req = parse_completion_request(body, svc.settings, svc.requests.completion)
+    return _respond(svc, req, key)
 
 
 @blueprint.post("/v1/chat/completions")
 def chat_completions() -> Response:
     svc = services()
-    return _respond(svc, parse_chat_request(read_json_body(), svc.settings, svc.requests.chat))
+    body = read_json_body()
+    key = requested_key(body)
+    return _respond(svc, parse_chat_request(body, svc.settings, svc.requests.chat), key)
 
 
-def _respond(svc: Services, req: OpenAIRequest) -> Response:
-    jobs = _create_jobs(svc, req)
+def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> Response:
+    jobs = _create_jobs(svc, req, key)
     envelope = shapes.Envelope(
         id=jobs[0].id, created=int(time.time()), model=req.model, job_ids=tuple(j.id for j in jobs)
     )
@@ -105,19 +110,36 @@ def _respond(svc: Services, req: OpenAIRequest) -> Response:
         response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
         response.call_on_close(lambda: close_all(followers))
         return response
-    return jsonify(_complete(svc, req, jobs, envelope))
+    try:
+        return jsonify(_complete(svc, req, jobs, envelope))
+    except redis.RedisError as exc:  # the jobs exist: name them, so a retry need not copy them
+        raise created_unavailable(jobs, exc) from exc
 
 
-def _create_jobs(svc: Services, req: OpenAIRequest) -> list[Job]:
-    """Validate every choice first, then enqueue them all (all or nothing for bad input)."""
-    jobs = jobs_for_request(svc, req)
-    admit(svc, jobs)
-    for job in jobs:
-        enqueue(svc, job)
-    return jobs
+def created_unavailable(jobs: list[Job], exc: Exception) -> ApiError:
+    ids = [job.id for job in jobs]
+    return unavailable(f"job store (Redis) unavailable after creating {', '.join(ids)}: {exc}", ids)
 
 
-def jobs_for_request(svc: Services, req: OpenAIRequest, priority: int = 0) -> list[Job]:
+def _create_jobs(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> list[Job]:
+    """Validate every choice first, then enqueue them all (all or nothing for bad input); with
+    an idempotency key already used, the first request's jobs instead."""
+    first = earlier(svc, key)
+    if first is None:
+        jobs = jobs_for_request(svc, req, shard=key.shard if key else None)
+        admit(svc, jobs)
+        first = enqueue_all(svc, jobs, key)
+        if first is None:
+            return jobs
+    found = [svc.store.get(job_id) for job_id in first.job_ids]
+    if not all(found):
+        raise not_found("the jobs of this Idempotency-Key have expired", "Idempotency-Key")
+    return [job for job in found if job is not None]
+
+
+def jobs_for_request(
+    svc: Services, req: OpenAIRequest, priority: int = 0, shard: int | None = None
+) -> list[Job]:
     """One job per choice (prompt x n), checked against the limits but not stored yet."""
     jobs = []
     for prompt_index, prompt in enumerate(req.prompts):
@@ -127,7 +149,7 @@ def jobs_for_request(svc: Services, req: OpenAIRequest, priority: int = 0) -> li
                 # Each choice gets its own seed, derived so the whole request stays repeatable.
                 choice = prompt_index * req.n + sample
                 params = dataclasses.replace(params, seed=params.seed + choice)
-            job = prepare_job(svc, req.model, prompt, params)
+            job = prepare_job(svc, req.model, prompt, params, shard)
             job.priority = priority
             jobs.append(job)
     return jobs
@@ -221,7 +243,7 @@ def _stream(
         yield "data: [DONE]\n\n"
     except redis.RedisError as exc:
         log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
-        yield _sse(unavailable(f"job store (Redis) unavailable: {exc}").to_dict())
+        yield _sse(created_unavailable(jobs, exc).to_dict())
     except GeneratorExit:  # the server closed the body early: the client went away
         log.info("completion stream %s: the client left; canceling its jobs", envelope.id)
         raise

@@ -3,7 +3,7 @@ and ``web.openapi`` generates the response schemas from the same types."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
@@ -31,6 +31,8 @@ class ErrorDetail(TypedDict):
     type: str
     param: str | None
     code: str | None
+    # A 503 after jobs were created names them, so the client can follow them.
+    job_ids: NotRequired[list[str]]
 
 
 class ErrorBody(TypedDict):

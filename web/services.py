@@ -14,9 +14,8 @@ from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
 from web.responses_store import ResponseStore
 from web.stream_tokens import StreamTokens, load_secret
-from worker.capacity import QueueReader
 from worker.config import Settings
-from worker.queueing import GenerationPusher, generation_pusher, make_celery, queue_reader
+from worker.queue import QueueReader, make_celery
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tokenizer import Tokenizer
@@ -37,8 +36,6 @@ class Services:
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
     tracing: Tracing = field(default_factory=Tracing.disabled)
-    # Generation tasks as one LPUSH on a plain Redis broker; None: through Celery's send_task.
-    pusher: GenerationPusher | None = None
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -47,18 +44,17 @@ class Services:
     def create(cls, settings: Settings) -> Services:
         client = connect_pooled(settings.redis)
         celery = make_celery(settings, settings.models)
+        limits = settings.limits
+        store = JobStore(client, limits.result_ttl_seconds, limits.queued_ttl_seconds)
         return cls(
             settings=settings,
             redis=client,
-            store=JobStore(
-                client, settings.limits.result_ttl_seconds, settings.limits.queued_ttl_seconds
-            ),
+            store=store,
             celery=celery,
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
-            queues=queue_reader(settings, celery, client),
-            pusher=generation_pusher(settings, celery, client),
+            queues=QueueReader(celery, store),
         )
 
     def close(self) -> None:

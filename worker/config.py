@@ -76,14 +76,8 @@ class BrokerSettings(Section):
 
     # Empty: the queue shares Redis (redis.url; not possible on a Redis Cluster, see README
     # Scaling out). redis://host:6379/0: a Redis of its own. amqp://user:pass@host:5672/vhost:
-    # RabbitMQ, with durable quorum queues and a separate batch queue per model
-    # (worker/amqp_queues.py).
+    # RabbitMQ, with a durable priority queue per model (worker/queue.py).
     url: str = ""
-    # RabbitMQ only: a message redelivered this many times (its consumers kept dying before
-    # acking it) is dropped by the quorum queue; the job then fails with queue_timeout.
-    delivery_limit: int = 10
-    # RabbitMQ only: how often an idle worker looks for batch work when it found none.
-    batch_poll_ms: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -122,11 +116,16 @@ class WorkerSettings(Section):
     # stream stopped. Recovery takes at most lease_seconds + recovery_interval_seconds.
     lease_seconds: float = 10.0
     recovery_interval_seconds: float = 2.0
+    # A job still queued this long after its submission while its model's queue is empty has
+    # lost its task (the web process died between the record and the publish): a live worker
+    # publishes it again (a duplicate is harmless: only one claim can take a queued job).
+    republish_after_seconds: float = 30.0
     # Claims per job: past this, a job whose workers keep dying fails instead of looping.
     max_attempts: int = 3
-    # Celery/kombu redelivery of unacknowledged messages; leases make recovery fast, so this is
-    # only the backstop and must exceed the longest job.
-    visibility_timeout_seconds: int = 7200
+    # Redis brokers: kombu puts a delivered, unacknowledged message back on its queue after this
+    # long (a worker killed before it claimed the job). Shorter than a long job is safe: leases
+    # decide who runs a job, so a redelivered task of a running or finished job is only acked.
+    visibility_timeout_seconds: int = 60
     # How long a worker keeps retrying Redis before giving a job up.
     redis_retry_seconds: float = 300.0
     # Celery task events (sent, received, started, succeeded) for Flower or `celery events`.
@@ -489,8 +488,8 @@ def _check(settings: Settings) -> None:
     for name in pacing:
         if getattr(settings.worker, name) < 0:
             raise ConfigError(f"worker.{name} must be >= 0")
-    if settings.broker.delivery_limit < 1:
-        raise ConfigError("broker.delivery_limit must be >= 1")
+    if settings.worker.republish_after_seconds <= 0:
+        raise ConfigError("worker.republish_after_seconds must be > 0")
     if "+cluster://" in settings.broker_url:
         raise ConfigError(
             "broker.url: Celery's queue cannot live on a Redis Cluster (kombu's Redis transport "

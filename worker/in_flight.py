@@ -7,7 +7,7 @@ import threading
 import time
 
 from worker.engine.scheduler import ScheduledJob
-from worker.jobs import BATCH_PRIORITY, FinishReason, JobError
+from worker.jobs import FinishReason, JobError
 
 
 class InFlight:
@@ -42,15 +42,6 @@ class InFlight:
         """The model of every running job (a model appears once per job)."""
         with self._lock:
             return list(self._models.values())
-
-    def interactive(self, model: str) -> int:
-        """Running jobs of ``model`` above batch priority (the slots batch work may not take)."""
-        with self._lock:
-            return sum(
-                1
-                for job_id, job in self._jobs.items()
-                if job.priority < BATCH_PRIORITY and self._models[job_id] == model
-            )
 
     def stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
         """Ask a running job to end at its next token (no-op for one not running here)."""

@@ -7,6 +7,7 @@ are pinned by tests/unit/test_keys.py.
 from __future__ import annotations
 
 import functools
+import hashlib
 import zlib
 
 PREFIX = "trickle"
@@ -24,10 +25,12 @@ WEBHOOK_TASK = "trickle.webhook"
 WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
 
 
-@functools.lru_cache(maxsize=65_536)
-def shard_of(job_id: str) -> int:
+def shard_of_uncached(job_id: str) -> int:
     """The job's shard: stable across processes and releases (CRC-32, not Python's hash)."""
     return zlib.crc32(job_id.encode()) % SHARDS
+
+
+shard_of = functools.lru_cache(maxsize=65_536)(shard_of_uncached)
 
 
 def _tag(shard: int) -> str:
@@ -56,6 +59,12 @@ def job_lease(job_id: str) -> str:
     """String naming the worker attempt that may run the job ("<node>:<attempt>"); expires
     unless renewed, which is how a dead worker's jobs are noticed."""
     return f"{job(job_id)}:lease"
+
+
+def job_republished(job_id: str) -> str:
+    """String (with a TTL) set by the worker that published a job's lost task again, so the
+    other workers' sweeps do not publish it too."""
+    return f"{job(job_id)}:republished"
 
 
 # Token plane: two channels per job, published to from inside the job's Lua scripts. A web
@@ -121,51 +130,40 @@ def batch_items(batch_id: str) -> str:
     return f"{batch(batch_id)}:items"
 
 
+def idempotency_shard(scope: str, key: str) -> int:
+    """The shard an idempotency key lives in; the jobs its request creates are drawn there, so
+    the key and their records are written in one script on one slot (see ``idempotency``)."""
+    return int(_idempotency_digest(scope, key)[:8], 16) % SHARDS
+
+
+def idempotency(scope: str, key: str) -> str:
+    """String: what the first request with this ``Idempotency-Key`` from this API key (the
+    ``scope``, its digest) created, with its request's fingerprint. The header's value is
+    hashed: any bytes a client sends make a well-formed key."""
+    return f"{_tag(idempotency_shard(scope, key))}:idem:{_idempotency_digest(scope, key)}"
+
+
+def _idempotency_digest(scope: str, key: str) -> str:
+    return hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
+
+
 def rate_window(subject: str, kind: str, window: int) -> str:
     """Counter of requests or tokens one API key used in one fixed window (minute number)."""
     return f"{PREFIX}:rate:{{{subject}:{window}}}:{kind}"
 
 
 def model_queue(model: str) -> str:
-    """Celery queue (a Redis list under kombu) that carries the ids of one model's jobs."""
+    """Celery queue that carries the ids of one model's jobs, at every priority."""
     return f"{PREFIX}.{model}"
 
 
-def model_batch_queue(model: str) -> str:
-    """RabbitMQ only: the quorum queue of one model's batch-priority jobs (quorum queues have no
-    priorities before RabbitMQ 4.0, so batch work waits apart; see worker/amqp_queues.py)."""
-    return f"{PREFIX}.{model}.batch"
-
-
-# RabbitMQ only: the topic exchange every queue is bound to by its own name (topic, not direct,
-# so that Celery's native delayed delivery can route webhook retries back to their queue).
+# RabbitMQ only: the topic exchange every queue is bound to by its own name.
 AMQP_EXCHANGE = PREFIX
 
 
 def model_workers(model: str) -> str:
     """Sorted set of worker node names serving a model, scored by last heartbeat (unix time)."""
     return f"{PREFIX}:workers:{model}"
-
-
-# kombu's Redis transport keeps each priority step of a queue in its own list, named
-# "<queue><sep><priority>" (priority 0 keeps the bare name); see kombu.transport.redis.
-KOMBU_PRIORITY_SEP = "\x06\x16"
-
-
-def model_queue_list(model: str, priority: int) -> str:
-    """The Redis list holding one priority step of a model's queue."""
-    queue = model_queue(model)
-    return f"{queue}{KOMBU_PRIORITY_SEP}{priority}" if priority else queue
-
-
-def worker_taken(node: str) -> str:
-    """List of the task messages one worker's job feeder took off the queues and has not yet
-    finished ("<queue list>\n<message>"); put back by the sweep should the worker die."""
-    return f"{PREFIX}:worker:{node}:taken"
-
-
-# Set of the node names whose feeders have (or had) a taken list, for the sweep to visit.
-FEEDERS = f"{PREFIX}:feeders"
 
 
 def worker_slots(node: str) -> str:

@@ -47,6 +47,7 @@ class WorkerDuties:
     in_flight: InFlight
     slot_usage: Callable[[], dict[str, tuple[int, int]]]
     requeue: Callable[[str], str]  # job id -> its model, after putting it back on its queue
+    queue_depth: Callable[[str], int]  # model -> tasks waiting in its queue (the broker's)
 
     @property
     def lease_ms(self) -> int:
@@ -100,6 +101,7 @@ class Maintenance:
             ("renew", worker.lease_seconds / 3, self.renew_leases),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
             ("expire", expiry_interval(self._runtime.settings), self.expire),
+            ("republish", worker.republish_after_seconds / 2, self.republish),
             ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
         )
         while not self._stop.wait(TICK_SECONDS):
@@ -148,6 +150,27 @@ class Maintenance:
             )
             if outcome is RecoveryOutcome.CANCELED:
                 runtime.metrics.count(JOBS, model=model, status="canceled")
+
+    def republish(self) -> None:
+        """Publish again the task of a job whose record outlived it: still queued long after
+        its submission, while its model's queue is empty (nothing is waiting that could be its
+        task). The record is written before its task is published; a web process that died in
+        between leaves exactly this."""
+        runtime = self._runtime
+        after = runtime.settings.worker.republish_after_seconds
+        stale = runtime.store.queued_before(time.time() - after)
+        if not stale:
+            return
+        empty: dict[str, bool] = {}
+        for job_id in stale:
+            model = runtime.store.model_of(job_id)
+            if model not in runtime.settings.models:
+                continue
+            if model not in empty:
+                empty[model] = runtime.queue_depth(model) == 0
+            if empty[model] and runtime.store.claim_republish(job_id, after):
+                runtime.requeue(job_id)
+                log_job_event("republished", job_id, model, by=runtime.node_name)
 
     def expire(self) -> None:
         runtime = self._runtime

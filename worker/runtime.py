@@ -1,6 +1,7 @@
 """Everything one worker process holds: Redis, the publisher, and a loaded engine per model.
 
-Built once per process (models are loaded once) and used by every Celery task thread. A job is
+Built once per process (models are loaded once, by the worker's TrickleWorker bootstep) and used
+by every job thread of its dispatcher. A job is
 run under a lease (see ``store.claim``): the fence travels with every write, so a worker that
 lost its lease can never write over the one that took the job over.
 """
@@ -48,6 +49,7 @@ class WorkerRuntime:
         node_name: str = "worker",
         notify: Callable[[str], None] | None = None,
         tracing: Tracing | None = None,
+        queue_depth: Callable[[str], int] | None = None,
     ):
         self.settings = settings
         self.tracing = tracing or Tracing.disabled()
@@ -100,6 +102,7 @@ class WorkerRuntime:
             self.in_flight,
             self.slot_usage,
             self.requeue,
+            queue_depth or (lambda model: 0),
         )
         self.maintenance = Maintenance(self.duties)
 
@@ -119,11 +122,6 @@ class WorkerRuntime:
             name: (running.count(name), slots_per_worker(engine.settings))
             for name, engine in self.engines.items()
         }
-
-    def batch_room(self, model: str) -> int:
-        """Slots of a model that no interactive job holds (RabbitMQ's batch feeder fills them)."""
-        interactive = self.in_flight.interactive(model)
-        return slots_per_worker(self.engines[model].settings) - interactive
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
@@ -158,8 +156,8 @@ class WorkerRuntime:
         self.maintenance.withdraw()
 
     def claim_many(self, job_ids: list[str]) -> list[Claim]:
-        """Claims for the jobs a feeder took at once, in one round trip (no retry here: on an
-        error the feeder leaves each job to claim itself in ``run_job``, which retries)."""
+        """Claims for the jobs the dispatcher took at once, in one round trip (no retry here: on
+        an error the dispatcher leaves each job to claim itself in ``run_job``, which retries)."""
         max_attempts = self.settings.worker.max_attempts
         now = time.time()
         return self.store.claim_many(job_ids, self.node_name, now, self.lease_ms, max_attempts)

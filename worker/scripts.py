@@ -248,3 +248,18 @@ local total = 0
 for i = 1, #KEYS do total = total + redis.call(ARGV[1], KEYS[i], unpack(ARGV, 2)) end
 return total
 """
+
+# Writes a request's records only if its idempotency key is new, in the same step as the key:
+# two POSTs with one key can never both create. KEYS[1]: the idempotency key, then every key the
+# writes touch. ARGV[1]: the key's record (JSON), ARGV[2]: its TTL (s), ARGV[3]: the writes, a
+# JSON list of [command, index into KEYS, argument...]. Returns the existing record, or false.
+CREATE_ONCE = """
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+for _, write in ipairs(cjson.decode(ARGV[3])) do
+  write[2] = KEYS[write[2]]
+  redis.call(unpack(write))
+end
+return false
+"""

@@ -65,12 +65,52 @@ class JobStore(OwnershipTransitions, OutputWrites):
         Redis, per job on a cluster (jobs live on different slots)."""
         pipe = self.pipeline(transaction=not self.cluster)
         for job in jobs:
-            self._queue_create(pipe, job)
+            self.queue_create(pipe, job)
         if also is not None:
             also(pipe)
         pipe.execute()
 
-    def _queue_create(self, pipe: Any, job: Job) -> None:
+    def create_once(
+        self, key: str, record: str, ttl_seconds: int, writes: Callable[[Any], object]
+    ) -> str | None:
+        """Run ``writes`` (a request's records, queued on the recorder it is given) only if the
+        idempotency ``key`` is new, in one script with the key's own ``record``; returns the
+        key's existing record instead when it is not new. On a cluster every key written must
+        share the idempotency key's slot (its jobs are drawn in its shard)."""
+        recorder = WriteRecorder(key)
+        writes(recorder)
+        existing = self._scripts["CREATE_ONCE"](
+            keys=recorder.keys, args=[record, ttl_seconds, json.dumps(recorder.writes)]
+        )
+        if existing is None:
+            return None
+        return existing.decode() if isinstance(existing, bytes) else str(existing)
+
+    def create_jobs_once(
+        self, key: str, record: str, ttl_seconds: int, jobs: Sequence[Job]
+    ) -> str | None:
+        """``create_many`` under an idempotency key (``create_once``)."""
+
+        def writes(recorder: Any) -> None:
+            for job in jobs:
+                self.queue_create(recorder, job)
+
+        return self.create_once(key, record, ttl_seconds, writes)
+
+    def delete_unpublished(self, job_ids: Sequence[str], idempotency_key: str = "") -> None:
+        """Take back records whose task could not be published (the broker was down): no
+        worker can have them, and the caller was told nothing was created (so the key that
+        would have named them goes too)."""
+        pipe = self.pipeline(transaction=not self.cluster)
+        for job_id in job_ids:
+            pipe.delete(keys.job(job_id))
+            pipe.zrem(keys.queued_jobs(keys.shard_of(job_id)), job_id)
+        if idempotency_key:
+            pipe.delete(idempotency_key)
+        pipe.execute()
+
+    def queue_create(self, pipe: Any, job: Job) -> None:
+        """Queue the writes of a new job's record on ``pipe`` (a pipeline or a WriteRecorder)."""
         fields: dict[Any, Any] = {
             "id": job.id,
             "model": job.model,
@@ -153,6 +193,18 @@ class JobStore(OwnershipTransitions, OutputWrites):
         entries = sorted((score, str(job_id)) for shard in found for job_id, score in shard)
         return [job_id for _score, job_id in entries[:count]]
 
+    def queued_before(self, created_before: float) -> list[str]:
+        """Queued jobs submitted before ``created_before`` (the index scores queue deadlines:
+        submission + queued TTL)."""
+        deadline = created_before + self.queued_ttl_seconds
+        found = self._per_shard("zrangebyscore", keys.queued_jobs, "-inf", repr(deadline))
+        return [str(job_id) for shard in found for job_id in shard]
+
+    def claim_republish(self, job_id: str, seconds: float) -> bool:
+        """True for the one sweep that may publish this job's task again in ``seconds``."""
+        lock = keys.job_republished(job_id)
+        return bool(self.redis.set(lock, "1", nx=True, ex=max(int(seconds), 1)))
+
     def queue_position(self, job_id: str) -> int | None:
         """How many queued jobs (any model) were submitted before this one; None unless queued.
 
@@ -191,3 +243,32 @@ class JobStore(OwnershipTransitions, OutputWrites):
 
         replies = dict(zip(valid, self.execute(build) if valid else [], strict=True))
         return [cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
+
+
+class WriteRecorder:
+    """Stands in for a pipeline: records the writes queued on it as [command, key index, args]
+    for the CREATE_ONCE script, and the keys they touch (KEYS[1] is the idempotency key)."""
+
+    def __init__(self, first_key: str):
+        self.keys = [first_key]
+        self.writes: list[list[Any]] = []
+
+    def _key(self, name: str) -> int:
+        if name not in self.keys:
+            self.keys.append(name)
+        return self.keys.index(name) + 1  # Lua's KEYS start at 1
+
+    def hset(self, name: str, mapping: dict[str, Any]) -> None:
+        flat = [str(part) for pair in mapping.items() for part in pair]
+        self.writes.append(["HSET", self._key(name), *flat])
+
+    def expire(self, name: str, seconds: int) -> None:
+        self.writes.append(["EXPIRE", self._key(name), int(seconds)])
+
+    def zadd(self, name: str, mapping: dict[str, float]) -> None:
+        flat = [part for member, score in mapping.items() for part in (repr(score), member)]
+        self.writes.append(["ZADD", self._key(name), *flat])
+
+    def rpush(self, name: str, *values: str) -> None:
+        for start in range(0, len(values), 1000):  # Lua's unpack() takes a few thousand at most
+            self.writes.append(["RPUSH", self._key(name), *values[start : start + 1000]])

@@ -17,6 +17,7 @@ from worker.node_pipeline import NodePipeline
 from worker.redis_connection import is_cluster, publish_command
 
 SCRIPT_NAMES = (
+    "CREATE_ONCE",
     "CLAIM",
     "CANCEL",
     "RENEW",

@@ -18,7 +18,6 @@ from tests.metrics_text import parse_samples
 from web.ratelimit import WINDOW_SECONDS, RateLimiter
 from web.services import services
 from worker import keys
-from worker.capacity import queue_depth, queue_lists
 from worker.config import AuthSettings, LimitSettings, RateLimitSettings, Settings
 
 LIMIT = 6
@@ -46,11 +45,16 @@ def bounded_settings(settings: Settings) -> Settings:
 def client(
     bounded_settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
 ) -> Iterator[FlaskClient]:
+    app = make_app(bounded_settings)
+
     def empty() -> None:
-        redis_client.delete(*queue_lists("bound"))
+        queue = keys.model_queue("bound")
+        celery = services(app).celery
+        with celery.connection_for_write() as conn:
+            celery.amqp.queues[queue].bind(conn.default_channel).purge()
 
     empty()
-    yield make_app(bounded_settings).test_client()
+    yield app.test_client()
     empty()
 
 
@@ -90,14 +94,13 @@ def test_the_queue_takes_exactly_max_queued_jobs_then_429(client: FlaskClient) -
 def test_batch_priority_jobs_count_against_the_bound(
     client: FlaskClient, redis_client: redis.Redis
 ) -> None:
-    # kombu keeps priority-9 (batch) messages in a list of their own: they still wait.
+    # Batch-priority messages wait at a priority of their own: they still count.
     create_batch(client, FIRST, 2)
+    queues = services(client.application).queues
     # A batch's queue sends run in the background once it is accepted: wait for both.
-    wait_for(lambda: queue_depth(redis_client, "bound") == 2, 10, "the batch's two messages")
-    assert redis_client.llen(keys.model_queue("bound")) == 0
-    assert queue_depth(redis_client, "bound") == 2
+    wait_for(lambda: queues.depth("bound") == 2, 10, "the batch's two messages")
     assert [submit(client) for _ in range(LIMIT - 2)] == [202] * (LIMIT - 2)
-    assert queue_depth(redis_client, "bound") == LIMIT
+    assert queues.depth("bound") == LIMIT
     assert submit(client) == 429
     metrics = client.get("/metrics", headers=bearer(FIRST)).get_data(as_text=True)
     assert parse_samples(metrics)['trickle_queue_depth{model="bound"}'] == LIMIT

@@ -1,7 +1,7 @@
 """Queue depth over every priority, worker slots, and the autoscaler's decisions.
 
-kombu keeps batch-priority messages in their own Redis list: these tests put real Celery
-messages on both and check that the depth, the 429 bound and the oldest-job age see them all.
+These tests put real Celery messages at both priorities and check that the depth (the broker's
+own count, read through Celery), the 429 bound and the oldest-job age see them all.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from trickle.preload import expand
 from worker import capacity, keys
 from worker.capacity import ModelLoad, WorkerSlots
 from worker.config import RedisSettings, Settings
-from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
-from worker.queueing import enqueue_generation, make_celery
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job
+from worker.queue import QueueReader, enqueue_generation, make_celery
+from worker.store import JobStore
 
 
 @pytest.fixture
@@ -31,10 +32,16 @@ def private_settings(settings: Settings, private_redis: redis.Redis) -> Settings
     return dataclasses.replace(settings, redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0"))
 
 
+def store_of(client: redis.Redis) -> JobStore:
+    return JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=600)
+
+
 def enqueue(
     client: redis.Redis, settings: Settings, job_id: str, priority: int, age: float
 ) -> None:
-    client.hset(keys.job(job_id), "created_at", repr(time.time() - age))
+    job = Job(job_id, "demo", "x", GenerationParams(), created_at=time.time() - age)
+    job.priority = priority
+    store_of(client).create(job)
     enqueue_generation(make_celery(settings, settings.models), job_id, "demo", priority)
 
 
@@ -45,13 +52,15 @@ def test_depth_and_oldest_age_count_every_priority(
         enqueue(private_redis, private_settings, f"job_i{n}", INTERACTIVE_PRIORITY, age=1.0)
     for n in range(2):
         enqueue(private_redis, private_settings, f"job_b{n}", BATCH_PRIORITY, age=30.0 - n)
-    assert private_redis.llen(keys.model_queue("demo")) == 3  # what the old gauge counted
-    assert capacity.queue_depth(private_redis, "demo") == 5
-    load = capacity.read_load(private_redis, "demo", 10.0, time.time())
+    queues = QueueReader(
+        make_celery(private_settings, private_settings.models), store_of(private_redis)
+    )
+    assert queues.depth("demo") == 5
+    load = capacity.read_load(private_redis, "demo", 10.0, time.time(), queues)
     assert load.depth == 5 and load.demand == 5
     assert load.oldest_queued_seconds == pytest.approx(30.0, abs=1.0)
-    assert capacity.queue_depth(private_redis, "late") == 0
-    assert capacity.oldest_queued_seconds(private_redis, "late", time.time()) == 0.0
+    assert queues.depth("late") == 0
+    assert queues.oldest_queued_seconds("late", time.time()) == 0.0
 
 
 def test_the_queue_bound_counts_batch_jobs(

@@ -1,134 +1,116 @@
-"""The direct generation pusher sends the message Celery's send_task would, to the same list."""
+"""The one producer: every generation job is a Celery task, with Celery's own priorities.
+
+Real Celery apps on a Redis of the module's own (the Redis transport as kombu ships it: no
+message is built by hand and no test reads kombu's key layout), and RabbitMQ's declarations
+without a broker (the stack on a real node is tests/test_rabbitmq.py).
+"""
 
 from __future__ import annotations
 
-import base64
-import json
+import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
 
 import redis
+from flask import Flask
 
-from worker import broker_transport, keys
-from worker.capacity import message_job_id
-from worker.config import DEFAULT_CONFIG_PATH, load_settings
-from worker.jobs import BATCH_PRIORITY, GenerationParams, Job, new_job_id
-from worker.queueing import enqueue_generation, generation_pusher, make_celery
+from trickle.redis_server import free_port
+from worker import keys
+from worker.config import BrokerSettings, RedisSettings, Settings
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
+from worker.queue import QueueReader, broker_priority, enqueue_generation, is_amqp, make_celery
 from worker.store import JobStore
 
-# Fields that differ between any two sends: fresh ids, and the sending process.
-PER_SEND = {"id", "root_id", "origin", "correlation_id", "delivery_tag", "reply_to"}
+
+def on_private_redis(settings: Settings, client: redis.Redis) -> Settings:
+    port = client.connection_pool.connection_kwargs["port"]
+    return dataclasses.replace(settings, redis=RedisSettings(url=f"redis://127.0.0.1:{port}/0"))
 
 
-def _without_per_send(message: dict[str, Any]) -> dict[str, Any]:
-    return {
-        **{k: v for k, v in message.items() if k not in ("headers", "properties", "body")},
-        "headers": {k: v for k, v in message["headers"].items() if k not in PER_SEND},
-        "properties": {k: v for k, v in message["properties"].items() if k not in PER_SEND},
-        "body": json.loads(base64.b64decode(message["body"])),
-    }
+def on_rabbitmq(settings: Settings) -> Settings:
+    return dataclasses.replace(settings, broker=BrokerSettings(url="amqp://guest@mq//"))
 
 
-def test_pushed_message_is_the_one_send_task_builds(private_redis: redis.Redis) -> None:
-    port = private_redis.connection_pool.connection_kwargs["port"]
-    url = f"redis://127.0.0.1:{port}/0"
-    settings = load_settings(DEFAULT_CONFIG_PATH, environ={"TRICKLE_REDIS_URL": url})
-    app = make_celery(settings, ["demo"])
-    pusher = generation_pusher(settings, app)
-    assert pusher is not None
-    for priority in (0, BATCH_PRIORITY):
-        queue = keys.model_queue_list("demo", priority)
-        private_redis.delete(queue)
-        enqueue_generation(app, "job_0123", "demo", priority)
-        pusher.push("job_0123", "demo", priority)
-        pushed, sent = (json.loads(raw) for raw in private_redis.lrange(queue, 0, -1))
-        assert _without_per_send(pushed) == _without_per_send(sent)
-        assert pushed["headers"]["id"] == pushed["headers"]["root_id"]
-        assert pushed["properties"]["correlation_id"] == pushed["headers"]["id"]
-        assert set(pushed["headers"]) == set(sent["headers"])
-        assert set(pushed["properties"]) == set(sent["properties"])
-
-
-def test_no_pusher_where_celery_must_send(private_redis: redis.Redis) -> None:
-    port = private_redis.connection_pool.connection_kwargs["port"]
-    env = {"TRICKLE_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
-    with_events = load_settings(
-        DEFAULT_CONFIG_PATH, environ={**env, "TRICKLE__WORKER__TASK_EVENTS": "true"}
-    )
-    assert generation_pusher(with_events, make_celery(with_events, ["demo"])) is None
-    rabbit = load_settings(
-        DEFAULT_CONFIG_PATH, environ={**env, "TRICKLE_BROKER_URL": "amqp://guest@127.0.0.1//"}
-    )
-    assert generation_pusher(rabbit, make_celery(rabbit, ["demo"])) is None
-
-
-def test_redis_broker_channel_keeps_one_client_and_still_acks(
-    private_redis: redis.Redis,
+def test_interactive_jobs_are_fetched_before_batch_ones_on_redis(
+    settings: Settings, private_redis: redis.Redis
 ) -> None:
-    """kombu built a redis.Redis per ack; the channel now keeps one per pool, and a message
-    delivered and acked through it leaves nothing unacked."""
-    port = private_redis.connection_pool.connection_kwargs["port"]
-    url = f"redis://127.0.0.1:{port}/0"
-    settings = load_settings(DEFAULT_CONFIG_PATH, environ={"TRICKLE_REDIS_URL": url})
-    app = make_celery(settings, ["demo"])
-    queue = keys.model_queue_list("demo", 0)
-    private_redis.delete(queue, "unacked", "unacked_index")
-    enqueue_generation(app, "job_ack", "demo")
-    with app.connection_for_read() as connection:
-        assert isinstance(connection.transport, broker_transport.Transport)
-        channel = connection.channel()
-        assert channel._create_client() is channel._create_client()
-        first = channel._create_client()
-        channel._disconnect_pools()  # what kombu does after a fork or a lost connection
-        assert channel._create_client() is not first
-        message = channel.basic_get(queue, no_ack=False)
-        assert message is not None
-        assert message.decode()[0] == ["job_ack"]  # protocol 2: (args, kwargs, embed)
-        assert private_redis.hlen("unacked") == 1
-        message.ack()
-        assert private_redis.hlen("unacked") == 0
+    """kombu's priority steps, read by a plain kombu consumer: the batch job was sent first,
+    the interactive one is fetched first; the depth counts both."""
+    private_redis.flushdb()
+    app = make_celery(on_private_redis(settings, private_redis), ["demo"])
+    enqueue_generation(app, "job_batch", "demo", BATCH_PRIORITY)
+    enqueue_generation(app, "job_interactive", "demo", INTERACTIVE_PRIORITY)
+    store = JobStore(private_redis, 60, 60)
+    assert QueueReader(app, store).depth("demo") == 2
+    fetched = []
+    with app.connection_for_read() as conn:
+        channel = conn.channel()
+        for _ in range(2):
+            message = channel.basic_get(keys.model_queue("demo"), no_ack=True)
+            assert message is not None and message.headers["task"] == keys.GENERATE_TASK
+            fetched.append(message.decode()[0][0])  # protocol 2: (args, kwargs, embed)
         channel.close()
+    assert fetched == ["job_interactive", "job_batch"]
+    assert QueueReader(app, store).depth("demo") == 0
 
 
-def test_other_brokers_keep_kombus_transport(private_redis: redis.Redis) -> None:
-    port = private_redis.connection_pool.connection_kwargs["port"]
-    env = {"TRICKLE_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
-    rabbit = load_settings(
-        DEFAULT_CONFIG_PATH, environ={**env, "TRICKLE_BROKER_URL": "amqp://guest@127.0.0.1//"}
+def test_rabbitmq_queues_are_durable_priority_queues(settings: Settings) -> None:
+    app = make_celery(on_rabbitmq(settings), ["demo"])
+    queues = app.amqp.queues
+    assert set(queues) == {keys.model_queue("demo"), keys.WEBHOOK_QUEUE}
+    for queue in queues.values():
+        assert queue.durable and not queue.auto_delete
+        assert queue.max_priority == BATCH_PRIORITY  # x-max-priority
+        assert (queue.exchange.name, queue.exchange.type) == (keys.AMQP_EXCHANGE, "topic")
+        assert queue.routing_key == queue.name
+    assert app.conf.worker_prefetch_multiplier == 1 and app.conf.task_acks_late
+    assert app.conf.broker_transport_options == {"confirm_publish": True}
+    assert is_amqp(app.conf.broker_url) and not is_amqp(settings.broker_url)
+
+
+def test_priority_is_sent_the_way_each_broker_reads_it(settings: Settings) -> None:
+    """Redis pops lower numbers first, RabbitMQ serves higher ones first."""
+    on_redis = make_celery(settings, ["demo"])
+    priorities = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+    assert [broker_priority(on_redis, p) for p in priorities] == [0, 9]
+    rabbit = make_celery(on_rabbitmq(settings), ["demo"])
+    assert [broker_priority(rabbit, p) for p in priorities] == [9, 0]
+
+
+def test_a_failed_publish_takes_the_record_back_and_answers_503(
+    settings: Settings, private_redis: redis.Redis, make_app: Callable[[Settings], Flask]
+) -> None:
+    """The broker is down: the job's record, written first, is deleted again, and the 503 says
+    that nothing was created (a record is never left without its task)."""
+    private_redis.flushdb()
+    down = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    broken = dataclasses.replace(
+        on_private_redis(settings, private_redis), broker=BrokerSettings(url=down)
     )
-    assert not make_celery(rabbit, ["demo"]).conf.broker_transport
+    app = make_app(broken)
+    app.extensions["trickle"].queues.depth = lambda model: 0  # the 429 bound reads the broker too
+    started = time.monotonic()
+    response = app.test_client().post("/v1/jobs", json={"prompt": "The", "max_tokens": 1})
+    assert response.status_code == 503, response.get_data(as_text=True)
+    assert "no job was created" in response.get_json()["error"]["message"]
+    assert int(response.headers["Retry-After"]) > 0
+    assert time.monotonic() - started < 30
+    assert not [k for k in private_redis.scan_iter(match="trickle:*:job:*")]
+    assert all(private_redis.zcard(keys.queued_jobs(s)) == 0 for s in range(keys.SHARDS))
 
 
-def test_record_and_message_travel_in_one_transaction(private_redis: redis.Redis) -> None:
-    """Broker = the job store's Redis: the web tier writes the job and its task message in one
-    MULTI (one round trip); a separate broker keeps the separate push."""
-    port = private_redis.connection_pool.connection_kwargs["port"]
-    url = f"redis://127.0.0.1:{port}/0"
-    settings = load_settings(DEFAULT_CONFIG_PATH, environ={"TRICKLE_REDIS_URL": url})
-    app = make_celery(settings, ["demo"])
-    pusher = generation_pusher(settings, app, jobs_client=private_redis)
-    assert pusher is not None and pusher.shares_store
-    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+def test_a_job_record_goes_before_its_task(settings: Settings, private_redis: redis.Redis) -> None:
+    """What a worker reads when the task arrives is already there: record, then publish."""
+    private_redis.flushdb()
+    private = on_private_redis(settings, private_redis)
+    app = make_celery(private, ["demo"])
+    store = JobStore(private_redis, 60, 60)
     job = Job(new_job_id(), "demo", "hi", GenerationParams(), created_at=time.time())
-    queue = keys.model_queue_list("demo", 0)
-    private_redis.delete(queue)
-    commands: list[list[Any]] = []
-    store.create(
-        job,
-        also=lambda pipe: (
-            pusher.push_into(pipe, job.id, "demo"),
-            commands.append(list(pipe.command_stack)),
-        ),
-    )
-    assert private_redis.hget(keys.job(job.id), "status") == "queued"
-    (raw,) = private_redis.lrange(queue, 0, -1)
-    assert message_job_id(raw) == job.id
-    # The push was queued on the job's own transaction, after the record's commands.
-    (stack,) = commands
-    assert stack[0][0][0] == "HSET" and stack[-1][0][0] == "LPUSH"
-    elsewhere = load_settings(
-        DEFAULT_CONFIG_PATH,
-        environ={"TRICKLE_REDIS_URL": url, "TRICKLE_BROKER_URL": f"redis://127.0.0.1:{port}/1"},
-    )
-    separate = generation_pusher(elsewhere, make_celery(elsewhere, ["demo"]), private_redis)
-    assert separate is not None and not separate.shares_store
+    store.create(job)
+    enqueue_generation(app, job.id, "demo")
+    with app.connection_for_read() as conn:
+        channel = conn.channel()
+        message = channel.basic_get(keys.model_queue("demo"), no_ack=True)
+        channel.close()
+    assert message is not None and message.decode()[0] == [job.id]
+    assert store.status(job.id) is not None

@@ -14,7 +14,6 @@ import pytest
 import requests
 import yaml
 
-from worker import keys
 from worker.capacity import slots_per_worker
 from worker.config import PROJECT_ROOT, load_settings
 
@@ -83,14 +82,13 @@ def test_probes_hit_routes_the_web_tier_serves(stack_url: str) -> None:
     assert grace > load_settings(environ={}).limits.max_job_seconds
 
 
-def test_keda_watches_every_priority_list_and_the_scaling_endpoint(stack_url: str) -> None:
+def test_keda_watches_the_scaling_endpoint_and_no_broker_key(stack_url: str) -> None:
     scaled = by_kind("ScaledObject")["trickle-worker-demo"]
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     assert scaled["spec"]["scaleTargetRef"]["name"] in by_kind("Deployment")
     assert scaled["spec"]["minReplicaCount"] == 0
     triggers = scaled["spec"]["triggers"]
-    lists = {t["metadata"]["listName"] for t in triggers if t["type"] == "redis"}
-    assert lists == {keys.model_queue_list("demo", 0), keys.model_queue_list("demo", 9)}
+    assert [t["type"] for t in triggers] == ["metrics-api"]
     (api,) = [t for t in triggers if t["type"] == "metrics-api"]
     assert api["metadata"]["url"].endswith("/scaling/demo")
     answer = requests.get(f"{stack_url}/scaling/demo", timeout=10).json()

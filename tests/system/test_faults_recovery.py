@@ -14,7 +14,10 @@ These pin the public contract (HTTP, streams, the stored job), not the publisher
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,7 +26,7 @@ from typing import Any
 import pytest
 import requests
 
-from tests.clients import StreamResult, get_job, read_sse, submit
+from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from tests.metrics_text import parse_samples
 from worker import keys
@@ -56,7 +59,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
         ),
         settings_toml=(
             "[worker]\nlease_seconds = 2\nrecovery_interval_seconds = 0.5\n"
-            "heartbeat_seconds = 0.5\n"
+            "heartbeat_seconds = 0.5\nvisibility_timeout_seconds = 3\n"
             "[limits]\nmax_tokens_ceiling = 2000\n"
             "[web]\nkeepalive_seconds = 1.0\n"
         ),
@@ -183,3 +186,40 @@ def test_a_worker_killed_after_its_last_token_is_recovered(injected: FaultStack)
 
 def worker_log(faults: FaultStack) -> str:
     return (faults.log_dir / "injected.log").read_text(errors="replace")
+
+
+def test_a_task_taken_by_a_worker_killed_before_its_claim_runs(faults: FaultStack) -> None:
+    """A consumer that took a job's task and died before claiming it (nothing acked, nothing
+    given back): kombu puts the message back after the visibility timeout, a live worker's
+    Celery consumer takes it, and the job runs, once."""
+    job = submit(faults.web_url, {"prompt": "The", "model": "demo", "max_tokens": 5})
+    taker = subprocess.run(
+        [sys.executable, "-c", TAKE_AND_DIE, keys.model_queue("demo")],
+        env={**os.environ, "TRICKLE_CONFIG": str(faults.config_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert taker.returncode == 0 and taker.stdout.strip() == job["id"], taker.stderr
+    faults.worker("rescuer", ("demo",))
+    try:
+        final = poll_until_finished(faults.web_url, job["id"], timeout=60)
+    finally:
+        faults.stop_workers()
+    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
+    assert final["attempts"] == 1
+
+
+# Takes one task off a queue with a plain kombu consumer and exits without acking it (os._exit:
+# no channel close, so kombu's restore-on-close never runs, as after a SIGKILL).
+TAKE_AND_DIE = """
+import os, sys
+from worker.config import load_settings
+from worker.queue import make_celery
+settings = load_settings(environ=os.environ)
+app = make_celery(settings, settings.models)
+conn = app.connection_for_read()
+message = conn.default_channel.basic_get(sys.argv[1], no_ack=False)
+print(message.decode()[0][0], flush=True)
+os._exit(0)
+"""

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +27,8 @@ from tests.clients import (
 )
 from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
 from worker import keys
-from worker.capacity import message_job_id
+from worker.jobs import GenerationParams, Job, new_job_id
+from worker.store import JobStore
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -56,7 +58,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
         settings_toml=(
             f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
             f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
-            "max_attempts = 2\n"
+            "max_attempts = 2\nrepublish_after_seconds = 2\n"
             "[limits]\nqueued_ttl_seconds = 6\nmax_tokens_ceiling = 2000\n"
             "[web]\nkeepalive_seconds = 1.0\n"
         ),
@@ -116,9 +118,9 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
     job = submit(faults.web_url, {"prompt": "If", **LONG})
     reader, results = stream_in_background(faults.web_url, job["id"], timeout=90)
     wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) >= 50, 30, "tokens from a")
-    faults.worker("stall-b", ("slow",))
     os.kill(stalled.pid, signal.SIGSTOP)  # alive but silent: its lease lapses
     try:
+        faults.worker("stall-b", ("slow",))  # started after the stop: the job is still running
         wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "takeover")
     finally:
         os.kill(stalled.pid, signal.SIGCONT)  # wakes up believing it still runs the job
@@ -184,25 +186,25 @@ def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> No
     assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
 
 
-def test_a_job_taken_by_a_lost_worker_goes_back_and_runs(faults: FaultStack) -> None:
-    """A worker that died after its feeder took a job and before claiming it: the job's message
-    sits in that worker's taken list. A live worker's sweep puts it back, and the job runs."""
-    job = submit(faults.web_url, {"prompt": "The", "model": "demo", "max_tokens": 5})
-    queue = keys.model_queue_list("demo", 0)
-    ghost = "ghost@nowhere"
-    with faults.client() as client:
-        message = client.rpop(queue)  # no demo worker is up: the message is still queued
-        assert message is not None and message_job_id(message) == job["id"]
-        client.rpush(keys.worker_taken(ghost), f"{queue}\n{message}")
-        client.sadd(keys.FEEDERS, ghost)
-    faults.worker("rescuer", ("demo",))
-    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
-    assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
-    with faults.client() as client:
-        assert not client.exists(keys.worker_taken(ghost))
-        assert ghost not in client.smembers(keys.FEEDERS)
-    log = (faults.log_dir / "rescuer.log").read_text()
-    assert f"put back 1 task message(s) taken by lost worker {ghost}" in log
+def test_a_job_record_whose_task_was_never_published_is_published_again(
+    faults: FaultStack,
+) -> None:
+    """The web process died between writing a job's record and publishing its task: the record
+    is queued and nothing in the queue names it. A live worker's sweep publishes it again."""
+    worker = faults.worker("republisher", ("demo",))
+    try:
+        params = GenerationParams(max_tokens=5, ignore_eos=True)
+        job = Job(new_job_id(), "demo", "The", params, created_at=time.time())
+        with faults.client() as client:
+            JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=6).create(job)
+        final = poll_until_finished(faults.web_url, job.id, timeout=30)
+        assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 5
+        assert final["attempts"] == 1
+    finally:
+        faults.stop_workers()
+    assert worker.returncode is not None
+    log = (faults.log_dir / "republisher.log").read_text()
+    assert f'"event": "republished", "job_id": "{job.id}"' in log
 
 
 def response_events(base: str, response_id: str, after: int | None = None) -> list[str]:

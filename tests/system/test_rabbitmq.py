@@ -2,9 +2,9 @@
 
 The node is Debian's rabbitmq-server 3.10 started by the fixture (tests/rabbitmq.py); Redis,
 the Celery workers, gunicorn and the models are the real ones, as everywhere else. Covered:
-durable quorum queues, submit/stream/cancel, interactive work overtaking batch work (no queue
-priorities on 3.10), a SIGKILLed worker's interactive and batch jobs resuming elsewhere without
-a gap, and the 429 bound read from RabbitMQ's queue depth.
+durable priority queues (``x-max-priority``), submit/stream/cancel, interactive work overtaking
+queued batch work by message priority, a SIGKILLed worker's interactive and batch jobs resuming
+elsewhere without a gap, and the 429 bound read from RabbitMQ's queue depth.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def mq(
 
     root = tmp_path_factory.mktemp("rabbitmq-stack")
     slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+        root / "slow", demo_model_dir / "tokenizer.model", d_model=384, num_layers=6, ffn_dim=1152
     )
     stack = build_fault_stack(
         root,
@@ -79,7 +79,7 @@ def mq(
             f'[models.parked]\npath = "{demo_model_dir}"\n'
         ),
         settings_toml=(
-            f'[broker]\nurl = "{rabbit.url}"\nbatch_poll_ms = 20\n'
+            f'[broker]\nurl = "{rabbit.url}"\n'
             f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
             f"recovery_interval_seconds = {SWEEP_SECONDS}\nheartbeat_seconds = 0.5\n"
             f"[limits]\nmax_tokens_ceiling = 2000\nmax_queued_jobs = {QUEUE_LIMIT}\n"
@@ -117,15 +117,16 @@ def batch_job_ids(mq: FaultStack, batch_id: str, count: int) -> list[str]:
     return ids
 
 
-def test_queues_are_durable_quorum_queues(mq: FaultStack, rabbit: RabbitNode) -> None:
+def test_queues_are_durable_priority_queues(mq: FaultStack, rabbit: RabbitNode) -> None:
     mq.worker("declare", ("demo",))
     listed = rabbit.ctl("list_queues", "name", "type", "durable", "arguments", "--quiet")
     assert listed.returncode == 0, listed.stderr
     rows = {line.split("\t")[0]: line.split("\t")[1:] for line in listed.stdout.splitlines()}
-    for name in (keys.model_queue("demo"), keys.model_batch_queue("demo"), keys.WEBHOOK_QUEUE):
+    for name in (keys.model_queue("demo"), keys.WEBHOOK_QUEUE):
         kind, durable, arguments = rows[name]
-        assert (kind, durable) == ("quorum", "true"), rows[name]
-        assert "x-delivery-limit" in arguments
+        assert (kind, durable) == ("classic", "true"), rows[name]
+        assert "x-max-priority" in arguments
+    assert not any(name.endswith(".batch") for name in rows)  # one queue per model
 
 
 def test_submit_stream_and_cancel_on_rabbitmq(mq: FaultStack) -> None:
@@ -178,7 +179,7 @@ def test_interactive_work_overtakes_queued_batch_work(mq: FaultStack) -> None:
     # ran before the three batch jobs still queued.
     assert len(before) == 1
     assert all(first_token_at(urgent_done) < first_token_at(j) for j in after)
-    # Its batch feeder idle, the worker's warm shutdown is prompt.
+    # Idle, the worker's warm shutdown is prompt.
     worker.terminate()
     assert worker.wait(10) == 0
 
@@ -207,7 +208,7 @@ def test_killed_worker_job_resumes_on_another_without_gap(mq: FaultStack) -> Non
     assert len(stream.tokens) == 1500
 
 
-def test_killed_worker_batch_job_resumes_from_the_batch_queue(mq: FaultStack) -> None:
+def test_killed_worker_batch_job_resumes_without_gap(mq: FaultStack) -> None:
     workers = {name: mq.worker(name, ("slow",)) for name in ("batch-a", "batch-b")}
     batch_id = submit_batch(mq.web_url, [{**LONG, "prompt": "If"}])
     (job_id,) = batch_job_ids(mq, batch_id, 1)
@@ -224,7 +225,7 @@ def test_killed_worker_batch_job_resumes_from_the_batch_queue(mq: FaultStack) ->
 def test_queue_bound_reads_rabbitmq_and_every_accepted_job_completes(mq: FaultStack) -> None:
     base = mq.web_url
     accepted = [submit(base, {"prompt": f"Wait {i}", "model": "late"})["id"] for i in range(3)]
-    # A batch job counts towards the bound too: it waits in the model's batch queue.
+    # A batch job counts towards the bound too: it waits in the model's queue, at low priority.
     batch_id = submit_batch(base, [{"model": "late", "prompt": "Later", "max_tokens": 4}])
     accepted += batch_job_ids(mq, batch_id, 1)
 

@@ -13,7 +13,7 @@ from trickle.redis_server import free_port, start_redis, stop_redis
 from worker import keys
 from worker.config import Settings, settings_from_dict
 from worker.jobs import GenerationParams, Job, new_job_id
-from worker.queueing import enqueue_generation, make_celery
+from worker.queue import enqueue_generation, make_celery
 from worker.store import JobStore
 
 PASSWORD = "s3cret-pass"

@@ -84,7 +84,6 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("", {"TRICKLE__MODELS__DEMO__DEVICE": "tpu"}, "device"),
         ("[web\n", {}, "line 1"),
         ("", {"TRICKLE_BROKER_URL": "kafka://x"}, "broker.url"),
-        ("[broker]\ndelivery_limit = 0\n", {}, "broker.delivery_limit"),
         ("[worker]\ngil_switch_interval_ms = -1\n", {}, "worker.gil_switch_interval_ms"),
         ("", {"TRICKLE__WORKER__PUBLISH_MAX_INTERVAL_MS": "-5"}, "worker.publish_max_interval_ms"),
     ],

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from worker.engine.detok import IncrementalDetokenizer
 from worker.tokenizer import Tokenizer
@@ -97,3 +99,13 @@ def test_a_long_stream_keeps_decoding_right_past_the_window_trim(tokenizer: Toke
     assert len(ids) > 300
     detok = IncrementalDetokenizer(tokenizer)
     assert "".join(detok.add(i) for i in ids) + detok.flush() == tokenizer.decode(ids)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(0, 1999), max_size=12))
+def test_the_tokenizers_decoder_is_sentencepieces_decode(
+    tokenizer: Tokenizer, ids: list[int]
+) -> None:
+    """``Tokenizer.decode`` may call SentencePiece's C++ decoder directly (skipping its Python
+    wrapper's checks): it must give exactly what ``decode`` gives, byte-fallback pieces too."""
+    assert tokenizer.decode(ids) == tokenizer._sp.decode(ids)

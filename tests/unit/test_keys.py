@@ -20,9 +20,6 @@ def test_exact_key_strings() -> None:
     assert keys.running_jobs(7) == "trickle:{s7}:running"
     assert keys.queued_jobs(7) == "trickle:{s7}:queued"
     assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:{k1:29000000}:requests"
-    assert keys.model_queue_list("demo", 0) == "trickle.demo"
-    assert keys.model_queue_list("demo", 9) == "trickle.demo\x06\x169"
-    assert keys.model_batch_queue("demo") == "trickle.demo.batch"
     assert keys.AMQP_EXCHANGE == "trickle"
     assert keys.worker_slots("w@h") == "trickle:worker:w@h:slots"
     assert keys.AUTOSCALER == "trickle:autoscaler"
@@ -33,6 +30,20 @@ def test_exact_key_strings() -> None:
     assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
     assert keys.STREAM_SECRET == "trickle:stream-secret"
     assert keys.response("resp_1") == "trickle:response:{resp_1}"
+    assert keys.idempotency("", "abc") == (
+        "trickle:{s54}:idem:609f6e36d2405585188d5cfd761f407c7cc46a7d3f314c88270469dde315fcd1"
+    )
+    assert keys.idempotency_shard("", "abc") == 54
+
+
+def test_an_idempotency_key_is_scoped_and_its_jobs_share_its_shard() -> None:
+    from worker.jobs import is_job_id, new_job_id
+
+    assert keys.idempotency("owner-a", "k") != keys.idempotency("owner-b", "k")
+    shard = keys.idempotency_shard("owner-a", "k")
+    job_id = new_job_id(shard)
+    assert is_job_id(job_id) and keys.shard_of(job_id) == shard
+    assert keys.job(job_id).split(":job:")[0] == keys.idempotency("owner-a", "k").split(":idem:")[0]
 
 
 def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:

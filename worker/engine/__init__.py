@@ -22,8 +22,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
+from typing import Any
 
 from worker.config import ModelSettings, available_cores
+from worker.engine.flags import create_flags
 from worker.engine.process import BatchCommand, EngineReady, serve
 from worker.jobs import GenerationParams
 from worker.tokenizer import Tokenizer
@@ -101,8 +103,9 @@ class Engine:
             )
         self.settings = model = model.with_threads(available_cores())
         self.tokenizer = Tokenizer.for_model(model)
-        self._shared = SharedMemory(create=True, size=MAX_SLOTS)
-        self._flags = _buffer(self._shared)
+        # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of
+        # earlier starts stay mapped here (a thread may still write a stale flag) until close.
+        self._segments: list[SharedMemory] = []
         self._free_slots = list(range(MAX_SLOTS))
         self._batch_ids = itertools.count()
         self._lock = threading.Lock()
@@ -116,6 +119,17 @@ class Engine:
     def _start(self) -> None:
         """Spawn the engine process and wait until its model is loaded and warm."""
         context = multiprocessing.get_context("spawn")
+        segment = create_flags(MAX_SLOTS)
+        try:
+            self._spawn(context, segment)
+        finally:
+            segment.unlink()  # the engine has attached (or failed): no name is left behind
+        self._segments.append(segment)
+        self._flags = _buffer(segment)
+        for lane in self._all_lanes:
+            self._lanes.put(lane)
+
+    def _spawn(self, context: Any, segment: SharedMemory) -> None:
         self._generation += 1
         ours: list[Lane] = []
         theirs: list[tuple[Connection, Connection]] = []
@@ -126,7 +140,7 @@ class Engine:
             theirs.append((commands_out, events_in))
         self._process = context.Process(
             target=serve,
-            args=(self.settings, theirs, self._shared.name),
+            args=(self.settings, theirs, segment.name),
             name=f"trickle-engine-{self.settings.name}",
             daemon=True,
         )
@@ -137,8 +151,6 @@ class Engine:
             events_in.close()
         self._all_lanes = ours
         self._lanes: queue.SimpleQueue[Lane] = queue.SimpleQueue()
-        for lane in ours:
-            self._lanes.put(lane)
         first = ours[0].events
         if not first.poll(START_TIMEOUT_SECONDS):
             self._process.kill()
@@ -180,8 +192,9 @@ class Engine:
             self._process.kill()
             self._process.join(timeout=5)
         self._close_lanes()
-        self._shared.close()
-        self._shared.unlink()
+        for segment in self._segments:
+            with contextlib.suppress(BufferError):  # a view still held: freed at exit
+                segment.close()
 
     @property
     def end_ids(self) -> frozenset[int]:

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
 
 from worker.config import ModelSettings
+from worker.engine.flags import attach_flags
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
@@ -294,7 +294,7 @@ def serve(
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
         os.nice(model.engine_niceness)
-    shared = SharedMemory(name=flags_name)
+    shared = attach_flags(flags_name)
     first_events = lanes[0][1]
     try:
         if shared.buf is None:

@@ -1,0 +1,214 @@
+"""What one request costs the stack: CPU per process, Redis commands, and a burst's claim latency.
+
+    .venv/bin/python -m bench.request_cost [--model demo] [--jobs 200] [--monitor-jobs 20]
+
+Starts the stack as ``bench.burst_cost`` does (embedded Redis, gunicorn, one Celery worker) and,
+over one keep-alive connection, runs ``--jobs`` sequential one-token jobs twice: streamed (POST,
+then the SSE stream to ``done``) and ``Prefer: wait``. Each process group's CPU (user + system,
+from ``/proc``; the engine is the worker's child, reported apart) is divided by the jobs. Then a
+``MONITOR`` connection names every Redis command ``--monitor-jobs`` streamed jobs cost (the
+stack's idle commands over the same time, heartbeats and sweeps, measured first and taken off).
+Last, 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
+``started_at`` is reported. Absolute figures drift on a shared machine: compare runs back to back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench import models
+from bench.log import progress
+from bench.params import RunParams
+from bench.stack import HOST, Stack, cpu_of, process_groups
+from worker import keys
+from worker.config import PROJECT_ROOT
+
+PROMPT = "Once upon a time"
+
+
+def post_job(conn: http.client.HTTPConnection, model: str, wait: bool) -> dict[str, Any]:
+    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 1})
+    headers = {"Content-Type": "application/json"}
+    if wait:
+        headers["Prefer"] = "wait=30"
+    conn.request("POST", "/v1/jobs", body, headers)
+    response = conn.getresponse()
+    job: dict[str, Any] = json.loads(response.read())
+    if response.status >= 300 and "id" not in job:
+        raise RuntimeError(f"POST /v1/jobs answered {response.status}: {job}")
+    return job
+
+
+def follow_stream(conn: http.client.HTTPConnection, job: dict[str, Any]) -> None:
+    url = job["urls"]["stream"]
+    conn.request("GET", url[url.index("/v1/") :], headers={"Accept": "text/event-stream"})
+    response = conn.getresponse()
+    body = response.read()  # the stream ends after its done event
+    if b"event: done" not in body:
+        raise RuntimeError(f"stream of {job['id']} ended without done: {body[-200:]!r}")
+
+
+def one_job(conn: http.client.HTTPConnection, model: str, mode: str) -> None:
+    job = post_job(conn, model, wait=mode == "wait")
+    if mode == "streamed":
+        follow_stream(conn, job)
+
+
+def cpu_per_job(stack: Stack, model: str, mode: str, jobs: int) -> tuple[dict[str, float], float]:
+    """Per process group, ms of CPU per job; and the wall seconds the jobs took."""
+    groups = process_groups(stack, model)
+    conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
+    for _ in range(10):  # warm the connection, the worker's threads and the web's caches
+        one_job(conn, model, mode)
+    before, start = cpu_of(groups), time.monotonic()
+    for _ in range(jobs):
+        one_job(conn, model, mode)
+    wall = time.monotonic() - start
+    after = cpu_of(groups)
+    conn.close()
+    per_job = {name: round(1e3 * (after[name] - before[name]) / jobs, 3) for name in groups}
+    return per_job, wall
+
+
+def monitored(url: str, seconds: float | None, action: Any = None) -> tuple[Counter[str], float]:
+    """Commands Redis ran while ``action`` ran (or for ``seconds``), and the time taken."""
+    client = redis.Redis.from_url(url)
+    counts: Counter[str] = Counter()
+    stop = threading.Event()
+    started = threading.Event()
+
+    def run() -> None:
+        with client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            started.set()
+            for line in monitor.listen():
+                if stop.is_set():
+                    return
+                command = str(line.get("command", "")).split(" ", 1)[0].upper()
+                counts[command] += 1
+
+    thread = threading.Thread(target=run, name="bench-monitor", daemon=True)
+    thread.start()
+    started.wait(5)
+    time.sleep(0.2)
+    counts.clear()
+    start = time.monotonic()
+    if action is not None:
+        action()
+    else:
+        time.sleep(seconds or 0)
+    wall = time.monotonic() - start
+    snapshot = Counter(counts)
+    stop.set()
+    redis.Redis.from_url(url).ping()  # one more command wakes the monitor thread
+    thread.join(5)
+    return snapshot, wall
+
+
+def commands_per_job(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
+    """Every command ``jobs`` streamed one-token jobs cost, less the idle rate over that time."""
+    idle, idle_wall = monitored(stack.redis_url, 3.0)
+    conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
+    one_job(conn, model, "streamed")
+
+    def run() -> None:
+        for _ in range(jobs):
+            one_job(conn, model, "streamed")
+
+    busy, wall = monitored(stack.redis_url, None, run)
+    conn.close()
+    per_job: dict[str, float] = {}
+    for command in set(busy) | set(idle):
+        value = (busy[command] - idle[command] * wall / idle_wall) / jobs
+        if value >= 0.05:
+            per_job[command] = round(value, 2)
+    ordered = dict(sorted(per_job.items(), key=lambda item: -item[1]))
+    return {"total": round(sum(ordered.values()), 1), "by_command": ordered}
+
+
+def burst_claims(stack: Stack, model: str, size: int) -> list[float]:
+    """POST ``size`` jobs at once (connections opened first); ms from created to started."""
+    conns = [http.client.HTTPConnection(HOST, stack.web_port, timeout=60) for _ in range(size)]
+    for conn in conns:
+        conn.connect()
+    barrier = threading.Barrier(size)
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def send(conn: http.client.HTTPConnection) -> None:
+        barrier.wait()
+        job = post_job(conn, model, wait=False)
+        with lock:
+            ids.append(job["id"])
+
+    threads = [threading.Thread(target=send, args=(conn,)) for conn in conns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stack.client is not None
+    latencies: list[float] = []
+    deadline = time.monotonic() + 30
+    while ids and time.monotonic() < deadline:
+        pending = []
+        for job_id in ids:
+            created, started = stack.client.hmget(keys.job(job_id), ["created_at", "started_at"])
+            if started and created:
+                latencies.append(1e3 * (float(started) - float(created)))
+            else:
+                pending.append(job_id)
+        ids = pending
+        time.sleep(0.05)
+    for conn in conns:
+        conn.close()
+    return sorted(latencies)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.request_cost", description=__doc__)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--monitor-jobs", type=int, default=20)
+    parser.add_argument("--bursts", type=int, default=5)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack")
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = models.prepare(args.model)
+    stack = Stack(args.out / f"work-request-cost-{args.model}", model, RunParams(), 64)
+    stack.extra_env = dict(item.split("=", 1) for item in args.env)
+    result: dict[str, Any] = {"model": args.model, "jobs": args.jobs}
+    try:
+        stack.start()
+        stack.start_worker(args.model)
+        for mode in ("streamed", "wait"):
+            per_job, wall = cpu_per_job(stack, args.model, mode, args.jobs)
+            result[f"cpu_ms_per_job_{mode}"] = per_job
+            result[f"jobs_per_s_{mode}"] = round(args.jobs / wall, 1)
+            progress(f"{mode}: CPU ms per job {per_job}, {args.jobs / wall:.0f} jobs/s")
+        result["redis_commands_per_job"] = commands_per_job(stack, args.model, args.monitor_jobs)
+        progress(f"Redis commands per job: {result['redis_commands_per_job']}")
+        bursts = [burst_claims(stack, args.model, 16) for _ in range(args.bursts)]
+        result["burst16_created_to_started_ms"] = [
+            {"p50": round(statistics.median(b), 1), "max": round(max(b), 1)} for b in bursts if b
+        ]
+        progress(f"16-job burst, created -> started: {result['burst16_created_to_started_ms']}")
+    finally:
+        stack.close()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (args.out / f"request-cost-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""Celery's worker consumes every generation task; this hands each one to the runtime's job threads.
+
+Celery keeps the broker protocol (fetch, prefetch window, acks, redelivery) and its tooling
+(``inspect active`` and ``stats``, task events for Flower). What Trickle changes is only what
+happens to a ``trickle.generate`` request once Celery's consumer has it, through the documented
+hook for that, a task ``Strategy`` (``celery.worker.strategy``):
+
+- the request is registered with ``celery.worker.state`` as Celery's own strategy does, so
+  ``inspect active`` lists the running job (its id is the task's argument) and ``inspect stats``
+  counts it;
+- instead of a trip through the pool and the task tracer, it goes to a ``JobDispatcher``: one
+  thread claims every request that arrived since its last claim in one Redis round trip
+  (``claim_many``), then each claimed job runs ``run_job`` in one of ``slots`` job threads.
+  Even the request is built on that thread: Celery's consumer thread only appends the message,
+  so it is back reading the broker at once (in a 16-job burst, building requests there spaced
+  the messages' receipts by a few milliseconds each);
+- the message is acked once ``run_job`` returns, that is once the job's final state is stored
+  (or it was handed back, or it was not ours to run): acks late, as the app says.
+
+Leases, not the broker, decide who runs a job: a redelivered task whose job is ``running`` under
+a live lease (or already finished) is not claimed, only acked. The dispatcher and the runtime
+belong to the worker's ``TrickleWorker`` bootstep (worker/app.py); nothing here is global.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis
+from celery.worker import state as worker_state
+from celery.worker.consumer import Consumer
+from celery.worker.request import Request
+
+log = logging.getLogger(__name__)
+
+# (job id, its claim or None to claim its own) -> returns once the job's final state is stored.
+RunJob = Callable[[str, Any], None]
+ClaimMany = Callable[[list[str]], Sequence[Any]]
+# Builds and reserves the request of a received message; None when it is not to run (revoked).
+Reserve = Callable[[], Request | None]
+
+
+class JobDispatcher:
+    """Claims the requests the consumer hands it, many per round trip, and runs each in a job
+    thread; acks each once its job has ended."""
+
+    def __init__(self, run_job: RunJob, claim_many: ClaimMany, slots: int):
+        self._run_job = run_job
+        self._claim_many = claim_many
+        self._intake: deque[Reserve] = deque()
+        self._lock = threading.Condition()
+        self._busy = 0
+        self._stopping = False
+        self._jobs = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="trickle-job")
+        self._claimer = threading.Thread(target=self._claim_loop, name="trickle-claim", daemon=True)
+
+    def start(self) -> None:
+        self._claimer.start()
+
+    def submit(self, reserve: Reserve) -> None:
+        """From Celery's consumer thread: take a received message (never blocks)."""
+        with self._lock:
+            self._intake.append(reserve)
+            self._busy += 1
+            self._lock.notify_all()
+
+    def stop_taking(self) -> None:
+        """Warm shutdown: claim nothing more; requests not yet claimed stay unacked, so the
+        broker gives them to another worker."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for every claimed job to end (stored or handed back)."""
+        with self._lock:
+            ended = self._lock.wait_for(lambda: self._busy <= len(self._intake), timeout)
+        self._jobs.shutdown(wait=ended)
+        return ended
+
+    def _claim_loop(self) -> None:
+        while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._intake or self._stopping)
+                if self._stopping:
+                    return
+                received = list(self._intake)
+                self._intake.clear()
+            taken = [request for request in (reserve() for reserve in received) if request]
+            if len(taken) < len(received):
+                self._ended(len(received) - len(taken))
+            if not taken:
+                continue
+            claims = self._claims([job_id_of(request) for request in taken])
+            for request, claim in zip(taken, claims, strict=True):
+                request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
+                self._jobs.submit(self._run, request, claim)
+
+    def _claims(self, job_ids: list[str]) -> Sequence[Any]:
+        try:
+            return self._claim_many(job_ids)
+        except redis.RedisError:
+            log.exception("claiming %d jobs at once failed; each claims its own", len(job_ids))
+            return [None] * len(job_ids)
+
+    def _run(self, request: Request, claim: Any) -> None:
+        started = time.monotonic()
+        job_id = job_id_of(request)
+        succeeded = False
+        try:
+            self._run_job(job_id, claim)  # None: the job thread claims its own job
+            succeeded = True
+            request.send_event("task-succeeded", result=None, runtime=time.monotonic() - started)
+        except Exception as exc:  # the edge of a job thread: the lease sweep takes the job over
+            log.exception("job %s: run_job failed", job_id)
+            request.send_event("task-failed", exception=repr(exc), traceback="")
+        finally:
+            request.acknowledge()
+            worker_state.task_ready(request, successful=succeeded)
+            self._ended(1)
+
+    def _ended(self, count: int) -> None:
+        with self._lock:
+            self._busy -= count
+            self._lock.notify_all()
+
+
+def _ack(message: Any, logger: Any, errors: Any) -> None:
+    """Ack on the consumer's thread (``call_soon_ack``, as Celery's own acks). A message from a
+    connection lost since (a broker restart) cannot be acked any more, and kombu raised
+    AttributeError out of the event loop for it: it stays in kombu's unacked hash and comes
+    back after the visibility timeout, where its finished job makes it a no-op."""
+    try:
+        message.ack_log_error(logger, errors)
+    except AttributeError:
+        log.warning("task %s came from a lost broker connection; not acked", message.delivery_tag)
+
+
+def job_id_of(request: Request) -> str:
+    """The job id a ``trickle.generate`` request carries (its one argument)."""
+    (job_id,) = request.args
+    if not isinstance(job_id, str):
+        raise TypeError(f"trickle.generate takes a job id, not {job_id!r}")
+    return job_id
+
+
+def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[..., None]:
+    """The task strategy of ``trickle.generate`` (``Task.Strategy``): what Celery's default
+    strategy does for a plain task (request, revoked check, events, reservation), then the
+    request goes to the worker's dispatcher instead of the pool."""
+    hostname = consumer.hostname
+    eventer = consumer.event_dispatcher
+    send_received = bool(eventer and eventer.enabled and task.send_events)
+    connection_errors = consumer.connection_errors
+    revoked = consumer.controller.state.revoked
+    dispatcher: JobDispatcher = consumer.controller.trickle.dispatcher
+
+    def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
+        on_ack = functools.partial(consumer.call_soon_ack, _ack, message)
+        try:
+            request = Request(
+                message,
+                on_ack=on_ack,
+                on_reject=reject,
+                app=app,
+                hostname=hostname,
+                eventer=eventer,
+                task=task,
+                connection_errors=connection_errors,
+                body=message.body,
+                headers=message.headers,
+                decoded=False,
+                utc=True,
+            )
+            job_id_of(request)
+        except Exception:  # no worker could ever run it: drop it, loudly, not forever again
+            log.exception("dropped a trickle.generate message that names no job")
+            on_ack(log, connection_errors)
+            return None
+        if (request.expires or request.id in revoked) and request.revoked():
+            return None
+        if send_received:
+            request.send_event(
+                "task-received",
+                name=request.name,
+                args=request.argsrepr,
+                kwargs=request.kwargsrepr,
+                root_id=request.root_id,
+                parent_id=request.parent_id,
+                retries=request.request_dict.get("retries", 0),
+            )
+        worker_state.task_reserved(request)
+        for callback in callbacks or ():
+            callback(request)
+        return request
+
+    def on_generate_message(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **_: Any
+    ) -> None:
+        dispatcher.submit(functools.partial(reserve, message, ack, reject, callbacks))
+
+    return on_generate_message
+
+
+class TrickleConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer (``worker_consumer``), surviving a broker restart with unacked tasks.
+
+    When the connection to a Redis broker is lost, Celery collects the connection (the
+    transport lets go of its client) and then closes it; the close restores the channel's
+    unacknowledged messages, which needs that client: with any task in flight (every running
+    job, acked late) it raised ``AttributeError`` out of the error handler, and the worker
+    stopped ("Unrecoverable error"). Here the error is logged and the reconnect goes on; the
+    messages stay in kombu's unacked hash, and come back after the visibility timeout, where
+    the lease makes a redelivered task of a running or finished job a no-op.
+    """
+
+    def on_connection_error_after_connected(self, exc: Exception) -> None:
+        try:
+            super().on_connection_error_after_connected(exc)
+        except AttributeError:
+            log.warning("broker connection lost with tasks in flight; reconnecting", exc_info=True)

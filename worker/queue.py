@@ -1,0 +1,167 @@
+"""The one producer of generation tasks: the Celery app, its queues, and how deep they are.
+
+Both tiers build their Celery app here: the web tier publishes by task name (without importing
+the engine), the workers consume with Celery's own consumer (worker/dispatch.py). Every
+generation job, whatever its origin (job API, OpenAI routes, batch lines, a requeue after a
+crash, a hand-back at shutdown), is one ``send_task`` of ``trickle.generate`` with the job id as
+its only argument; the job itself lives in Redis (worker/store.py). Queues are declared
+explicitly and missing ones are not created on the fly, so a typo in a model name fails loudly.
+
+Priority is Celery's own, per broker:
+
+- Redis (``redis://``, ``rediss://``, a Redis of its own): kombu keeps one list per priority
+  step (``priority_steps``) and a worker pops the lower numbers first
+  (``queue_order_strategy = "priority"``), so a batch job (priority 9) never delays the fetch
+  of an interactive one (0). Messages already prefetched are not reordered.
+- RabbitMQ: each model's queue is a durable classic queue with ``x-max-priority``; RabbitMQ
+  serves higher numbers first, so the Trickle priority is sent inverted (``broker_priority``).
+  Quorum queues have no priorities before RabbitMQ 4.0 (Debian 12 ships 3.10).
+
+Either way the engine's scheduler puts interactive jobs first in its next batch.
+
+Part of the contract: no engine import, the web tier uses it.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlparse
+
+import kombu.exceptions
+from celery import Celery
+from kombu import Exchange, Queue
+
+from worker import keys
+from worker.config import Settings
+from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
+from worker.store import JobStore
+
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+# The priorities a job can have; on Redis, each is one of kombu's priority steps.
+PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
+# What a failed publish raises: kombu's connection errors (after Celery's retry policy).
+BROKER_ERRORS = (kombu.exceptions.OperationalError, OSError)
+# How many of the oldest queued jobs (all models) to look through for a model's oldest one.
+OLDEST_SCAN = 256
+
+
+def is_amqp(url: str) -> bool:
+    return url.partition("://")[0] in AMQP_SCHEMES
+
+
+def _queue(name: str, amqp: bool) -> Queue:
+    if not amqp:
+        return Queue(name, routing_key=name)
+    # Topic, not direct, so that a webhook retry's countdown can be routed back by name.
+    exchange = Exchange(keys.AMQP_EXCHANGE, type="topic", durable=True)
+    return Queue(name, exchange, routing_key=name, durable=True, max_priority=BATCH_PRIORITY)
+
+
+def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
+    """The Celery app on ``settings.broker_url``, with one queue per model and the webhooks'."""
+    amqp = is_amqp(settings.broker_url)
+    app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
+    names = [keys.model_queue(name) for name in models] + [keys.WEBHOOK_QUEUE]
+    visibility = settings.worker.visibility_timeout_seconds
+    transport: dict[str, Any] = {
+        "visibility_timeout": visibility,
+        # kombu looks for messages past it every interval x throttle seconds (100 by default);
+        # every few seconds instead, so a task a killed worker held goes back within about
+        # visibility + interval.
+        "unacked_restore_interval": max(1, min(10, visibility // 3)),
+        "unacked_restore_throttle": 1,
+        "priority_steps": list(PRIORITY_STEPS),
+        "queue_order_strategy": "priority",
+    }
+    if amqp:  # a job is accepted (202) only once RabbitMQ has confirmed its message
+        transport = {"confirm_publish": True}
+    app.conf.update(
+        task_queues=[_queue(name, amqp) for name in names],
+        task_default_queue=keys.model_queue(settings.default_model),
+        task_create_missing_queues=False,
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        # One broker connection per request in flight (a gevent web process serves hundreds):
+        # kombu's default pool of 10 made the 11th concurrent POST wait for a connection.
+        broker_pool_limit=settings.redis.max_connections,
+        broker_transport_options=transport,
+        worker_hijack_root_logger=False,
+        # Task events only when asked for (Flower, `celery events`): each one is a message
+        # between the POST and the job's start. Turning them on changes nothing else.
+        worker_send_task_events=settings.worker.task_events,
+        task_send_sent_event=settings.worker.task_events,
+    )
+    if amqp:
+        app.conf.task_default_exchange = keys.AMQP_EXCHANGE
+        app.conf.task_default_exchange_type = "topic"
+    elif urlparse(settings.broker_url).scheme == "rediss" and (
+        "ssl_cert_reqs" not in settings.broker_url
+    ):
+        # kombu refuses a rediss:// URL without a certificate policy; verify by default.
+        app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return app
+
+
+def broker_priority(app: Celery, priority: int) -> int:
+    """The message priority that serves Trickle's ``priority`` (0 first) on this app's broker:
+    as is on Redis (lower first), inverted on RabbitMQ (higher first)."""
+    return BATCH_PRIORITY - priority if is_amqp(app.conf.broker_url or "") else priority
+
+
+def enqueue_generation(
+    app: Celery, job_id: str, model: str, priority: int = 0, producer: Any = None
+) -> None:
+    """Publish the job's task on its model's queue. Many sends in a row pass one ``producer``
+    (``app.producer_or_acquire()``) instead of one each."""
+    app.send_task(
+        keys.GENERATE_TASK,
+        args=[job_id],
+        queue=keys.model_queue(model),
+        priority=broker_priority(app, priority),
+        producer=producer,
+    )
+
+
+def enqueue_webhook(app: Celery, job_id: str) -> None:
+    app.send_task(keys.WEBHOOK_TASK, args=[job_id], queue=keys.WEBHOOK_QUEUE)
+
+
+class QueueReader:
+    """How many jobs wait for a worker (the broker's own count of ready messages, every
+    priority; prefetched ones wait no more), and how old the oldest is (Redis's queued index:
+    no broker can peek at a queue's head through Celery)."""
+
+    def __init__(self, app: Celery, store: JobStore):
+        self._app = app
+        self._store = store
+
+    def depth(self, model: str) -> int:
+        queue = self._app.amqp.queues[keys.model_queue(model)]
+        with self._app.pool.acquire(block=True) as conn:
+            conn.ensure_connection(max_retries=1)
+            # Declaring with the same arguments is idempotent and answers the count, on kombu's
+            # Redis transport as on RabbitMQ (a passive declaration would fail for a queue that
+            # no worker has declared yet).
+            declared = queue.bind(conn.default_channel).queue_declare()
+            return int(declared.message_count)
+
+    def oldest_queued_seconds(self, model: str, now: float) -> float:
+        """Age of the model's oldest queued job, from the queued index (by deadline)."""
+        entries = self._store.oldest_queued(OLDEST_SCAN)
+        if not entries:
+            return 0.0
+        pipe = self._store.redis.pipeline(transaction=False)
+        for job_id in entries:
+            pipe.hmget(keys.job(str(job_id)), ["model", "created_at"])
+        for found_model, created in pipe.execute():
+            if found_model == model and created is not None:
+                return max(now - float(created), 0.0)
+        return 0.0
