@@ -29,6 +29,7 @@ from web.follow import (
     owned_by,
     wait_for_job,
 )
+from web.idempotency import IdempotencyKey, earlier, requested_key
 from web.openai_requests import chat_prompt
 from web.response_models import ResponseObject
 from web.responses_request import ResponseRequest, parse_response_request
@@ -49,8 +50,10 @@ CANCEL_WAIT_SECONDS = 5.0
 @blueprint.post("/v1/responses")
 def create_response() -> Response:
     svc = services()
-    req = parse_response_request(read_json_body(), svc.settings, svc.requests.responses)
-    record, job = _submit(svc, req)
+    body = read_json_body()
+    key = requested_key(body)
+    req = parse_response_request(body, svc.settings, svc.requests.responses)
+    record, job = _submit(svc, req, key)
     if req.stream:
         return _event_stream(svc, record, job, -1, cancel_on_close=not req.background)
     if req.background:
@@ -97,15 +100,44 @@ def delete_response(response_id: str) -> Response:
     return jsonify({"id": record.id, "object": "response", "deleted": True})
 
 
-def _submit(svc: Services, req: ResponseRequest) -> tuple[StoredResponse, Job]:
+def _submit(
+    svc: Services, req: ResponseRequest, key: IdempotencyKey | None
+) -> tuple[StoredResponse, Job]:
     """The conversation through the model's template, then the job; the record is stored
-    before the job is queued, so a client that polls at once finds it."""
-    messages = _conversation(svc, req)
-    system = [ChatMessage("system", req.instructions)] if req.instructions else []
-    prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
-    job = prepare_job(svc, req.model, prompt, req.params)
-    admit(svc, [job])
-    record = StoredResponse(
+    before the job is queued, so a client that polls at once finds it. With an
+    ``Idempotency-Key`` already used, the first request's response instead."""
+    first = earlier(svc, key)
+    if first is None:
+        messages = _conversation(svc, req)
+        system = [ChatMessage("system", req.instructions)] if req.instructions else []
+        prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
+        job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
+        admit(svc, [job])
+        record = _record(req, job, messages)
+        if req.store:
+            svc.responses.save(record)
+        try:
+            first = enqueue(svc, job, key)
+        except BaseException:
+            svc.responses.delete(record.id)  # nothing was created
+            raise
+        if first is None:
+            return record, job
+        svc.responses.delete(record.id)  # a concurrent request with the key created first
+    return _created_earlier(svc, first.job_ids[0])
+
+
+def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
+    record = svc.responses.load(response_id_for(job_id))
+    job = svc.store.get(job_id)
+    if record is None or job is None:
+        message = "the response of this Idempotency-Key was not stored (store: false) or expired"
+        raise not_found(message, "Idempotency-Key")
+    return record, job
+
+
+def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -> StoredResponse:
+    return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
         owner=job.owner,
@@ -125,10 +157,6 @@ def _submit(svc: Services, req: ResponseRequest) -> tuple[StoredResponse, Job]:
         parallel_tool_calls=req.parallel_tool_calls,
         tool_choice=req.tool_choice,
     )
-    if req.store:
-        svc.responses.save(record)
-    enqueue(svc, job)
-    return record, job
 
 
 def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...]:

@@ -172,3 +172,15 @@ def test_store_false_keeps_nothing(app: Flask) -> None:
     assert client.get(f"/v1/responses/{response_id}").status_code == 404
     job = store_of(app).get("job_" + response_id.removeprefix("resp_"))
     assert job is not None and job.status is JobStatus.CANCELED
+
+
+def test_an_idempotency_key_creates_one_response(app: Flask) -> None:
+    client = app.test_client()
+    headers = {"Idempotency-Key": f"resp-{time.time()}"}
+    body = {"model": "late", "input": "once", "background": True}
+    first = client.post("/v1/responses", json=body, headers=headers)
+    again = client.post("/v1/responses", json=body, headers=headers)
+    assert first.status_code == again.status_code == 200
+    assert again.get_json()["id"] == first.get_json()["id"]
+    other = client.post("/v1/responses", json={**body, "input": "twice"}, headers=headers)
+    assert other.status_code == 422 and other.get_json()["error"]["param"] == "Idempotency-Key"
