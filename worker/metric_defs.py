@@ -65,4 +65,17 @@ HISTOGRAMS = (
 
 JOBS = Counter("trickle_jobs_total", "Jobs that reached a final status, by model and status.")
 TOKENS = Counter("trickle_tokens_generated_total", "Tokens generated, by model.")
-COUNTERS = (JOBS, TOKENS)
+PREFIX_CACHE_HITS = Counter(
+    "trickle_prefix_cache_hits_total",
+    "Jobs whose shared prefix (a system prompt) was already cached: its prefill was skipped.",
+)
+PREFIX_CACHE_MISSES = Counter(
+    "trickle_prefix_cache_misses_total",
+    "Jobs with a shared prefix that was not cached yet: their batch prefilled and cached it.",
+)
+ENGINE_RESTARTS = Counter(
+    "trickle_engine_restarts_total",
+    "Running batches restarted, by model and kind: join (newcomers joined it) or split "
+    "(half of it moved to an idle lane).",
+)
+COUNTERS = (JOBS, TOKENS, PREFIX_CACHE_HITS, PREFIX_CACHE_MISSES, ENGINE_RESTARTS)
