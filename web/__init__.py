@@ -38,6 +38,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         metrics,
         openai_api,
         page,
+        responses_api,
         scaling,
         stream,
         stream_access,
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     install_auth(app, settings.auth.api_keys, settings.auth.metrics_token)
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_api.blueprint)
+    app.register_blueprint(responses_api.blueprint)
     app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -30,21 +30,41 @@ class ChatMessage:
     content: str
 
 
+class TemplateRefused(TemplateError):
+    """The template itself refused the conversation (``raise_exception``, as Hugging Face's
+    templates do for, say, roles out of order): its message is the client's answer."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateRefused(message)
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str) -> Any:
-    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = _raise_exception
+    return environment.from_string(template)
 
 
-def render_chat(messages: list[ChatMessage], template: str = "", bos_token: str = "<s>") -> str:
-    """The prompt text for ``messages``; the tokenizer adds the start token itself."""
+def render_chat(
+    messages: list[ChatMessage],
+    template: str = "",
+    bos_token: str = "<s>",
+    eos_token: str = "</s>",
+    param: str = "messages",
+) -> str:
+    """The prompt text for ``messages``; the tokenizer adds the start token itself. A failing
+    template is a 400 on ``param`` (the request field that holds the conversation)."""
     try:
         prompt = _compile(template or DEFAULT_CHAT_TEMPLATE).render(
             messages=[{"role": m.role, "content": m.content} for m in messages],
             add_generation_prompt=True,
             bos_token=bos_token,
-            eos_token="</s>",
+            eos_token=eos_token,
         )
+    except TemplateRefused as exc:
+        raise invalid(param, f"the model's chat template refused the messages: {exc}") from exc
     except TemplateError as exc:
-        raise invalid("messages", f"the model's chat template failed: {exc}") from exc
+        raise invalid(param, f"the model's chat template failed: {exc}") from exc
     # Templates written for Hugging Face often emit the start token as text; ours is added as an id.
     return str(prompt).removeprefix(bos_token)

@@ -12,12 +12,13 @@ from enum import Enum
 from typing import Any
 
 from web.chat_template import ChatMessage, render_chat
-from web.errors import invalid
+from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, CompletionRequest, OpenAIFields
 from web.request_models import ChatMessage as ChatMessageModel
 from web.validation import generation_params, served_model, validate
-from worker.config import Settings
+from worker.config import ConfigError, Settings
 from worker.jobs import GenerationParams
+from worker.model_files import model_profile
 
 
 class RequestKind(str, Enum):
@@ -70,8 +71,21 @@ def parse_chat_request(
     max_tokens = request.max_completion_tokens
     params = generation_params(request, settings, max_tokens or request.max_tokens)
     messages = [_message(item, index) for index, item in enumerate(request.messages)]
-    prompt = render_chat(messages, settings.model(served).chat_template)
+    prompt = chat_prompt(messages, settings, served)
     return _request(RequestKind.CHAT, request, settings, (prompt,), params, logprobs)
+
+
+def chat_prompt(
+    messages: list[ChatMessage], settings: Settings, model: str, param: str = "messages"
+) -> str:
+    """The conversation through the model's template, with its own start and end tokens."""
+    try:
+        profile = model_profile(settings.model(model))
+    except ConfigError as exc:  # the model directory's files are broken: not the client's fault
+        raise unavailable(f"model {model!r} is not available: {exc}") from exc
+    return render_chat(
+        messages, profile.chat_template, profile.bos_token, profile.eos_token, param=param
+    )
 
 
 def _message(item: ChatMessageModel, index: int) -> ChatMessage:

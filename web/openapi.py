@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from web.openapi_openai import openai_paths
 from web.openapi_parts import JSON, SSE, body, links, ref, responses
+from web.openapi_responses import responses_paths
 from web.request_models import RequestModels
 from web.response_models import RESPONSE_MODELS
 from worker.config import Settings
@@ -158,6 +159,7 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
                 }
             },
             **openai_paths(),
+            **responses_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
@@ -209,6 +211,9 @@ def component_schemas(models: RequestModels) -> dict[str, Any]:
     schemas: dict[str, Any] = dict(requests.get("$defs", {}))
     for name, shape in RESPONSE_MODELS.items():
         schema = TypeAdapter(shape).json_schema(mode="serialization", ref_template=REF_TEMPLATE)
-        schemas.update(schema.pop("$defs", {}))
-        schemas[name] = schema
+        for nested, definition in {**schema.pop("$defs", {}), name: schema}.items():
+            # A request and a response model of one name would silently replace each other.
+            if schemas.get(nested, definition) != definition:
+                raise ValueError(f"two different schemas are named {nested!r}")
+            schemas[nested] = definition
     return schemas

@@ -25,8 +25,12 @@ MAX_TOP_K = 1000
 MAX_TEMPERATURE = 2.0
 MAX_CHOICES = 8
 MAX_PROMPTS = 16
-MAX_COMPLETION_LOGPROBS = 5
-MAX_CHAT_TOP_LOGPROBS = 20
+# The engine reports the sampled token's log-probability, not the alternatives it passed over:
+# more than one entry per position would be a shorter list than asked for, so it is refused.
+MAX_COMPLETION_LOGPROBS = 1
+MAX_CHAT_TOP_LOGPROBS = 1
+MAX_STOP_TOKEN_IDS = 64
+MAX_TOKEN_ID = 2**31 - 1
 # Placeholders until bound to a configuration (RequestModels); never used to validate a request.
 UNBOUND_MAX_TOKENS = 2**31 - 1
 
@@ -74,6 +78,10 @@ class SamplingFields(BaseModel):
     ] = None
     repetition_penalty: Annotated[
         float | None, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
+    ] = None
+    stop_token_ids: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] | None,
+        Field(max_length=MAX_STOP_TOKEN_IDS, description="vLLM: token ids that end the output"),
     ] = None
 
 
@@ -201,6 +209,96 @@ class ChatCompletionRequest(OpenAIFields):
     parallel_tool_calls: bool | None = None
 
 
+MAX_METADATA_PAIRS = 16
+
+
+class InputText(BaseModel):
+    model_config = STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+    annotations: list[Any] | None = Field(None, description="accepted on output_text, ignored")
+    logprobs: list[Any] | None = Field(None, description="accepted on output_text, ignored")
+
+
+class InputMessage(BaseModel):
+    """A message item; an assistant message may carry the id and status of an output item."""
+
+    model_config = STRICT
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[InputText]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text"]
+
+
+class TextConfig(BaseModel):
+    model_config = STRICT
+
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = Field(None, description="only medium")
+
+
+class ResponseStreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_obfuscation: bool | None = Field(None, description="accepted; Trickle never pads")
+
+
+class ResponseCreateRequest(SamplingFields):
+    """``POST /v1/responses`` (vLLM's sampling extras included; ``max_output_tokens``, not
+    ``max_tokens``)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"input": "The socket module", "max_output_tokens": 16},
+                {
+                    "instructions": "Answer briefly.",
+                    "input": [{"role": "user", "content": "Hello"}],
+                    "background": True,
+                    "stream": True,
+                },
+            ]
+        }
+    )
+
+    max_tokens: None = Field(None, description="use max_output_tokens")
+    input: Text | Annotated[list[InputMessage], Field(min_length=1)]
+    instructions: Text | None = None
+    max_output_tokens: max_tokens_field(UNBOUND_MAX_TOKENS) = None  # type: ignore[valid-type]
+    stream: bool | None = None
+    stream_options: ResponseStreamOptions | None = None
+    background: bool | None = None
+    store: bool | None = None
+    metadata: Annotated[
+        dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None,
+        Field(max_length=MAX_METADATA_PAIRS),
+    ] = None
+    previous_response_id: str | None = None
+    include: list[Literal["message.output_text.logprobs"]] | None = None
+    top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_CHAT_TOP_LOGPROBS)] = None
+    parallel_tool_calls: bool | None = None
+    tools: Annotated[list[dict[str, Any]] | None, Field(max_length=0)] = Field(
+        None, description="function calling is not supported: only an empty list"
+    )
+    tool_choice: Literal["none", "auto"] | None = None
+    text: TextConfig | None = None
+    reasoning: None = Field(None, description="not supported")
+    truncation: Literal["disabled"] | None = None
+    user: str | None = Field(None, description="accepted, not used")
+    safety_identifier: str | None = Field(None, description="accepted, not used")
+    prompt_cache_key: str | None = Field(None, description="accepted, not used")
+    service_tier: str | None = Field(None, description="accepted, not used")
+
+
 @dataclass(frozen=True)
 class RequestModels:
     """The request models bound to one configuration's limits and models."""
@@ -208,6 +306,7 @@ class RequestModels:
     job: type[JobRequest]
     completion: type[CompletionRequest]
     chat: type[ChatCompletionRequest]
+    responses: type[ResponseCreateRequest]
 
     @classmethod
     def bound_to(cls, settings: Settings) -> RequestModels:
@@ -239,7 +338,14 @@ class RequestModels:
             job=bind(JobRequest),
             completion=bind(CompletionRequest),
             chat=bind(ChatCompletionRequest, max_completion_tokens=(ceiling, None)),
+            responses=create_model(
+                ResponseCreateRequest.__name__,
+                __base__=ResponseCreateRequest,
+                __module__=__name__,
+                **{**bounds, "max_tokens": (None, Field(None, description="max_output_tokens"))},
+                max_output_tokens=(ceiling, None),
+            ),
         )
 
     def all(self) -> tuple[type[BaseModel], ...]:
-        return (self.job, self.completion, self.chat)
+        return (self.job, self.completion, self.chat, self.responses)

@@ -118,6 +118,116 @@ class Batch(TypedDict):
     output_url: str
 
 
+class InputTokensDetails(TypedDict):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class ResponseUsage(TypedDict):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class TopLogprob(TypedDict):
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class OutputLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class OutputText(TypedDict):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[OutputLogprob]
+
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+
+
+class OutputMessage(TypedDict):
+    id: str
+    type: Literal["message"]
+    status: ItemStatus
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class ResponseError(TypedDict):
+    code: Literal["server_error"]
+    message: str
+
+
+class IncompleteDetails(TypedDict):
+    reason: Literal["max_output_tokens"]
+
+
+class ReasoningConfig(TypedDict):
+    effort: None
+    summary: None
+
+
+class ResponseTextFormat(TypedDict):
+    type: Literal["text"]
+
+
+class ResponseTextConfig(TypedDict):
+    format: ResponseTextFormat
+    verbosity: Literal["medium"]
+
+
+class ResponseObject(TypedDict):
+    """A Responses API response, as OpenAI's client parses it (every required field)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: ResponseStatus
+    background: bool
+    completed_at: int | None
+    error: ResponseError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    max_tool_calls: None
+    metadata: dict[str, str]
+    model: str
+    output: list[OutputMessage]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: ReasoningConfig
+    service_tier: Literal["default"]
+    store: bool
+    temperature: float
+    text: ResponseTextConfig
+    tool_choice: Literal["none", "auto"]
+    tools: list[Any]
+    top_logprobs: int
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None
+    user: None
+
+
+class ResponseDeleted(TypedDict):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
 RESPONSE_MODELS: dict[str, Any] = {
     "Job": JobWithUrls,
     "Error": ErrorBody,
@@ -126,4 +236,6 @@ RESPONSE_MODELS: dict[str, Any] = {
     "Model": Model,
     "ModelList": ModelList,
     "Batch": Batch,
+    "Response": ResponseObject,
+    "ResponseDeleted": ResponseDeleted,
 }

@@ -12,6 +12,7 @@ from flask import Flask, current_app
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
+from web.responses_store import ResponseStore
 from web.stream_tokens import StreamTokens, load_secret
 from worker.config import Settings
 from worker.queue import QueueReader, make_celery
@@ -69,8 +70,14 @@ class Services:
         with self._lock:
             if model not in self._tokenizers:
                 spec = self.settings.model(model)
-                self._tokenizers[model] = Tokenizer(spec.tokenizer_path, add_bos=spec.add_bos)
+                self._tokenizers[model] = Tokenizer.for_model(spec)
             return self._tokenizers[model]
+
+    @property
+    def responses(self) -> ResponseStore:
+        """Stored Responses API responses; a record lives as long as its job can."""
+        limits = self.settings.limits
+        return ResponseStore(self.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that

@@ -95,6 +95,7 @@ def generation_params(
             1.0 if request.repetition_penalty is None else float(request.repetition_penalty)
         ),
         min_tokens=min_tokens,
+        stop_token_ids=tuple(request.stop_token_ids or ()),
     )
 
 

@@ -275,9 +275,14 @@ class ModelSettings(Section):
     # memory for the life of the engine process. 0 = learn none.
     prefix_cache_entries: int = 8
     prefix_min_tokens: int = 64
-    add_bos: bool = True
-    # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
+    # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
+    add_bos: bool | None = None
+    # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's
+    # chat_template, else the plain built-in one (worker/model_files.py).
     chat_template: str = ""
+    # Token ids that end generation besides the tokenizer's end token; empty: those of the
+    # directory's generation_config.json (eos_token_id).
+    eos_token_ids: Numbers = ()
 
     def with_threads(self, cores: int) -> ModelSettings:
         """These settings with engine threads left at 0 derived from ``cores``."""

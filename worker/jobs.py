@@ -71,6 +71,7 @@ class GenerationParams:
     ignore_eos: bool = False
     repetition_penalty: float = 1.0
     min_tokens: int = 0  # vLLM's: the end token cannot come before this many tokens
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: these ids end the job too (never emitted)
 
     @property
     def is_greedy(self) -> bool:
@@ -88,6 +89,7 @@ class GenerationParams:
             "ignore_eos": self.ignore_eos,
             "repetition_penalty": self.repetition_penalty,
             "min_tokens": self.min_tokens,
+            "stop_token_ids": list(self.stop_token_ids),
         }
 
     @classmethod
@@ -102,6 +104,7 @@ class GenerationParams:
             ignore_eos=bool(data.get("ignore_eos", False)),
             repetition_penalty=float(data.get("repetition_penalty", 1.0)),
             min_tokens=int(data.get("min_tokens", 0)),
+            stop_token_ids=tuple(int(i) for i in data.get("stop_token_ids") or ()),
         )
 
 
@@ -132,6 +135,7 @@ class ParamsObject(TypedDict):
     ignore_eos: bool
     repetition_penalty: float
     min_tokens: int
+    stop_token_ids: list[int]
 
 
 class JobObject(TypedDict):

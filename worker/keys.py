@@ -114,6 +114,12 @@ def metric_histogram(name: str) -> str:
 # Keys written together (one transaction or script) share a hash tag, as a job's keys do.
 
 
+def response(response_id: str) -> str:
+    """String holding a stored Responses API response (its job, conversation and echoed
+    request fields, JSON); the text and state are its job's."""
+    return f"{PREFIX}:response:{{{response_id}}}"
+
+
 def batch(batch_id: str) -> str:
     """Hash of a batch: status, owner, timestamps, request count."""
     return f"{PREFIX}:batch:{{{batch_id}}}"

@@ -8,6 +8,9 @@ from typing import Any
 
 import sentencepiece as spm
 
+from worker.config import ModelSettings
+from worker.model_files import model_profile
+
 
 class Tokenizer:
     """Encodes prompts to the token strings CTranslate2 expects and decodes ids back to text."""
@@ -21,8 +24,25 @@ class Tokenizer:
         self.bos_id = self._sp.bos_id()
         self.eos_id = self._sp.eos_id()
         self.vocab_size = self._sp.get_piece_size()
-        self._unk_id = self._sp.unk_id()
+        self.unk_id = self._unk_id = self._sp.unk_id()
         self._decode_ids = _fast_decoder(self._sp)
+        # The ids that end generation (``for_model`` adds the model's own end tokens).
+        self.end_ids = frozenset([self.eos_id] if self.eos_id >= 0 else [])
+
+    @classmethod
+    def for_model(cls, model: ModelSettings) -> Tokenizer:
+        """The model's tokenizer, adding the start token and ending on the tokens its
+        configuration or files say (generation_config.json's eos_token_id, and
+        tokenizer_config.json's eos_token when it names a piece)."""
+        profile = model_profile(model)
+        tokenizer = cls(model.tokenizer_path, add_bos=profile.add_bos)
+        ids = {*tokenizer.end_ids, *profile.end_token_ids}
+        for name in profile.end_token_names:
+            named = tokenizer.piece_id(name) if name else tokenizer.unk_id
+            if named != tokenizer.unk_id:
+                ids.add(named)
+        tokenizer.end_ids = frozenset(i for i in ids if i >= 0)
+        return tokenizer
 
     def encode(self, text: str) -> list[int]:
         """Prompt ids as the model sees them (with the start token when the model wants one)."""

@@ -18,6 +18,7 @@ OPERATIONS = {
     "JobRequest": "/v1/jobs",
     "CompletionRequest": "/v1/completions",
     "ChatCompletionRequest": "/v1/chat/completions",
+    "ResponseCreateRequest": "/v1/responses",
 }
 # Each was accepted by the hand-written validator while the published schema forbade it.
 ONCE_DRIFTED = {
@@ -48,7 +49,12 @@ def models(settings: Settings) -> RequestModels:
 
 
 def model_for(models: RequestModels, name: str) -> Any:
-    return {"JobRequest": models.job, "CompletionRequest": models.completion}.get(name, models.chat)
+    named = {
+        "JobRequest": models.job,
+        "CompletionRequest": models.completion,
+        "ResponseCreateRequest": models.responses,
+    }
+    return named.get(name, models.chat)
 
 
 def test_the_document_is_openapi_3_1_with_generated_request_schemas(

@@ -6,8 +6,10 @@ client's stream goes on without a gap or a duplicate.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,3 +205,41 @@ def test_a_job_record_whose_task_was_never_published_is_published_again(
     assert worker.returncode is not None
     log = (faults.log_dir / "republisher.log").read_text()
     assert f'"event": "republished", "job_id": "{job.id}"' in log
+
+
+def response_events(base: str, response_id: str, after: int | None = None) -> list[str]:
+    """A response's stream (resumed after ``after``) as its raw data lines."""
+    query = "" if after is None else f"&starting_after={after}"
+    url = f"{base}/v1/responses/{response_id}?stream=true{query}"
+    with requests.get(url, stream=True, timeout=90) as reply:
+        assert reply.status_code == 200
+        return [line for line in reply.iter_lines(decode_unicode=True) if line.startswith("data:")]
+
+
+def test_a_background_response_survives_its_workers_death(faults: FaultStack) -> None:
+    """The stream read across the crash, and every replay after it, are the same events under
+    the same sequence numbers: they are numbered from the job's token log."""
+    workers = {name: faults.worker(name, ("slow",)) for name in ("resp-a", "resp-b")}
+    body = {"model": "slow", "input": "The", "max_output_tokens": 1500, "temperature": 0}
+    created = requests.post(
+        f"{faults.web_url}/v1/responses",
+        json={**body, "background": True, "ignore_eos": True},
+        timeout=30,
+    ).json()
+    job_id = "job_" + created["id"].removeprefix("resp_")
+    live: list[str] = []
+    reader = threading.Thread(
+        target=lambda: live.extend(response_events(faults.web_url, created["id"]))
+    )
+    reader.start()
+    wait_for(lambda: tokens_streamed(faults.web_url, job_id) >= 100, 30, "the first tokens")
+    lease = str(faults.client().get(keys.job_lease(job_id)) or "")
+    (holder,) = [name for name in workers if lease.startswith(f"{name}@")]
+    os.kill(workers[holder].pid, signal.SIGKILL)
+    reader.join(90)
+    events = [json.loads(line[6:]) for line in live]
+    assert [e["sequence_number"] for e in events] == list(range(4 + 1500 + 4))
+    assert events[-1]["type"] == "response.incomplete"
+    assert get_job(faults.web_url, job_id)["attempts"] == 2
+    assert response_events(faults.web_url, created["id"]) == live
+    assert response_events(faults.web_url, created["id"], after=700) == live[701:]

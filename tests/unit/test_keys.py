@@ -29,6 +29,7 @@ def test_exact_key_strings() -> None:
     assert keys.batch("batch_1") == "trickle:batch:{batch_1}"
     assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
     assert keys.STREAM_SECRET == "trickle:stream-secret"
+    assert keys.response("resp_1") == "trickle:response:{resp_1}"
     assert keys.idempotency("", "abc") == (
         "trickle:{s54}:idem:609f6e36d2405585188d5cfd761f407c7cc46a7d3f314c88270469dde315fcd1"
     )

@@ -29,6 +29,9 @@ class Holder:
     tokenizer: Tokenizer
     eos_id: int
 
+    def stop_ids(self, params: GenerationParams) -> frozenset[int]:
+        return frozenset(() if params.ignore_eos else (self.eos_id,))
+
 
 @pytest.fixture(scope="module")
 def holder(demo_model_dir: Path) -> Holder:

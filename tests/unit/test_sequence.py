@@ -30,7 +30,7 @@ def run(
 
 
 def make(max_new_tokens: int = 100, stop: tuple[str, ...] = ()) -> SequenceState:
-    return SequenceState(CharDecoder(), [], max_new_tokens, stop, EOS)
+    return SequenceState(CharDecoder(), [], max_new_tokens, stop, {EOS})
 
 
 def test_length_limit_counts_tokens_and_releases_everything() -> None:
@@ -104,7 +104,7 @@ def test_a_stop_completed_by_the_final_flush_still_ends_as_stop() -> None:
 
 
 def test_resumed_state_continues_indexes_and_output() -> None:
-    state = SequenceState(CharDecoder(), [ord("x")], 5, (), EOS, "xyz", 3)
+    state = SequenceState(CharDecoder(), [ord("x")], 5, (), {EOS}, "xyz", 3)
     events = run(state, "ab")
     assert events == [(3, "a"), (4, "b")]
     assert state.output == "xyzab" and state.count == 5
@@ -112,7 +112,7 @@ def test_resumed_state_continues_indexes_and_output() -> None:
 
 
 def test_resumed_state_with_nothing_left_ends_at_once() -> None:
-    state = SequenceState(CharDecoder(), [ord("x")], 3, (), EOS, "xyz", 3)
+    state = SequenceState(CharDecoder(), [ord("x")], 3, (), {EOS}, "xyz", 3)
     outcome = state.on_token(ord("a"), is_last=False)
     assert outcome.finish_reason is FinishReason.LENGTH
 
@@ -134,3 +134,15 @@ def test_end_of_sequence_without_stops_ends_as_stop_with_its_index() -> None:
     events = run(state, "ab", eos=True, ends=False)
     assert events == [(0, "a"), (1, "b"), (2, "")]
     assert state.finish_reason is FinishReason.STOP and state.count == 3
+
+
+def test_every_end_id_ends_the_job_and_none_is_emitted() -> None:
+    """A model's extra end tokens (generation_config.json) and a job's stop_token_ids."""
+    for end in (EOS, ord("#")):
+        state = SequenceState(CharDecoder(), [], 100, (), {EOS, ord("#")})
+        assert run(state, "ab#cd" if end != EOS else "ab", eos=end == EOS) == [
+            (0, "a"),
+            (1, "b"),
+            (2, ""),
+        ]
+        assert state.finish_reason is FinishReason.STOP and state.output == "ab"

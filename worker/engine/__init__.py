@@ -105,7 +105,7 @@ class Engine:
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
-        self.tokenizer = Tokenizer(model.tokenizer_path, add_bos=model.add_bos)
+        self.tokenizer = Tokenizer.for_model(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of
         # earlier starts stay mapped here (a thread may still write a stale flag) until close.
         self._segments: list[SharedMemory] = []
@@ -205,8 +205,14 @@ class Engine:
                 segment.close()
 
     @property
-    def eos_id(self) -> int:
-        return self.tokenizer.eos_id
+    def end_ids(self) -> frozenset[int]:
+        """Every token that ends a sequence: the tokenizer's and the model's extra ones."""
+        return self.tokenizer.end_ids
+
+    def stop_ids(self, params: GenerationParams) -> frozenset[int]:
+        """The ids that end one job: the end tokens (unless ignore_eos) and its stop_token_ids."""
+        ends = frozenset() if params.ignore_eos else self.end_ids
+        return ends | frozenset(params.stop_token_ids)
 
     def prefix_cached(self, prefix: tuple[int, ...]) -> bool:
         """Whether a batch with this static prompt starts from CTranslate2's cached state."""

@@ -165,7 +165,7 @@ class EngineRunner:
         self._ct2 = ctranslate2
         self.settings = model
         self.device = resolve_device(model.device)
-        self.tokenizer = Tokenizer(model.tokenizer_path, add_bos=model.add_bos)
+        self.tokenizer = Tokenizer.for_model(model)
         self.generator = ctranslate2.Generator(
             model.path,
             device=self.device,
@@ -174,6 +174,9 @@ class EngineRunner:
             inter_threads=model.inter_threads,
             intra_threads=model.intra_threads,
         )
+        # The model's end tokens, not just the vocabulary's: CTranslate2 also keeps them out
+        # before min_length (a job's stop_token_ids are ended by the worker, SequenceState).
+        self._end_tokens = sorted(self.tokenizer.end_ids)
         self._flags = flags
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
@@ -251,7 +254,7 @@ class EngineRunner:
             beam_size=1,
             return_scores=True,  # the sampled token's log-probability reaches the callback
             include_prompt_in_result=False,
-            end_token=[] if command.ignore_eos else None,
+            end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=command.min_tokens,
             static_prompt=command.static_prompt,
             cache_static_prompt=True,
@@ -280,10 +283,10 @@ class EngineRunner:
             logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
             logits = apply_repetition_penalty(logits, ids, command.repetition_penalty)
             if step < command.min_tokens:
-                logits[self.tokenizer.eos_id] = -np.inf
+                logits[list(self.tokenizer.end_ids)] = -np.inf
             token_id = sample_token(logits, command.temperature, command.top_k, command.top_p, rng)
             logprob = float(log_softmax(logits)[token_id])
-            at_end = token_id == self.tokenizer.eos_id and not command.ignore_eos
+            at_end = token_id in self.tokenizer.end_ids and not command.ignore_eos
             if stream.token(0, step, token_id, logprob, at_end or step == limit - 1):
                 return
             ids.append(token_id)

@@ -85,7 +85,7 @@ def make_scheduled_job(
         prompt_ids,
         params.max_tokens,
         params.stop,
-        None if params.ignore_eos else engine.eos_id,
+        engine.stop_ids(params),
         resumed_text=resume.text,
         resumed_count=resume.count,
     )

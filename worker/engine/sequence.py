@@ -5,7 +5,7 @@ Pure logic (no Redis, no CTranslate2), called from the engine callback for every
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from worker.engine.detok import Decoder, IncrementalDetokenizer
@@ -29,16 +29,17 @@ class SequenceState:
         prompt_ids: Sequence[int],
         max_new_tokens: int,
         stop: Sequence[str],
-        eos_id: int | None,
+        end_ids: Collection[int],
         resumed_text: str = "",
         resumed_count: int = 0,
     ):
         """``max_new_tokens`` counts the whole job; a resumed job starts with what it had
-        already streamed before its previous worker died (``prompt_ids`` then cover both)."""
+        already streamed before its previous worker died (``prompt_ids`` then cover both).
+        ``end_ids``: the tokens that end the job (end tokens, stop_token_ids); never emitted."""
         self._detok = IncrementalDetokenizer(decoder, prompt_ids)
         self._stops = StopMatcher(stop)
         self._max_new_tokens = max_new_tokens
-        self._eos_id = eos_id
+        self._end_ids = frozenset(end_ids)
         self._parts: list[str] = [resumed_text] if resumed_text else []
         self.count = resumed_count
         self.finish_reason: FinishReason | None = None
@@ -73,7 +74,7 @@ class SequenceState:
             return TokenOutcome(None, "", self.finish_reason)
         index = self.count
         self.count += 1
-        if token_id == self._eos_id:
+        if token_id in self._end_ids:
             text = self._release_rest()
             reason: FinishReason | None = FinishReason.STOP
         else:

@@ -1,0 +1,283 @@
+"""OpenAI's Responses API on the job queue: a response is one Trickle job plus a stored record.
+
+``background: true`` returns at once; ``GET /v1/responses/<id>?stream=true&starting_after=N``
+replays the response's events from N+1, while it runs or after it ended, across a worker's
+crash: the events are numbered from the job's token log (``web.responses_render``), so a
+reconnect sees exactly the events it missed. A foreground stream whose client leaves cancels
+the job; a background one runs on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import redis
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+
+from web import responses_render as render
+from web.auth import current_owner
+from web.body import read_json_body
+from web.chat_template import ChatMessage
+from web.errors import ApiError, invalid, not_found, unavailable
+from web.follow import (
+    Done,
+    JobFollower,
+    JobNotFound,
+    KeepAlive,
+    follow_many,
+    owned_by,
+    wait_for_job,
+)
+from web.idempotency import IdempotencyKey, earlier, requested_key
+from web.openai_requests import chat_prompt
+from web.response_models import ResponseObject
+from web.responses_request import ResponseRequest, parse_response_request
+from web.responses_store import StoredResponse, response_id_for
+from web.services import Services, services
+from web.stream import SSE_HEADERS, stream_pace
+from web.submission import admit, cancel_many, enqueue, prepare_job
+from worker.events import TokenRun
+from worker.jobs import Job
+
+log = logging.getLogger(__name__)
+blueprint = Blueprint("responses", __name__)
+
+# How long a cancel waits for a running job to stop (a token flush and a step) before answering.
+CANCEL_WAIT_SECONDS = 5.0
+
+
+@blueprint.post("/v1/responses")
+def create_response() -> Response:
+    svc = services()
+    body = read_json_body()
+    key = requested_key(body)
+    req = parse_response_request(body, svc.settings, svc.requests.responses)
+    record, job = _submit(svc, req, key)
+    if req.stream:
+        return _event_stream(svc, record, job, -1, cancel_on_close=not req.background)
+    if req.background:
+        return jsonify(render.response_object(record, job, "queued"))
+    done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
+    if done is None or not done.status.is_terminal:
+        _cancel(svc, job)
+        raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
+    return jsonify(_object(svc, record, done))
+
+
+@blueprint.get("/v1/responses/<response_id>")
+def get_response(response_id: str) -> Response:
+    svc = services()
+    record, job = _visible(svc, response_id)
+    _flag("include_obfuscation")
+    if not _flag("stream"):
+        return jsonify(_object(svc, record, job))
+    after = _starting_after(request.args.get("starting_after"))
+    if job.status.is_terminal:
+        last = render.HEAD_EVENTS + svc.responses.token_count(job.id) + render.TAIL_EVENTS - 1
+        if after > last:
+            raise invalid("starting_after", f"starting_after is past the last event ({last})")
+    return _event_stream(svc, record, job, after, cancel_on_close=False)
+
+
+@blueprint.post("/v1/responses/<response_id>/cancel")
+def cancel_response(response_id: str) -> Response:
+    svc = services()
+    record, job = _visible(svc, response_id)
+    if not job.status.is_terminal:
+        _cancel(svc, job)
+        job = wait_for_job(svc.store, svc.hub, job.id, CANCEL_WAIT_SECONDS) or job
+    return jsonify(_object(svc, record, job))
+
+
+@blueprint.delete("/v1/responses/<response_id>")
+def delete_response(response_id: str) -> Response:
+    svc = services()
+    record, job = _visible(svc, response_id)
+    if not job.status.is_terminal:
+        _cancel(svc, job)
+    svc.responses.delete(record.id)
+    return jsonify({"id": record.id, "object": "response", "deleted": True})
+
+
+def _submit(
+    svc: Services, req: ResponseRequest, key: IdempotencyKey | None
+) -> tuple[StoredResponse, Job]:
+    """The conversation through the model's template, then the job; the record is stored
+    before the job is queued, so a client that polls at once finds it. With an
+    ``Idempotency-Key`` already used, the first request's response instead."""
+    first = earlier(svc, key)
+    if first is None:
+        messages = _conversation(svc, req)
+        system = [ChatMessage("system", req.instructions)] if req.instructions else []
+        prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
+        job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
+        admit(svc, [job])
+        record = _record(req, job, messages)
+        if req.store:
+            svc.responses.save(record)
+        try:
+            first = enqueue(svc, job, key)
+        except BaseException:
+            svc.responses.delete(record.id)  # nothing was created
+            raise
+        if first is None:
+            return record, job
+        svc.responses.delete(record.id)  # a concurrent request with the key created first
+    return _created_earlier(svc, first.job_ids[0])
+
+
+def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
+    record = svc.responses.load(response_id_for(job_id))
+    job = svc.store.get(job_id)
+    if record is None or job is None:
+        message = "the response of this Idempotency-Key was not stored (store: false) or expired"
+        raise not_found(message, "Idempotency-Key")
+    return record, job
+
+
+def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -> StoredResponse:
+    return StoredResponse(
+        id=response_id_for(job.id),
+        job_id=job.id,
+        owner=job.owner,
+        model=req.model,
+        created_at=int(job.created_at),
+        messages=messages,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        temperature=req.params.temperature,
+        top_p=req.params.top_p,
+        metadata=req.metadata,
+        previous_response_id=req.previous_response_id,
+        background=req.background,
+        store=req.store,
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs,
+        parallel_tool_calls=req.parallel_tool_calls,
+        tool_choice=req.tool_choice,
+    )
+
+
+def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...]:
+    """The previous response's conversation and answer, then this request's input."""
+    if req.previous_response_id is None:
+        return req.messages
+    param = "previous_response_id"
+    previous = svc.responses.load(req.previous_response_id)
+    if previous is None or not owned_by(previous.owner, current_owner()):
+        raise not_found(f"response {req.previous_response_id!r} does not exist", param)
+    job = svc.store.get(previous.job_id)
+    if job is None:
+        raise not_found(f"response {req.previous_response_id!r} has expired", param)
+    if not job.status.is_terminal:
+        raise invalid(param, f"response {previous.id!r} is still {render.status_of(job)}")
+    answer = ChatMessage("assistant", job.output)
+    return (*previous.messages, answer, *req.messages)
+
+
+def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
+    """The caller's stored response and its job; 404 for unknown, expired or another key's."""
+    record = svc.responses.load(response_id)
+    if record is None or not owned_by(record.owner, current_owner()):
+        raise not_found(f"response {response_id!r} does not exist", "response_id")
+    job = svc.store.get(record.job_id)
+    if job is None:
+        svc.responses.delete(record.id)
+        raise not_found(f"response {response_id!r} has expired", "response_id")
+    return record, job
+
+
+def _object(svc: Services, record: StoredResponse, job: Job) -> ResponseObject:
+    logprobs = svc.store.tokens(job.id) if record.logprobs and job.status.is_terminal else None
+    return render.response_object(record, job, render.status_of(job), logprobs)
+
+
+def _flag(name: str) -> bool:
+    raw = request.args.get(name)
+    if raw is None or raw in ("false", "0"):
+        return False
+    if raw in ("true", "1"):
+        return True
+    raise invalid(name, f"{name} must be true or false")
+
+
+def _starting_after(raw: str | None) -> int:
+    if raw is None or raw == "":
+        return -1
+    try:
+        after = int(raw)
+    except ValueError as exc:
+        raise invalid("starting_after", "starting_after must be an integer") from exc
+    if after < 0:
+        raise invalid("starting_after", "starting_after must be a sequence number (>= 0)")
+    return after
+
+
+def _event_stream(
+    svc: Services, record: StoredResponse, job: Job, after: int, cancel_on_close: bool
+) -> Response:
+    first_token = max(after - render.HEAD_EVENTS, -1)
+    try:
+        follower = JobFollower(svc.store, svc.hub, job.id, first_token, job.owner, False)
+    except JobNotFound:
+        raise not_found(f"response {record.id!r} has expired", "response_id") from None
+    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close))
+    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+    response.call_on_close(follower.close)
+    return response
+
+
+def _events(
+    svc: Services,
+    record: StoredResponse,
+    follower: JobFollower,
+    after: int,
+    cancel_on_close: bool,
+) -> Iterator[str]:
+    """Every event numbered above ``after``, as it becomes known."""
+    finished = False
+    try:
+        head = [render.sse(e) for e in render.head_events(record) if e["sequence_number"] > after]
+        if head:
+            yield "".join(head)
+        template = render.DeltaTemplate(record)
+        pace = stream_pace(svc)
+        for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
+            parts: list[str] = []  # one write per wake-up, however many tokens it brought
+            for _index, event in group:
+                if isinstance(event, KeepAlive):
+                    parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenRun) and record.logprobs:
+                    parts.extend(render.delta_event(record, t) for t in event.events(record.job_id))
+                elif isinstance(event, TokenRun):
+                    parts.append(template.render(event.first, event.literals))
+                elif isinstance(event, Done):
+                    finished = True
+                    parts.extend(_tail(svc, record, event.job, after))
+            if parts:
+                yield "".join(parts)
+    except redis.RedisError as exc:
+        log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
+        yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+    finally:
+        if cancel_on_close and not finished:
+            _cancel_job(svc, record.job_id, record.model)
+
+
+def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
+    tokens = svc.store.tokens(job.id) if record.logprobs else None
+    count = len(tokens) if tokens is not None else svc.responses.token_count(job.id)
+    events = render.tail_events(record, job, count, tokens)
+    return [render.sse(e) for e in events if e["sequence_number"] > after]
+
+
+def _cancel(svc: Services, job: Job) -> None:
+    _cancel_job(svc, job.id, job.model)
+
+
+def _cancel_job(svc: Services, job_id: str, model: str) -> None:
+    try:
+        cancel_many(svc, [(job_id, model)])
+    except redis.RedisError as exc:
+        log.warning("could not cancel job %s: %s", job_id, exc)

@@ -1,0 +1,100 @@
+"""Stored Responses API responses: what a response adds to its job, one JSON string each.
+
+A response is a job: the job holds the text, status, usage and token log. The record keeps
+what the job does not know: the conversation (for ``previous_response_id``), the request fields
+the response object echoes, and the owner. It expires no later than its job could (queued for
+``queued_ttl_seconds``, then kept ``result_ttl_seconds``); a record whose job is gone reads as
+expired.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import redis
+
+from web.chat_template import ChatMessage
+from worker import keys
+
+RESPONSE_ID_PATTERN = re.compile(r"resp_[0-9a-f]{32}")
+
+
+def response_id_for(job_id: str) -> str:
+    """``job_<hex>`` -> ``resp_<hex>``: a response is named after its job."""
+    return "resp_" + job_id.removeprefix("job_")
+
+
+def job_id_for(response_id: str) -> str:
+    return "job_" + response_id.removeprefix("resp_")
+
+
+def is_response_id(value: str) -> bool:
+    """Whether ``value`` can name a response (anything else never becomes part of a key)."""
+    return RESPONSE_ID_PATTERN.fullmatch(value) is not None
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response's record: the job it runs as, and what its object echoes."""
+
+    id: str
+    job_id: str
+    owner: str
+    model: str
+    created_at: int
+    # The whole conversation up to this response's input (previous turns included); the
+    # instructions are not carried from turn to turn, as OpenAI does.
+    messages: tuple[ChatMessage, ...]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    metadata: dict[str, str] = field(default_factory=dict)
+    previous_response_id: str | None = None
+    background: bool = False
+    store: bool = True
+    logprobs: bool = False  # include: ["message.output_text.logprobs"]
+    top_logprobs: int = 0
+    parallel_tool_calls: bool = True
+    tool_choice: Literal["none", "auto"] = "auto"
+
+    @property
+    def item_id(self) -> str:
+        """The id of its one output message."""
+        return "msg_" + self.id.removeprefix("resp_")
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["messages"] = [[m.role, m.content] for m in self.messages]
+        return json.dumps(data, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, raw: str) -> StoredResponse:
+        data: dict[str, Any] = json.loads(raw)
+        data["messages"] = tuple(ChatMessage(role, content) for role, content in data["messages"])
+        return cls(**data)
+
+
+class ResponseStore:
+    def __init__(self, client: redis.Redis, ttl_seconds: int):
+        self._redis = client
+        self._ttl = ttl_seconds
+
+    def save(self, record: StoredResponse) -> None:
+        self._redis.set(keys.response(record.id), record.to_json(), ex=self._ttl)
+
+    def load(self, response_id: str) -> StoredResponse | None:
+        if not is_response_id(response_id):
+            return None
+        raw = self._redis.get(keys.response(response_id))
+        return None if raw is None else StoredResponse.from_json(str(raw))
+
+    def delete(self, response_id: str) -> bool:
+        return bool(self._redis.delete(keys.response(response_id)))
+
+    def token_count(self, job_id: str) -> int:
+        """How many tokens the job's replay log holds (its stream's delta events)."""
+        return int(self._redis.llen(keys.job_tokens(job_id)))
