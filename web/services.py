@@ -17,6 +17,7 @@ from worker.config import Settings
 from worker.queue import QueueReader, make_celery
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
+from worker.tenants import TenantTable
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
 
@@ -34,6 +35,7 @@ class Services:
     requests: RequestModels  # the request bodies, bound to this configuration's limits
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
+    tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
@@ -54,6 +56,7 @@ class Services:
             rate_limiter=RateLimiter(client, settings.rate_limits),
             requests=RequestModels.bound_to(settings),
             queues=QueueReader(celery, store),
+            tenants=TenantTable(settings.keys),
         )
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from worker.redis_connection import connect
 from worker.runtime import WorkerRuntime
 from worker.store import JobStore
 from worker.tasks import register_tasks
+from worker.tenants import TenantTable
 from worker.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,11 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         # Requeued jobs may belong to any model, not only those this worker consumes.
         producer = make_celery(settings, settings.models)
 
-        def requeue(job_id: str, model: str, priority: int) -> None:
-            enqueue_generation(producer, job_id, model, priority)
+        tenants = TenantTable(settings.keys)
+
+        def requeue(job_id: str, model: str, priority: int, owner: str) -> None:
+            tenant = tenants.name_of_owner(owner)
+            enqueue_generation(producer, job_id, model, priority, tenant=tenant)
 
         def notify(job_id: str) -> None:
             enqueue_webhook(producer, job_id)

@@ -60,3 +60,9 @@ def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:
         keys.queued_jobs(shard),
     ]
     assert {name[name.index("{") : name.index("}") + 1] for name in names} == {f"{{s{shard}}}"}
+
+
+def test_tenant_queue_names() -> None:
+    assert keys.tenant_queue("demo", "") == "trickle.demo"
+    assert keys.tenant_queue("demo", "alice") == "trickle.demo.key.alice"
+    assert keys.tenant_queue("demo", "alice", 2) == "trickle.demo.key.alice.2"
