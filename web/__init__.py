@@ -57,4 +57,5 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)
+    svc.rate_limiter.install(app)
     return app

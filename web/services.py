@@ -53,7 +53,7 @@ class Services:
             store=store,
             celery=celery,
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
-            rate_limiter=RateLimiter(client, settings.rate_limits),
+            rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
             queues=QueueReader(celery, store),
             tenants=TenantTable(settings.keys),

@@ -141,9 +141,9 @@ def _idempotency_digest(scope: str, key: str) -> str:
     return hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
 
 
-def rate_window(subject: str, kind: str, window: int) -> str:
-    """Counter of requests or tokens one API key used in one fixed window (minute number)."""
-    return f"{PREFIX}:rate:{{{subject}:{window}}}:{kind}"
+# Flask-Limiter's counters (web/ratelimit.py): the `limits` library names them
+# "<prefix>:LIMITER/<subject>/<requests|tokens>/<amount>/1/minute" (a string, 60 s TTL).
+RATE_LIMIT_PREFIX = f"{PREFIX}:ratelimit"
 
 
 def model_queue(model: str) -> str:
