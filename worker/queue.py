@@ -10,12 +10,24 @@ explicitly and missing ones are not created on the fly, so a typo in a model nam
 Priority is Celery's own, per broker:
 
 - Redis (``redis://``, ``rediss://``, a Redis of its own): kombu keeps one list per priority
-  step (``priority_steps``) and a worker pops the lower numbers first
-  (``queue_order_strategy = "priority"``), so a batch job (priority 9) never delays the fetch
-  of an interactive one (0). Messages already prefetched are not reordered.
+  step (``priority_steps``) and a worker's BRPOP names every queue's step-0 list before any
+  queue's step-9 list, so a batch job (priority 9) never delays the fetch of an interactive
+  one (0). Messages already prefetched are not reordered.
 - RabbitMQ: each model's queue is a durable classic queue with ``x-max-priority``; RabbitMQ
   serves higher numbers first, so the Trickle priority is sent inverted (``broker_priority``).
   Quorum queues have no priorities before RabbitMQ 4.0 (Debian 12 ships 3.10).
+
+Fair shares between named keys (``[keys.<name>]``) come from queues too: each key has its own
+queue per model (``weight`` of them), and every worker consumes them all. On Redis kombu's
+``queue_order_strategy = "round_robin"`` rotates the queue it just took from to the end of the
+next BRPOP's list, within each priority step: a key's backlog delays another key's job by at
+most one fetch (one freed slot) per worker, whatever its length, and a key of weight w, with w
+queues, gets w turns per round. A worker prefetches no more than its slots (acks late, after
+the job ends), so fetch order is run order. On RabbitMQ a worker consumes its queues on one
+channel with a prefetch window; the broker sends from whichever queue has messages as the
+window frees, with no promise of turns between queues (in practice it alternates), and a
+message's priority orders only its own queue. Anonymous callers and ``[auth] api_keys`` keep
+the model's one queue, so the single-tenant path is what it was.
 
 Either way the engine's scheduler puts interactive jobs first in its next batch.
 
@@ -110,7 +122,8 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "unacked_restore_interval": max(1, min(10, visibility // 3)),
         "unacked_restore_throttle": 1,
         "priority_steps": list(PRIORITY_STEPS),
-        "queue_order_strategy": "priority",
+        # Turns between queues (named keys' fair shares); priority steps still come first.
+        "queue_order_strategy": "round_robin",
     }
     if amqp:  # a job is accepted (202) only once RabbitMQ has confirmed its message
         transport = {"confirm_publish": True}
