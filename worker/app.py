@@ -19,6 +19,7 @@ from celery import Celery, bootsteps
 
 from worker.config import Settings, load_settings
 from worker.dispatch import JobDispatcher
+from worker.key_caps import KeyCaps
 from worker.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
 from worker.redis_connection import connect
 from worker.runtime import WorkerRuntime
@@ -75,7 +76,13 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
             settings, requeue, worker.hostname, notify, tracing, queue_depth=queues.depth
         )
         self.runtime = runtime
-        self.dispatcher = JobDispatcher(runtime.run_job, runtime.claim_many, worker.concurrency)
+        caps = None
+        if any(key.max_running_jobs for key in settings.keys.values()):
+            entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
+            caps = KeyCaps(runtime.redis, tenants, entry_seconds)
+        self.dispatcher = JobDispatcher(
+            runtime.run_job, runtime.claim_many, worker.concurrency, caps
+        )
 
     def start(self, worker: Any) -> None:
         assert self.runtime is not None and self.dispatcher is not None

@@ -182,3 +182,9 @@ AUTOSCALER = f"{PREFIX}:autoscaler"
 # The generated HMAC key of stream tokens (when ``web.stream_secret`` is not set): created once
 # with SET NX by whichever web process needs it first, then shared by all of them.
 STREAM_SECRET = f"{PREFIX}:stream-secret"
+
+
+def key_running(tenant: str) -> str:
+    """Sorted set of a named key's running jobs over every worker (``max_running_jobs``):
+    job id -> the time its entry lapses unless the job ends first (a dead worker's jobs)."""
+    return f"{PREFIX}:key:{{{tenant}}}:running"

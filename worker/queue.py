@@ -88,6 +88,9 @@ class TenantQueues:
                     queues = [keys.tenant_queue(model, name, i) for i in range(spec.weight)]
                     self._queues[model, name] = queues
         self._turns = {where: itertools.cycle(names) for where, names in self._queues.items()}
+        self._tenant_of = {
+            name: tenant for (_, tenant), queues in self._queues.items() for name in queues
+        }
 
     def names(self) -> list[str]:
         return [name for queues in self._queues.values() for name in queues]
@@ -99,6 +102,13 @@ class TenantQueues:
 
     def of_tenant(self, model: str, tenant: str) -> list[str]:
         return self._queues.get((model, tenant)) or [keys.model_queue(model)]
+
+    def of_key(self, tenant: str) -> list[str]:
+        """Every queue of the tenant (all models)."""
+        return [name for name, found in self._tenant_of.items() if found == tenant]
+
+    def tenant_of(self, queue: str) -> str:
+        return self._tenant_of.get(queue, DEFAULT_TENANT)
 
     def next_queue(self, model: str, tenant: str) -> str:
         """Where the tenant's next job for the model goes (its model's queue if it has none)."""

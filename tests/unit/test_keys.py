@@ -66,3 +66,4 @@ def test_tenant_queue_names() -> None:
     assert keys.tenant_queue("demo", "") == "trickle.demo"
     assert keys.tenant_queue("demo", "alice") == "trickle.demo.key.alice"
     assert keys.tenant_queue("demo", "alice", 2) == "trickle.demo.key.alice.2"
+    assert keys.key_running("alice") == "trickle:key:{alice}:running"
