@@ -203,6 +203,9 @@ class AutoscaleSettings(Section):
     interval_seconds: float = 0.25
     # Jobs waiting this long while every live slot is busy add a worker beyond the slot count.
     scale_up_after_seconds: float = 2.0
+    # Workers that batch-priority demand alone may start (0: batch runs only on the capacity
+    # interactive work leaves, or MIN's); unset: batch counts like interactive demand.
+    max_batch_workers: int | None = None
     # Something outside Trickle (KEDA, an HPA) starts workers on demand: /readyz then treats
     # zero live workers as ready, as it does while `trickle up` autoscales.
     external_scaler: bool = False
@@ -492,6 +495,8 @@ def _check(settings: Settings) -> None:
     for name in pacing:
         if getattr(settings.worker, name) < 0:
             raise ConfigError(f"worker.{name} must be >= 0")
+    if (settings.autoscale.max_batch_workers or 0) < 0:
+        raise ConfigError("autoscale.max_batch_workers must be >= 0 (0: idle capacity only)")
     if settings.worker.republish_after_seconds <= 0:
         raise ConfigError("worker.republish_after_seconds must be > 0")
     if "+cluster://" in settings.broker_url:

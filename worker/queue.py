@@ -229,6 +229,21 @@ class QueueReader:
                 total += int(queue.bind(conn.default_channel).queue_declare().message_count)
             return total
 
+    def batch_depth(self, model: str) -> int:
+        """Batch-priority jobs waiting for the model (every key's): on Redis, the length of
+        each queue's batch priority step; RabbitMQ counts no priority apart, so 0 there."""
+        if is_amqp(self._app.conf.broker_url or ""):
+            return 0
+        names = tenant_queues(self._app).of_model(model)
+        with self._app.pool.acquire(block=True) as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            with channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                for name in names:
+                    pipe.llen(channel._q_for_pri(name, BATCH_PRIORITY))
+                return sum(int(size) for size in pipe.execute())
+
     def oldest_queued_seconds(self, model: str, now: float) -> float:
         """Age of the model's oldest queued job, from the queued index (by deadline)."""
         entries = self._store.oldest_queued(OLDEST_SCAN)
