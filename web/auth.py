@@ -2,7 +2,8 @@
 
 Keys are compared as SHA-256 digests in constant time, so a config may hold ``sha256:<hex>``
 digests instead of the keys themselves. Health routes stay open for probes; ``/metrics`` takes
-its own token (``auth.metrics_token``) or, without one, follows the API keys.
+its own token (``auth.metrics_token``) or, without one, follows ``[auth] api_keys``; a named
+key (``[keys.<name>]``) never opens it, since it shows every key's usage.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from worker.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_e
 
 PROTECTED_PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
+# Matches no key: /metrics with named keys but neither a metrics token nor [auth] api_keys.
+NO_DIGEST = "-"
 
 
 def accepted_digests(api_keys: tuple[str, ...]) -> frozenset[str]:
@@ -67,7 +70,12 @@ def install_auth(
     deliberate and documented choice)."""
     named = named or TenantTable({})
     digests = accepted_digests(api_keys) | frozenset(named.digests())
-    metrics_digests = accepted_digests((metrics_token,)) if metrics_token else digests
+    # A named key never opens /metrics: it holds every key's usage, no tenant's business.
+    metrics_digests = (
+        accepted_digests((metrics_token,)) if metrics_token else accepted_digests(api_keys)
+    )
+    if named and not metrics_digests:
+        metrics_digests = frozenset({NO_DIGEST})
     if not digests and not metrics_digests:
         return
 

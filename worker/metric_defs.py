@@ -65,4 +65,13 @@ HISTOGRAMS = (
 
 JOBS = Counter("trickle_jobs_total", "Jobs that reached a final status, by model and status.")
 TOKENS = Counter("trickle_tokens_generated_total", "Tokens generated, by model.")
-COUNTERS = (JOBS, TOKENS)
+# Usage per named key (its name, "default" for anonymous callers and [auth] api_keys), counted
+# when a worker ends the job: jobs by status, the prompt's tokens and the completion's.
+KEY_JOBS = Counter("trickle_key_jobs_total", "Jobs a worker ended, by key name, model and status.")
+KEY_PROMPT_TOKENS = Counter(
+    "trickle_key_prompt_tokens_total", "Prompt tokens of ended jobs, by key name and model."
+)
+KEY_COMPLETION_TOKENS = Counter(
+    "trickle_key_completion_tokens_total", "Tokens generated, by key name and model."
+)
+COUNTERS = (JOBS, TOKENS, KEY_JOBS, KEY_PROMPT_TOKENS, KEY_COMPLETION_TOKENS)

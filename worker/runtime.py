@@ -33,6 +33,7 @@ from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
 from worker.retry import with_redis_retry
 from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
+from worker.tenants import TenantTable, tenant_label
 from worker.tracing import JobTimeline, Tracing
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class WorkerRuntime:
         queue_depth: Callable[[str], int] | None = None,
     ):
         self.settings = settings
+        self.tenants = TenantTable(settings.keys)
         self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
         self.redis = connect(settings.redis)
@@ -237,7 +239,8 @@ class WorkerRuntime:
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
-        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed)
+        key = tenant_label(self.tenants.name_of_owner(job.owner))
+        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:
