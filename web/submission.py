@@ -119,8 +119,8 @@ def enqueue_all(
     The records go first, so a worker never takes a task whose job it cannot read. Should the
     first publish fail (the broker is down), the records are taken back and the caller gets a
     503 that says nothing was created: a record is never left without its task, nor a task
-    without its record. Should a later one fail, the 503 names the jobs: they exist (those not
-    sent fail with ``queue_timeout`` after ``queued_ttl_seconds``).
+    without its record. Should a later one fail, the 503 names the jobs: they exist (the
+    workers' sweep publishes the ones not sent again, see ``Maintenance.republish``).
     """
     if key is None:
         svc.store.create_many(jobs)
@@ -129,18 +129,13 @@ def enqueue_all(
         raw = svc.store.create_jobs_once(key.redis_key, record, ttl_seconds(svc), jobs)
         if raw is not None:
             return matching(key, raw)
-    sent = 0
+    sent: list[Job] = []
     try:
-        with svc.celery.producer_or_acquire() as producer:
-            for job in jobs:
-                enqueue_generation(
-                    svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)
-                )
-                sent += 1
+        _publish(svc, jobs, sent)
     except BROKER_ERRORS as exc:
         if sent:
             raise unavailable(
-                f"job queue (broker) unavailable after {sent} of {len(jobs)} jobs: {exc}",
+                f"job queue (broker) unavailable after {len(sent)} of {len(jobs)} jobs: {exc}",
                 [job.id for job in jobs],
             ) from exc
         _withdraw(svc, jobs, exc, key)
@@ -154,8 +149,8 @@ def enqueue_many(svc: Services, jobs: list[Job], recorded: bool = False) -> None
     jobs are accepted in about a second.
 
     Until its task is sent a job reads ``queued`` like any other. Should the broker fail or
-    this process die first, the jobs not yet sent fail with ``queue_timeout`` after
-    ``queued_ttl_seconds``: late, but never silently lost.
+    this process die first, the workers' sweep publishes the jobs not yet sent again
+    (``worker.republish_after_seconds``): late, but never lost.
     """
     if not recorded:
         svc.store.create_many(jobs)
@@ -169,18 +164,23 @@ def _withdraw(
 ) -> None:
     try:
         svc.store.delete_unpublished([job.id for job in jobs], key.redis_key if key else "")
-    except redis.RedisError:  # left queued: it fails with queue_timeout, never silently
+    except redis.RedisError:  # left queued: the workers' sweep publishes it again
         log.exception("could not withdraw %d unpublished job(s) after %s", len(jobs), cause)
 
 
+def _publish(svc: Services, jobs: list[Job], sent: list[Job]) -> None:
+    """Publish every job's task through one producer, adding each to ``sent`` once it is."""
+    with svc.celery.producer_or_acquire() as producer:
+        for job in jobs:
+            enqueue_generation(
+                svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)
+            )
+            sent.append(job)
+
+
 def _send_all(svc: Services, jobs: list[Job]) -> None:
-    sent = 0
+    sent: list[Job] = []
     try:
-        with svc.celery.producer_or_acquire() as producer:
-            for job in jobs:
-                enqueue_generation(
-                    svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)
-                )
-                sent += 1
+        _publish(svc, jobs, sent)
     except Exception:  # the edge of a background thread: nobody else would see it
-        log.exception("batch fan-out stopped after %d of %d jobs", sent, len(jobs))
+        log.exception("batch fan-out stopped after %d of %d jobs", len(sent), len(jobs))

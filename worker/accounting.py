@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.engine.scheduler import ScheduledJob
+from worker.engine.scheduled import ScheduledJob
 from worker.joblog import log_job_event
 from worker.jobs import Job
 from worker.metric_defs import (
@@ -12,6 +12,8 @@ from worker.metric_defs import (
     KEY_COMPLETION_TOKENS,
     KEY_JOBS,
     KEY_PROMPT_TOKENS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_MISSES,
     TIME_TO_FIRST_TOKEN,
     TOKENS,
 )
@@ -51,6 +53,10 @@ def account_finished(
         metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
     if scheduled is not None:
         timings["tokens_after_end"] = scheduled.tokens_after_end
+        if scheduled.prefix_hit is not None:
+            hit = scheduled.prefix_hit
+            metrics.count(PREFIX_CACHE_HITS if hit else PREFIX_CACHE_MISSES, model=model)
+            timings["prefix_tokens"] = len(scheduled.request.prefix)
     if first is not None and last is not None and generated > 1:
         timings["itl_seconds"] = (last - first) / (generated - 1)
         metrics.observe(INTER_TOKEN_LATENCY, timings["itl_seconds"], model=model)

@@ -262,12 +262,24 @@ class ModelSettings(Section):
     # writes go first and CTranslate2 takes what is left. 0 = the same priority.
     engine_niceness: int = 5
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
-    # sequences' catch-up pause stays under this (worker/scheduler.py); 0 = never restart.
+    # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0
     # Past that pause, a restart is still made when the newcomers would otherwise wait at least
     # this many times the pause for a lane to free up (the running batch's remaining steps);
     # 0 = never past rebatch_max_stall_ms.
     rebatch_wait_ratio: float = 4.0
+    # A lane idle while another runs several sequences takes half of them (a restart of that
+    # batch as two) when the time saved is at least this many times the catch-up it costs
+    # (worker/engine/policy.py); 0 = never split a running batch.
+    rebalance_gain_ratio: float = 3.0
+    # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
+    # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
+    static_prompts: tuple[str, ...] = ()
+    # Common prefixes learned from traffic (prompts sharing at least prefix_min_tokens leading
+    # tokens), cached like static_prompts; each costs 2 x layers x tokens x d_model values of
+    # memory for the life of the engine process. 0 = learn none.
+    prefix_cache_entries: int = 8
+    prefix_min_tokens: int = 64
     add_bos: bool = True
     # Jinja template turning chat messages into a prompt; empty: the plain built-in one.
     chat_template: str = ""
@@ -280,6 +292,13 @@ class ModelSettings(Section):
     @property
     def tokenizer_path(self) -> str:
         return self.tokenizer or str(Path(self.path) / "tokenizer.model")
+
+    @property
+    def lanes(self) -> int:
+        """Batches the engine runs at once: CTranslate2 makes ``inter_threads`` replicas per
+        entry of ``device_index``, and the replicas on one device share one copy of the
+        weights (and of the cached static prompts)."""
+        return max(self.inter_threads, 1) * max(len(self.device_index), 1)
 
 
 @dataclass(frozen=True)
@@ -481,6 +500,7 @@ def _check(settings: Settings) -> None:
             raise ConfigError(f"models.{model.name}.device must be auto, cpu or cuda")
         if model.max_batch_size < 1:
             raise ConfigError(f"models.{model.name}.max_batch_size must be >= 1")
+        _check_engine_knobs(model)
     for origin in settings.web.cors_origins:
         if origin != "*" and not _is_origin(origin):
             raise ConfigError(
@@ -512,6 +532,22 @@ def _check(settings: Settings) -> None:
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")
+
+
+def _check_engine_knobs(model: ModelSettings) -> None:
+    """The scheduler's knobs: every error names its key."""
+    where = f"models.{model.name}"
+    for name in ("rebatch_max_stall_ms", "rebatch_wait_ratio", "rebalance_gain_ratio"):
+        if getattr(model, name) < 0:
+            raise ConfigError(f"{where}.{name} must be >= 0 (0 turns it off)")
+    if model.prefix_cache_entries < 0:
+        raise ConfigError(f"{where}.prefix_cache_entries must be >= 0 (0 learns no prefix)")
+    if model.prefix_min_tokens < 1:
+        raise ConfigError(f"{where}.prefix_min_tokens must be >= 1")
+    if any(not text.strip() for text in model.static_prompts):
+        raise ConfigError(f"{where}.static_prompts: an entry is empty")
+    if not model.device_index:
+        raise ConfigError(f"{where}.device_index must name at least one device")
 
 
 def _is_origin(value: str) -> bool:

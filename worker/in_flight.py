@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from worker.engine.scheduler import ScheduledJob
+from worker.engine.scheduled import ScheduledJob
 from worker.jobs import FinishReason, JobError
 
 

@@ -65,6 +65,19 @@ HISTOGRAMS = (
 
 JOBS = Counter("trickle_jobs_total", "Jobs that reached a final status, by model and status.")
 TOKENS = Counter("trickle_tokens_generated_total", "Tokens generated, by model.")
+PREFIX_CACHE_HITS = Counter(
+    "trickle_prefix_cache_hits_total",
+    "Jobs whose shared prefix (a system prompt) was already cached: its prefill was skipped.",
+)
+PREFIX_CACHE_MISSES = Counter(
+    "trickle_prefix_cache_misses_total",
+    "Jobs with a shared prefix that was not cached yet: their batch prefilled and cached it.",
+)
+ENGINE_RESTARTS = Counter(
+    "trickle_engine_restarts_total",
+    "Running batches restarted, by model and kind: join (newcomers joined it) or split "
+    "(half of it moved to an idle lane).",
+)
 # Usage per named key (its name, "default" for anonymous callers and [auth] api_keys), counted
 # when a worker ends the job: jobs by status, the prompt's tokens and the completion's.
 KEY_JOBS = Counter("trickle_key_jobs_total", "Jobs a worker ended, by key name, model and status.")
@@ -74,4 +87,13 @@ KEY_PROMPT_TOKENS = Counter(
 KEY_COMPLETION_TOKENS = Counter(
     "trickle_key_completion_tokens_total", "Tokens generated, by key name and model."
 )
-COUNTERS = (JOBS, TOKENS, KEY_JOBS, KEY_PROMPT_TOKENS, KEY_COMPLETION_TOKENS)
+COUNTERS = (
+    JOBS,
+    TOKENS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_MISSES,
+    ENGINE_RESTARTS,
+    KEY_JOBS,
+    KEY_PROMPT_TOKENS,
+    KEY_COMPLETION_TOKENS,
+)

@@ -20,6 +20,7 @@ from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
+from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.events import TokenEvent
 from worker.in_flight import InFlight
@@ -27,7 +28,7 @@ from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
 from worker.jobs import FinishReason, Job, JobError, JobStatus, context_overflow
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
-from worker.metric_defs import BATCH_SIZE, JOBS, QUEUE_TIME
+from worker.metric_defs import BATCH_SIZE, ENGINE_RESTARTS, JOBS, QUEUE_TIME
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
@@ -88,11 +89,14 @@ class WorkerRuntime:
                 self.publisher.publish_step,
                 max_batch_size=model.max_batch_size,
                 max_batch_wait_ms=model.max_batch_wait_ms,
-                engine_threads=model.inter_threads,
+                engine_threads=engine.settings.lanes,
                 on_batch=self._batch_observer(name),
                 rebatch_max_stall_ms=model.rebatch_max_stall_ms,
                 rebatch_wait_ratio=model.rebatch_wait_ratio,
                 quiet_start_after_ms=model.quiet_start_after_ms,
+                rebalance_gain_ratio=model.rebalance_gain_ratio,
+                prefixes=PrefixTable.for_model(model, engine.tokenizer),
+                on_restart=self._restart_observer(name),
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(
@@ -245,6 +249,12 @@ class WorkerRuntime:
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:
             self.metrics.observe(BATCH_SIZE, size, model=model)
+
+        return observe
+
+    def _restart_observer(self, model: str) -> Callable[[bool], None]:
+        def observe(split: bool) -> None:
+            self.metrics.count(ENGINE_RESTARTS, model=model, kind="split" if split else "join")
 
         return observe
 

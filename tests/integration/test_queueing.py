@@ -2,7 +2,7 @@
 
 Real Celery apps on a Redis of the module's own (the Redis transport as kombu ships it: no
 message is built by hand and no test reads kombu's key layout), and RabbitMQ's declarations
-without a broker (the stack on a real node is tests/test_rabbitmq.py).
+without a broker (the stack on a real node is tests/system/test_rabbitmq.py).
 """
 
 from __future__ import annotations

@@ -11,15 +11,19 @@ UTF-8) included.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import ctranslate2
 import pytest
+import requests
 import sentencepiece as spm
 
 from tests.clients import read_sse, submit
+from tests.metrics_text import parse_samples
 from tests.scripted_model import PROMPT, cycle_ids
 from worker.engine.model_hints import resolve_compute_type
 
@@ -188,3 +192,77 @@ def test_stop_strings_cut_the_oracle_text_and_are_never_streamed(
     for token in stream.tokens:
         streamed += token["text"]
         assert expected.startswith(streamed)
+
+
+def restart_counts(base: str, model: str) -> dict[str, float]:
+    samples = parse_samples(requests.get(f"{base}/metrics", timeout=10).text)
+    return {
+        kind: samples.get(f'trickle_engine_restarts_total{{kind="{kind}",model="{model}"}}', 0.0)
+        for kind in ("join", "split")
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "jobs", "max_tokens"), [("demo", 8, 1000), ("tiny-llama", 4, 400)]
+)
+def test_greedy_output_survives_a_rebalance_between_lanes(
+    stack_url: str, demo: Oracle, llama: Oracle, model: str, jobs: int, max_tokens: int
+) -> None:
+    """A job no other can join (a repetition penalty) holds one lane while greedy jobs land on
+    the other; when it ends, the free lane takes half of them if that is worth its catch-up (a
+    split: the batch restarts as two). Every output equals the oracle's, streamed and stored
+    alike, split or not; the demo model's long batch is always worth splitting."""
+    oracle = demo if model == "demo" else llama
+    blocker = greedy("The value", model, 150, repetition_penalty=1.5)
+    texts = ["The socket module", "héllo 🎉", "Return the", "A list of values", "If", "This"]
+    prompts = [texts[i % len(texts)] + " " * (i // len(texts)) for i in range(jobs)]
+    expected = [oracle.text(prompt, oracle.ids(prompt, max_tokens)) for prompt in prompts]
+    split = False
+    for _attempt in range(3):  # the split needs the burst to land while the blocker runs
+        before = restart_counts(stack_url, model)["split"]
+        with ThreadPoolExecutor(max_workers=jobs + 1) as pool:
+            held = pool.submit(streamed_and_stored, stack_url, blocker)
+            time.sleep(0.05)
+            bodies = [greedy(prompt, model, max_tokens) for prompt in prompts]
+            results = list(pool.map(lambda body: streamed_and_stored(stack_url, body), bodies))
+            held.result()
+        assert results == [(text, text) for text in expected]
+        if wait_until(lambda: restart_counts(stack_url, model)["split"] > before):  # noqa: B023
+            split = True
+            break
+    assert split or model != "demo", "no split in three tries: the free lane stayed idle"
+
+
+def test_a_shared_system_prompt_is_cached_and_changes_no_greedy_output(
+    stack_url: str, llama: Oracle
+) -> None:
+    """Chats that start with one system prompt: the second teaches the worker their common
+    prefix, later ones start from CTranslate2's cached state (counted as hits), and every
+    output equals the oracle's uncached run."""
+    system = "System: You are terse. Answer in one line, and never repeat the question. " * 3
+    users = ["What is a socket?", "Name a colour.", "Why is the sky blue?", "Say hello."]
+    prompts = [f"{system}\nUser: {user}\nAssistant:" for user in users]
+    assert len(llama.sp.encode(system)) > 64  # past prefix_min_tokens
+    hits = "trickle_prefix_cache_hits_total"
+
+    def hit_count() -> float:
+        samples = parse_samples(requests.get(f"{stack_url}/metrics", timeout=10).text)
+        return samples.get(f'{hits}{{model="tiny-llama"}}', 0.0)
+
+    before = hit_count()
+    for prompt in prompts:
+        expected = llama.text(prompt, llama.ids(prompt, 40))
+        assert streamed_and_stored(stack_url, greedy(prompt, "tiny-llama", 40)) == (
+            expected,
+            expected,
+        )
+    assert wait_until(lambda: hit_count() >= before + 2), "the later chats were no cache hits"
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False

@@ -76,6 +76,9 @@ class EngineRequest:
     sampling: SamplingKey
     # Seeded sampling runs alone, sampled by Trickle (worker.engine.sampling); None: CTranslate2's.
     seed: int | None = None
+    # The leading ids of prompt_ids that are a shared prefix (worker.engine.prefix): the engine
+    # runs them as CTranslate2's cached static prompt. Every request of a batch has the same.
+    prefix: tuple[int, ...] = ()
 
 
 # (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.
@@ -114,6 +117,9 @@ class Engine:
         self._generation = 0
         self.device = "cpu"
         self.warm_step_seconds: dict[int, float] = {}  # step time by batch size, from warm-up
+        self.prefill_seconds_per_token = 0.0  # one prompt token's share of a forward pass
+        # Static prompts the engine process has cached: a later batch with one is a hit.
+        self._cached_prefixes: set[tuple[int, ...]] = set()
         self._start()
 
     def _start(self) -> None:
@@ -133,7 +139,8 @@ class Engine:
         self._generation += 1
         ours: list[Lane] = []
         theirs: list[tuple[Connection, Connection]] = []
-        for _ in range(max(self.settings.inter_threads, 1)):
+        self._cached_prefixes = set()  # a new process starts with CTranslate2's cache empty
+        for _ in range(self.settings.lanes):
             commands_out, commands_in = context.Pipe(duplex=False)
             events_out, events_in = context.Pipe(duplex=False)
             ours.append(Lane(commands_in, events_out, self._generation))
@@ -165,6 +172,7 @@ class Engine:
         ready = EngineReady.from_dict(detail)
         self.device = ready.device
         self.warm_step_seconds = ready.step_seconds
+        self.prefill_seconds_per_token = ready.prefill_seconds_per_token
 
     def _ensure_running(self) -> None:
         with self._restart_lock:
@@ -200,6 +208,11 @@ class Engine:
     def eos_id(self) -> int:
         return self.tokenizer.eos_id
 
+    def prefix_cached(self, prefix: tuple[int, ...]) -> bool:
+        """Whether a batch with this static prompt starts from CTranslate2's cached state."""
+        with self._lock:
+            return prefix in self._cached_prefixes
+
     def generate(self, requests: Sequence[EngineRequest], on_step: StepCallback) -> None:
         """Run one batch to completion; every request must share one ``SamplingKey``."""
         sampling = requests[0].sampling
@@ -210,12 +223,18 @@ class Engine:
             raise ValueError("seeded requests run one at a time")
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
+        prefix = requests[0].prefix
+        if any(request.prefix != prefix for request in requests):
+            raise ValueError("a batch must share one static prompt")
+        if any(len(request.prompt_ids) <= len(prefix) for request in requests):
+            raise ValueError("a prompt must be longer than its shared prefix")
         self._ensure_running()
         slots = self._take_slots(len(requests))
         batch_id = next(self._batch_ids)
         command = BatchCommand(
             batch_id=batch_id,
-            prompts=[self.tokenizer.to_pieces(list(r.prompt_ids)) for r in requests],
+            prompts=[self.tokenizer.to_pieces(list(r.prompt_ids[len(prefix) :])) for r in requests],
+            static_prompt=self.tokenizer.to_pieces(list(prefix)) if prefix else None,
             max_new_tokens=[r.max_new_tokens for r in requests],
             slots=slots,
             temperature=sampling.temperature,
@@ -236,6 +255,9 @@ class Engine:
                 if message[0] == "end":
                     if message[2] is not None:
                         raise EngineError(message[2])
+                    if prefix:
+                        with self._lock:
+                            self._cached_prefixes.add(prefix)
                     return
                 for position, step, token_id, logprob, is_last in message[2]:
                     if on_step(position, step, token_id, logprob, is_last):

@@ -56,14 +56,20 @@ class EngineReady:
 
     device: str
     step_seconds: dict[int, float]
+    prefill_seconds_per_token: float = 0.0  # a restart's catch-up is priced with it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "step_seconds": dict(self.step_seconds)}
+        return {
+            "device": self.device,
+            "step_seconds": dict(self.step_seconds),
+            "prefill_seconds_per_token": self.prefill_seconds_per_token,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineReady:
         steps = {int(size): float(seconds) for size, seconds in data["step_seconds"].items()}
-        return cls(str(data["device"]), steps)
+        prefill = float(data.get("prefill_seconds_per_token", 0.0))
+        return cls(str(data["device"]), steps, prefill)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,9 @@ class BatchCommand:
     ignore_eos: bool
     min_tokens: int = 0
     seed: int | None = None
+    # Pieces every prompt of the batch starts with (``prompts`` hold the rest): CTranslate2
+    # prefills them once and caches the state for the next batch with the same ones.
+    static_prompt: list[str] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -167,13 +176,14 @@ class EngineRunner:
         )
         self._flags = flags
         self.step_seconds = self._warm_up()
+        self.prefill_seconds_per_token = self._time_prefill()
 
     def _warm_up(self) -> dict[int, float]:
         """One small batch per engine thread before the first job: CTranslate2's first calls
         run about twice as slow (allocations), which users would otherwise pay as TTFT. Then a
         decoding step is timed alone and at ``max_batch_size``, for the restart policy."""
         start = self.tokenizer.to_pieces(self.tokenizer.encode("The"))
-        for _ in range(max(self.settings.inter_threads, 1)):
+        for _ in range(self.settings.lanes):
             self.generator.generate_batch([start] * 4, max_length=8, include_prompt_in_result=False)
         sizes = sorted({1, self.settings.max_batch_size})
         return {size: self._time_steps(start, size) for size in sizes}
@@ -197,6 +207,18 @@ class EngineRunner:
         if len(moments) < 2:
             return 0.0
         return (moments[-1] - moments[0]) / (len(moments) - 1)
+
+    def _time_prefill(self, tokens: int = 256) -> float:
+        """Seconds per prompt token of one forward pass over a long prompt (a restart's
+        catch-up feeds prompt + generated tokens again)."""
+        piece = self.tokenizer.to_pieces(self.tokenizer.encode("The"))
+        prompt = (piece * tokens)[:tokens]
+        elapsed = 0.0
+        for _ in range(2):  # the first call of a new length pays its allocations
+            started = time.perf_counter()
+            self.generator.generate_batch([prompt], max_length=1, include_prompt_in_result=False)
+            elapsed = time.perf_counter() - started
+        return elapsed / tokens
 
     def run(self, command: BatchCommand, events: Connection) -> None:
         """Run one batch, sending its steps and then its end on this lane's pipe."""
@@ -231,6 +253,8 @@ class EngineRunner:
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else None,
             min_length=command.min_tokens,
+            static_prompt=command.static_prompt,
+            cache_static_prompt=True,
             callback=callback,
         )
 
@@ -241,7 +265,7 @@ class EngineRunner:
         O(n^2) in the output length: the price of a repeatable seed, paid only by seeded jobs.
         """
         rng = np.random.default_rng(command.seed)
-        pieces = list(command.prompts[0])
+        pieces = [*(command.static_prompt or []), *command.prompts[0]]
         ids = [self.tokenizer.piece_id(piece) for piece in pieces]
         limit = command.max_new_tokens[0]
         for step in range(limit):
@@ -287,9 +311,10 @@ def serve(
     the worker thread waiting for that batch. A closed pipe means the worker is gone.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
-    if model.engine_niceness and model.device != "cuda":
+    if model.engine_niceness and resolve_device(model.device) != "cuda":
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
+        # On a GPU (``auto`` resolved to it included) the engine waits on the device anyway.
         os.nice(model.engine_niceness)
     shared = attach_flags(flags_name)
     first_events = lanes[0][1]
@@ -300,7 +325,8 @@ def serve(
     except Exception as exc:
         first_events.send(("fatal", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
-    first_events.send(("ready", EngineReady(runner.device, runner.step_seconds).to_dict()))
+    ready = EngineReady(runner.device, runner.step_seconds, runner.prefill_seconds_per_token)
+    first_events.send(("ready", ready.to_dict()))
     stopped = threading.Event()
 
     def lane(commands: Connection, events: Connection) -> None:

@@ -1,0 +1,105 @@
+"""A scheduler wired as a worker process wires it (real engine, real publisher, real Redis),
+for the tests that drive batching, restarts and rebalancing without Celery."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import redis
+
+from worker.config import ModelSettings
+from worker.engine import Engine
+from worker.engine.prefix import PrefixTable
+from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
+from worker.jobs import GenerationParams, Job, new_job_id
+from worker.publisher import TokenPublisher
+from worker.store import JobStore
+
+
+class Harness:
+    """An engine, a publisher and a scheduler, wired like a worker process."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        client: redis.Redis,
+        max_batch_size: int,
+        wait_ms: float,
+        rebatch_max_stall_ms: float = 0.0,
+        quiet_start_after_ms: float = 0.0,
+        publish_interval_ms: float = 0.0,
+        rebatch_wait_ratio: float = 0.0,
+        engine_threads: int = 1,
+        publish_max_interval_ms: float = 0.0,
+        publish_max_messages_per_second: float = 0.0,
+        rebalance_gain_ratio: float = 0.0,
+        prefixes: PrefixTable | None = None,
+    ):
+        self.engine = engine
+        self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
+        self.publisher = TokenPublisher(
+            self.store,
+            lambda job_id: None,
+            lambda job_id: None,
+            flush_interval_seconds=publish_interval_ms / 1000,
+            max_interval_seconds=publish_max_interval_ms / 1000,
+            max_messages_per_second=publish_max_messages_per_second,
+        )
+        self.scheduler = BatchScheduler(
+            engine,
+            self.publisher.publish_step,
+            max_batch_size,
+            max_batch_wait_ms=wait_ms,
+            rebatch_max_stall_ms=rebatch_max_stall_ms,
+            quiet_start_after_ms=quiet_start_after_ms,
+            rebatch_wait_ratio=rebatch_wait_ratio,
+            engine_threads=engine_threads,
+            rebalance_gain_ratio=rebalance_gain_ratio,
+            prefixes=prefixes,
+        )
+
+    def job(self, prompt: str, **params: object) -> ScheduledJob:
+        """A job stored and claimed as a worker would, so its writes carry a real fence."""
+        options = GenerationParams(**params)  # type: ignore[arg-type]
+        job = Job(new_job_id(), self.engine.settings.name, prompt, options, created_at=time.time())
+        self.store.create(job)
+        claim = self.store.claim(job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3)
+        assert claim.claimed
+        ids = self.engine.tokenizer.encode(prompt)
+        return make_scheduled_job(self.engine, job.id, ids, options, claim.fence)
+
+    def runner_then_newcomer(
+        self, runner: ScheduledJob, newcomer: ScheduledJob, after_tokens: int, timeout: float
+    ) -> None:
+        """Start ``runner``, submit ``newcomer`` once it has ``after_tokens`` tokens, wait both."""
+        self.scheduler.submit(runner)
+        deadline = time.monotonic() + 30
+        while runner.state.count < after_tokens:
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        self.scheduler.submit(newcomer)
+        assert runner.ended.wait(timeout) and newcomer.ended.wait(timeout)
+
+    def run(self, jobs: list[ScheduledJob]) -> list[ScheduledJob]:
+        for job in jobs:
+            self.scheduler.submit(job)
+        for job in jobs:
+            assert job.ended.wait(60)
+        return jobs
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.publisher.close()
+
+
+def engine_for(path: Path, name: str) -> Engine:
+    return Engine(ModelSettings(name=name, path=str(path), device="cpu"))
+
+
+def solo_outputs(engine: Engine, client: redis.Redis, specs: list[dict[str, object]]) -> list[str]:
+    solo = Harness(engine, client, max_batch_size=1, wait_ms=0)
+    try:
+        return [solo.run([solo.job(**spec)])[0].state.output for spec in specs]  # type: ignore[arg-type]
+    finally:
+        solo.close()

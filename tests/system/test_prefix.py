@@ -1,0 +1,156 @@
+"""Shared prefixes: which prefix a prompt has (pure logic), and on the real engine that a
+prefix run as CTranslate2's cached static prompt changes no greedy output and is a hit for
+every batch after the first.
+
+The engine checks use float32 models (the demo model and the random Llama-style one): on this
+CPU, int8 rounding already depends on how a prompt is split between prefill and the decoding
+loop (a job batched beside a shorter prompt), so no batching change is bit-exact there.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.scheduler_harness import Harness, engine_for, solo_outputs
+from worker.config import ConfigError, ModelSettings, settings_from_dict
+from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
+
+GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, True)
+SYSTEM = "You are a careful assistant. Answer briefly, and say so when unsure. " * 6
+
+
+def ids(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_a_prompt_sharing_enough_leading_ids_with_a_recent_one_learns_their_common_part() -> None:
+    table = PrefixTable((), max_entries=4, min_tokens=8)
+    system = ids(20, 100)
+    assert table.prefix_for([*system, 1, 2, 3]) == ()  # nothing to share with yet
+    learned = table.prefix_for([*system, 1, 5, 6])
+    # Their common part less the margin: the ids at its end may be shared by chance.
+    assert learned == tuple([*system, 1][: 21 - BOUNDARY_MARGIN])
+    assert table.prefix_for([*system, 7, 9]) == learned  # a hit: the known prefix
+    # Past the first min_tokens ids only: too short a common part is no prefix.
+    assert PrefixTable((), 4, 8).prefix_for(ids(7)) == ()
+
+
+def test_a_prefix_always_leaves_the_engine_a_start_token() -> None:
+    table = PrefixTable((), max_entries=4, min_tokens=4)
+    prompt = ids(12)
+    table.prefix_for(prompt)
+    learned = table.prefix_for(prompt)  # the same prompt again: all of it but the margin
+    assert learned == tuple(prompt[: 12 - BOUNDARY_MARGIN])
+    assert table.prefix_for(list(learned)) != learned  # never a whole prompt
+
+
+def test_learned_prefixes_are_bounded_and_configured_ones_always_kept() -> None:
+    configured = ids(30, 500)
+    table = PrefixTable([configured], max_entries=1, min_tokens=8)
+    kept = tuple(configured[: len(configured) - BOUNDARY_MARGIN])
+    assert table.prefix_for([*configured, 7]) == kept
+    for start in (1000, 2000):
+        table.prefix_for([*ids(20, start), 1])
+        table.prefix_for([*ids(20, start), 2])
+    assert len(table.entries()) == 2  # the configured one and the first learned one only
+    assert table.prefix_for([*ids(20, 2000), 3]) == ()  # full: not learned
+    assert PrefixTable((), 0, 8).prefix_for([*configured, 7]) == ()  # 0: sharing is off
+
+
+def test_the_prefix_knobs_are_validated_by_name(tmp_path: Path) -> None:
+    for key, value in (("prefix_cache_entries", -1), ("prefix_min_tokens", 0)):
+        table = {"path": str(tmp_path), key: value}
+        with pytest.raises(ConfigError, match=re.escape(f"models.m.{key}")):
+            settings_from_dict({"models": {"m": table}, "default_model": "m"})
+    with pytest.raises(ConfigError, match=re.escape("models.m.rebalance_gain_ratio")):
+        models = {"m": {"path": str(tmp_path), "rebalance_gain_ratio": -1}}
+        settings_from_dict({"models": models, "default_model": "m"})
+
+
+def test_configured_static_prompts_are_encoded_as_prompts_are(demo_engine: Engine) -> None:
+    model = ModelSettings(name="demo", path="", static_prompts=(SYSTEM,))
+    table = PrefixTable.for_model(model, demo_engine.tokenizer)
+    prompt = demo_engine.tokenizer.encode(SYSTEM + "\nUser: hello")
+    (entry,) = table.entries()
+    assert table.prefix_for(prompt) == entry
+    assert tuple(prompt[: len(entry)]) == entry
+
+
+@pytest.fixture(scope="module")
+def demo_engine(demo_model_dir: Path) -> Iterator[Engine]:
+    engine = engine_for(demo_model_dir, "demo")
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def llama_engine(llama_model_dir: Path) -> Iterator[Engine]:
+    engine = engine_for(llama_model_dir, "tiny-llama")
+    yield engine
+    engine.close()
+
+
+def generated(engine: Engine, requests: list[EngineRequest]) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in requests]
+
+    def on_step(position: int, step: int, token_id: int, logprob: float | None, last: bool) -> bool:
+        out[position].append(token_id)
+        return False
+
+    engine.generate(requests, on_step)
+    return out
+
+
+@pytest.mark.parametrize("model", ["demo", "tiny-llama"])
+def test_a_cached_static_prompt_changes_no_greedy_output(
+    model: str, demo_engine: Engine, llama_engine: Engine
+) -> None:
+    engine = demo_engine if model == "demo" else llama_engine
+    encode = engine.tokenizer.encode
+    prompts = [encode(f"{SYSTEM}\nUser: {user}\nAssistant:") for user in ("Hi", "What is a socket")]
+    table = PrefixTable((), max_entries=2, min_tokens=16)
+    table.prefix_for(prompts[0])
+    prefix = table.prefix_for(prompts[1])
+    assert len(prefix) > 60 and all(tuple(p[: len(prefix)]) == prefix for p in prompts)
+    plain = [EngineRequest(prompt, 40, GREEDY) for prompt in prompts]
+    shared = [EngineRequest(prompt, 40, GREEDY, prefix=prefix) for prompt in prompts]
+    assert not engine.prefix_cached(prefix)
+    expected = generated(engine, plain)
+    assert generated(engine, shared) == expected  # the first batch computes and caches it
+    assert engine.prefix_cached(prefix)
+    assert generated(engine, shared) == expected  # later ones start from the cached state
+    assert generated(engine, shared[1:]) == expected[1:]
+    with pytest.raises(ValueError, match="static prompt"):
+        generated(engine, [plain[0], shared[1]])
+
+
+def test_chats_sharing_a_system_prompt_batch_together_and_count_their_hits(
+    llama_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """Through the scheduler: the shared prefix is learned from the first two chats, every
+    later one hits it, jobs of one prefix run as one batch, and outputs are the solo ones."""
+    specs: list[dict[str, object]] = [
+        # Its own system prompt: the engine fixture's cache may hold the other test's prefix.
+        {"prompt": f"Be kind. {SYSTEM}\nUser: {user}\nAssistant:", "max_tokens": 30}
+        for user in ("Hi", "What is a socket", "Name a prime", "Why", "Say more")
+    ]
+    for spec in specs:
+        spec.update(ignore_eos=True, temperature=0.0)
+    table = PrefixTable((), max_entries=4, min_tokens=32)
+    harness = Harness(llama_engine, private_redis, 8, wait_ms=50, prefixes=table)
+    try:
+        first = harness.run([harness.job(**specs[0])])  # type: ignore[arg-type]
+        second = harness.run([harness.job(**specs[1])])  # type: ignore[arg-type]
+        rest = harness.run([harness.job(**spec) for spec in specs[2:]])  # type: ignore[arg-type]
+    finally:
+        harness.close()
+    jobs = [*first, *second, *rest]
+    assert [job.prefix_hit for job in jobs] == [None, False, True, True, True]
+    assert list(harness.scheduler.batch_sizes)[-1] == 3  # one prefix, one batch
+    assert [job.state.output for job in jobs] == solo_outputs(llama_engine, private_redis, specs)

@@ -1,0 +1,96 @@
+"""The restart policy's decisions (pure logic over batch state, the demo model's tokenizer for
+the jobs' sequence state): which batch a newcomer joins, and when a batch is split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from worker.engine import EngineRequest
+from worker.engine.batch import RunningBatch
+from worker.engine.policy import RestartPolicy, RestartRules, halves
+from worker.engine.scheduled import ScheduledJob, make_scheduled_job
+from worker.engine.step_times import StepTimes
+from worker.jobs import GenerationParams
+from worker.tokenizer import Tokenizer
+
+# A CPU-like model: a step grows with the batch (1: 2 ms, 16: 12 ms); prompts prefill fast.
+STEPS = {1: 0.002, 16: 0.012}
+RULES = RestartRules(16, max_stall=0.04, wait_ratio=4.0, split_gain_ratio=3.0,
+                     prefill_seconds_per_token=0.0001)  # fmt: skip
+
+
+@dataclass
+class Holder:
+    """What make_scheduled_job reads from an engine."""
+
+    tokenizer: Tokenizer
+    eos_id: int
+
+
+@pytest.fixture(scope="module")
+def holder(demo_model_dir: Path) -> Holder:
+    tokenizer = Tokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
+    return Holder(tokenizer, tokenizer.eos_id)
+
+
+def job(holder: Holder, generated: int, max_tokens: int = 128, **params: object) -> ScheduledJob:
+    options = GenerationParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0, **params)  # type: ignore[arg-type]
+    scheduled = make_scheduled_job(holder, "j", holder.tokenizer.encode("The"), options, "f")  # type: ignore[arg-type]
+    scheduled.generated_ids = [5] * generated
+    return scheduled
+
+
+def running(jobs: list[ScheduledJob], steps: int = 10) -> RunningBatch:
+    requests: list[EngineRequest] = [j.current_request() for j in jobs]
+    batch = RunningBatch(jobs, requests, steps=steps)
+    batch.step_seconds = 0.005
+    return batch
+
+
+def policy() -> RestartPolicy:
+    return RestartPolicy(RULES, StepTimes(STEPS))
+
+
+def test_a_long_batch_with_most_of_its_steps_ahead_is_split(holder: Holder) -> None:
+    batch = running([job(holder, 5) for _ in range(8)])
+    split = policy().split([batch], now=0.0)
+    assert split is not None and split.batch is batch and not split.long
+
+
+def test_a_batch_near_its_end_is_not_split(holder: Holder) -> None:
+    batch = running([job(holder, 125) for _ in range(8)])
+    assert policy().split([batch], now=0.0) is None
+
+
+def test_a_batch_that_cannot_be_restarted_is_never_split(holder: Holder) -> None:
+    penalised = running([job(holder, 5, repetition_penalty=1.3) for _ in range(8)])
+    lone = running([job(holder, 5)])
+    assert policy().split([penalised, lone], now=0.0) is None
+
+
+def test_halves_keep_the_longer_sequences_together(holder: Holder) -> None:
+    jobs = [job(holder, generated) for generated in (3, 40, 5, 38)]
+    keep, give = halves(jobs)
+    assert sorted(j.total_length() for j in keep) == sorted(jobs[i].total_length() for i in (1, 3))
+    assert len(give) == 2
+
+
+def test_a_newcomer_joins_the_batch_that_is_smaller_with_it(holder: Holder) -> None:
+    big = running([job(holder, 2) for _ in range(6)])
+    small = running([job(holder, 2) for _ in range(2)])
+    join = policy().join([big, small], job(holder, 0), now=0.0)
+    assert join is not None and join.batch is small
+    small.restart = True
+    small.joiners.extend(job(holder, 0) for _ in range(5))  # due to restart with 7 jobs
+    join = policy().join([big, small], job(holder, 0), now=0.0)
+    assert join is not None and join.batch is big  # 6 + 1 against 7 + 1
+
+
+def test_a_fresh_batch_takes_a_burst_before_its_first_step_but_only_once(holder: Holder) -> None:
+    fresh = running([job(holder, 0)], steps=0)
+    assert policy().join([fresh], job(holder, 0), now=0.0) is not None
+    fresh.jobs[0].restarts = 1  # already restarted once without speaking
+    assert policy().join([fresh], job(holder, 0), now=0.0) is None

@@ -1,0 +1,180 @@
+"""When to restart a running batch: to take newcomers in, or to share it with an idle lane.
+
+CTranslate2 cannot add a sequence to a running batch (its issue 1333), so both moves are
+restarts: the batch's sequences stop and run again from prompt + what they generated. The price
+is the catch-up: the prompt's common part is one forward pass (``prefill_seconds_per_token``
+per token, timed at warm-up), and the part of a sequence longer than the batch's shortest is
+fed one token per step, so the longer sequences pause that many steps.
+
+**Joining** (every lane busy): each newcomer restarts the batch that is smallest with it (one
+already due to restart takes it at no further cost), if the running streams' pause stays under
+``rebatch_max_stall_ms``, or, past that, if the pause is at most ``1 / rebatch_wait_ratio`` of
+the newcomer's wait for a lane (once per job at most, so each stream keeps its inter-token
+latency in all but one gap). A burst arriving over a few milliseconds so spreads over the lanes
+instead of piling onto the batch that happened to restart first.
+
+**Splitting** (a lane idle, nothing waiting): a batch of several sequences is restarted as two,
+one per lane, when the time it saves (the remaining steps, each now at half the batch size and
+on two lanes at once) is at least ``rebalance_gain_ratio`` times its catch-up, and at least
+``rebatch_max_stall_ms`` (the free lane it takes is worth that to the next arrival). Without it, a
+burst that landed on one lane ran there on one core to its end while the other core idled.
+
+Pure decisions over ``RunningBatch`` state, priced with the model's measured step times; the
+scheduler calls them under its lock and applies what they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.engine import EngineRequest
+from worker.engine.batch import RunningBatch
+from worker.engine.scheduled import ScheduledJob
+from worker.engine.step_times import StepTimes
+
+
+@dataclass(frozen=True)
+class RestartRules:
+    """The model's restart knobs, in seconds (see ``ModelSettings``)."""
+
+    max_batch_size: int
+    max_stall: float = 0.0  # rebatch_max_stall_ms; 0: never restart
+    wait_ratio: float = 0.0  # rebatch_wait_ratio; 0: never past max_stall
+    split_gain_ratio: float = 0.0  # rebalance_gain_ratio; 0: never split
+    prefill_seconds_per_token: float = 0.0
+
+
+@dataclass(frozen=True)
+class Join:
+    batch: RunningBatch
+    long: bool  # the pause is past max_stall: each of its jobs' one long pause
+
+
+@dataclass(frozen=True)
+class Split:
+    batch: RunningBatch
+    gain_seconds: float
+    long: bool
+
+
+class RestartPolicy:
+    def __init__(self, rules: RestartRules, step_times: StepTimes):
+        self.rules = rules
+        self._step_times = step_times
+
+    def join(self, running: Sequence[RunningBatch], job: ScheduledJob, now: float) -> Join | None:
+        """The batch whose restart ``job`` joins (every lane is busy), if any: the one that is
+        smallest with it, so a burst spreads evenly over the lanes. A batch already due to
+        restart takes more joiners at no further cost than the larger batch."""
+        rules = self.rules
+        if rules.max_stall <= 0:
+            return None
+        wait = min((batch.seconds_left(now) for batch in running), default=0.0)
+        best: tuple[int, float, Join] | None = None
+        for batch in running:
+            first = batch.requests[0]
+            if batch.split or not restartable(first) or not batches_with(job, first):
+                continue
+            # Before its first step only if none of its jobs was restarted yet: a burst that
+            # arrives while the lanes prefill spreads over them, and a stream of arrivals still
+            # cannot keep a batch from ever speaking (a second restart waits for a token).
+            fresh = not any(job.restarts for job in batch.live_jobs())
+            if batch.steps == 0 and not batch.restart and not fresh:
+                continue
+            size = batch.load() + 1
+            if size > rules.max_batch_size:
+                continue
+            stall_steps = batch.stall_steps([*batch.joiners, job])
+            if stall_steps >= batch.remaining_steps():
+                continue
+            pause = stall_steps * self.step_seconds(batch, size, now)
+            short = pause <= rules.max_stall
+            spares_wait = (
+                rules.wait_ratio > 0
+                and pause * rules.wait_ratio <= wait
+                and (batch.long or not any(job.long_pauses for job in batch.live_jobs()))
+            )
+            if not (short or spares_wait):
+                continue
+            key = (size, pause)
+            if best is None or key < best[:2]:
+                best = (*key, Join(batch, not short))
+        return None if best is None else best[2]
+
+    def split(self, running: Sequence[RunningBatch], now: float) -> Split | None:
+        """The batch to share with an idle lane (nothing is waiting), if one is worth it."""
+        rules = self.rules
+        if rules.split_gain_ratio <= 0 or rules.max_stall <= 0:
+            return None
+        best: Split | None = None
+        for batch in running:
+            if batch.restart or batch.steps == 0 or not restartable(batch.requests[0]):
+                continue
+            live = batch.live_jobs()
+            if len(live) < 2:
+                continue
+            keep, give = halves(live)
+            before = max(job.remaining_tokens() for job in live) * self.step_seconds(
+                batch, len(live), now
+            )
+            catch_up = max(self.catch_up(batch, keep, now), self.catch_up(batch, give, now))
+            after = catch_up + max(
+                max(job.remaining_tokens() for job in half)
+                * self.step_seconds(batch, len(half), now)
+                for half in (keep, give)
+            )
+            # Worth at least one pause budget too: a split takes the lane a newcomer would
+            # start on at once, and at low load that lane is worth more than a few ms.
+            gain = before - after
+            if gain < max(rules.split_gain_ratio * catch_up, rules.max_stall):
+                continue
+            long = catch_up > rules.max_stall
+            if long and any(job.long_pauses for job in live):
+                continue
+            if best is None or gain > best.gain_seconds:
+                best = Split(batch, gain, long)
+        return best
+
+    def catch_up(self, batch: RunningBatch, jobs: Sequence[ScheduledJob], now: float) -> float:
+        """Seconds before ``jobs``, restarted as one batch, all speak again: the common part of
+        their lengths as one forward pass, then the longer ones' extra tokens one per step."""
+        lengths = [job.total_length() for job in jobs]
+        shortest = min(lengths)
+        prefill = len(lengths) * shortest * self.rules.prefill_seconds_per_token
+        return prefill + (max(lengths) - shortest) * self.step_seconds(batch, len(jobs), now)
+
+    def step_seconds(self, batch: RunningBatch, size: int, now: float) -> float:
+        """A decoding step's time at ``size`` sequences: the model's measured step time at that
+        size, or (nothing measured) the batch's own, scaled linearly with the size."""
+        measured = self._step_times.estimate(size)
+        if measured is not None:
+            return measured
+        return batch.recent_step_seconds(now) * size / max(batch.live(), 1)
+
+
+def halves(jobs: Sequence[ScheduledJob]) -> tuple[list[ScheduledJob], list[ScheduledJob]]:
+    """Two halves of similar lengths (the longer half stays): each catches up least."""
+    ordered = sorted(jobs, key=lambda job: job.total_length(), reverse=True)
+    middle = (len(ordered) + 1) // 2
+    return ordered[:middle], ordered[middle:]
+
+
+def restartable(request: EngineRequest) -> bool:
+    """Whether a restart leaves the batch's outputs unchanged. Not for seeded jobs (they run
+    alone), min_tokens (owed per call) or a repetition penalty: CTranslate2 penalizes what a
+    sequence generated, not its prompt, so generated tokens fed back as prompt escape it."""
+    sampling = request.sampling
+    return request.seed is None and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
+
+
+def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
+    """Whether ``job`` may share a batch with ``first``: one sampling configuration and one
+    shared prefix (CTranslate2's static prompt is the whole batch's), and never a seed."""
+    request = job.request
+    return (
+        request.seed is None
+        and first.seed is None
+        and request.sampling == first.sampling
+        and request.prefix == first.prefix
+    )
