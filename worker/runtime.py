@@ -132,7 +132,9 @@ class WorkerRuntime:
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
-        model, priority, owner = self.redis.hmget(keys.job(job_id), ["model", "priority", "owner"])
+        model, priority, owner = self.redis.hmget(
+            keys.job(job_id), ["model", "priority", "owner_key"]
+        )
         if model:
             self._enqueue(job_id, str(model), int(priority or 0), str(owner or ""))
         return str(model or "unknown")
