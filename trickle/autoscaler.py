@@ -3,7 +3,9 @@
 Every ``interval_seconds`` it reads, per served model, the queue depth (every priority), the
 oldest queued job's age and the live workers' busy and total slots (``worker.capacity``), then:
 
-- wants ``ceil((queued + running) / slots per worker)`` workers for the neediest model, plus
+- wants ``ceil((queued + running) / slots per worker)`` workers for the neediest model (with
+  ``[autoscale] max_batch_workers``, waiting batch jobs alone want at most that many; 0: batch
+  runs only on capacity interactive work leaves), plus
   one more when jobs have waited ``scale_up_after_seconds`` with every live slot busy and no
   worker is already starting, clamped to MIN..MAX;
 - starts the missing ones at once (a job submitted to zero workers waits for the first);
@@ -56,14 +58,17 @@ def desired_workers(
     live: int,
     starting: int,
     scale_up_after_seconds: float,
+    max_batch_workers: int | None = None,
 ) -> int:
-    """Workers wanted now: the neediest model's slot demand, plus one if jobs age unserved."""
+    """Workers wanted now: the neediest model's slot demand, plus one if jobs age unserved;
+    waiting batch jobs alone never want more than ``max_batch_workers`` (None: no cap)."""
     want = bounds.min
     for load, per_worker in loads:
-        want = max(want, load.workers_needed(per_worker))
+        want = max(want, load.workers_needed(per_worker, max_batch_workers))
         saturated = load.busy >= load.total
+        batch_may_grow = max_batch_workers is None or live < max_batch_workers
         if (
-            load.depth > 0
+            (load.depth - load.batch_depth > 0 or (load.depth > 0 and batch_may_grow))
             and saturated
             and starting == 0
             and load.oldest_queued_seconds >= scale_up_after_seconds
@@ -119,9 +124,11 @@ class Autoscaler:
 
     def _scale(self) -> None:
         ttl = self.settings.worker.heartbeat_ttl_seconds
+        max_batch_workers = self.settings.autoscale.max_batch_workers
+        capped = max_batch_workers is not None
         loads = [
             (
-                read_load(self.client, m, ttl, time.time(), self.queues),
+                read_load(self.client, m, ttl, time.time(), self.queues, batch=capped),
                 slots_per_worker(self.settings.model(m)),
             )
             for m in self.models
@@ -140,7 +147,12 @@ class Autoscaler:
         starting = len([c for c in pool if c not in up and not c.given_up])
         self._warn_unmatched([c for c in pool if c not in up and c.alive])
         want = desired_workers(
-            loads, self.bounds, len(up), starting, self.settings.autoscale.scale_up_after_seconds
+            loads,
+            self.bounds,
+            len(up),
+            starting,
+            self.settings.autoscale.scale_up_after_seconds,
+            max_batch_workers,
         )
         self._mark(len(up))
         if want != self._last_want:

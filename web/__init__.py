@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # token is checked before the API key it stands in for.
     install_cors(app, settings.web.cors_origins)
     stream_access.install_stream_access(app)
-    install_auth(app, settings.auth.api_keys, settings.auth.metrics_token)
+    install_auth(app, settings.auth.api_keys, settings.auth.metrics_token, svc.tenants)
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_api.blueprint)
     app.register_blueprint(responses_api.blueprint)
@@ -59,4 +59,5 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)
+    svc.rate_limiter.install(app)
     return app

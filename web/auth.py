@@ -2,34 +2,27 @@
 
 Keys are compared as SHA-256 digests in constant time, so a config may hold ``sha256:<hex>``
 digests instead of the keys themselves. Health routes stay open for probes; ``/metrics`` takes
-its own token (``auth.metrics_token``) or, without one, follows the API keys.
+its own token (``auth.metrics_token``) or, without one, follows ``[auth] api_keys``; a named
+key (``[keys.<name>]``) never opens it, since it shows every key's usage.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 
 from flask import Flask, g, request
 
 from web.errors import ApiError
+from worker.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
 
 PROTECTED_PREFIX = "/v1/"
 METRICS_PATH = "/metrics"
-DIGEST_PREFIX = "sha256:"
-
-
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+# Matches no key: /metrics with named keys but neither a metrics token nor [auth] api_keys.
+NO_DIGEST = "-"
 
 
 def accepted_digests(api_keys: tuple[str, ...]) -> frozenset[str]:
-    return frozenset(
-        entry[len(DIGEST_PREFIX) :].lower()
-        if entry.startswith(DIGEST_PREFIX)
-        else key_digest(entry)
-        for entry in api_keys
-    )
+    return frozenset(digest_of_entry(entry) for entry in api_keys)
 
 
 def unauthorized(message: str) -> ApiError:
@@ -47,6 +40,18 @@ def current_owner() -> str:
     return str(g.get("api_key_digest", ""))
 
 
+def current_key() -> KeySettings | None:
+    """The caller's named key (``[keys.<name>]``), None for anonymous or ``[auth] api_keys``."""
+    key: KeySettings | None = g.get("api_key")
+    return key
+
+
+def current_tenant() -> str:
+    """The caller's tenant: its key's name, or the default tenant."""
+    key = current_key()
+    return key.name if key else DEFAULT_TENANT
+
+
 def grant_stream_read(job_id: str) -> None:
     """A valid stream token for this job came with the request (see ``web.stream_access``)."""
     g.stream_token_job = job_id
@@ -57,11 +62,20 @@ def stream_grant() -> bool:
     return bool(g.get("stream_token_job"))
 
 
-def install_auth(app: Flask, api_keys: tuple[str, ...], metrics_token: str = "") -> None:
-    """/v1 wants an API key; /metrics wants the metrics token when one is set, else whatever
-    /v1 wants (deployment-wide counts are an operator's, a deliberate and documented choice)."""
-    digests = accepted_digests(api_keys)
-    metrics_digests = accepted_digests((metrics_token,)) if metrics_token else digests
+def install_auth(
+    app: Flask, api_keys: tuple[str, ...], metrics_token: str = "", named: TenantTable | None = None
+) -> None:
+    """/v1 wants an API key (``api_keys`` or a named key); /metrics wants the metrics token
+    when one is set, else whatever /v1 wants (deployment-wide counts are an operator's, a
+    deliberate and documented choice)."""
+    named = named or TenantTable({})
+    digests = accepted_digests(api_keys) | frozenset(named.digests())
+    # A named key never opens /metrics: it holds every key's usage, no tenant's business.
+    metrics_digests = (
+        accepted_digests((metrics_token,)) if metrics_token else accepted_digests(api_keys)
+    )
+    if named and not metrics_digests:
+        metrics_digests = frozenset({NO_DIGEST})
     if not digests and not metrics_digests:
         return
 
@@ -70,7 +84,8 @@ def install_auth(app: Flask, api_keys: tuple[str, ...], metrics_token: str = "")
         if request.path.startswith(PROTECTED_PREFIX) and digests:
             if stream_grant():
                 return  # the token names the one job this request may read
-            g.api_key_digest = _bearer_digest(digests)
+            g.api_key_digest = digest = _bearer_digest(digests)
+            g.api_key = named.by_digest(digest)
         elif request.path == METRICS_PATH and metrics_digests:
             _bearer_digest(metrics_digests)
 

@@ -18,11 +18,12 @@ from flask import Blueprint, Response, jsonify, request
 from werkzeug.formparser import FormDataParser
 
 from web import openai_responses as shapes
-from web.auth import current_owner
+from web.auth import current_key, current_owner
 from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
 from web.errors import ApiError, invalid, not_found, too_many, unavailable
 from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
+from web.key_policy import check_key_policy
 from web.openai_api import jobs_for_request
 from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
 from web.services import Services, services
@@ -71,6 +72,7 @@ def create_batch() -> Response:
             continue
         item.job_ids = [job.id for job in item_jobs]
         jobs += item_jobs
+    check_key_policy(svc, current_key(), jobs)
     svc.rate_limiter.admit(admission_cost(jobs))
     urls = {item.url for item in items}
     batch = Batch(

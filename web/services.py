@@ -18,6 +18,7 @@ from worker.config import Settings
 from worker.queue import QueueReader, make_celery
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
+from worker.tenants import TenantTable
 from worker.tokenizer import Tokenizer
 from worker.tracing import Tracing
 
@@ -35,6 +36,7 @@ class Services:
     requests: RequestModels  # the request bodies, bound to this configuration's limits
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
+    tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
@@ -52,9 +54,10 @@ class Services:
             store=store,
             celery=celery,
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
-            rate_limiter=RateLimiter(client, settings.rate_limits),
+            rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
             queues=QueueReader(celery, store),
+            tenants=TenantTable(settings.keys),
         )
 
     def close(self) -> None:

@@ -9,9 +9,10 @@ from collections import Counter
 
 import redis
 
-from web.auth import current_owner
+from web.auth import current_key, current_owner
 from web.errors import too_many, unavailable
 from web.idempotency import Created, IdempotencyKey, matching, ttl_seconds
+from web.key_policy import check_key_policy
 from web.services import Services
 from web.validation import check_prompt_length
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
@@ -60,8 +61,15 @@ def admission_cost(jobs: list[Job]) -> int:
     return sum(job.usage.prompt_tokens + job.params.max_tokens for job in jobs)
 
 
+def tenant_of(svc: Services, job: Job) -> str:
+    """The job's tenant (its owner's key name), which picks its queue."""
+    return svc.tenants.name_of_owner(job.owner)
+
+
 def admit(svc: Services, jobs: list[Job]) -> None:
-    """Rate limits, then queue capacity: 429 before anything is stored."""
+    """The key's policy (403), rate limits, then queue capacity (429): before anything is
+    stored."""
+    check_key_policy(svc, current_key(), jobs)
     svc.rate_limiter.admit(admission_cost(jobs))
     check_queue_capacity(svc, jobs[0].model, adding=len(jobs))
 
@@ -164,7 +172,9 @@ def _publish(svc: Services, jobs: list[Job], sent: list[Job]) -> None:
     """Publish every job's task through one producer, adding each to ``sent`` once it is."""
     with svc.celery.producer_or_acquire() as producer:
         for job in jobs:
-            enqueue_generation(svc.celery, job.id, job.model, job.priority, producer)
+            enqueue_generation(
+                svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)
+            )
             sent.append(job)
 
 

@@ -9,6 +9,9 @@ from worker.metric_defs import (
     E2E_LATENCY,
     INTER_TOKEN_LATENCY,
     JOBS,
+    KEY_COMPLETION_TOKENS,
+    KEY_JOBS,
+    KEY_PROMPT_TOKENS,
     PREFIX_CACHE_HITS,
     PREFIX_CACHE_MISSES,
     TIME_TO_FIRST_TOKEN,
@@ -16,6 +19,7 @@ from worker.metric_defs import (
 )
 from worker.metrics import MetricsRecorder
 from worker.store import JobResult
+from worker.tenants import DEFAULT_TENANT_LABEL
 
 
 def account_finished(
@@ -25,8 +29,10 @@ def account_finished(
     result: JobResult,
     scheduled: ScheduledJob | None,
     resumed: int,
+    key: str = DEFAULT_TENANT_LABEL,
 ) -> None:
-    """Count the job and its tokens, observe its latencies, and log how it ended.
+    """Count the job and its tokens (for its ``key`` too: the owner's name), observe its
+    latencies, and log how it ended.
 
     Tokens streamed by an earlier attempt (``resumed``) were counted by that attempt, and a
     resumed job's first token is not this attempt's: its TTFT is not observed.
@@ -35,6 +41,9 @@ def account_finished(
     metrics.count(JOBS, model=model, status=result.status.value)
     generated = result.completion_tokens - resumed
     metrics.count(TOKENS, max(generated, 0), model=model)
+    metrics.count(KEY_JOBS, key=key, model=model, status=result.status.value)
+    metrics.count(KEY_PROMPT_TOKENS, job.usage.prompt_tokens, key=key, model=model)
+    metrics.count(KEY_COMPLETION_TOKENS, max(generated, 0), key=key, model=model)
     e2e = result.completed_at - job.created_at
     metrics.observe(E2E_LATENCY, e2e, model=model)
     timings: dict[str, float] = {"e2e_seconds": e2e}

@@ -19,11 +19,13 @@ from celery import Celery, bootsteps
 
 from worker.config import Settings, load_settings
 from worker.dispatch import JobDispatcher
+from worker.key_caps import KeyCaps
 from worker.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
 from worker.redis_connection import connect
 from worker.runtime import WorkerRuntime
 from worker.store import JobStore
 from worker.tasks import register_tasks
+from worker.tenants import TenantTable
 from worker.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,11 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         # Requeued jobs may belong to any model, not only those this worker consumes.
         producer = make_celery(settings, settings.models)
 
-        def requeue(job_id: str, model: str, priority: int) -> None:
-            enqueue_generation(producer, job_id, model, priority)
+        tenants = TenantTable(settings.keys)
+
+        def requeue(job_id: str, model: str, priority: int, owner: str) -> None:
+            tenant = tenants.name_of_owner(owner)
+            enqueue_generation(producer, job_id, model, priority, tenant=tenant)
 
         def notify(job_id: str) -> None:
             enqueue_webhook(producer, job_id)
@@ -71,7 +76,13 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
             settings, requeue, worker.hostname, notify, tracing, queue_depth=queues.depth
         )
         self.runtime = runtime
-        self.dispatcher = JobDispatcher(runtime.run_job, runtime.claim_many, worker.concurrency)
+        caps = None
+        if any(key.max_running_jobs for key in settings.keys.values()):
+            entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
+            caps = KeyCaps(runtime.redis, tenants, entry_seconds)
+        self.dispatcher = JobDispatcher(
+            runtime.run_job, runtime.claim_many, worker.concurrency, caps
+        )
 
     def start(self, worker: Any) -> None:
         assert self.runtime is not None and self.dispatcher is not None

@@ -28,6 +28,8 @@ class QueueReader(Protocol):
 
     def oldest_queued_seconds(self, model: str, now: float) -> float: ...
 
+    def batch_depth(self, model: str) -> int: ...
+
 
 def slots_per_worker(model: ModelSettings) -> int:
     """Jobs one worker runs at once for a model: every engine thread's full batch."""
@@ -53,6 +55,8 @@ class ModelLoad:
     depth: int
     oldest_queued_seconds: float
     workers: list[WorkerSlots] = field(default_factory=list)
+    # Of ``depth``, the batch-priority jobs (read only for the autoscaler's batch cap).
+    batch_depth: int = 0
 
     @property
     def busy(self) -> int:
@@ -67,8 +71,15 @@ class ModelLoad:
         """Slots this model needs right now: its running jobs plus its waiting ones."""
         return self.depth + self.busy
 
-    def workers_needed(self, slots_per_worker: int) -> int:
-        return math.ceil(self.demand / max(slots_per_worker, 1))
+    def workers_needed(self, slots_per_worker: int, max_batch_workers: int | None = None) -> int:
+        """Workers for the whole demand; with ``max_batch_workers``, waiting batch jobs alone
+        want no more than that many (0: batch runs on what the rest leaves)."""
+        per_worker = max(slots_per_worker, 1)
+        everything = math.ceil(self.demand / per_worker)
+        if max_batch_workers is None:
+            return everything
+        without_batch = math.ceil((self.demand - self.batch_depth) / per_worker)
+        return max(without_batch, min(everything, max_batch_workers))
 
 
 def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> int:
@@ -92,13 +103,16 @@ def read_load(
     heartbeat_ttl: float,
     now: float,
     queues: QueueReader,
+    batch: bool = False,
 ) -> ModelLoad:
-    """The model's queue depth, oldest queued job age and live workers' slots."""
+    """The model's queue depth, oldest queued job age and live workers' slots; ``batch``: and
+    how many of the waiting jobs are batch ones."""
     return ModelLoad(
         model=model,
         depth=queues.depth(model),
         oldest_queued_seconds=queues.oldest_queued_seconds(model, now),
         workers=worker_slots(client, model, now - heartbeat_ttl),
+        batch_depth=queues.batch_depth(model) if batch else 0,
     )
 
 

@@ -22,6 +22,8 @@ from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, Validation
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import PydanticBaseSettingsSource
 
+from worker.tenants import KeySettings, build_keys, check_keys
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
 DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
@@ -201,6 +203,9 @@ class AutoscaleSettings(Section):
     interval_seconds: float = 0.25
     # Jobs waiting this long while every live slot is busy add a worker beyond the slot count.
     scale_up_after_seconds: float = 2.0
+    # Workers that batch-priority demand alone may start (0: batch runs only on the capacity
+    # interactive work leaves, or MIN's); unset: batch counts like interactive demand.
+    max_batch_workers: int | None = None
     # Something outside Trickle (KEDA, an HPA) starts workers on demand: /readyz then treats
     # zero live workers as ready, as it does while `trickle up` autoscales.
     external_scaler: bool = False
@@ -317,6 +322,8 @@ class Settings:
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
     default_model: str = "demo"
+    # Named API keys and their limits, by name (worker/tenants.py).
+    keys: dict[str, KeySettings] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSettings:
         return self.models[name]
@@ -351,6 +358,7 @@ class _Layers(BaseSettings):
     # Tables until each is built as ModelSettings (its name is its key).
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
     default_model: str = "demo"
+    keys: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class _GivenEnvironment(EnvSettingsSource):
@@ -408,12 +416,16 @@ def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None)
         models = {
             name: _model(name, table, base_dir) for name, table in (layers.models or {}).items()
         }
+        named_keys = build_keys(layers.keys or {})
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    except ValueError as exc:  # build_keys names the key path
+        raise ConfigError(str(exc)) from None
     if not models:
         raise ConfigError("[models] must contain at least one [models.<name>] table")
-    sections = {name: getattr(layers, name) for name in _Layers.model_fields if name != "models"}
-    settings = Settings(**sections, models=models)
+    tables = ("models", "keys")
+    sections = {name: getattr(layers, name) for name in _Layers.model_fields if name not in tables}
+    settings = Settings(**sections, models=models, keys=named_keys)
     _check(settings)
     return settings
 
@@ -508,6 +520,8 @@ def _check(settings: Settings) -> None:
     for name in pacing:
         if getattr(settings.worker, name) < 0:
             raise ConfigError(f"worker.{name} must be >= 0")
+    if (settings.autoscale.max_batch_workers or 0) < 0:
+        raise ConfigError("autoscale.max_batch_workers must be >= 0 (0: idle capacity only)")
     if settings.worker.republish_after_seconds <= 0:
         raise ConfigError("worker.republish_after_seconds must be > 0")
     if "+cluster://" in settings.broker_url:
@@ -516,6 +530,10 @@ def _check(settings: Settings) -> None:
             "needs one server); with redis.url on a cluster, set broker.url "
             "(TRICKLE_BROKER_URL) to a single Redis or to RabbitMQ"
         )
+    try:
+        check_keys(settings.keys, settings.models, settings.auth.api_keys)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     limits = settings.limits
     if limits.default_max_tokens > limits.max_tokens_ceiling:
         raise ConfigError("limits.default_max_tokens must not exceed limits.max_tokens_ceiling")

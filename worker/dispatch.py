@@ -39,6 +39,9 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
+from worker.key_caps import KeyCaps
+from worker.queue import TenantQueues, tenant_queues
+
 log = logging.getLogger(__name__)
 
 # (job id, its claim or None to claim its own) -> returns once the job's final state is stored.
@@ -46,16 +49,25 @@ RunJob = Callable[[str, Any], None]
 ClaimMany = Callable[[list[str]], Sequence[Any]]
 # Builds and reserves the request of a received message; None when it is not to run (revoked).
 Reserve = Callable[[], Request | None]
+# How often jobs held under their key's max_running_jobs try again (besides each local end).
+HOLD_RETRY_SECONDS = 0.25
 
 
 class JobDispatcher:
     """Claims the requests the consumer hands it, many per round trip, and runs each in a job
     thread; acks each once its job has ended."""
 
-    def __init__(self, run_job: RunJob, claim_many: ClaimMany, slots: int):
+    def __init__(
+        self, run_job: RunJob, claim_many: ClaimMany, slots: int, caps: KeyCaps | None = None
+    ):
         self._run_job = run_job
         self._claim_many = claim_many
-        self._intake: deque[Reserve] = deque()
+        self.caps = caps
+        self._intake: deque[tuple[Reserve, str]] = deque()
+        # Requests over their key's max_running_jobs, by key: unacked, waiting to be claimed.
+        self._held: dict[str, list[Request]] = {}
+        self._held_count = 0
+        self._retry_held = False
         self._lock = threading.Condition()
         self._busy = 0
         self._stopping = False
@@ -65,10 +77,11 @@ class JobDispatcher:
     def start(self) -> None:
         self._claimer.start()
 
-    def submit(self, reserve: Reserve) -> None:
-        """From Celery's consumer thread: take a received message (never blocks)."""
+    def submit(self, reserve: Reserve, tenant: str = "") -> None:
+        """From Celery's consumer thread: take a received message (never blocks); ``tenant``:
+        the key whose queue it came from."""
         with self._lock:
-            self._intake.append(reserve)
+            self._intake.append((reserve, tenant))
             self._busy += 1
             self._lock.notify_all()
 
@@ -82,27 +95,67 @@ class JobDispatcher:
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for every claimed job to end (stored or handed back)."""
         with self._lock:
-            ended = self._lock.wait_for(lambda: self._busy <= len(self._intake), timeout)
+            ended = self._lock.wait_for(
+                lambda: self._busy <= len(self._intake) + self._held_count, timeout
+            )
         self._jobs.shutdown(wait=ended)
         return ended
 
     def _claim_loop(self) -> None:
         while True:
             with self._lock:
-                self._lock.wait_for(lambda: self._intake or self._stopping)
+                self._lock.wait_for(
+                    lambda: self._intake or self._stopping or self._retry_held,
+                    HOLD_RETRY_SECONDS if self._held else None,
+                )
                 if self._stopping:
                     return
                 received = list(self._intake)
                 self._intake.clear()
-            taken = [request for request in (reserve() for reserve in received) if request]
+                self._retry_held = False
+            reserved = [(reserve(), tenant) for reserve, tenant in received]
+            taken = [(request, tenant) for request, tenant in reserved if request]
             if len(taken) < len(received):
                 self._ended(len(received) - len(taken))
-            if not taken:
+            runnable = self._within_caps(taken) if self.caps else taken
+            if not runnable:
                 continue
-            claims = self._claims([job_id_of(request) for request in taken])
-            for request, claim in zip(taken, claims, strict=True):
+            claims = self._claims([job_id_of(request) for request, _ in runnable])
+            for (request, tenant), claim in zip(runnable, claims, strict=True):
                 request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
-                self._jobs.submit(self._run, request, claim)
+                self._jobs.submit(self._run, request, claim, tenant)
+
+    def _within_caps(self, taken: list[tuple[Request, str]]) -> list[tuple[Request, str]]:
+        """The requests that may start: uncapped keys' and those within their key's cap (held
+        ones first); the rest are held, and their key's queues paused on this worker."""
+        assert self.caps is not None
+        caps = self.caps
+        runnable = [(request, tenant) for request, tenant in taken if not caps.capped(tenant)]
+        waiting = {tenant: list(requests) for tenant, requests in self._held.items()}
+        for request, tenant in taken:
+            if caps.capped(tenant):
+                waiting.setdefault(tenant, []).append(request)
+        for tenant, requests in waiting.items():
+            before = len(self._held.get(tenant, ()))
+            try:
+                admitted = caps.take(tenant, [job_id_of(request) for request in requests])
+            except redis.RedisError:
+                log.exception("key %s: running-job cap unreadable; its jobs start", tenant)
+                admitted = {job_id_of(request) for request in requests}
+            keep = [request for request in requests if job_id_of(request) not in admitted]
+            runnable += [(r, tenant) for r in requests if job_id_of(r) in admitted]
+            caps.hold(len(keep) - before)
+            if keep:
+                self._held[tenant] = keep
+                if not before:
+                    caps.pause(tenant)
+            else:
+                self._held.pop(tenant, None)
+                if before:
+                    caps.resume(tenant)
+        with self._lock:
+            self._held_count = sum(len(requests) for requests in self._held.values())
+        return runnable
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         try:
@@ -111,7 +164,7 @@ class JobDispatcher:
             log.exception("claiming %d jobs at once failed; each claims its own", len(job_ids))
             return [None] * len(job_ids)
 
-    def _run(self, request: Request, claim: Any) -> None:
+    def _run(self, request: Request, claim: Any, tenant: str = "") -> None:
         started = time.monotonic()
         job_id = job_id_of(request)
         succeeded = False
@@ -125,6 +178,10 @@ class JobDispatcher:
         finally:
             request.acknowledge()
             worker_state.task_ready(request, successful=succeeded)
+            if self.caps and self.caps.capped(tenant) and getattr(claim, "claimed", True):
+                self.caps.release(tenant, job_id)
+                with self._lock:
+                    self._retry_held = True
             self._ended(1)
 
     def _ended(self, count: int) -> None:
@@ -162,6 +219,9 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     connection_errors = consumer.connection_errors
     revoked = consumer.controller.state.revoked
     dispatcher: JobDispatcher = consumer.controller.trickle.dispatcher
+    queues = tenant_queues(app)
+    if dispatcher.caps is not None:
+        attach_caps(dispatcher.caps, consumer, queues)
 
     def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
         on_ack = functools.partial(consumer.call_soon_ack, _ack, message)
@@ -205,9 +265,31 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     def on_generate_message(
         message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **_: Any
     ) -> None:
-        dispatcher.submit(functools.partial(reserve, message, ack, reject, callbacks))
+        tenant = queues.tenant_of(message.delivery_info.get("routing_key") or "")
+        dispatcher.submit(functools.partial(reserve, message, ack, reject, callbacks), tenant)
 
     return on_generate_message
+
+
+def attach_caps(caps: KeyCaps, consumer: Any, queues: TenantQueues) -> None:
+    """A held key's queues are paused and resumed on the consumer's own thread; each held
+    message widens the prefetch window, as Celery's ETA tasks do."""
+
+    def pause(tenant: str) -> None:
+        for name in queues.of_key(tenant):
+            consumer.call_soon(consumer.cancel_task_queue, name)
+
+    def resume(tenant: str) -> None:
+        for name in queues.of_key(tenant):
+            consumer.call_soon(consumer.add_task_queue, name)
+
+    def hold(count: int) -> None:
+        if count > 0:
+            consumer.qos.increment_eventually(count)
+        elif count < 0:
+            consumer.qos.decrement_eventually(-count)
+
+    caps.pause, caps.resume, caps.hold = pause, resume, hold
 
 
 class TrickleConsumer(Consumer):  # type: ignore[misc]

@@ -157,6 +157,7 @@ CLAIM_FIELDS = (
     "webhook_url",
     "prompt_ids",
     "traceparent",
+    "owner_key",  # its key's name: usage per key, and its queue when it is requeued
 )
 
 

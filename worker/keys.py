@@ -147,14 +147,23 @@ def _idempotency_digest(scope: str, key: str) -> str:
     return hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
 
 
-def rate_window(subject: str, kind: str, window: int) -> str:
-    """Counter of requests or tokens one API key used in one fixed window (minute number)."""
-    return f"{PREFIX}:rate:{{{subject}:{window}}}:{kind}"
+# Flask-Limiter's counters (web/ratelimit.py): the `limits` library names them
+# "<prefix>:LIMITER/<subject>/<requests|tokens>/<amount>/1/minute" (a string, 60 s TTL).
+RATE_LIMIT_PREFIX = f"{PREFIX}:ratelimit"
 
 
 def model_queue(model: str) -> str:
     """Celery queue that carries the ids of one model's jobs, at every priority."""
     return f"{PREFIX}.{model}"
+
+
+def tenant_queue(model: str, tenant: str, index: int = 0) -> str:
+    """Celery queue of one named key's jobs for one model; a key of weight w has w of them
+    (indexes 0..w-1), each one turn in the workers' round robin (worker/queue.py). The default
+    tenant (anonymous callers, ``[auth] api_keys``) uses ``model_queue``."""
+    if not tenant:
+        return model_queue(model)
+    return f"{model_queue(model)}.key.{tenant}" + (f".{index}" if index else "")
 
 
 # RabbitMQ only: the topic exchange every queue is bound to by its own name.
@@ -179,3 +188,9 @@ AUTOSCALER = f"{PREFIX}:autoscaler"
 # The generated HMAC key of stream tokens (when ``web.stream_secret`` is not set): created once
 # with SET NX by whichever web process needs it first, then shared by all of them.
 STREAM_SECRET = f"{PREFIX}:stream-secret"
+
+
+def key_running(tenant: str) -> str:
+    """Sorted set of a named key's running jobs over every worker (``max_running_jobs``):
+    job id -> the time its entry lapses unless the job ends first (a dead worker's jobs)."""
+    return f"{PREFIX}:key:{{{tenant}}}:running"

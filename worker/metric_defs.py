@@ -78,4 +78,22 @@ ENGINE_RESTARTS = Counter(
     "Running batches restarted, by model and kind: join (newcomers joined it) or split "
     "(half of it moved to an idle lane).",
 )
-COUNTERS = (JOBS, TOKENS, PREFIX_CACHE_HITS, PREFIX_CACHE_MISSES, ENGINE_RESTARTS)
+# Usage per named key (its name, "default" for anonymous callers and [auth] api_keys), counted
+# when a worker ends the job: jobs by status, the prompt's tokens and the completion's.
+KEY_JOBS = Counter("trickle_key_jobs_total", "Jobs a worker ended, by key name, model and status.")
+KEY_PROMPT_TOKENS = Counter(
+    "trickle_key_prompt_tokens_total", "Prompt tokens of ended jobs, by key name and model."
+)
+KEY_COMPLETION_TOKENS = Counter(
+    "trickle_key_completion_tokens_total", "Tokens generated, by key name and model."
+)
+COUNTERS = (
+    JOBS,
+    TOKENS,
+    PREFIX_CACHE_HITS,
+    PREFIX_CACHE_MISSES,
+    ENGINE_RESTARTS,
+    KEY_JOBS,
+    KEY_PROMPT_TOKENS,
+    KEY_COMPLETION_TOKENS,
+)

@@ -10,12 +10,24 @@ explicitly and missing ones are not created on the fly, so a typo in a model nam
 Priority is Celery's own, per broker:
 
 - Redis (``redis://``, ``rediss://``, a Redis of its own): kombu keeps one list per priority
-  step (``priority_steps``) and a worker pops the lower numbers first
-  (``queue_order_strategy = "priority"``), so a batch job (priority 9) never delays the fetch
-  of an interactive one (0). Messages already prefetched are not reordered.
+  step (``priority_steps``) and a worker's BRPOP names every queue's step-0 list before any
+  queue's step-9 list, so a batch job (priority 9) never delays the fetch of an interactive
+  one (0). Messages already prefetched are not reordered.
 - RabbitMQ: each model's queue is a durable classic queue with ``x-max-priority``; RabbitMQ
   serves higher numbers first, so the Trickle priority is sent inverted (``broker_priority``).
   Quorum queues have no priorities before RabbitMQ 4.0 (Debian 12 ships 3.10).
+
+Fair shares between named keys (``[keys.<name>]``) come from queues too: each key has its own
+queue per model (``weight`` of them), and every worker consumes them all. On Redis kombu's
+``queue_order_strategy = "round_robin"`` rotates the queue it just took from to the end of the
+next BRPOP's list, within each priority step: a key's backlog delays another key's job by at
+most one fetch (one freed slot) per worker, whatever its length, and a key of weight w, with w
+queues, gets w turns per round. A worker prefetches no more than its slots (acks late, after
+the job ends), so fetch order is run order. On RabbitMQ a worker consumes its queues on one
+channel with a prefetch window; the broker sends from whichever queue has messages as the
+window frees, with no promise of turns between queues (in practice it alternates), and a
+message's priority orders only its own queue. Anonymous callers and ``[auth] api_keys`` keep
+the model's one queue, so the single-tenant path is what it was.
 
 Either way the engine's scheduler puts interactive jobs first in its next batch.
 
@@ -24,8 +36,9 @@ Part of the contract: no engine import, the web tier uses it.
 
 from __future__ import annotations
 
+import itertools
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
@@ -37,12 +50,15 @@ from worker import keys
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 from worker.store import JobStore
+from worker.tenants import DEFAULT_TENANT, KeySettings
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 # The priorities a job can have; on Redis, each is one of kombu's priority steps.
 PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 # What a failed publish raises: kombu's connection errors (after Celery's retry policy).
 BROKER_ERRORS = (kombu.exceptions.OperationalError, OSError)
+# Where make_celery leaves the app's TenantQueues (app.conf).
+TENANT_QUEUES_KEY = "trickle_tenant_queues"
 # How many of the oldest queued jobs (all models) to look through for a model's oldest one.
 OLDEST_SCAN = 256
 
@@ -59,11 +75,54 @@ def _queue(name: str, amqp: bool) -> Queue:
     return Queue(name, exchange, routing_key=name, durable=True, max_priority=BATCH_PRIORITY)
 
 
+class TenantQueues:
+    """The Celery queues of each model: its own (the default tenant's) and one per weight unit
+    of each named key allowed on it. A key's jobs are spread over its queues in turn."""
+
+    def __init__(self, models: Iterable[str], named: Mapping[str, KeySettings]):
+        self._queues: dict[tuple[str, str], list[str]] = {}
+        for model in models:
+            self._queues[model, DEFAULT_TENANT] = [keys.model_queue(model)]
+            for name, spec in named.items():
+                if not spec.allowed_models or model in spec.allowed_models:
+                    queues = [keys.tenant_queue(model, name, i) for i in range(spec.weight)]
+                    self._queues[model, name] = queues
+        self._turns = {where: itertools.cycle(names) for where, names in self._queues.items()}
+        self._tenant_of = {
+            name: tenant for (_, tenant), queues in self._queues.items() for name in queues
+        }
+
+    def names(self) -> list[str]:
+        return [name for queues in self._queues.values() for name in queues]
+
+    def of_model(self, model: str) -> list[str]:
+        return [
+            name for (found, _), queues in self._queues.items() if found == model for name in queues
+        ]
+
+    def of_tenant(self, model: str, tenant: str) -> list[str]:
+        return self._queues.get((model, tenant)) or [keys.model_queue(model)]
+
+    def of_key(self, tenant: str) -> list[str]:
+        """Every queue of the tenant (all models)."""
+        return [name for name, found in self._tenant_of.items() if found == tenant]
+
+    def tenant_of(self, queue: str) -> str:
+        return self._tenant_of.get(queue, DEFAULT_TENANT)
+
+    def next_queue(self, model: str, tenant: str) -> str:
+        """Where the tenant's next job for the model goes (its model's queue if it has none)."""
+        turns = self._turns.get((model, tenant))
+        return next(turns) if turns is not None else keys.model_queue(model)
+
+
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
-    """The Celery app on ``settings.broker_url``, with one queue per model and the webhooks'."""
+    """The Celery app on ``settings.broker_url``, with one queue per model (per named key and
+    model, too; see TenantQueues) and the webhooks'."""
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
-    names = [keys.model_queue(name) for name in models] + [keys.WEBHOOK_QUEUE]
+    tenant_queues = TenantQueues(models, settings.keys)
+    names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
     visibility = settings.worker.visibility_timeout_seconds
     transport: dict[str, Any] = {
         "visibility_timeout": visibility,
@@ -73,7 +132,8 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "unacked_restore_interval": max(1, min(10, visibility // 3)),
         "unacked_restore_throttle": 1,
         "priority_steps": list(PRIORITY_STEPS),
-        "queue_order_strategy": "priority",
+        # Turns between queues (named keys' fair shares); priority steps still come first.
+        "queue_order_strategy": "round_robin",
     }
     if amqp:  # a job is accepted (202) only once RabbitMQ has confirmed its message
         transport = {"confirm_publish": True}
@@ -99,6 +159,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         worker_send_task_events=settings.worker.task_events,
         task_send_sent_event=settings.worker.task_events,
     )
+    app.conf[TENANT_QUEUES_KEY] = tenant_queues
     if amqp:
         app.conf.task_default_exchange = keys.AMQP_EXCHANGE
         app.conf.task_default_exchange_type = "topic"
@@ -116,15 +177,25 @@ def broker_priority(app: Celery, priority: int) -> int:
     return BATCH_PRIORITY - priority if is_amqp(app.conf.broker_url or "") else priority
 
 
+def tenant_queues(app: Celery) -> TenantQueues:
+    queues: TenantQueues = app.conf[TENANT_QUEUES_KEY]
+    return queues
+
+
 def enqueue_generation(
-    app: Celery, job_id: str, model: str, priority: int = 0, producer: Any = None
+    app: Celery,
+    job_id: str,
+    model: str,
+    priority: int = 0,
+    producer: Any = None,
+    tenant: str = DEFAULT_TENANT,
 ) -> None:
-    """Publish the job's task on its model's queue. Many sends in a row pass one ``producer``
-    (``app.producer_or_acquire()``) instead of one each."""
+    """Publish the job's task on its model's queue (its key's, for a named key). Many sends in
+    a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each."""
     app.send_task(
         keys.GENERATE_TASK,
         args=[job_id],
-        queue=keys.model_queue(model),
+        queue=tenant_queues(app).next_queue(model, tenant),
         priority=broker_priority(app, priority),
         producer=producer,
     )
@@ -143,15 +214,35 @@ class QueueReader:
         self._app = app
         self._store = store
 
-    def depth(self, model: str) -> int:
-        queue = self._app.amqp.queues[keys.model_queue(model)]
+    def depth(self, model: str, tenant: str | None = None) -> int:
+        """Jobs waiting for the model: all of them, or only ``tenant``'s."""
+        queues = tenant_queues(self._app)
+        names = queues.of_model(model) if tenant is None else queues.of_tenant(model, tenant)
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
             # Declaring with the same arguments is idempotent and answers the count, on kombu's
             # Redis transport as on RabbitMQ (a passive declaration would fail for a queue that
             # no worker has declared yet).
-            declared = queue.bind(conn.default_channel).queue_declare()
-            return int(declared.message_count)
+            total = 0
+            for name in names:
+                queue = self._app.amqp.queues[name]
+                total += int(queue.bind(conn.default_channel).queue_declare().message_count)
+            return total
+
+    def batch_depth(self, model: str) -> int:
+        """Batch-priority jobs waiting for the model (every key's): on Redis, the length of
+        each queue's batch priority step; RabbitMQ counts no priority apart, so 0 there."""
+        if is_amqp(self._app.conf.broker_url or ""):
+            return 0
+        names = tenant_queues(self._app).of_model(model)
+        with self._app.pool.acquire(block=True) as conn:
+            conn.ensure_connection(max_retries=1)
+            channel = conn.default_channel
+            with channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                for name in names:
+                    pipe.llen(channel._q_for_pri(name, BATCH_PRIORITY))
+                return sum(int(size) for size in pipe.execute())
 
     def oldest_queued_seconds(self, model: str, now: float) -> float:
         """Age of the model's oldest queued job, from the queued index (by deadline)."""

@@ -34,12 +34,14 @@ from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
 from worker.retry import with_redis_retry
 from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
+from worker.tenants import TenantTable, tenant_label
 from worker.tracing import JobTimeline, Tracing
 
 log = logging.getLogger(__name__)
 
 # (job id, model, priority) -> put the job id on the model's queue again.
-Enqueue = Callable[[str, str, int], None]
+# (job id, model, priority, owner: its key digest, which picks its key's queue)
+Enqueue = Callable[[str, str, int, str], None]
 
 
 class WorkerRuntime:
@@ -53,6 +55,7 @@ class WorkerRuntime:
         queue_depth: Callable[[str], int] | None = None,
     ):
         self.settings = settings
+        self.tenants = TenantTable(settings.keys)
         self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
         self.redis = connect(settings.redis)
@@ -129,20 +132,22 @@ class WorkerRuntime:
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
-        model, priority = self.redis.hmget(keys.job(job_id), ["model", "priority"])
+        model, priority, owner = self.redis.hmget(
+            keys.job(job_id), ["model", "priority", "owner_key"]
+        )
         if model:
-            self._enqueue(job_id, str(model), int(priority or 0))
+            self._enqueue(job_id, str(model), int(priority or 0), str(owner or ""))
         return str(model or "unknown")
 
     def hand_back_pending(self) -> int:
         """Graceful shutdown: jobs not yet in a batch go back to the queue, uncounted."""
         handed = 0
-        for model, scheduler in self.schedulers.items():
+        for scheduler in self.schedulers.values():
             for job in scheduler.take_pending():
                 try:
                     released = self.store.release(job.job_id, job.fence, time.time())
                     if released is ReleaseOutcome.QUEUED:
-                        self._enqueue(job.job_id, model, job.priority)
+                        self.requeue(job.job_id)  # on its key's queue
                         handed += 1
                 except redis.RedisError as exc:
                     log.warning("hand back %s failed (%s); its lease will lapse", job.job_id, exc)
@@ -240,7 +245,8 @@ class WorkerRuntime:
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
-        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed)
+        key = tenant_label(self.tenants.name_of_owner(job.owner))
+        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import uuid
 from collections.abc import Callable
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from web.ratelimit import WINDOW_SECONDS, RateLimiter
-from web.services import services
-from worker.config import AuthSettings, RateLimitSettings, Settings, load_settings
+from worker.config import AuthSettings, Settings, load_settings
 
 DIGESTED = "second-key"
 
@@ -69,42 +66,3 @@ def test_a_job_is_visible_only_to_the_key_that_created_it(client: FlaskClient) -
     ):
         assert response.status_code == 404
         assert response.get_json()["error"]["param"] == "job_id"
-
-
-def with_fixed_clock(app: Flask, limits: RateLimitSettings) -> FlaskClient:
-    """The limiter on a clock 30 s into a minute no other test uses: no wall-clock rollover."""
-    now = float(uuid.uuid4().int % 10**6 * WINDOW_SECONDS + 30)
-    svc = services(app)
-    svc.rate_limiter = RateLimiter(svc.redis, limits, clock=lambda: now)
-    return app.test_client()
-
-
-@pytest.fixture
-def limited(settings: Settings, make_app: Callable[[Settings], Flask]) -> FlaskClient:
-    limits = RateLimitSettings(requests_per_minute=3, tokens_per_minute=0)
-    return with_fixed_clock(make_app(dataclasses.replace(settings, rate_limits=limits)), limits)
-
-
-def test_requests_per_minute_limit(limited: FlaskClient) -> None:
-    address = {"REMOTE_ADDR": f"requests-{uuid.uuid4()}"}
-    statuses = [
-        limited.post(
-            "/v1/jobs", json={"prompt": "x", "max_tokens": 1}, environ_base=address
-        ).status_code
-        for _ in range(4)
-    ]
-    assert statuses[:3] == [202, 202, 202]
-    assert statuses[3] == 429
-
-
-def test_tokens_per_minute_limit(settings: Settings, make_app: Callable[[Settings], Flask]) -> None:
-    limits = RateLimitSettings(requests_per_minute=0, tokens_per_minute=100)
-    app = with_fixed_clock(make_app(dataclasses.replace(settings, rate_limits=limits)), limits)
-    address = {"REMOTE_ADDR": f"tokens-{uuid.uuid4()}"}
-    ok = app.post("/v1/jobs", json={"prompt": "x", "max_tokens": 90}, environ_base=address)
-    assert ok.status_code == 202
-    refused = app.post("/v1/jobs", json={"prompt": "x", "max_tokens": 90}, environ_base=address)
-    assert refused.status_code == 429
-    body = refused.get_json()["error"]
-    assert body["code"] == "rate_limit_exceeded" and "tokens" in body["message"]
-    assert refused.headers["Retry-After"] == "31"  # the rest of the clock's minute, rounded up

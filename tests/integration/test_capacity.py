@@ -61,6 +61,10 @@ def test_depth_and_oldest_age_count_every_priority(
     assert load.oldest_queued_seconds == pytest.approx(30.0, abs=1.0)
     assert queues.depth("late") == 0
     assert queues.oldest_queued_seconds("late", time.time()) == 0.0
+    assert queues.batch_depth("demo") == 2
+    assert (
+        capacity.read_load(private_redis, "demo", 10.0, time.time(), queues, True).batch_depth == 2
+    )
 
 
 def test_the_queue_bound_counts_batch_jobs(
@@ -143,3 +147,21 @@ def test_a_restarted_worker_drops_only_its_previous_lifes_leases(
     assert private_redis.get(keys.job_lease("job_a")) is None
     assert private_redis.get(keys.job_lease("job_b")) == "w-5100@h2:1"
     assert private_redis.get(keys.job_lease("job_c")) == "w-51000@h:2"
+
+
+@pytest.mark.parametrize(("cap", "want"), [(None, 2), (0, 0), (1, 1)])
+def test_batch_demand_starts_at_most_max_batch_workers(cap: int | None, want: int) -> None:
+    """None: batch demand is demand (up to MAX 2); 0: a batch backlog alone starts nothing."""
+    batch_only = ModelLoad("demo", depth=40, oldest_queued_seconds=10.0, batch_depth=40)
+    assert desired_workers([(batch_only, 16)], WorkerRange(0, 2), 0, 0, 2.0, cap) == want
+
+
+def test_batch_keeps_the_worker_it_runs_on() -> None:
+    """With cap 0 a busy worker (running batch jobs) is still wanted: it is not stopped."""
+    running = ModelLoad("demo", 30, 10.0, [WorkerSlots("w-1@h", busy=16, total=16)], batch_depth=30)
+    assert desired_workers([(running, 16)], WorkerRange(0, 4), 1, 0, 2.0, 0) == 1
+
+
+def test_interactive_demand_is_never_capped() -> None:
+    mixed = ModelLoad("demo", depth=40, oldest_queued_seconds=10.0, batch_depth=20)
+    assert desired_workers([(mixed, 16)], WorkerRange(0, 4), 0, 0, 2.0, 0) == 2  # 20 of 40

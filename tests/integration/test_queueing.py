@@ -11,15 +11,25 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+import kombu
 import redis
+from celery import Celery
 from flask import Flask
 
 from trickle.redis_server import free_port
 from worker import keys
 from worker.config import BrokerSettings, RedisSettings, Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
-from worker.queue import QueueReader, broker_priority, enqueue_generation, is_amqp, make_celery
+from worker.queue import (
+    QueueReader,
+    broker_priority,
+    enqueue_generation,
+    is_amqp,
+    make_celery,
+    tenant_queues,
+)
 from worker.store import JobStore
+from worker.tenants import build_keys
 
 
 def on_private_redis(settings: Settings, client: redis.Redis) -> Settings:
@@ -114,3 +124,53 @@ def test_a_job_record_goes_before_its_task(settings: Settings, private_redis: re
         channel.close()
     assert message is not None and message.decode()[0] == [job.id]
     assert store.status(job.id) is not None
+
+
+def fetch_order(app: Celery, count: int) -> list[str]:
+    """What one Celery-like consumer of every generate queue (prefetch 1, acks each before the
+    next) fetches, in order: the job ids."""
+    fetched: list[str] = []
+    names = tenant_queues(app).names()
+    with app.connection_for_read() as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 1, False)
+
+        def on_message(body: object, message: kombu.Message) -> None:
+            fetched.append(message.decode()[0][0])
+            message.ack()
+
+        queues = [app.amqp.queues[name] for name in names]
+        with kombu.Consumer(channel, queues=queues, callbacks=[on_message]):
+            while len(fetched) < count:
+                conn.drain_events(timeout=2)
+        channel.close()
+    return fetched
+
+
+def test_keys_take_turns_within_a_priority_and_weights_are_turns(
+    settings: Settings, private_redis: redis.Redis
+) -> None:
+    """A floods first; B's jobs still go out one in every two fetches; W (weight 2) gets two
+    turns per round against A; a batch job waits for every interactive one."""
+    private_redis.flushdb()
+    tables = {"a": {"key": "ka"}, "b": {"key": "kb"}, "w": {"key": "kw", "weight": 2}}
+    keyed = dataclasses.replace(on_private_redis(settings, private_redis), keys=build_keys(tables))
+    app = make_celery(keyed, ["demo"])
+    enqueue_generation(app, "b-batch", "demo", BATCH_PRIORITY, tenant="b")
+    for i in range(8):
+        enqueue_generation(app, f"a-{i}", "demo", tenant="a")
+    for i in range(3):
+        enqueue_generation(app, f"b-{i}", "demo", tenant="b")
+    fetched = fetch_order(app, 12)
+    assert [job for job in fetched if job.startswith("b-") and job != "b-batch"] == [
+        "b-0",
+        "b-1",
+        "b-2",
+    ]
+    assert max(fetched.index(f"b-{i}") for i in range(3)) <= 5  # turns, not after A's 8
+    assert fetched[-1] == "b-batch"
+    for i in range(9):
+        enqueue_generation(app, f"a-{i}", "demo", tenant="a")
+        enqueue_generation(app, f"w-{i}", "demo", tenant="w")
+    first_round = fetch_order(app, 18)[:9]
+    assert sum(job.startswith("w-") for job in first_round) == 6  # 2 of every 3 turns

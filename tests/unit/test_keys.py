@@ -19,7 +19,7 @@ def test_exact_key_strings() -> None:
     assert keys.job_lease("job_abc") == "trickle:{s83}:job:job_abc:lease"
     assert keys.running_jobs(7) == "trickle:{s7}:running"
     assert keys.queued_jobs(7) == "trickle:{s7}:queued"
-    assert keys.rate_window("k1", "requests", 29_000_000) == "trickle:rate:{k1:29000000}:requests"
+    assert keys.RATE_LIMIT_PREFIX == "trickle:ratelimit"
     assert keys.AMQP_EXCHANGE == "trickle"
     assert keys.worker_slots("w@h") == "trickle:worker:w@h:slots"
     assert keys.AUTOSCALER == "trickle:autoscaler"
@@ -61,3 +61,10 @@ def test_every_key_of_a_job_shares_one_cluster_hash_tag() -> None:
         keys.queued_jobs(shard),
     ]
     assert {name[name.index("{") : name.index("}") + 1] for name in names} == {f"{{s{shard}}}"}
+
+
+def test_tenant_queue_names() -> None:
+    assert keys.tenant_queue("demo", "") == "trickle.demo"
+    assert keys.tenant_queue("demo", "alice") == "trickle.demo.key.alice"
+    assert keys.tenant_queue("demo", "alice", 2) == "trickle.demo.key.alice.2"
+    assert keys.key_running("alice") == "trickle:key:{alice}:running"

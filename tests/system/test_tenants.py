@@ -1,0 +1,101 @@
+"""Named keys on a real worker and web tier: max_running_jobs holds a key's extra jobs (paused
+queue, widened prefetch) while another key's job runs, every job succeeds, and usage per key
+name reaches /metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.faultstack import FaultStack, build_fault_stack, wait_for
+from tests.metrics_text import parse_samples
+from worker import keys
+
+pytestmark = pytest.mark.timeout(120)
+CAPPED, FREE, OPERATOR = "key-capped", "key-free", "key-operator"
+BODY = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
+    stack = build_fault_stack(
+        tmp_path_factory.mktemp("tenants"),
+        models_toml=f'[models.demo]\npath = "{demo_model_dir}"\nmax_batch_size = 4\n',
+        settings_toml=(
+            f'[auth]\napi_keys = ["{OPERATOR}"]\n'
+            f'[keys.capped]\nkey = "{CAPPED}"\nmax_running_jobs = 1\n'
+            f'[keys.free]\nkey = "{FREE}"\n'
+        ),
+    )
+    stack.worker("tenants", ("demo",))
+    yield stack
+    stack.close()
+
+
+def post(stack: FaultStack, key: str) -> str:
+    response = requests.post(
+        f"{stack.web_url}/v1/jobs",
+        json=BODY,
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=10,
+    )
+    assert response.status_code == 202, response.text
+    return str(response.json()["id"])
+
+
+def statuses(stack: FaultStack, job_ids: list[str]) -> list[str]:
+    client = stack.client()
+    try:
+        return [str(client.hget(keys.job(job_id), "status")) for job_id in job_ids]
+    finally:
+        client.close()
+
+
+def test_a_capped_keys_jobs_run_one_at_a_time_and_all_succeed(tenants: FaultStack) -> None:
+    capped = [post(tenants, CAPPED) for _ in range(4)]
+    free = post(tenants, FREE)
+    most_running = 0
+    free_done_while_capped_waited = False
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        now: list[Any] = statuses(tenants, [*capped, free])
+        most_running = max(most_running, now[:4].count("running"))
+        if now[4] == "succeeded" and "queued" in now[:4]:
+            free_done_while_capped_waited = True
+        if all(status == "succeeded" for status in now):
+            break
+        time.sleep(0.02)
+    assert statuses(tenants, [*capped, free]) == ["succeeded"] * 5
+    assert most_running == 1
+    assert free_done_while_capped_waited  # the free key was not held behind the capped one
+    client = tenants.client()
+    assert client.zcard(keys.key_running("capped")) == 0  # every slot given back
+    client.close()
+
+
+def test_usage_per_key_name_reaches_metrics(tenants: FaultStack) -> None:
+    job = post(tenants, FREE)
+    wait_for(lambda: statuses(tenants, [job]) == ["succeeded"], 30, "the free key's job")
+
+    def samples() -> dict[str, float]:
+        text = requests.get(
+            f"{tenants.web_url}/metrics", headers={"Authorization": f"Bearer {OPERATOR}"}, timeout=5
+        ).text
+        assert FREE not in text and CAPPED not in text
+        return parse_samples(text)
+
+    found = wait_for(
+        lambda: (
+            (s := samples()).get('trickle_key_completion_tokens_total{key="free",model="demo"}')
+            and s
+        ),
+        15,
+        "the free key's usage in /metrics",
+    )
+    assert found['trickle_key_jobs_total{key="free",model="demo",status="succeeded"}'] >= 1
+    assert found['trickle_key_prompt_tokens_total{key="free",model="demo"}'] > 0

@@ -1,0 +1,109 @@
+"""Named keys: their tables, the validation that names them, and their queues."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from worker import keys
+from worker.config import ConfigError, Settings, settings_from_dict
+from worker.queue import TenantQueues
+from worker.tenants import DEFAULT_TENANT, TenantTable
+
+MODELS = {"demo": {"path": "/m/demo"}, "big": {"path": "/m/big"}}
+
+
+def with_keys(tables: dict[str, dict[str, object]], **extra: object) -> Settings:
+    return settings_from_dict({"models": MODELS, "keys": tables, **extra})
+
+
+def test_a_key_table_reads_every_field() -> None:
+    digest = hashlib.sha256(b"secret-b").hexdigest()
+    settings = with_keys(
+        {
+            "alice": {
+                "key": "secret-a",
+                "requests_per_minute": 20,
+                "tokens_per_minute": 5000,
+                "max_running_jobs": 4,
+                "max_queued_jobs": 100,
+                "allowed_models": ["demo"],
+                "max_priority": 9,
+                "weight": 2,
+            },
+            "bob": {"key": f"sha256:{digest.upper()}"},
+        }
+    )
+    alice, bob = settings.keys["alice"], settings.keys["bob"]
+    assert (alice.name, alice.requests_per_minute, alice.max_priority) == ("alice", 20, 9)
+    assert alice.allowed_models == ("demo",) and alice.weight == 2
+    assert bob.digest == digest and bob.requests_per_minute is None and bob.weight == 1
+    table = TenantTable(settings.keys)
+    assert table.name_of_owner(digest) == "bob"
+    assert table.name_of_owner("someone-else") == DEFAULT_TENANT
+
+
+@pytest.mark.parametrize(
+    ("table", "names"),
+    [
+        ({"key": "k", "weight": 0}, "keys.alice.weight"),
+        ({"key": "k", "max_priority": 10}, "keys.alice.max_priority"),
+        ({"key": "k", "allowed_models": ["nope"]}, "keys.alice.allowed_models"),
+        ({"key": "k", "max_running_jobs": -1}, "keys.alice.max_running_jobs"),
+        ({"key": "k", "requests_per_minute": -1}, "keys.alice.requests_per_minute"),
+        ({"key": "sha256:abc"}, "keys.alice.key"),
+        ({"key": ""}, "keys.alice.key"),
+        ({"key": "k", "colour": "red"}, "keys.alice.colour"),
+        ({"key": "k", "weight": "heavy"}, "keys.alice.weight"),
+    ],
+)
+def test_a_bad_key_table_names_its_field_and_never_the_key(
+    table: dict[str, object], names: str
+) -> None:
+    with pytest.raises(ConfigError, match=names.replace(".", r"\.")) as caught:
+        with_keys({"alice": {**table}})
+    assert "sha256:abc" not in str(caught.value) or table["key"] == "sha256:abc"
+    assert "'k'" not in str(caught.value)
+
+
+def test_a_key_given_twice_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"keys\.bob\.key is the same key as keys\.alice"):
+        with_keys({"alice": {"key": "same"}, "bob": {"key": "same"}})
+    with pytest.raises(ConfigError, match=r"auth\.api_keys"):
+        with_keys({"alice": {"key": "same"}}, auth={"api_keys": ["same"]})
+
+
+def test_a_key_name_must_fit_queue_names_and_labels() -> None:
+    with pytest.raises(ConfigError, match=r"keys\.Bad Name"):
+        with_keys({"Bad Name": {"key": "k"}})
+
+
+def test_each_key_gets_one_queue_per_weight_unit_on_its_allowed_models() -> None:
+    settings = with_keys(
+        {"a": {"key": "ka", "weight": 2}, "b": {"key": "kb", "allowed_models": ["big"]}}
+    )
+    queues = TenantQueues(settings.models, settings.keys)
+    assert queues.of_tenant("demo", "a") == ["trickle.demo.key.a", "trickle.demo.key.a.1"]
+    assert queues.of_tenant("demo", "b") == ["trickle.demo"]  # not allowed there: never used
+    assert queues.of_model("big") == [
+        "trickle.big",
+        "trickle.big.key.a",
+        "trickle.big.key.a.1",
+        "trickle.big.key.b",
+    ]
+    assert [queues.next_queue("demo", "a") for _ in range(3)] == [
+        "trickle.demo.key.a",
+        "trickle.demo.key.a.1",
+        "trickle.demo.key.a",
+    ]
+    assert queues.next_queue("demo", DEFAULT_TENANT) == keys.model_queue("demo")
+
+
+def test_keys_from_the_environment() -> None:
+    from worker.config import load_settings
+
+    settings = load_settings(
+        environ={"TRICKLE__KEYS__CARL__KEY": "kc", "TRICKLE__KEYS__CARL__WEIGHT": "3"}
+    )
+    assert settings.keys["carl"].weight == 3
