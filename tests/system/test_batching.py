@@ -8,14 +8,13 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
 from tests.faultstack import wait_for
-from tests.scheduler_harness import Harness, engine_for, solo_outputs
+from tests.scheduler_harness import Harness, solo_outputs
 from worker import keys
 from worker.engine import Engine
 from worker.events import TokenEvent
@@ -29,20 +28,6 @@ PROMPTS = [
     "If the value is",
     "Raise",
 ]
-
-
-@pytest.fixture(scope="module")
-def demo_engine(demo_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(demo_model_dir, "demo")
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def llama_engine(llama_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(llama_model_dir, "tiny-llama")
-    yield engine
-    engine.close()
 
 
 @pytest.fixture

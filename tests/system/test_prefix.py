@@ -10,13 +10,12 @@ loop (a job batched beside a shorter prompt), so no batching change is bit-exact
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from tests.scheduler_harness import Harness, engine_for, solo_outputs
+from tests.scheduler_harness import Harness, solo_outputs
 from worker.config import ConfigError, ModelSettings, settings_from_dict
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
@@ -80,20 +79,6 @@ def test_configured_static_prompts_are_encoded_as_prompts_are(demo_engine: Engin
     (entry,) = table.entries()
     assert table.prefix_for(prompt) == entry
     assert tuple(prompt[: len(entry)]) == entry
-
-
-@pytest.fixture(scope="module")
-def demo_engine(demo_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(demo_model_dir, "demo")
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def llama_engine(llama_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(llama_model_dir, "tiny-llama")
-    yield engine
-    engine.close()
 
 
 def generated(engine: Engine, requests: list[EngineRequest]) -> list[list[int]]:

@@ -7,32 +7,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
-from tests.scheduler_harness import Harness, engine_for, solo_outputs
+from tests.scheduler_harness import Harness, solo_outputs
 from worker import keys
 from worker.config import ModelSettings
 from worker.engine import Engine
 
 PROMPTS = ["The", "Return the number of items", "A socket", "If the value is", "Raise", "This"]
-
-
-@pytest.fixture(scope="module")
-def demo_engine(demo_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(demo_model_dir, "demo")
-    yield engine
-    engine.close()
-
-
-@pytest.fixture(scope="module")
-def llama_engine(llama_model_dir: Path) -> Iterator[Engine]:
-    engine = engine_for(llama_model_dir, "tiny-llama")
-    yield engine
-    engine.close()
 
 
 def greedy(prompt: str, max_tokens: int, **extra: object) -> dict[str, object]:
