@@ -115,7 +115,10 @@ class SpanSink:
             while not ready(self._spans):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"spans never complete; got {len(self._spans)}")
+                    names = sorted({span.name for span in self._spans})
+                    raise TimeoutError(
+                        f"spans never complete; got {len(self._spans)}: {', '.join(names)}"
+                    )
                 self._cond.wait(remaining)
             return list(self._spans)
 

@@ -211,7 +211,23 @@ class WorkerRuntime:
             return
         timeline.scheduled = time.time()
         scheduled.ended.wait()
-        self.in_flight.remove(job_id)
+        # The job stays in flight until its final state is stored: its first tokens' flush can
+        # land after its last step (a short job), and the publisher notes that moment on the
+        # job in flight (a job already removed lost its "first publish" hop).
+        try:
+            self._conclude(job, claim, scheduled, timeline, resumed=len(events))
+        finally:
+            self.in_flight.remove(job_id)
+
+    def _conclude(
+        self,
+        job: Job,
+        claim: Claim,
+        scheduled: ScheduledJob,
+        timeline: JobTimeline,
+        resumed: int,
+    ) -> None:
+        """Store the final state of a job whose generation ended, and record its trace."""
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
@@ -223,7 +239,7 @@ class WorkerRuntime:
             reason = state.finish_reason or FinishReason.LENGTH
             status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
             result = JobResult(status, state.output, reason, state.count, time.time())
-        self._finish(job, claim, result, scheduled, resumed=len(events))
+        self._finish(job, claim, result, scheduled, resumed=resumed)
         if job.trace_context and self.tracing.enabled:
             timeline.batch_started = scheduled.batch_started_at
             timeline.first_token = scheduled.first_token_at
