@@ -102,3 +102,17 @@ def wait_for(
 
 def tokens_streamed(base: str, job_id: str) -> int:
     return int(get_job(base, job_id)["usage"]["completion_tokens"])
+
+
+def build_slow_model(
+    root: Path, tokenizer: Path, d_model: int = 384, num_layers: int = 6, ffn_dim: int = 1152
+) -> Path:
+    """A random Llama-style model (built offline into ``root / "slow"``) slow enough that a
+    1,500-token job on one thread still runs while a test kills, stalls or hands off its
+    worker. The default shape takes several seconds on a fast core; modules whose jobs must end
+    sooner pass a smaller one, and a deadline test a larger one."""
+    from trickle.model_builders.random_llama import build_random_llama
+
+    return build_random_llama(
+        root / "slow", tokenizer, d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim
+    )

@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from tests.clients import assert_gapless, poll_until_finished, stream_in_background, submit
-from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.faultstack import (
+    FaultStack,
+    build_fault_stack,
+    build_slow_model,
+    tokens_streamed,
+    wait_for,
+)
 from worker import keys
 from worker.config import load_settings
 from worker.queue import enqueue_generation, make_celery
@@ -31,12 +37,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def tools(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("celery-tools")
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=384, num_layers=6, ffn_dim=1152
-    )
+    slow = build_slow_model(root, demo_model_dir / "tokenizer.model")
     stack = build_fault_stack(
         root,
         models_toml=(

@@ -27,7 +27,7 @@ from tests.clients import (
     stream_in_background,
     submit,
 )
-from tests.faultstack import tokens_streamed, wait_for
+from tests.faultstack import build_slow_model, tokens_streamed, wait_for
 from tests.redis_cluster import LocalCluster, start_cluster
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker import keys
@@ -64,14 +64,12 @@ class ClusterStack:
 def on_cluster(
     tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path
 ) -> Iterator[ClusterStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("cluster")
     cluster = start_cluster(root / "nodes", primaries=3, replicas=1)
     broker_port = free_port()
     broker = start_redis(broker_port, root / "broker", append_only=False)
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
     )
     config = root / "cluster.toml"
     config.write_text(

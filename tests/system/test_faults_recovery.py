@@ -27,7 +27,13 @@ import pytest
 import requests
 
 from tests.clients import StreamResult, get_job, poll_until_finished, read_sse, submit
-from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.faultstack import (
+    FaultStack,
+    build_fault_stack,
+    build_slow_model,
+    tokens_streamed,
+    wait_for,
+)
 from tests.metrics_text import parse_samples
 from worker import keys
 
@@ -42,11 +48,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("recovery")
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
     )
     stack = build_fault_stack(
         root,

@@ -25,7 +25,13 @@ from tests.clients import (
     stream_in_background,
     submit,
 )
-from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.faultstack import (
+    FaultStack,
+    build_fault_stack,
+    build_slow_model,
+    tokens_streamed,
+    wait_for,
+)
 from worker import keys
 from worker.jobs import GenerationParams, Job, new_job_id
 from worker.store import JobStore
@@ -40,13 +46,11 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("worker-faults")
     # Big enough that LONG takes several seconds on one thread of a fast core (at d_model 256 and
     # 4 layers it took 1 s, and the one-second deadline raced the job's end).
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
     )
     stack = build_fault_stack(
         root,

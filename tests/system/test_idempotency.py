@@ -20,7 +20,7 @@ import redis
 import requests
 
 from tests.clients import poll_until_finished
-from tests.faultstack import FaultStack, build_fault_stack, wait_for
+from tests.faultstack import FaultStack, build_fault_stack, build_slow_model, wait_for
 from worker.engine.flags import PREFIX as SHM_PREFIX
 
 LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
@@ -31,12 +31,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def idem(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("idempotency")
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=384, num_layers=6, ffn_dim=1152
-    )
+    slow = build_slow_model(root, demo_model_dir / "tokenizer.model")
     stack = build_fault_stack(
         root,
         models_toml=(

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from tests.clients import StreamResult, get_job, read_sse, submit
-from tests.faultstack import tokens_streamed, wait_for
+from tests.faultstack import build_slow_model, tokens_streamed, wait_for
 from tests.upstack import UpStack, alive, start_up
 
 LEASE_SECONDS = 10.0  # the default
@@ -27,11 +27,9 @@ LONG = {"model": "slow", "max_tokens": 2000, "ignore_eos": True, "temperature": 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[UpStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("launcher")
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
     )
     stack = start_up(
         root,

@@ -26,7 +26,13 @@ from tests.clients import (
     stream_in_background,
     submit,
 )
-from tests.faultstack import FaultStack, build_fault_stack, tokens_streamed, wait_for
+from tests.faultstack import (
+    FaultStack,
+    build_fault_stack,
+    build_slow_model,
+    tokens_streamed,
+    wait_for,
+)
 from tests.metrics_text import parse_samples
 from tests.rabbitmq import RabbitNode, rabbitmq_missing, start_rabbitmq
 from worker import keys
@@ -60,12 +66,8 @@ def rabbit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RabbitNode]:
 def mq(
     tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, rabbit: RabbitNode
 ) -> Iterator[FaultStack]:
-    from trickle.model_builders.random_llama import build_random_llama
-
     root = tmp_path_factory.mktemp("rabbitmq-stack")
-    slow = build_random_llama(
-        root / "slow", demo_model_dir / "tokenizer.model", d_model=384, num_layers=6, ffn_dim=1152
-    )
+    slow = build_slow_model(root, demo_model_dir / "tokenizer.model")
     stack = build_fault_stack(
         root,
         models_toml=(
