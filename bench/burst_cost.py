@@ -19,9 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -30,25 +27,9 @@ from bench import models
 from bench.load import engine_burst, run_burst
 from bench.log import progress
 from bench.params import RunParams
+from bench.profiling import profiled
 from bench.stack import Stack, cpu_of, process_groups, us_per_token
 from worker.config import PROJECT_ROOT
-
-
-def start_profilers(groups: dict[str, list[int]], out: Path) -> list[subprocess.Popen[bytes]]:
-    spy = shutil.which("py-spy") or str(Path(PROJECT_ROOT) / ".venv" / "bin" / "py-spy")
-    out.mkdir(parents=True, exist_ok=True)
-    started = []
-    for role in ("web", "worker"):
-        started.append(
-            subprocess.Popen(
-                [spy, "record", "--pid", str(groups[role][0]), "--rate", "200", "--nonblocking",
-                 "--format", "speedscope", "--output", str(out / f"{role}.speedscope.json"),
-                 "--threads", "--gil"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
-        )  # fmt: skip
-    time.sleep(1.0)
-    return started
 
 
 def measure_burst(
@@ -135,13 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(warm)
             for seed in range(args.bursts):
                 last = api == apis[-1] and seed == args.bursts - 1
-                profilers = []
-                if args.profile_dir is not None and last:
-                    profilers = start_profilers(groups, args.profile_dir)
-                runs.append(measure_burst(stack, groups, api, args, window, seed))
-                for profiler in profilers:
-                    profiler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-                    profiler.wait(timeout=60)
+                with profiled(groups, args.profile_dir if last else None):
+                    runs.append(measure_burst(stack, groups, api, args, window, seed))
     finally:
         stack.close()
     engine_us = round(1e6 / engine["tokens_per_s"], 1)

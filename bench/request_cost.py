@@ -29,6 +29,7 @@ import redis
 from bench import models
 from bench.log import progress
 from bench.params import RunParams
+from bench.profiling import profiled
 from bench.stack import HOST, Stack, cpu_of, process_groups
 from worker import keys
 from worker.config import PROJECT_ROOT
@@ -64,17 +65,20 @@ def one_job(conn: http.client.HTTPConnection, model: str, mode: str) -> None:
         follow_stream(conn, job)
 
 
-def cpu_per_job(stack: Stack, model: str, mode: str, jobs: int) -> tuple[dict[str, float], float]:
+def cpu_per_job(
+    stack: Stack, model: str, mode: str, jobs: int, profile_dir: Path | None = None
+) -> tuple[dict[str, float], float]:
     """Per process group, ms of CPU per job; and the wall seconds the jobs took."""
     groups = process_groups(stack, model)
     conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
     for _ in range(10):  # warm the connection, the worker's threads and the web's caches
         one_job(conn, model, mode)
-    before, start = cpu_of(groups), time.monotonic()
-    for _ in range(jobs):
-        one_job(conn, model, mode)
-    wall = time.monotonic() - start
-    after = cpu_of(groups)
+    with profiled(groups, profile_dir):
+        before, start = cpu_of(groups), time.monotonic()
+        for _ in range(jobs):
+            one_job(conn, model, mode)
+        wall = time.monotonic() - start
+        after = cpu_of(groups)
     conn.close()
     per_job = {name: round(1e3 * (after[name] - before[name]) / jobs, 3) for name in groups}
     return per_job, wall
@@ -180,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--monitor-jobs", type=int, default=20)
     parser.add_argument("--bursts", type=int, default=5)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack")
+    parser.add_argument("--profile-dir", type=Path, default=None, help="py-spy the web, worker")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.start()
         stack.start_worker(args.model)
         for mode in ("streamed", "wait"):
-            per_job, wall = cpu_per_job(stack, args.model, mode, args.jobs)
+            profile = None if args.profile_dir is None else args.profile_dir / mode
+            per_job, wall = cpu_per_job(stack, args.model, mode, args.jobs, profile)
             result[f"cpu_ms_per_job_{mode}"] = per_job
             result[f"jobs_per_s_{mode}"] = round(args.jobs / wall, 1)
             progress(f"{mode}: CPU ms per job {per_job}, {args.jobs / wall:.0f} jobs/s")

@@ -4,6 +4,7 @@ for the tests that drive batching, restarts and rebalancing without Celery."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
@@ -12,9 +13,26 @@ from worker.config import ModelSettings
 from worker.engine import Engine
 from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
+from worker.engine.step_times import StepTimes
 from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
 from worker.store import JobStore
+
+
+@dataclass(frozen=True)
+class RestartPricing:
+    """Fixed prices for the restart policy: seconds per decoding step by batch size (sizes in
+    between interpolated) and per prompt token of a catch-up. A test of what the scheduler does
+    with a split or a join fixes them, so whether the decision is taken does not depend on how
+    the two cores were shared during the engine's warm-up or the run (the policy's pricing has
+    its own unit tests, tests/unit/test_policy.py)."""
+
+    step_seconds: dict[int, float]
+    prefill_per_token: float
+
+
+# A CPU-like profile (the demo model on this machine: ~2.5 ms a step alone, ~4.6 ms at 16).
+CPU_LIKE = RestartPricing({1: 0.0025, 16: 0.0046}, prefill_per_token=0.00002)
 
 
 class Harness:
@@ -35,6 +53,7 @@ class Harness:
         publish_max_messages_per_second: float = 0.0,
         rebalance_gain_ratio: float = 0.0,
         prefixes: PrefixTable | None = None,
+        pricing: RestartPricing | None = None,
     ):
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
@@ -57,6 +76,8 @@ class Harness:
             engine_threads=engine_threads,
             rebalance_gain_ratio=rebalance_gain_ratio,
             prefixes=prefixes,
+            step_times=None if pricing is None else StepTimes(pricing.step_seconds, learn=False),
+            prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:

@@ -97,3 +97,22 @@ def test_a_fresh_batch_takes_a_burst_before_its_first_step_but_only_once(holder:
     assert policy().join([fresh], job(holder, 0), now=0.0) is not None
     fresh.jobs[0].restarts = 1  # already restarted once without speaking
     assert policy().join([fresh], job(holder, 0), now=0.0) is None
+
+
+def test_a_newcomer_waits_for_the_smaller_batch_rather_than_pile_onto_the_larger(
+    holder: Holder,
+) -> None:
+    """The smaller batch was just restarted and has not stepped: it may not take the newcomer
+    yet, and the larger one may. The newcomer waits for the smaller one's first step."""
+    large = running([job(holder, 2) for _ in range(5)])
+    restarted = running([job(holder, 2) for _ in range(2)], steps=0)
+    for scheduled in restarted.jobs:
+        scheduled.restarts = 1
+    assert policy().join([large, restarted], job(holder, 0), now=0.0) is None
+    restarted.steps = 1  # it spoke: now it takes the newcomer
+    join = policy().join([large, restarted], job(holder, 0), now=0.0)
+    assert join is not None and join.batch is restarted
+    restarted.steps = 0
+    even = running([job(holder, 2) for _ in range(2)])  # no larger than the restarted one
+    join = policy().join([even, restarted], job(holder, 0), now=0.0)
+    assert join is not None and join.batch is even

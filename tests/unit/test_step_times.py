@@ -30,3 +30,11 @@ def test_observations_refine_a_size_and_add_new_ones() -> None:
     times.observe(0, 5.0)
     times.observe(3, 0.0)
     assert times.estimate(3) == pytest.approx(0.00175)  # both ignored: no size, no time
+
+
+def test_fixed_seeds_stand_when_learning_is_off() -> None:
+    times = StepTimes({1: 0.002, 16: 0.004}, learn=False)
+    times.observe(1, 0.050)
+    times.observe(8, 0.050)
+    assert times.estimate(1) == pytest.approx(0.002)
+    assert times.estimate(8) == pytest.approx(0.002 + 7 / 15 * 0.002)

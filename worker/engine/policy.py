@@ -72,17 +72,19 @@ class RestartPolicy:
             return None
         wait = min((batch.seconds_left(now) for batch in running), default=0.0)
         best: tuple[int, float, Join] | None = None
+        held_back: int | None = None  # the smallest batch that may take it after its next step
         for batch in running:
             first = batch.requests[0]
             if batch.split or not restartable(first) or not batches_with(job, first):
                 continue
+            size = batch.load() + 1
             # Before its first step only if none of its jobs was restarted yet: a burst that
             # arrives while the lanes prefill spreads over them, and a stream of arrivals still
             # cannot keep a batch from ever speaking (a second restart waits for a token).
             fresh = not any(job.restarts for job in batch.live_jobs())
             if batch.steps == 0 and not batch.restart and not fresh:
+                held_back = size if held_back is None else min(held_back, size)
                 continue
-            size = batch.load() + 1
             if size > rules.max_batch_size:
                 continue
             stall_steps = batch.stall_steps([*batch.joiners, job])
@@ -100,7 +102,11 @@ class RestartPolicy:
             key = (size, pause)
             if best is None or key < best[:2]:
                 best = (*key, Join(batch, not short))
-        return None if best is None else best[2]
+        if best is None or (held_back is not None and held_back < best[0]):
+            # A smaller batch takes it after its first step (a few ms): waiting for that keeps
+            # a burst that arrives one job at a time from piling onto the other lane.
+            return None
+        return best[2]
 
     def split(self, running: Sequence[RunningBatch], now: float) -> Split | None:
         """The batch to share with an idle lane (nothing is waiting), if one is worth it."""

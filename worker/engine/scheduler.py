@@ -56,7 +56,13 @@ class BatchScheduler:
         rebalance_gain_ratio: float = 0.0,
         prefixes: PrefixTable | None = None,
         on_restart: Callable[[bool], None] | None = None,
+        step_times: StepTimes | None = None,
+        prefill_seconds_per_token: float | None = None,
     ):
+        """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
+        engine's warm-up measurements, refined by every step. A test that checks what the
+        scheduler does with a decision passes fixed ones, so the decision does not depend on
+        how the cores happened to be shared while the engine warmed up."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -64,13 +70,17 @@ class BatchScheduler:
         self._max_batch_size = max_batch_size
         self._max_batch_wait = max_batch_wait_ms / 1000.0
         self._quiet_after = quiet_start_after_ms / 1000.0
-        self._step_times = StepTimes(engine.warm_step_seconds)
+        self._step_times = step_times or StepTimes(engine.warm_step_seconds)
         rules = RestartRules(
             max_batch_size,
             max_stall=rebatch_max_stall_ms / 1000.0,
             wait_ratio=rebatch_wait_ratio,
             split_gain_ratio=rebalance_gain_ratio,
-            prefill_seconds_per_token=engine.prefill_seconds_per_token,
+            prefill_seconds_per_token=(
+                engine.prefill_seconds_per_token
+                if prefill_seconds_per_token is None
+                else prefill_seconds_per_token
+            ),
         )
         self._policy = RestartPolicy(rules, self._step_times)
         self._prefixes = prefixes or PrefixTable((), 0, 1)

@@ -19,8 +19,9 @@ SMOOTHING = 0.3  # weight of a new observation in a size's moving average
 class StepTimes:
     """Seconds per decoding step by number of live sequences; shared by a model's lanes."""
 
-    def __init__(self, seeds: dict[int, float] | None = None):
+    def __init__(self, seeds: dict[int, float] | None = None, learn: bool = True):
         self._lock = threading.Lock()
+        self._learn = learn  # False: the seeds stand (a test that needs fixed prices)
         self._seconds: dict[int, float] = {
             size: seconds for size, seconds in (seeds or {}).items() if size > 0 and seconds > 0
         }
@@ -28,7 +29,7 @@ class StepTimes:
 
     def observe(self, size: int, seconds: float) -> None:
         """One decoding step of ``size`` live sequences took ``seconds``."""
-        if size <= 0 or seconds <= 0:
+        if size <= 0 or seconds <= 0 or not self._learn:
             return
         with self._lock:
             previous = self._seconds.get(size)
