@@ -24,7 +24,7 @@ def start_profilers(groups: dict[str, list[int]], out: Path) -> list[subprocess.
     for role in ("web", "worker"):
         started.append(
             subprocess.Popen(
-                [spy, "record", "--pid", str(groups[role][0]), "--rate", "200", "--nonblocking",
+                [spy, "record", "--pid", str(groups[role][0]), "--rate", "500", "--nonblocking",
                  "--format", "speedscope", "--output", str(out / f"{role}.speedscope.json"),
                  "--threads", "--gil"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -67,7 +67,11 @@ def start_web(
     name: str = "web",
 ) -> subprocess.Popen[bytes]:
     """gunicorn with the gevent worker, exactly as the Procfile runs it."""
-    env = child_env(config_path, {"TRICKLE_PORT": str(port), **(extra_env or {})})
+    # With gunicorn's access log, as an operator would turn it on: tests read its status lines.
+    env = child_env(
+        config_path,
+        {"TRICKLE_PORT": str(port), "GUNICORN_CMD_ARGS": "--access-logfile -", **(extra_env or {})},
+    )
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(

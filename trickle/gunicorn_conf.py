@@ -23,4 +23,7 @@ graceful_timeout = 10
 # kill it when it is really stuck.
 timeout = 120
 keepalive = 5
-accesslog = "-"
+# No access log by default (gunicorn's own default): formatting and writing a line per request
+# was 7% of the web process's CPU on short jobs. Operators who want one pass gunicorn's flag,
+# GUNICORN_CMD_ARGS="--access-logfile -" (it overrides this file).
+accesslog = None

@@ -9,6 +9,7 @@ import redis
 from celery import Celery
 from flask import Flask, current_app
 
+from web.admission_depth import AdmissionDepth
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
@@ -36,6 +37,8 @@ class Services:
     requests: RequestModels  # the request bodies, bound to this configuration's limits
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).
     queues: QueueReader
+    # The queue-full check's count: a recent reading far below the limit, exact near it.
+    admission_depth: AdmissionDepth
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
@@ -48,6 +51,7 @@ class Services:
         celery = make_celery(settings, settings.models)
         limits = settings.limits
         store = JobStore(client, limits.result_ttl_seconds, limits.queued_ttl_seconds)
+        queues = QueueReader(celery, store)
         return cls(
             settings=settings,
             redis=client,
@@ -56,7 +60,8 @@ class Services:
             hub=TokenHub(lambda: connect_subscriber(settings.redis)),
             rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
-            queues=QueueReader(celery, store),
+            queues=queues,
+            admission_depth=AdmissionDepth(queues.depth),
             tenants=TenantTable(settings.keys),
         )
 

@@ -76,8 +76,8 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
     """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
-    waiting = svc.queues.depth(model)
     limit = svc.settings.limits.max_queued_jobs
+    waiting = svc.admission_depth.waiting(model, limit, adding)
     if waiting + adding > limit:
         raise too_many(
             "queue_full",

@@ -46,7 +46,7 @@ import kombu.exceptions
 from celery import Celery
 from kombu import Exchange, Queue
 
-from worker import keys
+from worker import keys, redis_transport
 from worker.config import Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 from worker.store import JobStore
@@ -160,6 +160,8 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         task_send_sent_event=settings.worker.task_events,
     )
     app.conf[TENANT_QUEUES_KEY] = tenant_queues
+    if urlparse(settings.broker_url).scheme in ("redis", "rediss"):
+        app.conf.broker_transport = redis_transport.TRANSPORT  # one client per channel
     if amqp:
         app.conf.task_default_exchange = keys.AMQP_EXCHANGE
         app.conf.task_default_exchange_type = "topic"
@@ -198,6 +200,9 @@ def enqueue_generation(
         queue=tenant_queues(app).next_queue(model, tenant),
         priority=broker_priority(app, priority),
         producer=producer,
+        # What Celery's saferepr would write (inspect, Flower), without its generic walk.
+        argsrepr=repr([job_id]),
+        kwargsrepr="{}",
     )
 
 

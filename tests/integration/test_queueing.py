@@ -17,6 +17,7 @@ from celery import Celery
 from flask import Flask
 
 from trickle.redis_server import free_port
+from web.admission_depth import AdmissionDepth
 from worker import keys
 from worker.config import BrokerSettings, RedisSettings, Settings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
@@ -98,7 +99,8 @@ def test_a_failed_publish_takes_the_record_back_and_answers_503(
         on_private_redis(settings, private_redis), broker=BrokerSettings(url=down)
     )
     app = make_app(broken)
-    app.extensions["trickle"].queues.depth = lambda model: 0  # the 429 bound reads the broker too
+    # The 429 bound reads the broker too: count an empty queue without it.
+    app.extensions["trickle"].admission_depth = AdmissionDepth(lambda model: 0)
     started = time.monotonic()
     response = app.test_client().post("/v1/jobs", json={"prompt": "The", "max_tokens": 1})
     assert response.status_code == 503, response.get_data(as_text=True)
