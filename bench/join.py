@@ -55,7 +55,7 @@ def run_variant(
         params = GenerationParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         record = Job(new_job_id(), "m", "The socket module", params, created_at=time.time())
         store.create(record)
-        claim = store.claim(record.id, "bench", time.time(), 600_000, 3)
+        claim = store.leases.claim(record.id, "bench", time.time(), 600_000, 3)
         ids = engine.tokenizer.encode(record.prompt)
         return make_scheduled_job(engine, record.id, ids, params, claim.fence)
 
