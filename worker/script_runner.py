@@ -9,6 +9,7 @@ hold the same runner, so a script is registered, loaded and retried in one place
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -29,6 +30,8 @@ SCRIPT_NAMES = (
     "FINISH",
     "SUM_PER_SHARD",
 )
+# A cluster pipeline sends to every node at once, on up to this many threads.
+NODE_THREADS = 16
 
 
 def ending_keys(job_id: str) -> list[str]:
@@ -53,12 +56,18 @@ class ScriptRunner:
         self._scripts = {
             name: client.register_script(getattr(scripts, name)) for name in SCRIPT_NAMES
         }
+        # Only a cluster's node pipelines use it; its threads start on first use.
+        self._node_threads = (
+            ThreadPoolExecutor(max_workers=NODE_THREADS, thread_name_prefix="trickle-nodes")
+            if self.cluster
+            else None
+        )
 
     def pipeline(self, transaction: bool = False) -> Any:
         """A pipeline that may carry script calls (per node on a cluster: ``node_pipeline``);
         a transaction must stay within one job's keys (one slot on a cluster)."""
-        if self.cluster:
-            return NodePipeline(self.redis, transaction)
+        if self._node_threads is not None:
+            return NodePipeline(self.redis, self._node_threads, transaction)
         return self.redis.pipeline(transaction=transaction)
 
     def load_scripts(self) -> None:
