@@ -23,7 +23,7 @@ import redis
 
 from bench.models import MODELS_DIR
 from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import GenerationParams, Job, new_job_id

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import redis
 
 from worker import keys
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 
 IDLE_SINCE_FIELD = "idle_since"
 

@@ -18,7 +18,8 @@ from flask.testing import FlaskClient
 from tests.faultstack import wait_for
 from web.services import services
 from worker import keys
-from worker.config import AuthSettings, Settings
+from worker.config import Settings
+from worker.config_sections import AuthSettings
 from worker.events import TokenEvent
 from worker.jobs import FinishReason, JobResult, JobStatus
 from worker.store import JobStore, StepAppend

@@ -13,7 +13,7 @@ import redis
 
 from tests.scheduler_harness import Harness, solo_outputs
 from worker import keys
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 
 PROMPTS = ["The", "Return the number of items", "A socket", "If the value is", "Raise", "This"]
