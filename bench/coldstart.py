@@ -33,7 +33,8 @@ from bench.log import progress
 from bench.models import prepare
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker import keys
-from worker.config import PROJECT_ROOT, ModelSettings
+from worker.config import PROJECT_ROOT
+from worker.config_sections import ModelSettings
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
 BIN = Path(sys.executable).parent

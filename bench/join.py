@@ -23,7 +23,7 @@ import redis
 
 from bench.models import MODELS_DIR
 from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import GenerationParams, Job, new_job_id
@@ -55,7 +55,7 @@ def run_variant(
         params = GenerationParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         record = Job(new_job_id(), "m", "The socket module", params, created_at=time.time())
         store.create(record)
-        claim = store.claim(record.id, "bench", time.time(), 600_000, 3)
+        claim = store.leases.claim(record.id, "bench", time.time(), 600_000, 3)
         ids = engine.tokenizer.encode(record.prompt)
         return make_scheduled_job(engine, record.id, ids, params, claim.fence)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worker.config import ModelSettings, available_cores
+from worker.config_sections import ModelSettings, available_cores
 
-# Trickle's defaults for the engine knobs (worker.config.ModelSettings), used on both sides.
+# Trickle's defaults for the engine knobs (config_sections.ModelSettings), used on both sides.
 _DEFAULTS = ModelSettings(name="defaults", path="").with_threads(available_cores())
 
 

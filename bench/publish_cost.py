@@ -38,7 +38,9 @@ def flush_cost(batch: int, steps: int) -> tuple[float, float]:
             for _ in range(batch)
         ]
         store.create_many(jobs)
-        fences = {job.id: store.claim(job.id, "n", time.time(), 600_000, 3).fence for job in jobs}
+        fences = {
+            job.id: store.leases.claim(job.id, "n", time.time(), 600_000, 3).fence for job in jobs
+        }
         times = []
         cpu = time.process_time()
         for index in range(steps):

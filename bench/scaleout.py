@@ -52,13 +52,14 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
                    results: Any) -> None:  # fmt: skip
     """A simulated worker: claims its jobs, then one token per job per step at ``rate``."""
     from worker.events import TokenEvent
-    from worker.jobs import FinishReason, JobStatus
+    from worker.jobs import FinishReason, JobResult, JobStatus
     from worker.publisher import TokenItem, TokenPublisher
-    from worker.store import JobResult, JobStore
+    from worker.store import JobStore
 
     store = JobStore(_client(url), 600, 600)
     fences = {
-        j: store.claim(j, f"sim{id(job_ids)}", time.time(), 120_000, 3).fence for j in job_ids
+        j: store.leases.claim(j, f"sim{id(job_ids)}", time.time(), 120_000, 3).fence
+        for j in job_ids
     }
     publisher = TokenPublisher(store, lambda job_id: None, lambda job_id: None)
     interval = len(job_ids) / rate

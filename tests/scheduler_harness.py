@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
@@ -85,7 +85,9 @@ class Harness:
         options = GenerationParams(**params)  # type: ignore[arg-type]
         job = Job(new_job_id(), self.engine.settings.name, prompt, options, created_at=time.time())
         self.store.create(job)
-        claim = self.store.claim(job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3)
+        claim = self.store.leases.claim(
+            job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3
+        )
         assert claim.claimed
         ids = self.engine.tokenizer.encode(prompt)
         return make_scheduled_job(self.engine, job.id, ids, options, claim.fence)

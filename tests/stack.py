@@ -13,7 +13,8 @@ from pathlib import Path
 import requests
 
 from worker import keys
-from worker.config import PROJECT_ROOT, RedisSettings
+from worker.config import PROJECT_ROOT
+from worker.config_sections import RedisSettings
 from worker.redis_connection import connect
 
 BIN = Path(sys.executable).parent

@@ -27,7 +27,7 @@ import redis
 
 from trickle.supervisor import Child, Supervisor
 from worker import keys
-from worker.capacity import ModelLoad, QueueReader, read_load, slots_per_worker
+from worker.capacity import ModelLoad, QueueMeter, read_load, slots_per_worker
 from worker.config import Settings
 
 MARKER_TTL_MS = 10_000
@@ -92,7 +92,7 @@ class Autoscaler:
         settings: Settings,
         bounds: WorkerRange,
         client: redis.Redis,
-        queues: QueueReader,
+        queues: QueueMeter,
         kind: str = "worker",
     ) -> None:
         self.supervisor = supervisor

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from honcho.environ import parse_procfile
 
 from trickle.preload import ForkedProcess, expand, forkable, preload
-from trickle.supervisor import Child, Process, RestartPolicy, Supervisor
+from trickle.supervisor import Child, Process, RespawnPolicy, Supervisor
 from worker.config import PROJECT_ROOT, Settings, load_settings
 
 PR_SET_PDEATHSIG = 1
@@ -126,7 +126,7 @@ def run_stack(
     except ValueError as exc:
         print(f"trickle up: {exc}", file=sys.stderr)
         return 2
-    supervisor = Supervisor(RestartPolicy.from_settings(settings.supervisor))
+    supervisor = Supervisor(RespawnPolicy.from_settings(settings.supervisor))
     supervisor.install_signal_handlers()
     if "TRICKLE_REDIS_URL" not in env:
         redis_child = embedded_redis(settings, data_dir or PROJECT_ROOT / ".trickle")

@@ -34,7 +34,9 @@ PRELOADED = (
     "celery.worker.consumer",
     "worker.runtime",
     "worker.tasks",
-    "worker.app",
+    # Everything worker.app imports, not worker.app itself: importing it builds the Celery app
+    # from the environment, which each forked worker must do from its own.
+    "worker.dispatch",
 )
 _VARIABLE = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Protocol, TextIO
 
-from worker.config import SupervisorSettings
+from worker.config_sections import SupervisorSettings
 
 
 class Process(Protocol):
@@ -41,7 +41,10 @@ Launch = Callable[[], Process]
 
 
 @dataclass(frozen=True)
-class RestartPolicy:
+class RespawnPolicy:
+    """When a dead process starts again, when it is left stopped, and how long a stop waits
+    (``[supervisor]``); the engine's batch restarts are ``worker.engine.policy.RestartPolicy``."""
+
     delay_seconds: float = 0.5
     max_delay_seconds: float = 10.0
     crash_limit: int = 5
@@ -49,7 +52,7 @@ class RestartPolicy:
     stop_timeout_seconds: float = 7.0
 
     @classmethod
-    def from_settings(cls, settings: SupervisorSettings) -> RestartPolicy:
+    def from_settings(cls, settings: SupervisorSettings) -> RespawnPolicy:
         return cls(
             settings.restart_delay_seconds,
             settings.max_restart_delay_seconds,
@@ -97,7 +100,7 @@ def describe_exit(code: int) -> str:
 
 
 class Supervisor:
-    def __init__(self, policy: RestartPolicy, out: TextIO | None = None) -> None:
+    def __init__(self, policy: RespawnPolicy, out: TextIO | None = None) -> None:
         self.policy = policy
         self.children: dict[str, Child] = {}
         self.on_tick: list[Callable[[], None]] = []

@@ -33,7 +33,8 @@ from limits import RateLimitItem, RateLimitItemPerMinute
 from web.auth import PROTECTED_PREFIX, current_key, current_owner, stream_grant
 from web.errors import too_many
 from worker import keys
-from worker.config import RateLimitSettings, Settings
+from worker.config import Settings
+from worker.config_sections import RateLimitSettings
 
 KINDS = ("requests", "tokens")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from worker.engine.scheduled import ScheduledJob
 from worker.joblog import log_job_event
-from worker.jobs import Job
+from worker.jobs import Job, JobResult
 from worker.metric_defs import (
     E2E_LATENCY,
     INTER_TOKEN_LATENCY,
@@ -18,7 +18,6 @@ from worker.metric_defs import (
     TOKENS,
 )
 from worker.metrics import MetricsRecorder
-from worker.store import JobResult
 from worker.tenants import DEFAULT_TENANT_LABEL
 
 

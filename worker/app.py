@@ -1,11 +1,14 @@
 """The Celery worker entry point: ``celery -A worker.app worker``.
 
-The app is built on first access (module ``__getattr__``), not at import, so settings are read
-once from the file and environment when the worker starts. Celery's own consumer takes every
-generation task, on every broker; the ``TrickleWorker`` bootstep owns what a worker adds to
-Celery: the runtime (models loaded once per process, before anything is consumed; heartbeats,
-leases and sweeps) and the dispatcher that ``trickle.generate``'s task strategy hands each
-request to (worker/dispatch.py). Celery's pool keeps the webhooks.
+Celery's CLI finds the module's ``app``, built once at import by ``create_worker_app`` from
+settings loaded once from the file and this process's environment, and passed down from there.
+Only Celery's CLI imports this module: the launcher preloads what it imports, never the module
+itself (trickle/preload.py), so each forked worker builds its app from its own environment.
+Celery's own consumer takes every generation task, on every broker; the ``TrickleWorker``
+bootstep owns what a worker adds to Celery: the runtime (models loaded once per process, before
+anything is consumed; heartbeats, leases and sweeps) and the dispatcher that
+``trickle.generate``'s task strategy hands each request to (worker/dispatch.py). Celery's pool
+keeps the webhooks. Nothing else here is module state.
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ from worker.tracing import Tracing
 
 log = logging.getLogger(__name__)
 SETTINGS_KEY = "trickle_settings"
-
-_app: Celery | None = None
 
 
 class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -107,8 +108,9 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(worker)
 
 
-def create_worker_app() -> Celery:
-    settings = load_settings(environ=os.environ)
+def create_worker_app(settings: Settings) -> Celery:
+    """The worker's Celery app: the queues of the models ``settings`` serves, the tasks, and
+    the ``TrickleWorker`` bootstep, which reads ``settings`` from the app."""
     if settings.worker.gil_switch_interval_ms > 0:
         sys.setswitchinterval(settings.worker.gil_switch_interval_ms / 1000.0)
     logging.basicConfig(level=logging.INFO)
@@ -130,10 +132,5 @@ def create_worker_app() -> Celery:
     return app
 
 
-def __getattr__(name: str) -> Celery:
-    global _app
-    if name != "app":
-        raise AttributeError(name)
-    if _app is None:
-        _app = create_worker_app()
-    return _app
+# What `celery -A worker.app` finds (see the module doc).
+app = create_worker_app(load_settings(environ=os.environ))

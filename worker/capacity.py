@@ -1,9 +1,9 @@
 """How loaded each model is: queue depth over every priority, oldest waiting job, worker slots.
 
 One reading serves the /metrics gauges, the queue bound (429), the KEDA endpoint and the
-autoscaler, so they can never disagree. The queue's side comes from a ``QueueReader`` (the
-broker's own count, through Celery: worker/queue.py); the workers' side from their heartbeats.
-Part of the contract: no engine import, the web tier uses it.
+autoscaler, so they can never disagree. The queue's side comes from a ``QueueMeter`` (in
+service ``worker.queue.QueueReader``: the broker's own count, through Celery); the workers'
+side from their heartbeats. Part of the contract: no engine import, the web tier uses it.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from typing import Any, Protocol
 import redis
 
 from worker import keys
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 
 IDLE_SINCE_FIELD = "idle_since"
 
 
-class QueueReader(Protocol):
-    """Where a model's waiting jobs are counted: the broker's count, see worker.queue."""
+class QueueMeter(Protocol):
+    """What a load reading needs of a model's queue: ``worker.queue.QueueReader`` (the
+    broker's count), or a test's fake."""
 
     def depth(self, model: str) -> int: ...
 
@@ -102,7 +103,7 @@ def read_load(
     model: str,
     heartbeat_ttl: float,
     now: float,
-    queues: QueueReader,
+    queues: QueueMeter,
     batch: bool = False,
 ) -> ModelLoad:
     """The model's queue depth, oldest queued job age and live workers' slots; ``batch``: and

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.jobs import Job
-from worker.store import JobResult
+from worker.jobs import Job, JobResult
 from worker.tracing import JobTimeline, Tracing
 
 

@@ -1,13 +1,17 @@
 """The job model shared by the web tier and the workers.
 
-Values crossing a process boundary are dataclasses with explicit ``to_dict``/``from_dict``; the
-Redis hash form lives in ``store``.
+Values crossing a process boundary are dataclasses with explicit ``to_dict``/``from_dict``; a
+job's Redis hash form is here too (``Job.to_hash`` and ``Job.from_hash``, ``JobResult.to_hash``),
+so what is written and what is read back are one codec, beside the model it encodes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -257,3 +261,100 @@ class Job:
             "completed_at": self.completed_at,
             "attempts": self.attempts,
         }
+
+    def to_hash(self) -> dict[str, str]:
+        """The record a new job is created with (``keys.job``); the Lua scripts add the rest
+        (timings, attempts, results) as it runs. Optional fields are written only when set."""
+        fields = {
+            "id": self.id,
+            "model": self.model,
+            "prompt": self.prompt,
+            "params": json.dumps(self.params.to_dict()),
+            "status": self.status.value,
+            "created_at": repr(self.created_at),
+            "prompt_tokens": str(self.usage.prompt_tokens),
+            "attempts": "0",  # CLAIM counts them
+        }
+        if self.owner:
+            fields["owner_key"] = self.owner
+        if self.priority:
+            fields["priority"] = str(self.priority)
+        if self.webhook_url:
+            fields["webhook_url"] = self.webhook_url
+        if self.prompt_ids:
+            fields["prompt_ids"] = " ".join(map(str, self.prompt_ids))
+        if self.trace_context:
+            fields["traceparent"] = self.trace_context
+        return fields
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[str, str]) -> Job:
+        """The job a hash (or the fields of it that were read, ``hash_fields``) describes."""
+
+        def optional_float(name: str) -> float | None:
+            value = fields.get(name)
+            return float(value) if value else None
+
+        error = fields.get("error")
+        finish_reason = fields.get("finish_reason")
+        return cls(
+            id=fields["id"],
+            model=fields["model"],
+            prompt=fields.get("prompt", ""),
+            params=GenerationParams.from_dict(json.loads(fields["params"])),
+            status=JobStatus(fields["status"]),
+            output=fields.get("output", ""),
+            finish_reason=FinishReason(finish_reason) if finish_reason else None,
+            usage=Usage(
+                prompt_tokens=int(fields.get("prompt_tokens", 0)),
+                completion_tokens=int(fields.get("completion_tokens", 0)),
+            ),
+            error=JobError.from_dict(json.loads(error)) if error else None,
+            created_at=float(fields.get("created_at", 0.0)),
+            started_at=optional_float("started_at"),
+            first_token_at=optional_float("first_token_at"),
+            completed_at=optional_float("completed_at"),
+            attempts=int(fields.get("attempts", 0)),
+            owner=fields.get("owner_key", ""),
+            priority=int(fields.get("priority", 0)),
+            webhook_url=fields.get("webhook_url", ""),
+            prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
+            trace_context=fields.get("traceparent", ""),
+        )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """How a job ended, as the worker reports it (FINISH stores it)."""
+
+    status: JobStatus
+    output: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    completed_at: float
+    error: JobError | None = None
+
+    @classmethod
+    def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
+        """A failure keeps what was already streamed, so output and stream still agree."""
+        return cls(
+            JobStatus.FAILED, output, FinishReason.ERROR, completion_tokens, time.time(), error
+        )
+
+    def to_hash(self) -> dict[str, str]:
+        """The job hash's fields this final state sets."""
+        values = {
+            "status": self.status.value,
+            "output": self.output,
+            "finish_reason": self.finish_reason.value,
+            "completion_tokens": str(self.completion_tokens),
+            "completed_at": repr(self.completed_at),
+        }
+        if self.error is not None:
+            values["error"] = json.dumps(self.error.to_dict())
+        return values
+
+
+def hash_fields(names: Sequence[str], values: Sequence[str | None]) -> dict[str, str]:
+    """An HMGET reply as a hash (fields never set left out)."""
+    return {name: value for name, value in zip(names, values, strict=True) if value is not None}

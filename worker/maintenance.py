@@ -22,9 +22,10 @@ from worker.config import Settings
 from worker.in_flight import InFlight
 from worker.joblog import log_job_event
 from worker.jobs import FinishReason, JobError
+from worker.leases import RecoveryOutcome
 from worker.metric_defs import JOBS
 from worker.metrics import MetricsRecorder
-from worker.store import JobStore, RecoveryOutcome
+from worker.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +134,14 @@ class Maintenance:
 
     def renew_leases(self) -> None:
         runtime = self._runtime
-        for job_id in runtime.store.renew(runtime.in_flight.leases(), runtime.lease_ms):
+        for job_id in runtime.store.leases.renew(runtime.in_flight.leases(), runtime.lease_ms):
             log.warning("job %s: lease lost; stopping this copy", job_id)
             runtime.in_flight.stop(job_id, FinishReason.ERROR, LEASE_LOST)
 
     def sweep(self) -> None:
         runtime = self._runtime
         now = time.time()
-        for job_id, outcome in runtime.store.recover_orphans(now).items():
+        for job_id, outcome in runtime.store.leases.recover_orphans(now).items():
             if outcome is RecoveryOutcome.REQUEUED:
                 model = runtime.requeue(job_id)
             else:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any
 
 import redis
@@ -41,13 +41,15 @@ TOPOLOGY_ERRORS = (
     redis.TimeoutError,
 )
 RETRY_DELAYS_SECONDS = (0.0, 0.1, 0.3, 1.0)
-# One pool for every node pipeline of the process: a flush waits on one round trip per node.
-_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="trickle-nodes")
 
 
 class NodePipeline:
-    def __init__(self, cluster: RedisCluster, transaction: bool = False):
+    """One pipeline's commands, sent to every node at once on ``threads`` (those its owner,
+    ``ScriptRunner``, keeps for all its pipelines): a flush waits on one round trip per node."""
+
+    def __init__(self, cluster: RedisCluster, threads: Executor, transaction: bool = False):
         self._cluster = cluster
+        self._threads = threads
         self._transaction = transaction
         # (routing key, command, args, keyword args)
         self._commands: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = []
@@ -85,8 +87,9 @@ class NodePipeline:
             groups.setdefault(node.name, []).append(position)
             nodes[node.name] = node
         replies: list[Any] = [None] * len(self._commands)
+        connection = self._cluster.get_redis_connection
         futures = {
-            name: _POOL.submit(self._send, self._cluster.get_redis_connection(nodes[name]), group)
+            name: self._threads.submit(self._send, connection(nodes[name]), group)
             for name, group in groups.items()
         }
         for name, future in futures.items():

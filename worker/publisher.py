@@ -31,7 +31,8 @@ from typing import Any, NamedTuple
 import redis
 
 from worker.events import TokenEvent
-from worker.store import JobResult, JobStore, StepAppend
+from worker.jobs import JobResult
+from worker.store import JobStore, StepAppend
 
 log = logging.getLogger(__name__)
 

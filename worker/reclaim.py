@@ -28,7 +28,7 @@ def release_previous_life(store: JobStore, node: str) -> list[str]:
     """Drop the leases a previous process with this node name held; returns their job ids."""
     script = store.redis.register_script(DROP_IF_OURS)
     dropped = []
-    for job_id in store.running_ids():
+    for job_id in store.leases.running_ids():
         if script(keys=[keys.job_lease(job_id)], args=[f"{node}:"]):
             dropped.append(job_id)
     return dropped

@@ -21,7 +21,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from worker.config import RedisSettings, Settings
+from worker.config import Settings
+from worker.config_sections import RedisSettings
 
 HEALTH_CHECK_SECONDS = 30
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

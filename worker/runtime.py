@@ -2,7 +2,7 @@
 
 Built once per process (models are loaded once, by the worker's TrickleWorker bootstep) and used
 by every job thread of its dispatcher. A job is
-run under a lease (see ``store.claim``): the fence travels with every write, so a worker that
+run under a lease (see ``Leases.claim``): the fence travels with every write, so a worker that
 lost its lease can never write over the one that took the job over.
 """
 
@@ -26,14 +26,15 @@ from worker.events import TokenEvent
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
 from worker.joblog import log_job_event
-from worker.jobs import FinishReason, Job, JobError, JobStatus, context_overflow
+from worker.jobs import FinishReason, Job, JobError, JobResult, JobStatus, context_overflow
+from worker.leases import Claim, ClaimOutcome, ReleaseOutcome
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
 from worker.metric_defs import BATCH_SIZE, ENGINE_RESTARTS, JOBS, QUEUE_TIME
 from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
 from worker.redis_connection import connect
 from worker.retry import with_redis_retry
-from worker.store import Claim, ClaimOutcome, JobResult, JobStore, ReleaseOutcome
+from worker.store import JobStore
 from worker.tenants import TenantTable, tenant_label
 from worker.tracing import JobTimeline, Tracing
 
@@ -145,7 +146,7 @@ class WorkerRuntime:
         for scheduler in self.schedulers.values():
             for job in scheduler.take_pending():
                 try:
-                    released = self.store.release(job.job_id, job.fence, time.time())
+                    released = self.store.leases.release(job.job_id, job.fence, time.time())
                     if released is ReleaseOutcome.QUEUED:
                         self.requeue(job.job_id)  # on its key's queue
                         handed += 1
@@ -169,7 +170,9 @@ class WorkerRuntime:
         an error the dispatcher leaves each job to claim itself in ``run_job``, which retries)."""
         max_attempts = self.settings.worker.max_attempts
         now = time.time()
-        return self.store.claim_many(job_ids, self.node_name, now, self.lease_ms, max_attempts)
+        return self.store.leases.claim_many(
+            job_ids, self.node_name, now, self.lease_ms, max_attempts
+        )
 
     def run_job(self, job_id: str, claim: Claim | None = None) -> None:
         """Claim (unless ``claim`` is given), generate and store one job; returns once its

@@ -1,7 +1,7 @@
 """Lua scripts for the job state transitions that must be atomic.
 
 Each runs inside Redis as one step, so a claim, a cancel, a crash recovery and a token append
-can never interleave halfway. Used only by ``store``.
+can never interleave halfway. Used only by ``store`` and ``leases`` (through ``script_runner``).
 
 Every key and channel a script touches is passed in KEYS and shares the job's shard hash tag
 (``keys``), so on a Redis Cluster each call lands on one slot. Scripts publish with the command

@@ -1,58 +1,96 @@
 """JobStore: the only code that writes job state to Redis.
 
-Jobs live in a hash (``keys.job``), their tokens in a list (``keys.job_tokens``) and, while they
-run, the text streamed so far in a string (``keys.job_output``), so reading a job never parses
-its log. Transitions that race (a worker claiming a job while a client cancels it, a crashed
-worker's job being recovered while a stalled one wakes up) are single Lua scripts
-(``worker.scripts``), so each job has exactly one outcome and only the current lease holder can
-write its tokens. This module holds the web tier's part (records, reads, queue counts, cancel);
-a worker's ownership transitions are in ``store_ownership``, its output in ``store_output``.
+Jobs live in a hash (``keys.job``, encoded by ``worker.jobs``), their tokens in a list
+(``keys.job_tokens``, the replay log) and, while they run, the text streamed so far in a string
+(``keys.job_output``), so reading a job never parses its log. Transitions that race (a worker
+claiming a job while a client cancels it, a crashed worker's job being recovered while a stalled
+one wakes up) are single Lua scripts (``worker.scripts``), so each job has exactly one outcome
+and only the current lease holder can write its tokens. The store holds the records, reads,
+cancels and a worker's output; who holds a job is its ``leases`` (``worker.leases``), composed,
+and both run their scripts through one ``ScriptRunner``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from worker import keys
-from worker.events import DONE_MESSAGE, TokenEvent
-from worker.job_records import (
-    READ_FIELDS,
-    CancelOutcome,
-    Claim,
-    ClaimOutcome,
-    JobResult,
-    RecoveryOutcome,
-    ReleaseOutcome,
-    StepAppend,
-    StepOutcome,
-    cancel_outcome,
-    hash_fields,
-    job_from_hash,
+from worker.events import DONE_MESSAGE, TokenEvent, encode_text, token_message
+from worker.jobs import Job, JobError, JobResult, JobStatus, Usage, hash_fields, is_job_id
+from worker.leases import Leases
+from worker.script_runner import ScriptRunner, WriteRecorder, ending_keys
+
+# The job hash fields ``JobStore.get`` reads: all but the two that grow with the prompt (the
+# worker's claim reads those), since a poller's GET never serves them.
+READ_FIELDS = (
+    "id",
+    "model",
+    "params",
+    "status",
+    "output",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "error",
+    "created_at",
+    "started_at",
+    "first_token_at",
+    "completed_at",
+    "attempts",
+    "owner_key",
+    "priority",
+    "webhook_url",
+    "traceparent",
 )
-from worker.jobs import Job, JobStatus, Usage, is_job_id
-from worker.store_base import ending_keys
-from worker.store_output import OutputWrites
-from worker.store_ownership import OwnershipTransitions
-
-__all__ = [
-    "CancelOutcome",
-    "Claim",
-    "ClaimOutcome",
-    "JobResult",
-    "JobStore",
-    "RecoveryOutcome",
-    "ReleaseOutcome",
-    "StepAppend",
-    "StepOutcome",
-]
 
 
-class JobStore(OwnershipTransitions, OutputWrites):
-    """Every read and write of job state (the web tier's part here; see the module doc)."""
+class CancelOutcome(str, Enum):
+    MISSING = "missing"
+    CANCELED = "canceled"  # it was still queued: canceled on the spot
+    REQUESTED = "requested"  # it is running: the worker stops it at its next flush
+    ALREADY_FINISHED = "finished"
 
-    # -- web side -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepAppend:
+    """One job's share of a publisher flush."""
+
+    job_id: str
+    fence: str
+    events: Sequence[TokenEvent]
+    first_token_at: float | None = None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    fenced_out: list[str]  # jobs whose lease this worker no longer holds
+    cancel_requested: list[str]
+
+
+class JobStore:
+    """Every read and write of job state but its ownership, which is ``self.leases``."""
+
+    def __init__(self, client: Any, result_ttl_seconds: int, queued_ttl_seconds: int):
+        self.redis = client
+        self.result_ttl_seconds = result_ttl_seconds
+        self.queued_ttl_seconds = queued_ttl_seconds
+        self._runner = ScriptRunner(client)
+        self.cluster = self._runner.cluster
+        self.leases = Leases(self._runner, result_ttl_seconds, queued_ttl_seconds)
+
+    def pipeline(self) -> Any:
+        """A pipeline for ``queue_step`` and ``queue_finish`` (per node on a cluster)."""
+        return self._runner.pipeline()
+
+    def scripts_lost(self) -> None:
+        """A pipeline of this store's script calls met NOSCRIPT: load them again first."""
+        self._runner.scripts_lost()
+
+    # -- records ----------------------------------------------------------------------------------
 
     def create(self, job: Job, also: Callable[[Any], object] | None = None) -> None:
         """Record a new job; ``also`` adds commands for the same Redis to the same transaction
@@ -63,7 +101,7 @@ class JobStore(OwnershipTransitions, OutputWrites):
     def create_many(self, jobs: Sequence[Job], also: Callable[[Any], object] | None = None) -> None:
         """Record new jobs in one round trip (a batch can bring thousands); atomic on a single
         Redis, per job on a cluster (jobs live on different slots)."""
-        pipe = self.pipeline(transaction=not self.cluster)
+        pipe = self._runner.pipeline(transaction=not self.cluster)
         for job in jobs:
             self.queue_create(pipe, job)
         if also is not None:
@@ -79,8 +117,8 @@ class JobStore(OwnershipTransitions, OutputWrites):
         share the idempotency key's slot (its jobs are drawn in its shard)."""
         recorder = WriteRecorder(key)
         writes(recorder)
-        existing = self._scripts["CREATE_ONCE"](
-            keys=recorder.keys, args=[record, ttl_seconds, json.dumps(recorder.writes)]
+        existing = self._runner.run(
+            "CREATE_ONCE", recorder.keys, [record, ttl_seconds, json.dumps(recorder.writes)]
         )
         if existing is None:
             return None
@@ -101,7 +139,7 @@ class JobStore(OwnershipTransitions, OutputWrites):
         """Take back records whose task could not be published (the broker was down): no
         worker can have them, and the caller was told nothing was created (so the key that
         would have named them goes too)."""
-        pipe = self.pipeline(transaction=not self.cluster)
+        pipe = self._runner.pipeline(transaction=not self.cluster)
         for job_id in job_ids:
             pipe.delete(keys.job(job_id))
             pipe.zrem(keys.queued_jobs(keys.shard_of(job_id)), job_id)
@@ -111,31 +149,13 @@ class JobStore(OwnershipTransitions, OutputWrites):
 
     def queue_create(self, pipe: Any, job: Job) -> None:
         """Queue the writes of a new job's record on ``pipe`` (a pipeline or a WriteRecorder)."""
-        fields: dict[Any, Any] = {
-            "id": job.id,
-            "model": job.model,
-            "prompt": job.prompt,
-            "params": json.dumps(job.params.to_dict()),
-            "status": job.status.value,
-            "created_at": repr(job.created_at),
-            "prompt_tokens": str(job.usage.prompt_tokens),
-            "attempts": "0",
-        }
-        if job.owner:
-            fields["owner_key"] = job.owner
-        if job.priority:
-            fields["priority"] = str(job.priority)
-        if job.webhook_url:
-            fields["webhook_url"] = job.webhook_url
-        if job.prompt_ids:
-            fields["prompt_ids"] = " ".join(map(str, job.prompt_ids))
-        if job.trace_context:
-            fields["traceparent"] = job.trace_context
-        pipe.hset(keys.job(job.id), mapping=fields)
+        pipe.hset(keys.job(job.id), mapping=job.to_hash())
         # Long enough to stay queued, then to be read as expired for a result TTL.
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
         queued = keys.queued_jobs(keys.shard_of(job.id))
         pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
+
+    # -- reads ------------------------------------------------------------------------------------
 
     def model_of(self, job_id: str) -> str:
         """The job's model, for metrics and logs ("unknown" once the job has expired)."""
@@ -166,10 +186,15 @@ class JobStore(OwnershipTransitions, OutputWrites):
         """The job (as ``get``) and its tokens from ``from_index`` on, read atomically."""
         return self._read(job_id, from_index)
 
+    def tokens(self, job_id: str) -> list[TokenEvent]:
+        """The whole replay log (to resume a job whose previous worker died mid-stream)."""
+        entries = self.redis.lrange(keys.job_tokens(job_id), 0, -1)
+        return [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
+
     def _read(self, job_id: str, from_index: int | None) -> tuple[Job | None, list[TokenEvent]]:
         if not is_job_id(job_id):
             return None, []  # never a key built from a malformed id
-        pipe = self.pipeline(transaction=True)
+        pipe = self._runner.pipeline(transaction=True)
         pipe.hmget(keys.job(job_id), READ_FIELDS)
         pipe.get(keys.job_output(job_id))
         pipe.llen(keys.job_tokens(job_id))
@@ -179,17 +204,19 @@ class JobStore(OwnershipTransitions, OutputWrites):
         fields = hash_fields(READ_FIELDS, values)
         if "id" not in fields:
             return None, []
-        job = job_from_hash(fields)
+        job = Job.from_hash(fields)
         if not job.status.is_terminal:
             job.output = output or ""
             job.usage = Usage(job.usage.prompt_tokens, int(logged))
         entries = tail[0] if tail else []
         return job, [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
 
+    # -- the queued and running indexes -----------------------------------------------------------
+
     def oldest_queued(self, count: int) -> list[str]:
         """The ids of up to ``count`` queued jobs with the earliest queue deadlines (the oldest
         submissions), over every shard."""
-        found = self._per_shard("zrange", keys.queued_jobs, 0, count - 1, withscores=True)
+        found = self._runner.per_shard("zrange", keys.queued_jobs, 0, count - 1, withscores=True)
         entries = sorted((score, str(job_id)) for shard in found for job_id, score in shard)
         return [job_id for _score, job_id in entries[:count]]
 
@@ -197,7 +224,7 @@ class JobStore(OwnershipTransitions, OutputWrites):
         """Queued jobs submitted before ``created_before`` (the index scores queue deadlines:
         submission + queued TTL)."""
         deadline = created_before + self.queued_ttl_seconds
-        found = self._per_shard("zrangebyscore", keys.queued_jobs, "-inf", repr(deadline))
+        found = self._runner.per_shard("zrangebyscore", keys.queued_jobs, "-inf", repr(deadline))
         return [str(job_id) for shard in found for job_id in shard]
 
     def claim_republish(self, job_id: str, seconds: float) -> bool:
@@ -214,14 +241,16 @@ class JobStore(OwnershipTransitions, OutputWrites):
         deadline = self.redis.zscore(keys.queued_jobs(keys.shard_of(job_id)), job_id)
         if deadline is None:
             return None
-        return self._sum_per_shard("zcount", keys.queued_jobs, "-inf", f"({deadline!r}")
+        return self._runner.sum_per_shard("zcount", keys.queued_jobs, "-inf", f"({deadline!r}")
 
     def queued_count(self) -> int:
         """Jobs waiting for a worker, all models and priorities (the batch backlog bound)."""
-        return self._sum_per_shard("zcard", keys.queued_jobs)
+        return self._runner.sum_per_shard("zcard", keys.queued_jobs)
 
     def running_count(self) -> int:
-        return self._sum_per_shard("zcard", keys.running_jobs)
+        return self._runner.sum_per_shard("zcard", keys.running_jobs)
+
+    # -- transitions that end a job without its worker --------------------------------------------
 
     def cancel(self, job_id: str, now: float) -> CancelOutcome:
         return self.cancel_many([job_id], now)[0]
@@ -230,45 +259,130 @@ class JobStore(OwnershipTransitions, OutputWrites):
         """Cancel jobs in one round trip. CANCELED only for the call that canceled a queued
         job (once per job, however often it is asked): callers count on that."""
         valid = [job_id for job_id in job_ids if is_job_id(job_id)]
+        runner = self._runner
 
         def build(pipe: Any) -> None:
             for job_id in valid:
                 shard = keys.shard_of(job_id)
-                self.queue_script(
+                runner.queue_script(
                     pipe,
                     "CANCEL",
                     [keys.job(job_id), keys.queued_jobs(shard), *ending_keys(job_id)],
-                    [job_id, repr(now), self.result_ttl_seconds, self.publish, DONE_MESSAGE],
+                    [job_id, repr(now), self.result_ttl_seconds, runner.publish, DONE_MESSAGE],
                 )
 
-        replies = dict(zip(valid, self.execute(build) if valid else [], strict=True))
-        return [cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
+        replies = dict(zip(valid, runner.execute(build) if valid else [], strict=True))
+        return [_cancel_outcome(replies.get(job_id, "missing")) for job_id in job_ids]
+
+    def expire_queued(self, now: float) -> list[str]:
+        """Fail queued jobs that waited past the queue TTL without any worker starting them."""
+        expired = []
+        overdue = self._runner.per_shard("zrangebyscore", keys.queued_jobs, "-inf", now)
+        for job_id in [str(j) for shard in overdue for j in shard]:
+            error = JobError(
+                "queue_timeout",
+                f"no worker started the job within {self.queued_ttl_seconds} s",
+            )
+            done = self._runner.run(
+                "EXPIRE_QUEUED",
+                [keys.job(job_id), keys.queued_jobs(keys.shard_of(job_id)), *ending_keys(job_id)],
+                [
+                    job_id,
+                    repr(now),
+                    json.dumps(error.to_dict()),
+                    self.result_ttl_seconds,
+                    self._runner.publish,
+                    DONE_MESSAGE,
+                ],
+            )
+            if done:
+                expired.append(job_id)
+        return expired
+
+    # -- a worker's output, fenced by the lease it holds ------------------------------------------
+
+    def set_prompt_tokens(self, job_id: str, prompt_tokens: int) -> None:
+        self.redis.hset(keys.job(job_id), "prompt_tokens", str(prompt_tokens))
+
+    def queue_step(self, pipe: Any, appends: Sequence[StepAppend]) -> int:
+        """Add one flush of tokens to ``pipe``, fenced per job, each job's tokens published on
+        its own channel. One script call for the whole flush on a single Redis; one per shard
+        on a cluster (a script stays on one slot). Returns the number of calls queued."""
+        groups = _by_shard(appends) if self.cluster else [list(appends)]
+        for group in groups:
+            script_keys: list[str] = []
+            args: list[Any] = [self._runner.publish, len(group)]
+            for append in group:
+                script_keys += [
+                    keys.job(append.job_id),
+                    keys.job_tokens(append.job_id),
+                    keys.job_lease(append.job_id),
+                    keys.job_output(append.job_id),
+                    keys.job_events_channel(append.job_id),
+                ]
+                first = "" if append.first_token_at is None else repr(append.first_token_at)
+                events = append.events
+                # Each text is JSON-encoded here once: the log entries and the channel message
+                # are built from the same literals, and readers forward them as they are.
+                literals = [encode_text(event.text) for event in events]
+                args += [append.fence, first, events[0].index, len(events)]
+                args += map(TokenEvent.log_entry, events, literals)
+                args.append("".join(event.text for event in events))
+                args.append(
+                    token_message(events[0].index, literals, [event.logprob for event in events])
+                )
+            self._runner.queue_script(pipe, "APPEND_STEP", script_keys, args)
+        return len(groups)
+
+    def step_outcome(self, appends: Sequence[StepAppend], *replies: Sequence[Any]) -> StepOutcome:
+        """Read the reply of each of ``queue_step``'s calls (only exceptions come back)."""
+        groups = _by_shard(appends) if self.cluster else [list(appends)]
+        fenced_out: list[str] = []
+        cancel_requested: list[str] = []
+        for group, reply in zip(groups, replies, strict=True):
+            for position in reply:
+                append = group[abs(int(position)) - 1]
+                (fenced_out if int(position) < 0 else cancel_requested).append(append.job_id)
+        return StepOutcome(fenced_out=fenced_out, cancel_requested=cancel_requested)
+
+    def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
+        """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
+        publish = self._runner.publish
+        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, DONE_MESSAGE]
+        for name, value in result.to_hash().items():
+            args += [name, value]
+        self._runner.queue_script(
+            pipe,
+            "FINISH",
+            [
+                keys.job(job_id),
+                keys.job_tokens(job_id),
+                keys.job_lease(job_id),
+                keys.running_jobs(keys.shard_of(job_id)),
+                keys.job_output(job_id),
+                keys.job_events_channel(job_id),
+                keys.job_done_channel(job_id),
+            ],
+            args,
+        )
+
+    def finish(self, job_id: str, fence: str, result: JobResult) -> bool:
+        """Store a final state outside the token path (failures before generation)."""
+        (stored,) = self._runner.execute(
+            lambda pipe: self.queue_finish(pipe, job_id, fence, result)
+        )
+        return bool(stored)
 
 
-class WriteRecorder:
-    """Stands in for a pipeline: records the writes queued on it as [command, key index, args]
-    for the CREATE_ONCE script, and the keys they touch (KEYS[1] is the idempotency key)."""
+def _cancel_outcome(reply: str) -> CancelOutcome:
+    if reply in ("missing", "canceled", "requested"):
+        return CancelOutcome(reply)
+    return CancelOutcome.ALREADY_FINISHED
 
-    def __init__(self, first_key: str):
-        self.keys = [first_key]
-        self.writes: list[list[Any]] = []
 
-    def _key(self, name: str) -> int:
-        if name not in self.keys:
-            self.keys.append(name)
-        return self.keys.index(name) + 1  # Lua's KEYS start at 1
-
-    def hset(self, name: str, mapping: dict[str, Any]) -> None:
-        flat = [str(part) for pair in mapping.items() for part in pair]
-        self.writes.append(["HSET", self._key(name), *flat])
-
-    def expire(self, name: str, seconds: int) -> None:
-        self.writes.append(["EXPIRE", self._key(name), int(seconds)])
-
-    def zadd(self, name: str, mapping: dict[str, float]) -> None:
-        flat = [part for member, score in mapping.items() for part in (repr(score), member)]
-        self.writes.append(["ZADD", self._key(name), *flat])
-
-    def rpush(self, name: str, *values: str) -> None:
-        for start in range(0, len(values), 1000):  # Lua's unpack() takes a few thousand at most
-            self.writes.append(["RPUSH", self._key(name), *values[start : start + 1000]])
+def _by_shard(appends: Sequence[StepAppend]) -> list[list[StepAppend]]:
+    """A flush's appends grouped by shard, in a stable order (replies are matched by position)."""
+    groups: dict[int, list[StepAppend]] = {}
+    for append in appends:
+        groups.setdefault(keys.shard_of(append.job_id), []).append(append)
+    return list(groups.values())

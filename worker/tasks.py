@@ -12,7 +12,7 @@ from typing import Any
 from celery import Celery
 
 from worker import keys
-from worker.config import WebhookSettings
+from worker.config_sections import WebhookSettings
 from worker.runtime import WorkerRuntime
 from worker.webhooks import WebhookFailed, WebhookRejected, deliver_job
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import sentencepiece as spm
 
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.model_files import model_profile
 
 

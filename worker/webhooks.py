@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from worker.config import WebhookSettings
+from worker.config_sections import WebhookSettings
 from worker.joblog import log_job_event
 from worker.store import JobStore
 

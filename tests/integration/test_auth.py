@@ -10,7 +10,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from worker.config import AuthSettings, Settings, load_settings
+from worker.config import Settings, load_settings
+from worker.config_sections import AuthSettings
 
 DIGESTED = "second-key"
 

@@ -17,7 +17,8 @@ from tests.faultstack import wait_for
 from tests.metrics_text import parse_samples
 from web.services import services
 from worker import keys
-from worker.config import AuthSettings, LimitSettings, RateLimitSettings, Settings
+from worker.config import Settings
+from worker.config_sections import AuthSettings, LimitSettings, RateLimitSettings
 
 LIMIT = 6
 FIRST, SECOND = "bound-key-one", "bound-key-two"

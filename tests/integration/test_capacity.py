@@ -19,7 +19,8 @@ from trickle.launcher import parse_concurrency
 from trickle.preload import expand
 from worker import capacity, keys
 from worker.capacity import ModelLoad, WorkerSlots
-from worker.config import RedisSettings, Settings
+from worker.config import Settings
+from worker.config_sections import RedisSettings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job
 from worker.queue import QueueReader, enqueue_generation, make_celery
 from worker.store import JobStore

@@ -16,8 +16,9 @@ import redis
 from tests.faultstack import wait_for
 from worker import keys
 from worker.events import TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobStatus, new_job_id
-from worker.store import Claim, JobResult, JobStore, StepAppend, StepOutcome
+from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
+from worker.leases import Claim
+from worker.store import JobStore, StepAppend, StepOutcome
 
 
 @pytest.fixture
@@ -55,11 +56,11 @@ def result(output: str, tokens: int) -> JobResult:
 
 def stolen(store: JobStore, job: Job) -> tuple[Claim, Claim]:
     """Worker a claims the job, stalls past its lease, the sweep requeues it, b claims it."""
-    first = store.claim(job.id, "a", time.time(), lease_ms=30, max_attempts=5)
+    first = store.leases.claim(job.id, "a", time.time(), lease_ms=30, max_attempts=5)
     assert first.claimed
     wait_for(lambda: not store.redis.exists(keys.job_lease(job.id)), 5, "a's lease to lapse")
-    assert store.recover_orphans(time.time()) == {job.id: "requeued"}
-    second = store.claim(job.id, "b", time.time(), lease_ms=60_000, max_attempts=5)
+    assert store.leases.recover_orphans(time.time()) == {job.id: "requeued"}
+    second = store.leases.claim(job.id, "b", time.time(), lease_ms=60_000, max_attempts=5)
     assert second.claimed and second.fence != first.fence
     return first, second
 
@@ -81,7 +82,7 @@ def test_finish_with_a_stale_fence_is_refused(store: JobStore) -> None:
 
 def test_finish_with_a_fence_that_never_held_the_job_is_refused(store: JobStore) -> None:
     job = new_job(store)
-    claim = store.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     assert not store.finish(job.id, "a:2", result("forged", 0))
     assert not store.finish(job.id, "", result("forged", 0))
     assert store.get(job.id).status is JobStatus.RUNNING  # type: ignore[union-attr]
@@ -90,7 +91,7 @@ def test_finish_with_a_fence_that_never_held_the_job_is_refused(store: JobStore)
 
 def test_a_token_append_retried_twice_leaves_no_duplicate(store: JobStore) -> None:
     job = new_job(store)
-    claim = store.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     step = StepAppend(job.id, claim.fence, events(job.id, 0, 3))
     for _ in range(3):  # the first reply was lost, then the retry's reply too
         assert append(store, [step]).fenced_out == []
@@ -107,7 +108,7 @@ def test_a_token_append_retried_twice_leaves_no_duplicate(store: JobStore) -> No
 
 def test_one_flush_of_many_jobs_is_fenced_per_job(store: JobStore) -> None:
     mine, lost = new_job(store), new_job(store)
-    held = store.claim(mine.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    held = store.leases.claim(mine.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     stale, _ = stolen(store, lost)
     steps = [
         StepAppend(mine.id, held.fence, events(mine.id, 0, 2)),
@@ -136,7 +137,7 @@ def test_a_stale_append_past_the_end_of_the_log_is_refused(store: JobStore) -> N
 def test_an_append_that_would_leave_a_gap_is_refused(store: JobStore) -> None:
     # Position in the log is the token index: entries 5.. cannot follow entry 1.
     job = new_job(store)
-    claim = store.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     assert append(store, [StepAppend(job.id, claim.fence, events(job.id, 0, 2))]).fenced_out == []
     gap = StepAppend(job.id, claim.fence, events(job.id, 5, 2))
     assert append(store, [gap]).fenced_out == [job.id]
@@ -163,13 +164,13 @@ def test_a_stalled_workers_final_write_cannot_land(store: JobStore) -> None:
     assert log(store, job.id) == [0, 1, 2, 3]
     # The finished job is no longer running, so no sweep can requeue it.
     assert store.redis.zscore(keys.running_jobs(keys.shard_of(job.id)), job.id) is None
-    assert store.recover_orphans(time.time()) == {}
+    assert store.leases.recover_orphans(time.time()) == {}
 
 
 def test_a_canceled_queued_job_cannot_be_claimed_or_written(store: JobStore) -> None:
     job = new_job(store)
     store.cancel(job.id, time.time())
-    claim = store.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     assert not claim.claimed and claim.outcome == "canceled"
     assert append(store, [StepAppend(job.id, "a:1", events(job.id, 0, 1))]).fenced_out == [job.id]
     assert not store.finish(job.id, "a:1", result("late", 1))

@@ -13,10 +13,10 @@ from flask import Flask
 
 from tests.metrics_text import parse_samples
 from worker.accounting import account_finished
-from worker.config import AuthSettings, Settings
-from worker.jobs import FinishReason, GenerationParams, Job, JobStatus, Usage
+from worker.config import Settings
+from worker.config_sections import AuthSettings
+from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, Usage
 from worker.metrics import MetricsRecorder
-from worker.store import JobResult
 from worker.tenants import TenantTable, build_keys, tenant_label
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from flask import Flask
 
-from worker.config import ModelSettings, Settings
+from worker.config import Settings
+from worker.config_sections import ModelSettings
 
 
 def test_a_broken_tokenizer_config_is_a_503(

@@ -19,7 +19,8 @@ from flask import Flask
 from trickle.redis_server import free_port
 from web.admission_depth import AdmissionDepth
 from worker import keys
-from worker.config import BrokerSettings, RedisSettings, Settings
+from worker.config import Settings
+from worker.config_sections import BrokerSettings, RedisSettings
 from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
 from worker.queue import (
     QueueReader,

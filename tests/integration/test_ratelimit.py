@@ -11,7 +11,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from web.ratelimit import reset_text
-from worker.config import RateLimitSettings, Settings
+from worker.config import Settings
+from worker.config_sections import RateLimitSettings
 from worker.tenants import build_keys
 
 HEADERS = [

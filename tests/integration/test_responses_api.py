@@ -18,10 +18,11 @@ from flask.testing import FlaskClient
 from tests.faultstack import wait_for
 from web.services import services
 from worker import keys
-from worker.config import AuthSettings, Settings
+from worker.config import Settings
+from worker.config_sections import AuthSettings
 from worker.events import TokenEvent
-from worker.jobs import FinishReason, JobStatus
-from worker.store import JobResult, JobStore, StepAppend
+from worker.jobs import FinishReason, JobResult, JobStatus
+from worker.store import JobStore, StepAppend
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +71,13 @@ def test_a_stream_survives_the_workers_death_and_resumes_exactly(app: Flask) -> 
     seen: list[dict[str, Any]] = []
     reader = threading.Thread(target=lambda: seen.extend(read_events(client, response_id)))
     reader.start()
-    first = store.claim(job_id, "a", time.time(), lease_ms=50, max_attempts=5)
+    first = store.leases.claim(job_id, "a", time.time(), lease_ms=50, max_attempts=5)
     append(store, job_id, first.fence, 0, 3)
     append(store, job_id, first.fence, 3, 2)
     # Worker a dies: its lease lapses, the sweep requeues the job, worker b resumes the log.
     wait_for(lambda: not store.redis.exists(keys.job_lease(job_id)), 5, "a's lease to lapse")
-    assert store.recover_orphans(time.time()) == {job_id: "requeued"}
-    second = store.claim(job_id, "b", time.time(), lease_ms=60_000, max_attempts=5)
+    assert store.leases.recover_orphans(time.time()) == {job_id: "requeued"}
+    second = store.leases.claim(job_id, "b", time.time(), lease_ms=60_000, max_attempts=5)
     append(store, job_id, second.fence, 5, 5)
     finish(store, job_id, second.fence, 10)
     reader.join(30)
@@ -94,7 +95,7 @@ def test_a_stream_survives_the_workers_death_and_resumes_exactly(app: Flask) -> 
 def test_a_reader_past_the_last_event_waits_for_the_next(app: Flask) -> None:
     client, store = app.test_client(), store_of(app)
     response_id, job_id = background(client)
-    claim = store.claim(job_id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job_id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     append(store, job_id, claim.fence, 0, 2)  # events 0-5 exist
     seen: list[dict[str, Any]] = []
     reader = threading.Thread(
@@ -112,7 +113,7 @@ def test_a_reader_past_the_last_event_waits_for_the_next(app: Flask) -> None:
 def test_logprobs_follow_the_log(app: Flask) -> None:
     client, store = app.test_client(), store_of(app)
     response_id, job_id = background(client, include=["message.output_text.logprobs"])
-    claim = store.claim(job_id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    claim = store.leases.claim(job_id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     append(store, job_id, claim.fence, 0, 3)
     finish(store, job_id, claim.fence, 3)
     events = read_events(client, response_id)

@@ -17,7 +17,8 @@ from tests.clients import batch_line, jsonl
 from trickle.redis_server import free_port
 from web.services import services
 from worker import keys
-from worker.config import AuthSettings, Settings, WebhookSettings
+from worker.config import Settings
+from worker.config_sections import AuthSettings, WebhookSettings
 from worker.jobs import new_job_id
 from worker.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
 

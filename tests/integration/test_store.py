@@ -23,12 +23,12 @@ def stored_job(store: JobStore) -> Job:
 def test_claim_fences_and_recovery_requeues(private_redis: redis.Redis) -> None:
     store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
     job = stored_job(store)
-    first = store.claim(job.id, "a", time.time(), lease_ms=50, max_attempts=2)
+    first = store.leases.claim(job.id, "a", time.time(), lease_ms=50, max_attempts=2)
     assert first.claimed and first.fence == "a:1"
-    assert not store.claim(job.id, "b", time.time(), lease_ms=50, max_attempts=2).claimed
+    assert not store.leases.claim(job.id, "b", time.time(), lease_ms=50, max_attempts=2).claimed
     wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "a's lease to lapse")
-    assert store.recover_orphans(time.time()) == {job.id: "requeued"}
-    second = store.claim(job.id, "b", time.time(), lease_ms=5000, max_attempts=2)
+    assert store.leases.recover_orphans(time.time()) == {job.id: "requeued"}
+    second = store.leases.claim(job.id, "b", time.time(), lease_ms=5000, max_attempts=2)
     assert second.fence == "b:2"
     # The first worker wakes up: its writes are refused.
     stale = StepAppend(job.id, first.fence, [TokenEvent(job.id, 0, "x")])
@@ -43,10 +43,13 @@ def test_third_claim_past_max_attempts_fails_the_job(private_redis: redis.Redis)
     store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
     job = stored_job(store)
     for _ in range(2):  # two attempts whose worker "dies" (the lease lapses)
-        assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).claimed
+        assert store.leases.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).claimed
         wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
-        store.recover_orphans(time.time())
-    assert store.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).outcome == "poisoned"
+        store.leases.recover_orphans(time.time())
+    assert (
+        store.leases.claim(job.id, "w", time.time(), lease_ms=1, max_attempts=2).outcome
+        == "poisoned"
+    )
     failed = store.get(job.id)
     assert failed is not None and failed.status is JobStatus.FAILED
     assert failed.error is not None and failed.error.type == "worker_lost"
@@ -55,11 +58,11 @@ def test_third_claim_past_max_attempts_fails_the_job(private_redis: redis.Redis)
 def test_hand_back_respects_a_pending_cancel(private_redis: redis.Redis) -> None:
     store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
     plain, canceled = stored_job(store), stored_job(store)
-    claims = {j.id: store.claim(j.id, "w", time.time(), 5000, 3) for j in (plain, canceled)}
+    claims = {j.id: store.leases.claim(j.id, "w", time.time(), 5000, 3) for j in (plain, canceled)}
     store.cancel(canceled.id, time.time())  # running: only a request
-    assert store.release(plain.id, claims[plain.id].fence, time.time()) == "queued"
-    assert store.release(canceled.id, claims[canceled.id].fence, time.time()) == "canceled"
-    assert store.release(plain.id, claims[plain.id].fence, time.time()) == "lost"
+    assert store.leases.release(plain.id, claims[plain.id].fence, time.time()) == "queued"
+    assert store.leases.release(canceled.id, claims[canceled.id].fence, time.time()) == "canceled"
+    assert store.leases.release(plain.id, claims[plain.id].fence, time.time()) == "lost"
     states = {j.id: store.get(j.id) for j in (plain, canceled)}
     assert states[plain.id].status is JobStatus.QUEUED  # type: ignore[union-attr]
     assert states[plain.id].attempts == 0  # type: ignore[union-attr]
@@ -78,7 +81,7 @@ def test_queue_position_counts_earlier_submissions_across_shards(
     base = store.queue_position(jobs[0].id)  # jobs earlier tests left queued come first
     assert base is not None
     assert [store.queue_position(job.id) for job in jobs] == [base + i for i in range(6)]
-    assert store.claim(jobs[0].id, "a", time.time(), lease_ms=5000, max_attempts=2).claimed
+    assert store.leases.claim(jobs[0].id, "a", time.time(), lease_ms=5000, max_attempts=2).claimed
     assert store.queue_position(jobs[0].id) is None  # running: no longer queued
     assert store.queue_position(jobs[3].id) == base + 2
 
@@ -93,10 +96,10 @@ def test_claim_many_claims_each_job_once_in_one_call(private_redis: redis.Redis)
     store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
     jobs = [stored_job(store) for _ in range(3)]
     ids = [job.id for job in jobs]
-    claims = store.claim_many(ids, "feeder", time.time(), lease_ms=5000, max_attempts=2)
+    claims = store.leases.claim_many(ids, "feeder", time.time(), lease_ms=5000, max_attempts=2)
     assert [claim.claimed for claim in claims] == [True, True, True]
     assert [claim.fence for claim in claims] == ["feeder:1"] * 3
     assert [claim.job.id for claim in claims if claim.job] == ids
-    again = store.claim_many(ids, "other", time.time(), lease_ms=5000, max_attempts=2)
+    again = store.leases.claim_many(ids, "other", time.time(), lease_ms=5000, max_attempts=2)
     assert not any(claim.claimed for claim in again)  # running under feeder's lease
-    assert store.claim(ids[0], "other", time.time(), 5000, 2).outcome == again[0].outcome
+    assert store.leases.claim(ids[0], "other", time.time(), 5000, 2).outcome == again[0].outcome

@@ -21,7 +21,8 @@ from flask.testing import FlaskClient
 from web.services import services
 from web.stream_tokens import StreamTokens, load_secret
 from worker import keys
-from worker.config import AuthSettings, ConfigError, Settings, WebSettings, load_settings
+from worker.config import ConfigError, Settings, load_settings
+from worker.config_sections import AuthSettings, WebSettings
 
 KEY = "stream-access-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

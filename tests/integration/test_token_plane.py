@@ -18,9 +18,9 @@ from tests.faultstack import wait_for
 from web.hub import Signal, TokenHub
 from worker import keys
 from worker.events import TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobStatus, new_job_id
+from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
 from worker.publisher import TokenItem, TokenPublisher
-from worker.store import JobResult, JobStore
+from worker.store import JobStore
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def publisher(store: JobStore) -> Iterator[TokenPublisher]:
 def running_job(store: JobStore) -> tuple[str, str]:
     job = Job(new_job_id(), "demo", "hi", GenerationParams(), created_at=time.time())
     store.create(job)
-    claim = store.claim(job.id, "w", time.time(), 60_000, 3)
+    claim = store.leases.claim(job.id, "w", time.time(), 60_000, 3)
     return job.id, claim.fence
 
 

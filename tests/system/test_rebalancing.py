@@ -13,7 +13,7 @@ import redis
 
 from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
 from worker import keys
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine import Engine
 from worker.jobs import FinishReason
 

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from tests.stack import child_env
 from tests.upstack import TRICKLE, alive
-from trickle.supervisor import RestartPolicy
+from trickle.supervisor import RespawnPolicy
 from worker.config import PROJECT_ROOT
 
 PY = sys.executable
 
 
 def test_backoff_doubles_up_to_its_ceiling() -> None:
-    policy = RestartPolicy(delay_seconds=0.5, max_delay_seconds=3.0)
+    policy = RespawnPolicy(delay_seconds=0.5, max_delay_seconds=3.0)
     assert [policy.delay_after(n) for n in range(1, 7)] == [0.0, 0.5, 1.0, 2.0, 3.0, 3.0]
 
 

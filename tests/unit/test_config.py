@@ -6,14 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import (
-    DEFAULT_CONFIG_PATH,
-    ConfigError,
-    Settings,
-    available_cores,
-    derive_threads,
-    load_settings,
-)
+from worker.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+from worker.config_sections import available_cores, derive_threads
 
 
 def test_default_file_matches_embedded_defaults() -> None:

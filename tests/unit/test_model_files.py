@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import ConfigError, ModelSettings
+from worker.config import ConfigError
+from worker.config_sections import ModelSettings
 from worker.model_files import ModelProfile, model_profile
 
 

@@ -24,7 +24,7 @@ from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Any
 
-from worker.config import ModelSettings, available_cores
+from worker.config_sections import ModelSettings, available_cores
 from worker.engine.flags import create_flags
 from worker.engine.process import BatchCommand, EngineReady, serve
 from worker.jobs import GenerationParams

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.tokenizer import Tokenizer
 
 # Ids dropped from a configured prefix's end: where its text meets the next, the tokenizer may

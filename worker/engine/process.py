@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from worker.config import ModelSettings
+from worker.config_sections import ModelSettings
 from worker.engine.flags import attach_flags
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token

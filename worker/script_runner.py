@@ -1,13 +1,15 @@
-"""StoreBase: the connection, the scripts and the pipelines every part of ``JobStore`` uses.
+"""ScriptRunner: the job Redis as ``JobStore`` and its ``Leases`` use it.
 
-``JobStore`` is split by who calls what: the web tier's records and reads (``store``), a
-worker's ownership transitions (``store_ownership``) and its output (``store_output``); they
-share this base, so a script is registered, loaded and retried in one place.
+The client, its Lua scripts (``worker.scripts``: registered once, loaded once, run by digest and
+loaded again after NOSCRIPT), pipelines that may carry script calls (per node on a cluster:
+``node_pipeline``) and the reads that cover every shard's index. The store and its leases each
+hold the same runner, so a script is registered, loaded and retried in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import NoScriptError
@@ -28,18 +30,8 @@ SCRIPT_NAMES = (
     "FINISH",
     "SUM_PER_SHARD",
 )
-
-
-def ownership_keys(job_id: str) -> list[str]:
-    """The keys CLAIM, RECOVER and RELEASE touch, in the order the scripts expect them."""
-    shard = keys.shard_of(job_id)
-    return [
-        keys.job(job_id),
-        keys.job_lease(job_id),
-        keys.running_jobs(shard),
-        keys.queued_jobs(shard),
-        *ending_keys(job_id),
-    ]
+# A cluster pipeline sends to every node at once, on up to this many threads.
+NODE_THREADS = 16
 
 
 def ending_keys(job_id: str) -> list[str]:
@@ -53,25 +45,29 @@ def ending_keys(job_id: str) -> list[str]:
     ]
 
 
-class StoreBase:
+class ScriptRunner:
     """The Redis client, its scripts (loaded once, reloaded after NOSCRIPT) and pipelines."""
 
-    def __init__(self, client: Any, result_ttl_seconds: int, queued_ttl_seconds: int):
+    def __init__(self, client: Any):
         self.redis = client
-        self.result_ttl_seconds = result_ttl_seconds
-        self.queued_ttl_seconds = queued_ttl_seconds
         self.cluster = is_cluster(client)
         self.publish = publish_command(client)
         self._loaded = False
         self._scripts = {
             name: client.register_script(getattr(scripts, name)) for name in SCRIPT_NAMES
         }
+        # Only a cluster's node pipelines use it; its threads start on first use.
+        self._node_threads = (
+            ThreadPoolExecutor(max_workers=NODE_THREADS, thread_name_prefix="trickle-nodes")
+            if self.cluster
+            else None
+        )
 
     def pipeline(self, transaction: bool = False) -> Any:
         """A pipeline that may carry script calls (per node on a cluster: ``node_pipeline``);
         a transaction must stay within one job's keys (one slot on a cluster)."""
-        if self.cluster:
-            return NodePipeline(self.redis, transaction)
+        if self._node_threads is not None:
+            return NodePipeline(self.redis, self._node_threads, transaction)
         return self.redis.pipeline(transaction=transaction)
 
     def load_scripts(self) -> None:
@@ -84,10 +80,14 @@ class StoreBase:
         self._loaded = True
 
     def queue_script(self, pipe: Any, name: str, script_keys: list[str], args: list[Any]) -> None:
-        """Add one script call to ``pipe`` (loading the scripts first, once per store)."""
+        """Add one script call to ``pipe`` (loading the scripts first, once per runner)."""
         if not self._loaded:
             self.load_scripts()
         pipe.evalsha(self._scripts[name].sha, len(script_keys), *script_keys, *args)
+
+    def run(self, name: str, script_keys: list[str], args: list[Any]) -> Any:
+        """One script call on its own (redis-py loads the script itself after NOSCRIPT)."""
+        return self._scripts[name](keys=script_keys, args=args)
 
     def execute(self, build: Callable[[Any], None]) -> list[Any]:
         """Build and run a pipeline of script calls; once more if the server lacked them (each
@@ -108,26 +108,50 @@ class StoreBase:
         """The server answered NOSCRIPT: the next script call loads them all again."""
         self._loaded = False
 
-    def running_ids(self) -> list[str]:
-        """Every job some worker holds (or held, until a sweep notices it died)."""
-        members = self._per_shard("zrange", keys.running_jobs, 0, -1)
-        return [str(job_id) for shard in members for job_id in shard]
-
-    def _sum_per_shard(self, command: str, key: Callable[[int], str], *args: Any) -> int:
+    def sum_per_shard(self, command: str, key: Callable[[int], str], *args: Any) -> int:
         """The sum of a counting command over every shard's index. On a single server one
         script loops over them: a pipeline of 256 commands cost milliseconds of Python (on
         every stream that starts while its job is queued, for its position)."""
         if self.cluster:
-            return int(sum(self._per_shard(command, key, *args)))
+            return int(sum(self.per_shard(command, key, *args)))
         shards = [key(shard) for shard in range(keys.SHARDS)]
         (total,) = self.execute(
             lambda pipe: self.queue_script(pipe, "SUM_PER_SHARD", shards, [command, *args])
         )
         return int(total)
 
-    def _per_shard(self, command: str, key: Any, *args: Any, **options: Any) -> list[Any]:
+    def per_shard(self, command: str, key: Any, *args: Any, **options: Any) -> list[Any]:
         """One command per shard's index, in one pipelined round trip (per node on a cluster)."""
         pipe = self.pipeline()
         for shard in range(keys.SHARDS):
             getattr(pipe, command)(key(shard), *args, **options)
         return list(pipe.execute())
+
+
+class WriteRecorder:
+    """Stands in for a pipeline: records the writes queued on it as [command, key index, args]
+    for the CREATE_ONCE script, and the keys they touch (KEYS[1] is the idempotency key)."""
+
+    def __init__(self, first_key: str):
+        self.keys = [first_key]
+        self.writes: list[list[Any]] = []
+
+    def _key(self, name: str) -> int:
+        if name not in self.keys:
+            self.keys.append(name)
+        return self.keys.index(name) + 1  # Lua's KEYS start at 1
+
+    def hset(self, name: str, mapping: dict[str, Any]) -> None:
+        flat = [str(part) for pair in mapping.items() for part in pair]
+        self.writes.append(["HSET", self._key(name), *flat])
+
+    def expire(self, name: str, seconds: int) -> None:
+        self.writes.append(["EXPIRE", self._key(name), int(seconds)])
+
+    def zadd(self, name: str, mapping: dict[str, float]) -> None:
+        flat = [part for member, score in mapping.items() for part in (repr(score), member)]
+        self.writes.append(["ZADD", self._key(name), *flat])
+
+    def rpush(self, name: str, *values: str) -> None:
+        for start in range(0, len(values), 1000):  # Lua's unpack() takes a few thousand at most
+            self.writes.append(["RPUSH", self._key(name), *values[start : start + 1000]])

@@ -1,0 +1,297 @@
+"""The sections of the configuration: one frozen dataclass per TOML table, with its defaults.
+
+What each key means and why its default is what it is lives here, beside the key; how the
+layers (defaults, file, environment) are read, merged and checked lives in ``worker.config``,
+which assembles these into ``Settings``. Unknown keys are errors (``Section``), in the file and
+the environment alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict
+
+
+def _comma_separated(value: Any) -> Any:
+    """Lists from the environment are comma-separated (``TRICKLE_API_KEYS=a,b``)."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
+Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
+
+
+@dataclass(frozen=True)
+class Section:
+    """A configuration section: unknown keys are errors, in the file and the environment alike
+    (a typo must not pass silently)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class RedisSettings(Section):
+    url: str = "redis://127.0.0.1:6399/0"
+    socket_timeout_seconds: float = 5.0
+    # Per process: requests wait for a free connection rather than opening one each.
+    max_connections: int = 64
+
+
+@dataclass(frozen=True)
+class BrokerSettings(Section):
+    """Where Celery's job queue lives; Redis keeps job state, replay logs and tokens either way."""
+
+    # Empty: the queue shares Redis (redis.url; not possible on a Redis Cluster, see README
+    # Scaling out). redis://host:6379/0: a Redis of its own. amqp://user:pass@host:5672/vhost:
+    # RabbitMQ, with a durable priority queue per model (worker/queue.py).
+    url: str = ""
+
+
+@dataclass(frozen=True)
+class WebSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = 8000
+    keepalive_seconds: float = 15.0
+    # A stream writes at most once per this interval after the first token (tokens that arrive
+    # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
+    # job's messages; the pace still grows with a process's streams (web.stream.stream_pace),
+    # which is what lets one process feed thousands of readers.
+    stream_flush_interval_ms: float = 0.0
+    # gunicorn worker processes (gevent: each holds thousands of streams). More than one spreads
+    # request handling (validation, tokenization, enqueueing, stream set-up) over cores, which
+    # is what a burst of new clients waits on; each process keeps its own pub/sub connection.
+    processes: int = 1
+    max_body_bytes: int = 1_048_576
+    max_wait_seconds: int = 60
+    # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
+    completion_timeout_seconds: float = 600.0
+    # HMAC key of the read-only stream tokens in job URLs; empty: one generated and shared
+    # through Redis (keys.STREAM_SECRET), so every web process signs alike.
+    stream_secret: str = ""
+    # Origins (scheme://host[:port], or "*") allowed to call /v1 from a browser; empty: none.
+    cors_origins: Names = ()
+
+
+@dataclass(frozen=True)
+class WorkerSettings(Section):
+    # Models this worker process serves; empty means every configured model.
+    models: Names = ()
+    heartbeat_seconds: float = 2.0
+    heartbeat_ttl_seconds: float = 10.0
+    # A worker holds a lease on each job it runs and renews it every lease/3; a job whose lease
+    # lapses (its worker died) is requeued by any live worker's sweep, and resumes where its
+    # stream stopped. Recovery takes at most lease_seconds + recovery_interval_seconds.
+    lease_seconds: float = 10.0
+    recovery_interval_seconds: float = 2.0
+    # A job still queued this long after its submission while its model's queue is empty has
+    # lost its task (the web process died between the record and the publish): a live worker
+    # publishes it again (a duplicate is harmless: only one claim can take a queued job).
+    republish_after_seconds: float = 30.0
+    # Claims per job: past this, a job whose workers keep dying fails instead of looping.
+    max_attempts: int = 3
+    # Redis brokers: kombu puts a delivered, unacknowledged message back on its queue after this
+    # long (a worker killed before it claimed the job). Shorter than a long job is safe: leases
+    # decide who runs a job, so a redelivered task of a running or finished job is only acked.
+    visibility_timeout_seconds: int = 60
+    # How long a worker keeps retrying Redis before giving a job up.
+    redis_retry_seconds: float = 300.0
+    # Celery task events (sent, received, started, succeeded) for Flower or `celery events`.
+    # Off by default: each is a Redis PUBLISH on the path from POST to the first token.
+    task_events: bool = False
+    # Token flushes to Redis (one script, one PUBLISH per job) at most this often after a job's
+    # first tokens: every later cost is per message, so each carries several decoding steps.
+    # 0 flushes every step. A first token and an end go at once, without the other jobs' tokens.
+    publish_interval_ms: float = 10.0
+    # With many jobs the interval grows to keep messages (one per job per flush) under this
+    # rate, up to publish_max_interval_ms: each message costs the worker, Redis, the web tier
+    # and the client CPU that the engine needs under load. 0 keeps publish_interval_ms.
+    publish_max_messages_per_second: float = 1000.0
+    publish_max_interval_ms: float = 30.0
+    # Python's GIL switch interval in the worker process. Its I/O threads (Celery's consumer,
+    # the task threads that claim jobs, the publisher) each wait up to this long for the GIL
+    # while the engine thread turns decoding steps into tokens; Python's 5 ms default put tens of
+    # milliseconds between a job's arrival and its claim under a burst. 0 keeps the default.
+    gil_switch_interval_ms: float = 0.5
+
+
+@dataclass(frozen=True)
+class LimitSettings(Section):
+    max_prompt_tokens: int = 2048
+    max_tokens_ceiling: int = 2048
+    default_max_tokens: int = 128
+    max_stop_sequences: int = 4
+    max_stop_chars: int = 64
+    result_ttl_seconds: int = 3600
+    # A job never picked up (no worker for its model) expires after this.
+    queued_ttl_seconds: int = 86_400
+    # Per model: beyond this many waiting jobs, submissions get 429 instead of queueing forever.
+    max_queued_jobs: int = 1000
+    # A running job is stopped and failed after this long (from its first start).
+    max_job_seconds: float = 600.0
+    # POST /v1/batches: requests per batch and size of the JSONL input.
+    max_batch_requests: int = 10_000
+    max_batch_bytes: int = 16_777_216
+    # Jobs one batch may create (each line makes prompts x n jobs), and the most jobs that may
+    # wait queued (all priorities) for a batch to be accepted: batch work is bounded too.
+    max_batch_jobs: int = 10_000
+    max_batch_backlog: int = 50_000
+
+
+@dataclass(frozen=True)
+class RateLimitSettings(Section):
+    # Per API key (per client address without keys) and per minute; 0 disables a limit.
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0  # prompt tokens + max_tokens, reserved at submission
+
+
+@dataclass(frozen=True)
+class WebhookSettings(Section):
+    # Hosts a job's webhook_url may name; empty: webhooks are refused (no open SSRF relay).
+    allowed_hosts: Names = ()
+    secret: str = ""  # HMAC key for X-Trickle-Signature
+    # Ports a webhook_url may name (its scheme's default when it names none); empty: any.
+    allowed_ports: Numbers = ()
+    # An allowed host that resolves to a loopback, private, link-local or otherwise internal
+    # address is refused at delivery unless this is true (a test receiver on 127.0.0.1).
+    allow_private_addresses: bool = False
+    max_attempts: int = 5
+    timeout_seconds: float = 5.0
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings(Section):
+    """`trickle up --workers MIN:MAX`: worker processes follow each served model's queue."""
+
+    # A worker with no job for this long stops (down to MIN, which may be 0).
+    idle_seconds: float = 60.0
+    # How often the launcher reads queue depth, oldest queued age and worker slots.
+    interval_seconds: float = 0.25
+    # Jobs waiting this long while every live slot is busy add a worker beyond the slot count.
+    scale_up_after_seconds: float = 2.0
+    # Workers that batch-priority demand alone may start (0: batch runs only on the capacity
+    # interactive work leaves, or MIN's); unset: batch counts like interactive demand.
+    max_batch_workers: int | None = None
+    # Something outside Trickle (KEDA, an HPA) starts workers on demand: /readyz then treats
+    # zero live workers as ready, as it does while `trickle up` autoscales.
+    external_scaler: bool = False
+
+
+@dataclass(frozen=True)
+class SupervisorSettings(Section):
+    """`trickle up` restarts any Procfile process (and the embedded Redis) that dies."""
+
+    # The first restart is immediate; the next waits this long, doubling per death up to the max.
+    restart_delay_seconds: float = 0.5
+    max_restart_delay_seconds: float = 10.0
+    # A process that dies crash_limit times within crash_window_seconds is left stopped.
+    crash_limit: int = 5
+    crash_window_seconds: float = 60.0
+    # Ctrl-C/SIGTERM: processes get SIGTERM, then SIGKILL after this (Redis stops last).
+    stop_timeout_seconds: float = 7.0
+    # Import Celery, CTranslate2 and the worker code once in the launcher and fork each
+    # `celery` Procfile process from it: a worker's cold start loses the interpreter's imports.
+    preload_workers: bool = True
+
+
+@dataclass(frozen=True)
+class AuthSettings(Section):
+    # Accepted bearer tokens: plain keys or "sha256:<hex>" digests of keys. Empty: no auth.
+    api_keys: Names = ()
+    # Bearer token for GET /metrics (plain or "sha256:<hex>"). Empty: /metrics is as open as
+    # the API (any API key when keys are set, nobody's business otherwise).
+    metrics_token: str = ""
+
+
+@dataclass(frozen=True)
+class ModelSettings(Section):
+    name: str
+    path: str
+    tokenizer: str = ""
+    device: str = "auto"
+    device_index: Numbers = (0,)
+    # CTranslate2 picks the fastest type the device supports (int8 on this CPU: ~3x float32).
+    compute_type: str = "auto"
+    # 0 = derived from the cores (see derive_threads): two engine threads, so a job arriving
+    # while a batch runs starts at once in a second batch (bench/join.py), sharing the cores.
+    inter_threads: int = 0
+    intra_threads: int = 0
+    max_context_tokens: int = 4096
+    max_batch_size: int = 32
+    max_batch_wait_ms: float = 2.0
+    # A job arriving after this long without any other arrival starts at once instead of
+    # waiting max_batch_wait_ms for company (a burst that follows joins it by a restart);
+    # 0 = always wait the window.
+    quiet_start_after_ms: float = 20.0
+    # The engine process runs this much "nicer" than the serving processes on a CPU (on a GPU
+    # the engine waits on the device anyway): when cores are short, POSTs, claims and token
+    # writes go first and CTranslate2 takes what is left. 0 = the same priority.
+    engine_niceness: int = 5
+    # A job arriving while every lane is busy restarts a young batch to join it, if the running
+    # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
+    rebatch_max_stall_ms: float = 40.0
+    # Past that pause, a restart is still made when the newcomers would otherwise wait at least
+    # this many times the pause for a lane to free up (the running batch's remaining steps);
+    # 0 = never past rebatch_max_stall_ms.
+    rebatch_wait_ratio: float = 4.0
+    # A lane idle while another runs several sequences takes half of them (a restart of that
+    # batch as two) when the time saved is at least this many times the catch-up it costs
+    # (worker/engine/policy.py); 0 = never split a running batch.
+    rebalance_gain_ratio: float = 3.0
+    # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
+    # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
+    static_prompts: tuple[str, ...] = ()
+    # Common prefixes learned from traffic (prompts sharing at least prefix_min_tokens leading
+    # tokens), cached like static_prompts; each costs 2 x layers x tokens x d_model values of
+    # memory for the life of the engine process. 0 = learn none.
+    prefix_cache_entries: int = 8
+    prefix_min_tokens: int = 64
+    # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
+    add_bos: bool | None = None
+    # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's
+    # chat_template, else the plain built-in one (worker/model_files.py).
+    chat_template: str = ""
+    # Token ids that end generation besides the tokenizer's end token; empty: those of the
+    # directory's generation_config.json (eos_token_id).
+    eos_token_ids: Numbers = ()
+
+    def with_threads(self, cores: int) -> ModelSettings:
+        """These settings with engine threads left at 0 derived from ``cores``."""
+        inter, intra = derive_threads(self.inter_threads, self.intra_threads, cores)
+        return dataclasses.replace(self, inter_threads=inter, intra_threads=intra)
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or str(Path(self.path) / "tokenizer.model")
+
+    @property
+    def lanes(self) -> int:
+        """Batches the engine runs at once: CTranslate2 makes ``inter_threads`` replicas per
+        entry of ``device_index``, and the replicas on one device share one copy of the
+        weights (and of the cached static prompts)."""
+        return max(self.inter_threads, 1) * max(len(self.device_index), 1)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def derive_threads(inter: int, intra: int, cores: int) -> tuple[int, int]:
+    """Fill in engine threads left at 0: inter = min(2, cores), then intra = cores // inter.
+
+    Two lanes keep one free for arrivals while a batch runs; inter x intra = cores keeps the
+    engine from oversubscribing the machine. An explicit value is kept as it is.
+    """
+    inter = inter or min(2, max(cores, 1))
+    intra = intra or max(1, cores // inter)
+    return inter, intra
