@@ -16,7 +16,7 @@ from web.request_models import RequestModels
 from web.responses_store import ResponseStore
 from web.stream_tokens import StreamTokens, load_secret
 from worker.config import Settings
-from worker.queue import QueueReader, make_celery
+from worker.queue import QueueReader, make_celery, tasks_ride_with_records
 from worker.redis_connection import connect_pooled, connect_subscriber
 from worker.store import JobStore
 from worker.tenants import TenantTable
@@ -39,6 +39,8 @@ class Services:
     queues: QueueReader
     # The queue-full check's count: a recent reading far below the limit, exact near it.
     admission_depth: AdmissionDepth
+    # The broker is the job store's own Redis: a job's task rides in its record's transaction.
+    tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
@@ -62,6 +64,7 @@ class Services:
             requests=RequestModels.bound_to(settings),
             queues=queues,
             admission_depth=AdmissionDepth(queues.depth),
+            tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
             tenants=TenantTable(settings.keys),
         )
 

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import redis
 
@@ -18,7 +19,7 @@ from web.validation import check_prompt_length
 from worker.jobs import GenerationParams, Job, Usage, new_job_id
 from worker.metric_defs import JOBS
 from worker.metrics import count_now
-from worker.queue import BROKER_ERRORS, enqueue_generation
+from worker.queue import BROKER_ERRORS, enqueue_generation, publishing_into
 from worker.store import CancelOutcome
 
 log = logging.getLogger(__name__)
@@ -116,12 +117,18 @@ def enqueue_all(
     then publish their tasks through Celery (``send_task``). Returns what an earlier request
     with the same key created instead, when there was one (nothing is created then).
 
-    The records go first, so a worker never takes a task whose job it cannot read. Should the
-    first publish fail (the broker is down), the records are taken back and the caller gets a
-    503 that says nothing was created: a record is never left without its task, nor a task
-    without its record. Should a later one fail, the 503 names the jobs: they exist (the
-    workers' sweep publishes the ones not sent again, see ``Maintenance.republish``).
+    Where the broker is the job store's own Redis (the default), Celery builds each task
+    message and kombu's publish queues its LPUSH in the records' transaction (or script): one
+    round trip, and a record never exists without its task nor a task without its record.
+
+    Elsewhere the records go first, so a worker never takes a task whose job it cannot read.
+    Should the first publish fail (the broker is down), the records are taken back and the
+    caller gets a 503 that says nothing was created. Should a later one fail, the 503 names the
+    jobs: they exist (the workers' sweep publishes the ones not sent again, see
+    ``Maintenance.republish``).
     """
+    if svc.tasks_ride_with_records:
+        return _record_with_tasks(svc, jobs, key)
     if key is None:
         svc.store.create_many(jobs)
     else:
@@ -141,6 +148,28 @@ def enqueue_all(
         _withdraw(svc, jobs, exc, key)
         raise unavailable(f"job queue (broker) unavailable, no job was created: {exc}") from exc
     return None
+
+
+def _record_with_tasks(
+    svc: Services, jobs: list[Job], key: IdempotencyKey | None
+) -> Created | None:
+    """The records and their task messages in one transaction (or one script with ``key``)."""
+
+    def publish_into(pipe: Any) -> None:
+        with svc.celery.producer_or_acquire() as producer, publishing_into(producer, pipe):
+            _publish(svc, jobs, [], producer)
+
+    try:
+        if key is None:
+            svc.store.create_many(jobs, also=publish_into)
+            return None
+        record = Created(key.fingerprint, [job.id for job in jobs]).to_json()
+        raw = svc.store.create_jobs_once(
+            key.redis_key, record, ttl_seconds(svc), jobs, also=publish_into
+        )
+    except (*BROKER_ERRORS, redis.RedisError) as exc:  # nothing was written: all or none
+        raise unavailable(f"job queue (Redis) unavailable, no job was created: {exc}") from exc
+    return None if raw is None else matching(key, raw)
 
 
 def enqueue_many(svc: Services, jobs: list[Job], recorded: bool = False) -> None:
@@ -168,9 +197,9 @@ def _withdraw(
         log.exception("could not withdraw %d unpublished job(s) after %s", len(jobs), cause)
 
 
-def _publish(svc: Services, jobs: list[Job], sent: list[Job]) -> None:
+def _publish(svc: Services, jobs: list[Job], sent: list[Job], producer: Any = None) -> None:
     """Publish every job's task through one producer, adding each to ``sent`` once it is."""
-    with svc.celery.producer_or_acquire() as producer:
+    with svc.celery.producer_or_acquire(producer) as producer:
         for job in jobs:
             enqueue_generation(
                 svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)

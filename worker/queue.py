@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import itertools
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlparse
 
@@ -204,6 +205,27 @@ def enqueue_generation(
         argsrepr=repr([job_id]),
         kwargsrepr="{}",
     )
+
+
+def tasks_ride_with_records(settings: Settings, store_is_cluster: bool) -> bool:
+    """Whether a job's task message can go in its record's transaction: the broker is the job
+    store's own (single) Redis, on Trickle's Redis transport."""
+    return (
+        not store_is_cluster
+        and settings.broker_url == settings.redis.url
+        and urlparse(settings.broker_url).scheme in ("redis", "rediss")
+    )
+
+
+@contextmanager
+def publishing_into(producer: Any, pipe: Any) -> Iterator[None]:
+    """Inside the block, ``producer``'s publishes queue their message on ``pipe`` (a pipeline
+    or a script's write recorder) instead of sending it; the caller executes ``pipe``."""
+    channel = producer.channel
+    if not isinstance(channel, redis_transport.Channel):
+        raise TypeError(f"publishing into a pipeline needs Trickle's Redis transport: {channel!r}")
+    with channel.writing_into(pipe):
+        yield
 
 
 def enqueue_webhook(app: Celery, job_id: str) -> None:

@@ -152,6 +152,10 @@ class WriteRecorder:
         flat = [part for member, score in mapping.items() for part in (repr(score), member)]
         self.writes.append(["ZADD", self._key(name), *flat])
 
+    def lpush(self, name: str, *values: str) -> None:
+        """A task message (kombu's publish, see worker.redis_transport.writing_into)."""
+        self.writes.append(["LPUSH", self._key(name), *values])
+
     def rpush(self, name: str, *values: str) -> None:
         for start in range(0, len(values), 1000):  # Lua's unpack() takes a few thousand at most
             self.writes.append(["RPUSH", self._key(name), *values[start : start + 1000]])

@@ -125,13 +125,21 @@ class JobStore:
         return existing.decode() if isinstance(existing, bytes) else str(existing)
 
     def create_jobs_once(
-        self, key: str, record: str, ttl_seconds: int, jobs: Sequence[Job]
+        self,
+        key: str,
+        record: str,
+        ttl_seconds: int,
+        jobs: Sequence[Job],
+        also: Callable[[Any], object] | None = None,
     ) -> str | None:
-        """``create_many`` under an idempotency key (``create_once``)."""
+        """``create_many`` under an idempotency key (``create_once``); ``also`` queues more
+        writes on the same recorder (the jobs' task messages)."""
 
         def writes(recorder: Any) -> None:
             for job in jobs:
                 self.queue_create(recorder, job)
+            if also is not None:
+                also(recorder)
 
         return self.create_once(key, record, ttl_seconds, writes)
 
