@@ -1,5 +1,5 @@
 """The response bodies as typed dictionaries: the builders return them (mypy checks the shape)
-and ``web.openapi`` generates the response schemas from the same types."""
+and ``web.api_schema`` generates the response schemas from the same types."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
-# Shared with the job contract: web.openapi generates the Job schema from it.
+# Shared with the job contract: web.api_schema generates the Job schema from it.
 from worker.jobs import JobObject as JobObject
 
 
