@@ -17,15 +17,15 @@ import redis
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.formparser import FormDataParser
 
-from web import openai_responses as shapes
 from web.auth import current_key, current_owner
 from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
 from web.errors import ApiError, invalid, not_found, too_many, unavailable
 from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
 from web.key_policy import check_key_policy
-from web.openai_api import jobs_for_request
-from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
+from web.openai import responses as shapes
+from web.openai.requests import OpenAIRequest, parse_chat_request, parse_completion_request
+from web.openai.routes import jobs_for_request
 from web.services import Services, services
 from web.submission import admission_cost, cancel_many, enqueue_many
 from worker.jobs import BATCH_PRIORITY, JobStatus

@@ -9,7 +9,7 @@ import pytest
 
 from web.chat_template import ChatMessage, render_chat
 from web.errors import ApiError
-from web.responses_render import (
+from web.openai.responses_api.render import (
     HEAD_EVENTS,
     DeltaTemplate,
     delta_event,

@@ -2,9 +2,9 @@
 
 ``background: true`` returns at once; ``GET /v1/responses/<id>?stream=true&starting_after=N``
 replays the response's events from N+1, while it runs or after it ended, across a worker's
-crash: the events are numbered from the job's token log (``web.responses_render``), so a
-reconnect sees exactly the events it missed. A foreground stream whose client leaves cancels
-the job; a background one runs on.
+crash: the events are numbered from the job's token log (``render``), so a reconnect sees exactly
+the events it missed. A foreground stream whose client leaves cancels the job; a background one
+runs on.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
-from web import responses_render as render
 from web.auth import current_owner
 from web.body import read_json_body
 from web.chat_template import ChatMessage
@@ -30,9 +29,10 @@ from web.follow import (
     wait_for_job,
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
-from web.openai_requests import chat_prompt
+from web.openai.requests import chat_prompt
+from web.openai.responses_api import render
+from web.openai.responses_api.request import ResponseRequest, parse_response_request
 from web.response_models import ResponseObject
-from web.responses_request import ResponseRequest, parse_response_request
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace

@@ -17,7 +17,6 @@ from typing import Any
 import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
 
-from web import openai_responses as shapes
 from web.body import read_json_body
 from web.errors import ApiError, not_found, unavailable
 from web.follow import (
@@ -30,7 +29,8 @@ from web.follow import (
     wait_for_job,
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
-from web.openai_requests import (
+from web.openai import responses as shapes
+from web.openai.requests import (
     OpenAIRequest,
     RequestKind,
     parse_chat_request,
