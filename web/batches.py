@@ -20,7 +20,7 @@ from werkzeug.formparser import FormDataParser
 from web.auth import current_key, current_owner
 from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
-from web.errors import ApiError, invalid, not_found, too_many, unavailable
+from web.errors import HttpError, invalid, not_found, too_many, unavailable
 from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
 from web.key_policy import check_key_policy
 from web.openai import responses as shapes
@@ -67,7 +67,7 @@ def create_batch() -> Response:
         item = items[index]
         try:
             item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
-        except ApiError as exc:
+        except HttpError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
             continue
         item.job_ids = [job.id for job in item_jobs]
@@ -129,7 +129,7 @@ def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRe
             req = _parse(svc, item)
             if req.stream:
                 raise invalid("body.stream", "batch requests cannot stream")
-        except ApiError as exc:
+        except HttpError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
             continue
         parsed[index] = req

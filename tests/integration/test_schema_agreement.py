@@ -72,7 +72,7 @@ def test_every_example_in_the_document_validates(
     examples = document["components"]["schemas"][schema]["examples"]
     assert examples
     for example in examples:
-        validate(model_for(models, schema), example)  # raises ApiError (400) if refused
+        validate(model_for(models, schema), example)  # raises HttpError (400) if refused
 
 
 @pytest.mark.parametrize("schema", sorted(OPERATIONS))
@@ -88,7 +88,7 @@ def test_every_accepted_field_is_documented_and_no_other(
         try:
             validate(model, body)
             accepted = True
-        except Exception as exc:  # ApiError: the field must be the one named
+        except Exception as exc:  # HttpError: the field must be the one named
             assert getattr(exc, "param", None) == name, exc
             accepted = False
         assert accepted == (name in documented), name

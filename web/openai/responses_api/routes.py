@@ -18,7 +18,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from web.auth import current_owner
 from web.body import read_json_body
 from web.chat_template import ChatMessage
-from web.errors import ApiError, invalid, not_found, unavailable
+from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import (
     Done,
     JobFollower,
@@ -61,7 +61,7 @@ def create_response() -> Response:
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
         _cancel(svc, job)
-        raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
+        raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     return jsonify(_object(svc, record, done))
 
 
