@@ -17,7 +17,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 
 from web.auth import current_owner
 from web.body import read_json_body
-from web.chat_template import ChatMessage
+from web.chat_template import ChatTurn
 from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import (
     Done,
@@ -109,7 +109,7 @@ def _submit(
     first = earlier(svc, key)
     if first is None:
         messages = _conversation(svc, req)
-        system = [ChatMessage("system", req.instructions)] if req.instructions else []
+        system = [ChatTurn("system", req.instructions)] if req.instructions else []
         prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
         admit(svc, [job])
@@ -136,7 +136,7 @@ def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
     return record, job
 
 
-def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -> StoredResponse:
+def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
     return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
@@ -159,7 +159,7 @@ def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -
     )
 
 
-def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...]:
+def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
     """The previous response's conversation and answer, then this request's input."""
     if req.previous_response_id is None:
         return req.messages
@@ -172,7 +172,7 @@ def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...
         raise not_found(f"response {req.previous_response_id!r} has expired", param)
     if not job.status.is_terminal:
         raise invalid(param, f"response {previous.id!r} is still {render.status_of(job)}")
-    answer = ChatMessage("assistant", job.output)
+    answer = ChatTurn("assistant", job.output)
     return (*previous.messages, answer, *req.messages)
 
 
