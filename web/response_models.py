@@ -64,7 +64,10 @@ class ChatChoice(TypedDict):
     finish_reason: Literal["stop", "length"]
 
 
-class Envelope(TypedDict):
+class CompletionEnvelope(TypedDict):
+    """The fields a completion and a chat completion share (``web.openai.responses.Envelope``
+    holds their values for one response)."""
+
     id: str
     object: str
     created: int
@@ -73,12 +76,12 @@ class Envelope(TypedDict):
     job_ids: list[str]
 
 
-class Completion(Envelope):
+class Completion(CompletionEnvelope):
     choices: list[CompletionChoice]
     usage: Usage
 
 
-class ChatCompletion(Envelope):
+class ChatCompletion(CompletionEnvelope):
     choices: list[ChatChoice]
     usage: Usage
 
