@@ -12,16 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import TypeAdapter
-from pydantic.json_schema import models_json_schema
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from web.request_models import RequestModels
-from web.response_models import RESPONSE_MODELS
+from web.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
 from worker.config import Settings
 
 JSON = "application/json"
 SSE = "text/event-stream"
 JSONL = "application/jsonl"
 REF_TEMPLATE = "#/components/schemas/{model}"
+Part = dict[str, Any]  # an object of the document
 
 # One Server-Sent Event as a client parses it; ``data`` holds JSON (or [DONE]).
 SSE_EVENT_SCHEMA = {
@@ -35,7 +36,7 @@ SSE_EVENT_SCHEMA = {
 }
 
 
-def openapi_document(settings: Settings, models: RequestModels | None = None) -> dict[str, Any]:
+def openapi_document(settings: Settings, models: RequestModels | None = None) -> Part:
     models = models or RequestModels.bound_to(settings)
     return {
         "openapi": "3.1.0",
@@ -76,7 +77,7 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
     }
 
 
-def _job_paths(max_wait_seconds: int) -> dict[str, Any]:
+def _job_paths(max_wait_seconds: int) -> Part:
     job_id = path_param("job_id")
     prefer = optional_param(
         "header",
@@ -155,8 +156,8 @@ def _job_paths(max_wait_seconds: int) -> dict[str, Any]:
     }
 
 
-def _openai_paths() -> dict[str, Any]:
-    def generated(schema: str) -> dict[str, Any]:
+def _openai_paths() -> Part:
+    def generated(schema: str) -> Part:
         description = "The result, or with stream: true an SSE stream of chunks ending with "
         return {"200": reply(description + "data: [DONE]", json_or_events(schema))}
 
@@ -244,7 +245,7 @@ def _openai_paths() -> dict[str, Any]:
     }
 
 
-def _responses_paths() -> dict[str, Any]:
+def _responses_paths() -> Part:
     response_id = path_param("response_id")
     from_body = links(
         "response_id", "$response.body#/id", "getResponse", "cancelResponse", "deleteResponse"
@@ -310,7 +311,7 @@ def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
+def responses(ok: dict[str, Part], *errors: int) -> Part:
     """Success responses plus the error statuses an operation can return (all JSON errors).
 
     401 (API keys configured) and 503 (Redis unavailable) can come from every /v1 operation.
@@ -321,47 +322,41 @@ def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
     return described
 
 
-def body(schema: str) -> dict[str, Any]:
+def body(schema: str) -> Part:
     return {"required": True, "content": {JSON: {"schema": ref(schema)}}}
 
 
-def reply(
-    description: str, content: dict[str, Any], links_: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def reply(description: str, content: Part, links_: Part | None = None) -> Part:
     """One response, with the OpenAPI ``links`` a stateful fuzzer follows from it."""
-    described: dict[str, Any] = {"description": description, "content": content}
+    described: Part = {"description": description, "content": content}
     if links_ is not None:
         described["links"] = links_
     return described
 
 
-def json_ok(
-    description: str, schema: dict[str, Any], links_: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def json_ok(description: str, schema: Part, links_: Part | None = None) -> Part:
     return reply(description, {JSON: {"schema": schema}}, links_)
 
 
-def json_or_events(schema: str) -> dict[str, Any]:
+def json_or_events(schema: str) -> Part:
     """The object as JSON, or (``stream: true``) the Server-Sent Events that build it."""
     return {JSON: {"schema": ref(schema)}, SSE: {"schema": ref("SseEvent")}}
 
 
-def path_param(name: str) -> dict[str, Any]:
+def path_param(name: str) -> Part:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
-def optional_param(
-    where: str, name: str, schema: dict[str, Any], description: str | None = None
-) -> dict[str, Any]:
+def optional_param(where: str, name: str, schema: Part, description: str | None = None) -> Part:
     """An optional ``query`` or ``header`` parameter."""
-    param: dict[str, Any] = {"name": name, "in": where, "required": False}
+    param: Part = {"name": name, "in": where, "required": False}
     if description is not None:
         param["description"] = description
     param["schema"] = schema
     return param
 
 
-def links(parameter: str, expression: str, *operations: str) -> dict[str, Any]:
+def links(parameter: str, expression: str, *operations: str) -> Part:
     """OpenAPI links to ``operations``, their ``parameter`` taken from ``expression``."""
     return {
         operation[0].upper() + operation[1:]: {
@@ -372,19 +367,29 @@ def links(parameter: str, expression: str, *operations: str) -> dict[str, Any]:
     }
 
 
-def component_schemas(models: RequestModels) -> dict[str, Any]:
+def component_schemas(models: RequestModels) -> Part:
     """Request schemas (as validated) and response schemas (as serialized), with every nested
     model hoisted into ``components/schemas``."""
     _, requests = models_json_schema(
         [(model, "validation") for model in models.all()],
         ref_template=REF_TEMPLATE,
+        schema_generator=PublishedNames,
     )
-    schemas: dict[str, Any] = dict(requests.get("$defs", {}))
+    schemas: Part = dict(requests.get("$defs", {}))
     for name, shape in RESPONSE_MODELS.items():
-        schema = TypeAdapter(shape).json_schema(mode="serialization", ref_template=REF_TEMPLATE)
+        schema = TypeAdapter(shape).json_schema(
+            mode="serialization", ref_template=REF_TEMPLATE, schema_generator=PublishedNames
+        )
         for nested, definition in {**schema.pop("$defs", {}), name: schema}.items():
             # A request and a response model of one name would silently replace each other.
             if schemas.get(nested, definition) != definition:
                 raise ValueError(f"two different schemas are named {nested!r}")
             schemas[nested] = definition
     return schemas
+
+
+class PublishedNames(GenerateJsonSchema):
+    """Pydantic's schemas, a class in ``PUBLISHED_NAMES`` hoisted under its published name."""
+
+    def normalize_name(self, name: str) -> str:
+        return super().normalize_name(PUBLISHED_NAMES.get(name, name))

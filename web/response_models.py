@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired
 
+from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 # Shared with the job contract: web.api_schema generates the Job schema from it.
@@ -39,7 +40,10 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-class Usage(TypedDict):
+# A completion's token counts (worker.jobs.Usage holds a job's), published as Usage. A comment,
+# not a docstring: pydantic would publish a docstring as the schema's description.
+@with_config(ConfigDict(title="Usage"))
+class CompletionUsage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -78,12 +82,12 @@ class CompletionEnvelope(TypedDict):
 
 class Completion(CompletionEnvelope):
     choices: list[CompletionChoice]
-    usage: Usage
+    usage: CompletionUsage
 
 
 class ChatCompletion(CompletionEnvelope):
     choices: list[ChatChoice]
-    usage: Usage
+    usage: CompletionUsage
 
 
 class Model(TypedDict):
@@ -230,6 +234,10 @@ class ResponseDeleted(TypedDict):
     object: Literal["response"]
     deleted: bool
 
+
+# Schemas published under another name than their class's: a component's name is API (clients
+# generate types from it), so a class renamed in Python keeps the name it was published under.
+PUBLISHED_NAMES = {"CompletionUsage": "Usage"}
 
 RESPONSE_MODELS: dict[str, Any] = {
     "Job": JobWithUrls,

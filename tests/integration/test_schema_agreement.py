@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from web.api_schema import component_schemas
 from web.request_models import RequestModels
 from web.validation import validate
 from worker.config import Settings
@@ -46,6 +47,22 @@ def document(settings: Settings, make_app: Callable[[Settings], Flask]) -> dict[
 @pytest.fixture(scope="module")
 def models(settings: Settings) -> RequestModels:
     return RequestModels.bound_to(settings)
+
+
+# A component's name is API (clients generate types from it): renaming a class in Python must not
+# rename its schema (web.response_models.PUBLISHED_NAMES keeps the published one).
+PUBLISHED_SCHEMAS = {
+    *("JobRequest", "CompletionRequest", "ChatCompletionRequest", "ResponseCreateRequest"),
+    *("ChatMessage", "InputMessage", "InputText", "ResponseFormat", "ResponseStreamOptions"),
+    *("StreamOptions", "TextConfig", "TextFormat", "TextPart"),
+    *("Job", "JobUrls", "JobErrorObject", "JobMetrics", "JobStatus", "FinishReason"),
+    *("ParamsObject", "UsageObject", "Error", "ErrorDetail"),
+    *("Completion", "CompletionChoice", "ChatCompletion", "ChatChoice", "AssistantMessage"),
+    *("Usage", "Model", "ModelList", "Batch", "RequestCounts"),
+    *("Response", "ResponseDeleted", "ResponseError", "ResponseUsage", "IncompleteDetails"),
+    *("InputTokensDetails", "OutputTokensDetails", "OutputLogprob", "TopLogprob"),
+    *("OutputMessage", "OutputText", "ReasoningConfig", "ResponseTextConfig", "ResponseTextFormat"),
+}
 
 
 def model_for(models: RequestModels, name: str) -> Any:
@@ -92,6 +109,12 @@ def test_every_accepted_field_is_documented_and_no_other(
             assert getattr(exc, "param", None) == name, exc
             accepted = False
         assert accepted == (name in documented), name
+
+
+def test_every_schema_keeps_its_published_name(models: RequestModels) -> None:
+    schemas = component_schemas(models)
+    assert set(schemas) == PUBLISHED_SCHEMAS
+    assert schemas["Usage"]["title"] == "Usage"  # the class is CompletionUsage
 
 
 def test_the_job_api_refuses_openai_only_fields_by_name(
