@@ -38,8 +38,8 @@ def per_call_us(call: Callable[[], Any], rounds: int = 7, number: int = 3000) ->
 
 
 def main() -> None:
-    from web import openai_requests as openai
     from web import validation
+    from web.openai import requests as openai_requests
 
     with tempfile.TemporaryDirectory() as model_dir:
         settings = settings_from_dict({"models": {"demo": {"path": model_dir}}})
@@ -61,10 +61,10 @@ def main() -> None:
             "job": lambda: validation.parse_job_request(
                 json.loads(raw["job"]), settings, *bound["job"]
             ),
-            "completion": lambda: openai.parse_completion_request(
+            "completion": lambda: openai_requests.parse_completion_request(
                 json.loads(raw["completion"]), settings, *bound["completion"]
             ),
-            "chat": lambda: openai.parse_chat_request(
+            "chat": lambda: openai_requests.parse_chat_request(
                 json.loads(raw["chat"]), settings, *bound["chat"]
             ),
         }

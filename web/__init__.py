@@ -31,18 +31,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
-    from web import (
-        batches,
-        health,
-        jobs,
-        metrics,
-        openai_api,
-        page,
-        responses_api,
-        scaling,
-        stream,
-        stream_access,
-    )
+    from web import batches, health, jobs, metrics, page, scaling, stream, stream_access
+    from web.openai import routes as openai_routes
+    from web.openai.responses_api import routes as responses_routes
 
     # Hook order matters: preflights are answered before any credential check, and a stream
     # token is checked before the API key it stands in for.
@@ -50,8 +41,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     stream_access.install_stream_access(app)
     install_auth(app, settings.auth.api_keys, settings.auth.metrics_token, svc.tenants)
     app.register_blueprint(jobs.blueprint)
-    app.register_blueprint(openai_api.blueprint)
-    app.register_blueprint(responses_api.blueprint)
+    app.register_blueprint(openai_routes.blueprint)
+    app.register_blueprint(responses_routes.blueprint)
     app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)

@@ -12,7 +12,7 @@ import hmac
 
 from flask import Flask, g, request
 
-from web.errors import ApiError
+from web.errors import HttpError
 from worker.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
 
 PROTECTED_PREFIX = "/v1/"
@@ -25,8 +25,8 @@ def accepted_digests(api_keys: tuple[str, ...]) -> frozenset[str]:
     return frozenset(digest_of_entry(entry) for entry in api_keys)
 
 
-def unauthorized(message: str) -> ApiError:
-    return ApiError(
+def unauthorized(message: str) -> HttpError:
+    return HttpError(
         401,
         "invalid_request_error",
         message,

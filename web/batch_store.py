@@ -62,7 +62,10 @@ class BatchItem:
 
 
 @dataclass
-class Batch:
+class BatchRecord:
+    """A batch's hash: who made it, when and for which endpoint (its status and counts come from
+    its jobs; the object the API answers is ``web.response_models.Batch``)."""
+
     id: str
     owner: str
     created_at: float
@@ -83,7 +86,7 @@ class Batch:
         return fields
 
     @classmethod
-    def from_hash(cls, fields: dict[str, str]) -> Batch:
+    def from_hash(cls, fields: dict[str, str]) -> BatchRecord:
         cancelled = fields.get("cancelled_at")
         return cls(
             id=fields["id"],
@@ -100,12 +103,12 @@ class BatchStore:
         self.redis = client
         self.ttl_seconds = ttl_seconds
 
-    def create(self, batch: Batch, items: list[BatchItem]) -> None:
+    def create(self, batch: BatchRecord, items: list[BatchItem]) -> None:
         pipe = self.redis.pipeline(transaction=True)
         self.queue_create(pipe, batch, items)
         pipe.execute()
 
-    def queue_create(self, pipe: Any, batch: Batch, items: list[BatchItem]) -> None:
+    def queue_create(self, pipe: Any, batch: BatchRecord, items: list[BatchItem]) -> None:
         """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's
         recorder: the batch, its jobs and the key then land in one script)."""
         pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())
@@ -113,7 +116,7 @@ class BatchStore:
         pipe.expire(keys.batch(batch.id), self.ttl_seconds)
         pipe.expire(keys.batch_items(batch.id), self.ttl_seconds)
 
-    def get(self, batch_id: str) -> tuple[Batch, list[BatchItem]] | None:
+    def get(self, batch_id: str) -> tuple[BatchRecord, list[BatchItem]] | None:
         if not is_batch_id(batch_id):
             return None
         pipe = self.redis.pipeline(transaction=True)
@@ -123,7 +126,7 @@ class BatchStore:
         if not fields:
             return None
         items = [BatchItem.from_dict(json.loads(entry)) for entry in entries]
-        return Batch.from_hash(fields), items
+        return BatchRecord.from_hash(fields), items
 
     def mark_cancelled(self, batch_id: str, now: float) -> None:
         self.redis.hsetnx(keys.batch(batch_id), "cancelled_at", repr(now))

@@ -17,15 +17,15 @@ import redis
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.formparser import FormDataParser
 
-from web import openai_responses as shapes
 from web.auth import current_key, current_owner
-from web.batch_store import Batch, BatchItem, BatchStore, new_batch_id
+from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
-from web.errors import ApiError, invalid, not_found, too_many, unavailable
+from web.errors import HttpError, invalid, not_found, too_many, unavailable
 from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
 from web.key_policy import check_key_policy
-from web.openai_api import jobs_for_request
-from web.openai_requests import OpenAIRequest, parse_chat_request, parse_completion_request
+from web.openai import responses as shapes
+from web.openai.requests import OpenAIRequest, parse_chat_request, parse_completion_request
+from web.openai.routes import jobs_for_request
 from web.services import Services, services
 from web.submission import admission_cost, cancel_many, enqueue_many
 from worker.jobs import BATCH_PRIORITY, JobStatus
@@ -67,7 +67,7 @@ def create_batch() -> Response:
         item = items[index]
         try:
             item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
-        except ApiError as exc:
+        except HttpError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
             continue
         item.job_ids = [job.id for job in item_jobs]
@@ -75,7 +75,7 @@ def create_batch() -> Response:
     check_key_policy(svc, current_key(), jobs)
     svc.rate_limiter.admit(admission_cost(jobs))
     urls = {item.url for item in items}
-    batch = Batch(
+    batch = BatchRecord(
         new_batch_id(),
         current_owner(),
         time.time(),
@@ -102,7 +102,7 @@ def create_batch() -> Response:
 
 
 def _created_response(
-    svc: Services, batch: Batch, items: list[BatchItem], job_ids: list[str]
+    svc: Services, batch: BatchRecord, items: list[BatchItem], job_ids: list[str]
 ) -> Response:
     try:
         response = jsonify(_batch_object(svc, batch, items))
@@ -129,7 +129,7 @@ def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRe
             req = _parse(svc, item)
             if req.stream:
                 raise invalid("body.stream", "batch requests cannot stream")
-        except ApiError as exc:
+        except HttpError as exc:
             item.error_status, item.error = exc.status, exc.to_dict()["error"]
             continue
         parsed[index] = req
@@ -207,7 +207,7 @@ def _store(svc: Services) -> BatchStore:
     return BatchStore(svc.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
 
 
-def _visible(svc: Services, batch_id: str) -> tuple[Batch, list[BatchItem]]:
+def _visible(svc: Services, batch_id: str) -> tuple[BatchRecord, list[BatchItem]]:
     found = _store(svc).get(batch_id)
     owner = current_owner()
     if found is None or (owner and found[0].owner != owner):
@@ -273,14 +273,14 @@ def _item_state(item: BatchItem, statuses: dict[str, str]) -> str:
     return "completed" if all(s == JobStatus.SUCCEEDED.value for s in states) else "failed"
 
 
-def _status(batch: Batch, items: list[BatchItem], statuses: dict[str, str]) -> str:
+def _status(batch: BatchRecord, items: list[BatchItem], statuses: dict[str, str]) -> str:
     pending = any(_item_state(item, statuses) == "pending" for item in items)
     if batch.cancelled_at is not None:
         return "cancelling" if pending else "cancelled"
     return "in_progress" if pending else "completed"
 
 
-def _batch_object(svc: Services, batch: Batch, items: list[BatchItem]) -> dict[str, Any]:
+def _batch_object(svc: Services, batch: BatchRecord, items: list[BatchItem]) -> dict[str, Any]:
     statuses = _store(svc).job_statuses(items)
     states = Counter(_item_state(item, statuses) for item in items)
     status = _status(batch, items, statuses)
@@ -302,7 +302,7 @@ def _batch_object(svc: Services, batch: Batch, items: list[BatchItem]) -> dict[s
 
 
 def _output_lines(
-    svc: Services, batch: Batch, items: list[BatchItem], statuses: dict[str, str]
+    svc: Services, batch: BatchRecord, items: list[BatchItem], statuses: dict[str, str]
 ) -> Iterator[dict[str, Any]]:
     for index, item in enumerate(items):
         state = _item_state(item, statuses)
@@ -333,7 +333,7 @@ def _output_lines(
         yield line
 
 
-def _failure(jobs: list[Any], batch: Batch) -> dict[str, str]:
+def _failure(jobs: list[Any], batch: BatchRecord) -> dict[str, str]:
     for job, _events in jobs:
         if job.status is JobStatus.FAILED and job.error is not None:
             return {"code": job.error.type, "message": job.error.message}

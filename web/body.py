@@ -14,7 +14,7 @@ from typing import Any
 from flask import request
 from werkzeug.exceptions import HTTPException
 
-from web.errors import ApiError, invalid
+from web.errors import HttpError, invalid
 from web.services import services
 
 READ_CHUNK_BYTES = 65_536
@@ -37,8 +37,8 @@ class BadJson(ValueError):
         self.field = field
 
 
-def too_large(limit: int) -> ApiError:
-    return ApiError(413, "request_too_large", f"request body is larger than {limit} bytes", "body")
+def too_large(limit: int) -> HttpError:
+    return HttpError(413, "request_too_large", f"request body is larger than {limit} bytes", "body")
 
 
 def read_body(limit: int) -> bytes:

@@ -25,7 +25,10 @@ DEFAULT_CHAT_TEMPLATE = (
 
 
 @dataclass(frozen=True)
-class ChatMessage:
+class ChatTurn:
+    """One message of a conversation as the template reads it (the request's message, whatever
+    its shape on the wire, reduced to a role and its text)."""
+
     role: str
     content: str
 
@@ -47,7 +50,7 @@ def _compile(template: str) -> Any:
 
 
 def render_chat(
-    messages: list[ChatMessage],
+    messages: list[ChatTurn],
     template: str = "",
     bos_token: str = "<s>",
     eos_token: str = "</s>",

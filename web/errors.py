@@ -19,7 +19,10 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 2
 
 
-class ApiError(Exception):
+class HttpError(Exception):
+    """Raised anywhere in a request to answer it with ``status`` and the JSON error body (the
+    client's own error class is ``trickle.client.ApiError``)."""
+
     def __init__(
         self,
         status: int,
@@ -52,30 +55,30 @@ class ApiError(Exception):
         return {"error": error}
 
 
-def invalid(param: str | None, message: str) -> ApiError:
-    return ApiError(400, "invalid_request_error", message, param)
+def invalid(param: str | None, message: str) -> HttpError:
+    return HttpError(400, "invalid_request_error", message, param)
 
 
-def not_found(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(404, "not_found", message, param, code=code)
+def not_found(message: str, param: str | None = None, code: str | None = None) -> HttpError:
+    return HttpError(404, "not_found", message, param, code=code)
 
 
-def error_response(error: ApiError) -> Response:
+def error_response(error: HttpError) -> Response:
     response = jsonify(error.to_dict())
     response.status_code = error.status
     response.headers.update(error.headers)
     return response
 
 
-def too_many(code: str, message: str, retry_after: int) -> ApiError:
+def too_many(code: str, message: str, retry_after: int) -> HttpError:
     """429 with Retry-After: the client may come back, and when."""
-    return ApiError(429, code, message, headers={"Retry-After": str(retry_after)}, code=code)
+    return HttpError(429, code, message, headers={"Retry-After": str(retry_after)}, code=code)
 
 
-def unavailable(reason: str, job_ids: list[str] | None = None) -> ApiError:
+def unavailable(reason: str, job_ids: list[str] | None = None) -> HttpError:
     """503 with Retry-After; ``job_ids``: the jobs this request created before it failed (the
     client follows them instead of retrying into a second copy)."""
-    return ApiError(
+    return HttpError(
         503,
         "service_unavailable",
         reason,
@@ -85,7 +88,7 @@ def unavailable(reason: str, job_ids: list[str] | None = None) -> ApiError:
 
 
 def register_error_handlers(app: Flask) -> None:
-    app.register_error_handler(ApiError, error_response)
+    app.register_error_handler(HttpError, error_response)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
@@ -97,7 +100,7 @@ def register_error_handlers(app: Flask) -> None:
             413: "request_too_large",
         }.get(status, "http_error")
         param = "body" if status in (400, 413) else None
-        return error_response(ApiError(status, kind, exc.description or exc.name, param))
+        return error_response(HttpError(status, kind, exc.description or exc.name, param))
 
     @app.errorhandler(redis.RedisError)
     def redis_down(exc: redis.RedisError) -> Response:
@@ -112,4 +115,4 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Exception)
     def bug(exc: Exception) -> Response:
         log.exception("unhandled error")
-        return error_response(ApiError(500, "internal_error", "internal server error"))
+        return error_response(HttpError(500, "internal_error", "internal server error"))

@@ -7,7 +7,7 @@ import time
 import redis
 from flask import Blueprint, Response, jsonify
 
-from web.openapi import openapi_document
+from web.api_schema import openapi_document
 from web.services import services
 from worker import keys
 from worker.capacity import live_workers

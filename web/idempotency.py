@@ -26,7 +26,7 @@ from typing import Any
 from flask import request
 
 from web.auth import current_owner
-from web.errors import ApiError, invalid
+from web.errors import HttpError, invalid
 from web.services import Services
 from worker import keys
 
@@ -101,7 +101,7 @@ def matching(key: IdempotencyKey, raw: str) -> Created:
     """The earlier request's record, if it was the same request; else a 422 that says so."""
     created = Created.from_json(raw)
     if created.fingerprint != key.fingerprint:
-        raise ApiError(
+        raise HttpError(
             422,
             "invalid_request_error",
             f"this {HEADER} was already used with a different request (route or body); "

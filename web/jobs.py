@@ -9,7 +9,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from web.auth import current_owner
 from web.body import read_json_body
-from web.errors import ApiError, not_found
+from web.errors import HttpError, not_found
 from web.follow import owned_by, visible_to, wait_for_job
 from web.idempotency import earlier, requested_key
 from web.services import services
@@ -91,7 +91,7 @@ def visible_job(job_id: str) -> Job:
     return job
 
 
-def missing(job_id: str) -> ApiError:
+def missing(job_id: str) -> HttpError:
     return not_found(f"job {job_id!r} does not exist or has expired", "job_id")
 
 

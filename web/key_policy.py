@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from web.errors import ApiError, too_many
+from web.errors import HttpError, too_many
 from web.services import Services
 from worker.jobs import Job
 from worker.tenants import KeySettings
@@ -16,8 +16,8 @@ from worker.tenants import KeySettings
 KEY_QUEUE_FULL_RETRY_AFTER_SECONDS = 5
 
 
-def forbidden(code: str, message: str, param: str) -> ApiError:
-    return ApiError(403, "permission_error", message, param, code=code)
+def forbidden(code: str, message: str, param: str) -> HttpError:
+    return HttpError(403, "permission_error", message, param, code=code)
 
 
 def check_key_policy(svc: Services, key: KeySettings | None, jobs: list[Job]) -> None:

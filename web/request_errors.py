@@ -12,7 +12,7 @@ from functools import cache
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from web.errors import ApiError, invalid
+from web.errors import HttpError, invalid
 
 # Fields accepted only with a no-op value: the message says which value and why.
 ONLY_VALUES = {
@@ -36,7 +36,7 @@ SHAPES = {
 }
 
 
-def request_error(exc: ValidationError, model: type[BaseModel]) -> ApiError:
+def request_error(exc: ValidationError, model: type[BaseModel]) -> HttpError:
     """The 400 for the most telling of ``exc``'s errors: a bound or a length before a type."""
     errors = exc.errors(include_url=False, include_input=False)
     error = min(errors, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))

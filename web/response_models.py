@@ -1,13 +1,14 @@
 """The response bodies as typed dictionaries: the builders return them (mypy checks the shape)
-and ``web.openapi`` generates the response schemas from the same types."""
+and ``web.api_schema`` generates the response schemas from the same types."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired
 
+from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
-# Shared with the job contract: web.openapi generates the Job schema from it.
+# Shared with the job contract: web.api_schema generates the Job schema from it.
 from worker.jobs import JobObject as JobObject
 
 
@@ -39,7 +40,10 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-class Usage(TypedDict):
+# A completion's token counts (worker.jobs.Usage holds a job's), published as Usage. A comment,
+# not a docstring: pydantic would publish a docstring as the schema's description.
+@with_config(ConfigDict(title="Usage"))
+class CompletionUsage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
@@ -64,7 +68,10 @@ class ChatChoice(TypedDict):
     finish_reason: Literal["stop", "length"]
 
 
-class Envelope(TypedDict):
+class CompletionEnvelope(TypedDict):
+    """The fields a completion and a chat completion share (``web.openai.responses.Envelope``
+    holds their values for one response)."""
+
     id: str
     object: str
     created: int
@@ -73,14 +80,14 @@ class Envelope(TypedDict):
     job_ids: list[str]
 
 
-class Completion(Envelope):
+class Completion(CompletionEnvelope):
     choices: list[CompletionChoice]
-    usage: Usage
+    usage: CompletionUsage
 
 
-class ChatCompletion(Envelope):
+class ChatCompletion(CompletionEnvelope):
     choices: list[ChatChoice]
-    usage: Usage
+    usage: CompletionUsage
 
 
 class Model(TypedDict):
@@ -227,6 +234,10 @@ class ResponseDeleted(TypedDict):
     object: Literal["response"]
     deleted: bool
 
+
+# Schemas published under another name than their class's: a component's name is API (clients
+# generate types from it), so a class renamed in Python keeps the name it was published under.
+PUBLISHED_NAMES = {"CompletionUsage": "Usage"}
 
 RESPONSE_MODELS: dict[str, Any] = {
     "Job": JobWithUrls,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import redis
 
-from web.chat_template import ChatMessage
+from web.chat_template import ChatTurn
 from worker import keys
 
 RESPONSE_ID_PATTERN = re.compile(r"resp_[0-9a-f]{32}")
@@ -47,7 +47,7 @@ class StoredResponse:
     created_at: int
     # The whole conversation up to this response's input (previous turns included); the
     # instructions are not carried from turn to turn, as OpenAI does.
-    messages: tuple[ChatMessage, ...]
+    messages: tuple[ChatTurn, ...]
     instructions: str | None = None
     max_output_tokens: int | None = None
     temperature: float = 1.0
@@ -74,7 +74,7 @@ class StoredResponse:
     @classmethod
     def from_json(cls, raw: str) -> StoredResponse:
         data: dict[str, Any] = json.loads(raw)
-        data["messages"] = tuple(ChatMessage(role, content) for role, content in data["messages"])
+        data["messages"] = tuple(ChatTurn(role, content) for role, content in data["messages"])
         return cls(**data)
 
 

@@ -18,7 +18,7 @@ from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
 from web.auth import current_owner
-from web.errors import ApiError, not_found
+from web.errors import HttpError, not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
 from web.services import Services, services
 from web.validation import parse_after
@@ -211,7 +211,7 @@ def open_ws_follower(ws: Any, job_id: str) -> JobFollower | None:
     except JobNotFound:
         error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
         close_with_error(ws, {**error, "param": "job_id"}, WS_CLOSE_NOT_FOUND, "job not found")
-    except ApiError as exc:
+    except HttpError as exc:
         close_with_error(ws, exc.to_dict()["error"], WS_CLOSE_HTTP_BASE + exc.status, exc.type)
     except redis.RedisError as exc:
         close_with_error(ws, unavailable_error(exc), WS_CLOSE_UNAVAILABLE, "redis unavailable")

@@ -16,7 +16,7 @@ import time
 from flask import Flask, request
 
 from web.auth import grant_stream_read
-from web.errors import ApiError
+from web.errors import HttpError
 from web.response_models import JobObject, JobUrls, JobWithUrls
 from web.services import services
 
@@ -25,9 +25,9 @@ TOKEN_PARAM = "token"
 READ_ENDPOINTS = frozenset({"jobs.get_job", "job_events", "job_ws"})
 
 
-def invalid_token() -> ApiError:
+def invalid_token() -> HttpError:
     # One answer for tampered, expired and foreign tokens, and for ids that exist or not.
-    return ApiError(
+    return HttpError(
         401,
         "invalid_request_error",
         "invalid or expired stream token: ask the job's owner for a fresh stream URL",

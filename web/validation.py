@@ -15,8 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from web.errors import invalid, not_found
 from web.request_errors import request_error
-from web.request_models import JobRequest as JobRequestModel
-from web.request_models import SamplingFields
+from web.request_models import JobRequest, SamplingFields
 from worker.config import Settings
 from worker.jobs import GenerationParams, context_overflow
 from worker.webhooks import WebhookRejected, check_webhook_url
@@ -25,7 +24,9 @@ Model = TypeVar("Model", bound=BaseModel)
 
 
 @dataclass(frozen=True)
-class JobRequest:
+class ValidatedJob:
+    """A ``POST /v1/jobs`` body checked against the configuration: what a job is made of."""
+
     model: str
     prompt: str
     params: GenerationParams
@@ -43,11 +44,11 @@ def validate(model: type[Model], body: Any) -> Model:
 
 
 def parse_job_request(
-    body: Any, settings: Settings, model: type[JobRequestModel] = JobRequestModel
-) -> JobRequest:
+    body: Any, settings: Settings, model: type[JobRequest] = JobRequest
+) -> ValidatedJob:
     """Validate a decoded body against ``model`` and the configuration (not prompt length)."""
     request = validate(model, body)
-    return JobRequest(
+    return ValidatedJob(
         served_model(request.model, settings),
         request.prompt,
         generation_params(request, settings),

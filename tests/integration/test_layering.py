@@ -16,8 +16,8 @@ from worker.config import PROJECT_ROOT
 
 def test_the_web_tier_never_imports_ctranslate2() -> None:
     probe = (
-        "import sys, web, web.openai_api, web.batches, web.stream, web.metrics, web.page;"
-        "import web.scaling, web.health, web.openapi;"
+        "import sys, web, web.openai.routes, web.openai.responses_api.routes, web.batches;"
+        "import web.stream, web.metrics, web.page, web.scaling, web.health, web.api_schema;"
         "print('ctranslate2' in sys.modules)"
     )
     result = subprocess.run(

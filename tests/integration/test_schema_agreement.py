@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from web.api_schema import component_schemas
 from web.request_models import RequestModels
 from web.validation import validate
 from worker.config import Settings
@@ -48,6 +49,22 @@ def models(settings: Settings) -> RequestModels:
     return RequestModels.bound_to(settings)
 
 
+# A component's name is API (clients generate types from it): renaming a class in Python must not
+# rename its schema (web.response_models.PUBLISHED_NAMES keeps the published one).
+PUBLISHED_SCHEMAS = {
+    *("JobRequest", "CompletionRequest", "ChatCompletionRequest", "ResponseCreateRequest"),
+    *("ChatMessage", "InputMessage", "InputText", "ResponseFormat", "ResponseStreamOptions"),
+    *("StreamOptions", "TextConfig", "TextFormat", "TextPart"),
+    *("Job", "JobUrls", "JobErrorObject", "JobMetrics", "JobStatus", "FinishReason"),
+    *("ParamsObject", "UsageObject", "Error", "ErrorDetail"),
+    *("Completion", "CompletionChoice", "ChatCompletion", "ChatChoice", "AssistantMessage"),
+    *("Usage", "Model", "ModelList", "Batch", "RequestCounts"),
+    *("Response", "ResponseDeleted", "ResponseError", "ResponseUsage", "IncompleteDetails"),
+    *("InputTokensDetails", "OutputTokensDetails", "OutputLogprob", "TopLogprob"),
+    *("OutputMessage", "OutputText", "ReasoningConfig", "ResponseTextConfig", "ResponseTextFormat"),
+}
+
+
 def model_for(models: RequestModels, name: str) -> Any:
     named = {
         "JobRequest": models.job,
@@ -72,7 +89,7 @@ def test_every_example_in_the_document_validates(
     examples = document["components"]["schemas"][schema]["examples"]
     assert examples
     for example in examples:
-        validate(model_for(models, schema), example)  # raises ApiError (400) if refused
+        validate(model_for(models, schema), example)  # raises HttpError (400) if refused
 
 
 @pytest.mark.parametrize("schema", sorted(OPERATIONS))
@@ -88,10 +105,16 @@ def test_every_accepted_field_is_documented_and_no_other(
         try:
             validate(model, body)
             accepted = True
-        except Exception as exc:  # ApiError: the field must be the one named
+        except Exception as exc:  # HttpError: the field must be the one named
             assert getattr(exc, "param", None) == name, exc
             accepted = False
         assert accepted == (name in documented), name
+
+
+def test_every_schema_keeps_its_published_name(models: RequestModels) -> None:
+    schemas = component_schemas(models)
+    assert set(schemas) == PUBLISHED_SCHEMAS
+    assert schemas["Usage"]["title"] == "Usage"  # the class is CompletionUsage
 
 
 def test_the_job_api_refuses_openai_only_fields_by_name(

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from tests.faultstack import FaultStack, build_fault_stack
-from web.chat_template import ChatMessage, render_chat
+from web.chat_template import ChatTurn, render_chat
 from worker.tokenizer import Tokenizer
 
 PROMPT = "The socket module"
@@ -141,7 +141,7 @@ def test_the_models_own_template_and_start_token(
         {"role": "user", "content": "What is a socket?"},
     ]
     result = client.chat.completions.create(model="own", messages=messages, max_tokens=2)  # type: ignore[arg-type]
-    prompt = render_chat([ChatMessage(**m) for m in messages], TEMPLATE, "<s>", "</s>")
+    prompt = render_chat([ChatTurn(**m) for m in messages], TEMPLATE, "<s>", "</s>")
     assert prompt.startswith("<|system|>Be brief.</s>\n")  # the template's bos_token stripped
     no_bos = Tokenizer(own_model.path / "tokenizer.model", add_bos=False)
     assert result.usage is not None and result.usage.prompt_tokens == no_bos.count(prompt)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from web.chat_template import ChatMessage, render_chat
-from web.errors import ApiError
-from web.responses_render import (
+from web.chat_template import ChatTurn, render_chat
+from web.errors import HttpError
+from web.openai.responses_api.render import (
     HEAD_EVENTS,
     DeltaTemplate,
     delta_event,
@@ -27,7 +27,7 @@ RECORD = StoredResponse(
     owner="",
     model="demo",
     created_at=1,
-    messages=(ChatMessage("user", "hi"),),
+    messages=(ChatTurn("user", "hi"),),
 )
 
 
@@ -62,6 +62,6 @@ def test_the_sequence_is_numbered_from_the_log() -> None:
 
 def test_a_template_may_refuse_the_conversation() -> None:
     template = "{{ raise_exception('roles must alternate') }}"
-    with pytest.raises(ApiError) as refused:
-        render_chat([ChatMessage("user", "x")], template, param="input")
+    with pytest.raises(HttpError) as refused:
+        render_chat([ChatTurn("user", "x")], template, param="input")
     assert refused.value.param == "input" and "roles must alternate" in refused.value.message

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from web.errors import ApiError
+from web.errors import HttpError
 from web.request_models import (
     MAX_REPETITION_PENALTY,
     MAX_SEED,
@@ -32,8 +32,8 @@ def parse_sampling(body: dict[str, Any], settings: Settings) -> GenerationParams
     return generation_params(request, settings)
 
 
-def refused(call: Any, *args: Any) -> ApiError:
-    with pytest.raises(ApiError) as caught:
+def refused(call: Any, *args: Any) -> HttpError:
+    with pytest.raises(HttpError) as caught:
         call(*args)
     assert caught.value.status == 400
     return caught.value

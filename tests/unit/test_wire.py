@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from web import openai_responses as shapes
+from web.openai import responses as shapes
 from web.stream import tokens_sse, ws_frame
 from worker.events import (
     DONE_MESSAGE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from web.chat_template import ChatMessage
+from web.chat_template import ChatTurn
 from web.errors import invalid
 from web.request_models import InputMessage, ResponseCreateRequest
 from web.validation import generation_params, served_model, validate
@@ -26,7 +26,7 @@ class ResponseRequest:
     them is the caller's to prepend) and what the response object echoes back."""
 
     model: str
-    messages: tuple[ChatMessage, ...]
+    messages: tuple[ChatTurn, ...]
     instructions: str | None
     params: GenerationParams
     max_output_tokens: int | None
@@ -74,12 +74,12 @@ def parse_response_request(
     )
 
 
-def _messages(items: str | list[InputMessage]) -> tuple[ChatMessage, ...]:
+def _messages(items: str | list[InputMessage]) -> tuple[ChatTurn, ...]:
     if isinstance(items, str):
-        return (ChatMessage("user", items),)
+        return (ChatTurn("user", items),)
     messages = []
     for item in items:
         content = item.content
         text = content if isinstance(content, str) else "".join(part.text for part in content)
-        messages.append(ChatMessage("system" if item.role == "developer" else item.role, text))
+        messages.append(ChatTurn("system" if item.role == "developer" else item.role, text))
     return tuple(messages)

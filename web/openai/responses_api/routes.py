@@ -2,9 +2,9 @@
 
 ``background: true`` returns at once; ``GET /v1/responses/<id>?stream=true&starting_after=N``
 replays the response's events from N+1, while it runs or after it ended, across a worker's
-crash: the events are numbered from the job's token log (``web.responses_render``), so a
-reconnect sees exactly the events it missed. A foreground stream whose client leaves cancels
-the job; a background one runs on.
+crash: the events are numbered from the job's token log (``render``), so a reconnect sees exactly
+the events it missed. A foreground stream whose client leaves cancels the job; a background one
+runs on.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from collections.abc import Iterator
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
-from web import responses_render as render
 from web.auth import current_owner
 from web.body import read_json_body
-from web.chat_template import ChatMessage
-from web.errors import ApiError, invalid, not_found, unavailable
+from web.chat_template import ChatTurn
+from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import (
     Done,
     JobFollower,
@@ -30,9 +29,10 @@ from web.follow import (
     wait_for_job,
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
-from web.openai_requests import chat_prompt
+from web.openai.requests import chat_prompt
+from web.openai.responses_api import render
+from web.openai.responses_api.request import ResponseRequest, parse_response_request
 from web.response_models import ResponseObject
-from web.responses_request import ResponseRequest, parse_response_request
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
@@ -61,7 +61,7 @@ def create_response() -> Response:
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
         _cancel(svc, job)
-        raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
+        raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     return jsonify(_object(svc, record, done))
 
 
@@ -109,7 +109,7 @@ def _submit(
     first = earlier(svc, key)
     if first is None:
         messages = _conversation(svc, req)
-        system = [ChatMessage("system", req.instructions)] if req.instructions else []
+        system = [ChatTurn("system", req.instructions)] if req.instructions else []
         prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
         admit(svc, [job])
@@ -136,7 +136,7 @@ def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
     return record, job
 
 
-def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -> StoredResponse:
+def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
     return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
@@ -159,7 +159,7 @@ def _record(req: ResponseRequest, job: Job, messages: tuple[ChatMessage, ...]) -
     )
 
 
-def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...]:
+def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
     """The previous response's conversation and answer, then this request's input."""
     if req.previous_response_id is None:
         return req.messages
@@ -172,7 +172,7 @@ def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatMessage, ...
         raise not_found(f"response {req.previous_response_id!r} has expired", param)
     if not job.status.is_terminal:
         raise invalid(param, f"response {previous.id!r} is still {render.status_of(job)}")
-    answer = ChatMessage("assistant", job.output)
+    answer = ChatTurn("assistant", job.output)
     return (*previous.messages, answer, *req.messages)
 
 

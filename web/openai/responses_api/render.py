@@ -230,7 +230,7 @@ def _delta(
 
 
 # Stand for a delta's text and sequence number while its template is rendered (as in
-# web.openai_responses.TextChunkTemplate: no token's literal can hold a NUL written this way).
+# web.openai.responses.TextChunkTemplate: no token's literal can hold a NUL written this way).
 _TEXT = "\x00text\x00"
 _SEQUENCE = -(2**62)
 

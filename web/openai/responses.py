@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from web.openai_requests import OpenAIRequest, RequestKind
+from web.openai.requests import OpenAIRequest, RequestKind
 from worker.events import TokenEvent, encode_text
 from worker.jobs import FinishReason, Job
 

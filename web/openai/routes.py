@@ -17,9 +17,8 @@ from typing import Any
 import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
 
-from web import openai_responses as shapes
 from web.body import read_json_body
-from web.errors import ApiError, not_found, unavailable
+from web.errors import HttpError, not_found, unavailable
 from web.follow import (
     Done,
     JobFollower,
@@ -30,7 +29,8 @@ from web.follow import (
     wait_for_job,
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
-from web.openai_requests import (
+from web.openai import responses as shapes
+from web.openai.requests import (
     OpenAIRequest,
     RequestKind,
     parse_chat_request,
@@ -116,7 +116,7 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         raise created_unavailable(jobs, exc) from exc
 
 
-def created_unavailable(jobs: list[Job], exc: Exception) -> ApiError:
+def created_unavailable(jobs: list[Job], exc: Exception) -> HttpError:
     ids = [job.id for job in jobs]
     return unavailable(f"job store (Redis) unavailable after creating {', '.join(ids)}: {exc}", ids)
 
@@ -164,7 +164,7 @@ def _complete(
         done = wait_for_job(svc.store, svc.hub, job.id, max(deadline - time.monotonic(), 0))
         if done is None or not done.status.is_terminal:
             _cancel(svc, jobs)
-            raise ApiError(504, "timeout", "generation did not finish in time", code="timeout")
+            raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
         if done.status is JobStatus.FAILED:
             _cancel(svc, jobs)
             raise _generation_failed(done)
@@ -265,9 +265,9 @@ def _token_chunk(
     return shapes.completion_chunk(envelope, index, event.text, logprobs=logprobs)
 
 
-def _generation_failed(job: Job) -> ApiError:
+def _generation_failed(job: Job) -> HttpError:
     detail = job.error.message if job.error else "unknown error"
-    return ApiError(500, "server_error", f"generation failed: {detail}", code="generation_failed")
+    return HttpError(500, "server_error", f"generation failed: {detail}", code="generation_failed")
 
 
 def _cancel(svc: Services, jobs: list[Job]) -> None:

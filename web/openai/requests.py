@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from web.chat_template import ChatMessage, render_chat
+from web.chat_template import ChatTurn, render_chat
 from web.errors import invalid, unavailable
-from web.request_models import ChatCompletionRequest, CompletionRequest, OpenAIFields
-from web.request_models import ChatMessage as ChatMessageModel
+from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields
 from web.validation import generation_params, served_model, validate
 from worker.config import ConfigError, Settings
 from worker.jobs import GenerationParams
@@ -76,7 +75,7 @@ def parse_chat_request(
 
 
 def chat_prompt(
-    messages: list[ChatMessage], settings: Settings, model: str, param: str = "messages"
+    messages: list[ChatTurn], settings: Settings, model: str, param: str = "messages"
 ) -> str:
     """The conversation through the model's template, with its own start and end tokens."""
     try:
@@ -88,14 +87,14 @@ def chat_prompt(
     )
 
 
-def _message(item: ChatMessageModel, index: int) -> ChatMessage:
+def _message(item: ChatMessage, index: int) -> ChatTurn:
     content = item.content
     if content is None:
         if item.role != "assistant":
             raise invalid(f"messages[{index}].content", "content is required for this role")
         content = ""
     text = content if isinstance(content, str) else "".join(part.text for part in content)
-    return ChatMessage("system" if item.role == "developer" else item.role, text)
+    return ChatTurn("system" if item.role == "developer" else item.role, text)
 
 
 def _request(

@@ -1,0 +1,395 @@
+"""The OpenAPI 3.1 description of every HTTP operation, served at ``/openapi.json``.
+
+The paths are written here; every schema is generated from the classes that validate requests
+(``web.request_models``, bound to the configuration's limits) and the types the response builders
+return (``web.response_models``), so the document and the server cannot disagree. CI fuzzes the
+running server from it (tests/system/test_schema_fuzz.py). The WebSocket route is described in the
+job-events operation, since OpenAPI cannot express it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema, models_json_schema
+
+from web.request_models import RequestModels
+from web.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
+from worker.config import Settings
+
+JSON = "application/json"
+SSE = "text/event-stream"
+JSONL = "application/jsonl"
+REF_TEMPLATE = "#/components/schemas/{model}"
+Part = dict[str, Any]  # an object of the document
+
+# One Server-Sent Event as a client parses it; ``data`` holds JSON (or [DONE]).
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
+def openapi_document(settings: Settings, models: RequestModels | None = None) -> Part:
+    models = models or RequestModels.bound_to(settings)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Trickle",
+            "version": "0.1.0",
+            "description": "Batch-and-stream text generation: submit, poll, wait or stream "
+            "jobs, natively or through the OpenAI-compatible endpoints.",
+        },
+        "paths": {
+            **_job_paths(settings.web.max_wait_seconds),
+            **_openai_paths(),
+            **_responses_paths(),
+            "/healthz": {
+                "get": {
+                    "operationId": "healthz",
+                    "responses": {"200": json_ok("The process answers", {"type": "object"})},
+                }
+            },
+            "/readyz": {
+                "get": {
+                    "operationId": "readyz",
+                    "responses": {
+                        "200": json_ok(
+                            "Redis answers and a worker serves the default model, or an "
+                            "autoscaler will start one (`workers` may be 0)",
+                            {"type": "object"},
+                        ),
+                        "503": json_ok("Not ready; the body says why", {"type": "object"}),
+                    },
+                }
+            },
+        },
+        "components": {
+            "schemas": {**component_schemas(models), "SseEvent": SSE_EVENT_SCHEMA},
+            "responses": {"Error": json_ok("Error", ref("Error"))},
+        },
+    }
+
+
+def _job_paths(max_wait_seconds: int) -> Part:
+    job_id = path_param("job_id")
+    prefer = optional_param(
+        "header",
+        "Prefer",
+        {"type": "string", "example": "wait=10"},
+        f"wait=N: wait up to N seconds (at most {max_wait_seconds}) for the job to finish",
+    )
+    stream_token = optional_param(
+        "query",
+        "token",
+        {"type": "string"},
+        "the read-only stream token of this job (in its urls.stream and urls.ws): reads the "
+        "job without an API key; a bad or expired token is a 401",
+    )
+    resume = "resume after this token index"
+    # Links let a stateful fuzzer walk sequences (submit -> get -> events -> cancel).
+    from_body = links("job_id", "$response.body#/id", "getJob", "streamJobEvents", "cancelJob")
+    from_path = links("job_id", "$request.path.job_id", "streamJobEvents", "cancelJob")
+    submitted = {
+        "200": json_ok("Finished within Prefer: wait", ref("Job"), from_body),
+        "202": json_ok("Accepted: queued or running", ref("Job"), from_body),
+    }
+    canceled = {
+        "200": json_ok("Canceled or already finished", ref("Job")),
+        "202": json_ok("Cancellation requested", ref("Job")),
+    }
+    events = reply(
+        "event: token ... event: done (or error)",
+        {SSE: {"schema": ref("SseEvent")}},
+        links("job_id", "$request.path.job_id", "cancelJob"),
+    )
+    return {
+        "/v1/jobs": {
+            "post": {
+                "operationId": "submitJob",
+                "summary": "Submit a generation job",
+                "parameters": [prefer],
+                "requestBody": body("JobRequest"),
+                "responses": responses(submitted, 400, 404, 413, 429),
+            }
+        },
+        "/v1/jobs/{job_id}": {
+            "get": {
+                "operationId": "getJob",
+                "summary": "Read a job: the output so far, or the final result",
+                "parameters": [job_id, prefer, stream_token],
+                "responses": responses(
+                    {"200": json_ok("The job", ref("Job"), from_path)}, 400, 404
+                ),
+            }
+        },
+        "/v1/jobs/{job_id}/cancel": {
+            "post": {
+                "operationId": "cancelJob",
+                "summary": "Cancel a job; a running one ends after a token flush and a step",
+                "parameters": [job_id],
+                "responses": responses(canceled, 404),
+            }
+        },
+        "/v1/jobs/{job_id}/events": {
+            "get": {
+                "operationId": "streamJobEvents",
+                "summary": "Server-Sent Events: one token event per token, a status event "
+                "on every change (queued with position, running, the final state), then "
+                "done. The same events are served as JSON messages over WebSocket at "
+                "/v1/jobs/{job_id}/ws (?after=n resumes, ?token= opens it without a key).",
+                "parameters": [
+                    job_id,
+                    stream_token,
+                    optional_param("query", "after", {"type": "integer", "minimum": -1}, resume),
+                    optional_param("header", "Last-Event-ID", {"type": "string"}, resume),
+                ],
+                "responses": responses({"200": events}, 400, 404),
+            }
+        },
+    }
+
+
+def _openai_paths() -> Part:
+    def generated(schema: str) -> Part:
+        description = "The result, or with stream: true an SSE stream of chunks ending with "
+        return {"200": reply(description + "data: [DONE]", json_or_events(schema))}
+
+    batch_id = path_param("batch_id")
+    batch_links = links(
+        "batch_id", "$response.body#/id", "getBatch", "getBatchOutput", "cancelBatch"
+    )
+    the_batch = {"200": json_ok("The batch", ref("Batch"))}
+    output = reply("One JSON object per line", {JSONL: {"schema": {"type": "string"}}})
+    return {
+        "/v1/models": {
+            "get": {
+                "operationId": "listModels",
+                "responses": responses({"200": json_ok("Models", ref("ModelList"))}),
+            }
+        },
+        "/v1/models/{model_id}": {
+            "get": {
+                "operationId": "getModel",
+                "parameters": [path_param("model_id")],
+                "responses": responses({"200": json_ok("A model", ref("Model"))}, 404),
+            }
+        },
+        "/v1/completions": {
+            "post": {
+                "operationId": "createCompletion",
+                "summary": "OpenAI-compatible text completion; each choice is a Trickle job",
+                "requestBody": body("CompletionRequest"),
+                "responses": responses(generated("Completion"), 400, 404, 413, 429, 504),
+            }
+        },
+        "/v1/batches": {
+            "post": {
+                "operationId": "createBatch",
+                "summary": "OpenAI Batch input (JSONL lines with custom_id, method, url, body), "
+                "as the request body or an uploaded file; runs at batch priority",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        JSONL: {"schema": {"type": "string"}},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["file"],
+                                "properties": {"file": {"type": "string", "format": "binary"}},
+                            }
+                        },
+                    },
+                },
+                "responses": responses(
+                    {"200": json_ok("The batch", ref("Batch"), batch_links)}, 400, 413, 429
+                ),
+            }
+        },
+        "/v1/batches/{batch_id}": {
+            "get": {
+                "operationId": "getBatch",
+                "parameters": [batch_id],
+                "responses": responses(the_batch, 404),
+            }
+        },
+        "/v1/batches/{batch_id}/cancel": {
+            "post": {
+                "operationId": "cancelBatch",
+                "parameters": [batch_id],
+                "responses": responses(the_batch, 404),
+            }
+        },
+        "/v1/batches/{batch_id}/output": {
+            "get": {
+                "operationId": "getBatchOutput",
+                "summary": "OpenAI Batch output JSONL for the requests finished so far",
+                "parameters": [batch_id],
+                "responses": responses({"200": output}, 404),
+            }
+        },
+        "/v1/chat/completions": {
+            "post": {
+                "operationId": "createChatCompletion",
+                "summary": "OpenAI-compatible chat completion through the model's chat template",
+                "requestBody": body("ChatCompletionRequest"),
+                "responses": responses(generated("ChatCompletion"), 400, 404, 413, 429, 504),
+            }
+        },
+    }
+
+
+def _responses_paths() -> Part:
+    response_id = path_param("response_id")
+    from_body = links(
+        "response_id", "$response.body#/id", "getResponse", "cancelResponse", "deleteResponse"
+    )
+    from_path = links("response_id", "$request.path.response_id", "cancelResponse")
+    created = reply(
+        "The response, or with stream: true its events (response.created ... "
+        "response.completed), each numbered",
+        json_or_events("Response"),
+        from_body,
+    )
+    read = reply("The response, or its events", json_or_events("Response"), from_path)
+    flag = {"type": "string", "enum": ["true", "false"]}
+    return {
+        "/v1/responses": {
+            "post": {
+                "operationId": "createResponse",
+                "summary": "OpenAI's Responses API: a response is a Trickle job; with "
+                "background: true it runs without the connection and its stream resumes",
+                "requestBody": body("ResponseCreateRequest"),
+                "responses": responses({"200": created}, 400, 404, 413, 429, 504),
+            }
+        },
+        "/v1/responses/{response_id}": {
+            "get": {
+                "operationId": "getResponse",
+                "summary": "A stored response; with stream=true its events after "
+                "starting_after (waiting for those not known yet)",
+                "parameters": [
+                    response_id,
+                    optional_param("query", "stream", flag),
+                    optional_param(
+                        "query",
+                        "starting_after",
+                        {"type": "integer", "minimum": 0},
+                        "the sequence number of the last event already read",
+                    ),
+                    optional_param(
+                        "query", "include_obfuscation", flag, "accepted; Trickle never pads"
+                    ),
+                ],
+                "responses": responses({"200": read}, 400, 404),
+            },
+            "delete": {
+                "operationId": "deleteResponse",
+                "summary": "Forget a stored response (a running one is canceled)",
+                "parameters": [response_id],
+                "responses": responses({"200": json_ok("Deleted", ref("ResponseDeleted"))}, 404),
+            },
+        },
+        "/v1/responses/{response_id}/cancel": {
+            "post": {
+                "operationId": "cancelResponse",
+                "summary": "Cancel a response; a running one ends after a token flush and a step",
+                "parameters": [response_id],
+                "responses": responses({"200": json_ok("The response", ref("Response"))}, 404),
+            }
+        },
+    }
+
+
+def ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def responses(ok: dict[str, Part], *errors: int) -> Part:
+    """Success responses plus the error statuses an operation can return (all JSON errors).
+
+    401 (API keys configured) and 503 (Redis unavailable) can come from every /v1 operation.
+    """
+    described = dict(ok)
+    for status in sorted({*errors, 401, 503}):
+        described[str(status)] = {"$ref": "#/components/responses/Error"}
+    return described
+
+
+def body(schema: str) -> Part:
+    return {"required": True, "content": {JSON: {"schema": ref(schema)}}}
+
+
+def reply(description: str, content: Part, links_: Part | None = None) -> Part:
+    """One response, with the OpenAPI ``links`` a stateful fuzzer follows from it."""
+    described: Part = {"description": description, "content": content}
+    if links_ is not None:
+        described["links"] = links_
+    return described
+
+
+def json_ok(description: str, schema: Part, links_: Part | None = None) -> Part:
+    return reply(description, {JSON: {"schema": schema}}, links_)
+
+
+def json_or_events(schema: str) -> Part:
+    """The object as JSON, or (``stream: true``) the Server-Sent Events that build it."""
+    return {JSON: {"schema": ref(schema)}, SSE: {"schema": ref("SseEvent")}}
+
+
+def path_param(name: str) -> Part:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def optional_param(where: str, name: str, schema: Part, description: str | None = None) -> Part:
+    """An optional ``query`` or ``header`` parameter."""
+    param: Part = {"name": name, "in": where, "required": False}
+    if description is not None:
+        param["description"] = description
+    param["schema"] = schema
+    return param
+
+
+def links(parameter: str, expression: str, *operations: str) -> Part:
+    """OpenAPI links to ``operations``, their ``parameter`` taken from ``expression``."""
+    return {
+        operation[0].upper() + operation[1:]: {
+            "operationId": operation,
+            "parameters": {parameter: expression},
+        }
+        for operation in operations
+    }
+
+
+def component_schemas(models: RequestModels) -> Part:
+    """Request schemas (as validated) and response schemas (as serialized), with every nested
+    model hoisted into ``components/schemas``."""
+    _, requests = models_json_schema(
+        [(model, "validation") for model in models.all()],
+        ref_template=REF_TEMPLATE,
+        schema_generator=PublishedNames,
+    )
+    schemas: Part = dict(requests.get("$defs", {}))
+    for name, shape in RESPONSE_MODELS.items():
+        schema = TypeAdapter(shape).json_schema(
+            mode="serialization", ref_template=REF_TEMPLATE, schema_generator=PublishedNames
+        )
+        for nested, definition in {**schema.pop("$defs", {}), name: schema}.items():
+            # A request and a response model of one name would silently replace each other.
+            if schemas.get(nested, definition) != definition:
+                raise ValueError(f"two different schemas are named {nested!r}")
+            schemas[nested] = definition
+    return schemas
+
+
+class PublishedNames(GenerateJsonSchema):
+    """Pydantic's schemas, a class in ``PUBLISHED_NAMES`` hoisted under its published name."""
+
+    def normalize_name(self, name: str) -> str:
+        return super().normalize_name(PUBLISHED_NAMES.get(name, name))
