@@ -8,8 +8,10 @@ then the SSE stream to ``done``) and ``Prefer: wait``. Each process group's CPU 
 from ``/proc``; the engine is the worker's child, reported apart) is divided by the jobs. Then a
 ``MONITOR`` connection names every Redis command ``--monitor-jobs`` streamed jobs cost (the
 stack's idle commands over the same time, heartbeats and sweeps, measured first and taken off).
-Last, 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
-``started_at`` is reported. Absolute figures drift on a shared machine: compare runs back to back.
+Then 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
+``started_at`` is reported. Last, the web tier alone: CPU per ``POST /v1/jobs`` in this process
+(Flask's test client, median of five rounds), the steadiest figure on a shared machine.
+Absolute figures drift on a shared machine: compare runs back to back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import statistics
 import threading
 import time
@@ -177,6 +180,26 @@ def burst_claims(stack: Stack, model: str, size: int) -> list[float]:
     return sorted(latencies)
 
 
+def post_cpu_in_process(stack: Stack, model: str, jobs: int) -> float:
+    """µs of this process's CPU per ``POST /v1/jobs`` through Flask's test client against the
+    stack's Redis and worker: the web tier's own work for a submission (validation, record,
+    task), without gunicorn, the HTTP client, or the other processes sharing the cores."""
+    os.environ["TRICKLE_CONFIG"] = str(stack.config_path)
+    from web import create_app  # here: it reads the stack's configuration once
+
+    client = create_app().test_client()
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
+    for _ in range(50):
+        client.post("/v1/jobs", json=body)
+    rounds = []
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(jobs):
+            client.post("/v1/jobs", json=body)
+        rounds.append(1e6 * (time.process_time() - start) / jobs)
+    return round(statistics.median(rounds), 1)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.request_cost", description=__doc__)
     parser.add_argument("--model", default="demo")
@@ -208,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             {"p50": round(statistics.median(b), 1), "max": round(max(b), 1)} for b in bursts if b
         ]
         progress(f"16-job burst, created -> started: {result['burst16_created_to_started_ms']}")
+        result["web_post_us_in_process"] = post_cpu_in_process(stack, args.model, args.jobs)
+        progress(f"web alone, in process: {result['web_post_us_in_process']} us CPU per POST")
     finally:
         stack.close()
     stamp = time.strftime("%Y%m%d-%H%M%S")
