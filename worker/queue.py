@@ -60,6 +60,8 @@ PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 BROKER_ERRORS = (kombu.exceptions.OperationalError, OSError)
 # Where make_celery leaves the app's TenantQueues (app.conf).
 TENANT_QUEUES_KEY = "trickle_tenant_queues"
+# The most messages a worker's consumer takes after one BRPOP, in one round trip.
+DRAIN_MAX = 32
 # How many of the oldest queued jobs (all models) to look through for a model's oldest one.
 OLDEST_SCAN = 256
 
@@ -122,6 +124,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     model, too; see TenantQueues) and the webhooks'."""
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
+    models = list(models)
     tenant_queues = TenantQueues(models, settings.keys)
     names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
     visibility = settings.worker.visibility_timeout_seconds
@@ -135,6 +138,11 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "priority_steps": list(PRIORITY_STEPS),
         # Turns between queues (named keys' fair shares); priority steps still come first.
         "queue_order_strategy": "round_robin",
+        # Messages waiting behind a BRPOP come in one round trip (worker/redis_transport.py),
+        # except where named keys' queues take turns.
+        redis_transport.DRAIN_OPTION: (
+            DRAIN_MAX if len(tenant_queues.names()) == len(models) else 0
+        ),
     }
     if amqp:  # a job is accepted (202) only once RabbitMQ has confirmed its message
         transport = {"confirm_publish": True}

@@ -1,0 +1,130 @@
+"""Trickle's kombu Redis transport on a real Redis: what one BRPOP delivers with the messages
+waiting behind it, in BRPOP's own order, within the prefetch window, and the task message that
+rides in a caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kombu
+import pytest
+import redis
+
+from worker import redis_transport
+
+QUEUE = "drain-test"
+STEPS = [0, 3, 6, 9]
+
+
+def connection(client: redis.Redis, drain_max: int) -> kombu.Connection:
+    port = client.connection_pool.connection_kwargs["port"]
+    return kombu.Connection(
+        f"redis://127.0.0.1:{port}/0",
+        transport=redis_transport.TRANSPORT,
+        transport_options={"priority_steps": STEPS, redis_transport.DRAIN_OPTION: drain_max},
+    )
+
+
+def publish(conn: kombu.Connection, bodies: list[tuple[str, int]]) -> None:
+    queue = kombu.Queue(QUEUE)
+    with conn.Producer() as producer:
+        for body, priority in bodies:
+            producer.publish(body, routing_key=QUEUE, declare=[queue], priority=priority)
+
+
+def receive(conn: kombu.Connection, prefetch: int, timeout: float = 5) -> list[str]:
+    """What one drain_events (one BRPOP and what comes with it) hands the consumer."""
+    got: list[str] = []
+    messages: list[kombu.Message] = []
+
+    def on_message(body: Any, message: kombu.Message) -> None:
+        got.append(body)
+        messages.append(message)
+
+    with conn.Consumer(kombu.Queue(QUEUE), callbacks=[on_message]) as consumer:
+        consumer.qos(prefetch_count=prefetch)
+        conn.drain_events(timeout=timeout)
+        for message in messages:  # acked once all came: each holds its place in the window
+            message.ack()
+    return got
+
+
+def test_one_brpop_delivers_what_waits_behind_it_interactive_first(
+    private_redis: redis.Redis,
+) -> None:
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=32)
+    try:
+        publish(conn, [("batch-1", 9), ("a", 0), ("batch-2", 9), ("b", 0), ("c", 0)])
+        assert receive(conn, prefetch=64) == ["a", "b", "c", "batch-1", "batch-2"]
+    finally:
+        conn.release()
+
+
+def test_the_prefetch_window_bounds_what_comes_with_a_brpop(private_redis: redis.Redis) -> None:
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=32)
+    try:
+        publish(conn, [(str(i), 0) for i in range(6)])
+        first = receive(conn, prefetch=3)
+        assert first == ["0", "1", "2"]
+        assert receive(conn, prefetch=64) == ["3", "4", "5"]  # the rest stayed queued, in order
+    finally:
+        conn.release()
+
+
+def test_without_draining_one_brpop_is_one_message(private_redis: redis.Redis) -> None:
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=0)
+    try:
+        publish(conn, [(str(i), 0) for i in range(3)])
+        assert receive(conn, prefetch=64) == ["0"]
+    finally:
+        conn.release()
+
+
+def test_a_message_published_into_a_pipeline_exists_only_once_it_runs(
+    private_redis: redis.Redis,
+) -> None:
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=32)
+    try:
+        with conn.Producer() as producer:
+            pipe = private_redis.pipeline(transaction=True)
+            pipe.set("record", "1")
+            channel = producer.channel
+            assert isinstance(channel, redis_transport.Channel)
+            with channel.writing_into(pipe):
+                producer.publish("task", routing_key=QUEUE, declare=[kombu.Queue(QUEUE)])
+            assert private_redis.get("record") is None
+            with pytest.raises(TimeoutError):  # nothing was sent yet
+                receive(conn, prefetch=64, timeout=0.2)
+            pipe.execute()
+        assert receive(conn, prefetch=64) == ["task"]
+    finally:
+        conn.release()
+
+
+def test_messages_a_failing_consumer_did_not_take_go_back_in_order(
+    private_redis: redis.Redis,
+) -> None:
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=32)
+    try:
+        publish(conn, [(str(i), 0) for i in range(5)])
+        seen: list[str] = []
+
+        def fails_on_the_second(body: Any, message: kombu.Message) -> None:
+            seen.append(body)
+            if len(seen) == 2:
+                raise RuntimeError("consumer failed")
+            message.ack()
+
+        with conn.Consumer(kombu.Queue(QUEUE), callbacks=[fails_on_the_second]) as consumer:
+            consumer.qos(prefetch_count=64)
+            with pytest.raises(RuntimeError):
+                conn.drain_events(timeout=5)
+        assert seen == ["0", "1"]
+        assert receive(conn, prefetch=64) == ["2", "3", "4"]
+    finally:
+        conn.release()
