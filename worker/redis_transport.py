@@ -76,6 +76,7 @@ class _PushesInto:
 class Channel(kombu_redis.Channel):
     _sync_client: Any = None
     _pushes_into: _PushesInto | None = None
+    _drain_script: Any = None
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -105,7 +106,9 @@ class Channel(kombu_redis.Channel):
         # BRPOP's own order: each queue's first priority step, then each one's next step, ...
         keys = [(key_of(queue, pri), queue) for pri in self.priority_steps for queue in queues]
         client = self._create_client()
-        taken = client.eval(DRAIN_SCRIPT, len(keys), *[key for key, _ in keys], want)
+        if self._drain_script is None or self._drain_script.registered_client is not client:
+            self._drain_script = client.register_script(DRAIN_SCRIPT)  # EVALSHA, loads on NOSCRIPT
+        taken = self._drain_script(keys=[key for key, _ in keys], args=[want], client=client)
         pairs = [(int(taken[i]) - 1, taken[i + 1]) for i in range(0, len(taken), 2)]
         delivered = 0
         try:
