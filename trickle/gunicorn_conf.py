@@ -10,6 +10,7 @@ import os
 
 from trickle import gunicorn_errors
 from worker.config import load_settings
+from worker.heap import freeze_startup_heap
 
 _settings = load_settings(environ=os.environ)
 gunicorn_errors.install()  # its own 400/414/431 answers are JSON too
@@ -27,3 +28,9 @@ keepalive = 5
 # was 7% of the web process's CPU on short jobs. Operators who want one pass gunicorn's flag,
 # GUNICORN_CMD_ARGS="--access-logfile -" (it overrides this file).
 accesslog = None
+
+
+def post_worker_init(worker: object) -> None:
+    """The app is loaded in this worker process: keep its start-up heap out of full
+    collections (worker/heap.py)."""
+    freeze_startup_heap()

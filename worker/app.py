@@ -22,6 +22,7 @@ from celery import Celery, bootsteps
 
 from worker.config import Settings, load_settings
 from worker.dispatch import JobDispatcher
+from worker.heap import freeze_startup_heap
 from worker.key_caps import KeyCaps
 from worker.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
 from worker.redis_connection import connect
@@ -89,6 +90,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         assert self.runtime is not None and self.dispatcher is not None
         self.dispatcher.start()
         self.runtime.start()
+        freeze_startup_heap()  # the models are loaded: the rest is serving
 
     def stop(self, worker: Any) -> None:
         runtime, dispatcher = self.runtime, self.dispatcher
