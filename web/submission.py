@@ -167,8 +167,10 @@ def _record_with_tasks(
         raw = svc.store.create_jobs_once(
             key.redis_key, record, ttl_seconds(svc), jobs, also=publish_into
         )
-    except (*BROKER_ERRORS, redis.RedisError) as exc:  # nothing was written: all or none
+    except BROKER_ERRORS as exc:  # before the transaction was sent: nothing was written
         raise unavailable(f"job queue (Redis) unavailable, no job was created: {exc}") from exc
+    # A RedisError from the transaction itself goes to the app's 503 (web/errors.py), which
+    # claims nothing: a reply lost after EXEC may leave the jobs created.
     return None if raw is None else matching(key, raw)
 
 
