@@ -60,8 +60,10 @@ PRIORITY_STEPS = (INTERACTIVE_PRIORITY, BATCH_PRIORITY)
 BROKER_ERRORS = (kombu.exceptions.OperationalError, OSError)
 # Where make_celery leaves the app's TenantQueues (app.conf).
 TENANT_QUEUES_KEY = "trickle_tenant_queues"
-# The most messages a worker's consumer takes after one BRPOP, in one round trip.
-DRAIN_MAX = 32
+# The most messages a worker's consumer takes after one BRPOP, in one round trip: a few, so
+# workers sharing a queue still take turns (one that took all that waits starved the others of
+# a burst: tests/system/test_operations.py::test_two_workers_share_a_burst).
+DRAIN_MAX = 3
 # How many of the oldest queued jobs (all models) to look through for a model's oldest one.
 OLDEST_SCAN = 256
 

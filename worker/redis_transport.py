@@ -14,7 +14,8 @@ message (built by Celery, pushed by kombu's ``_put``) then go in one transaction
 and neither can exist without the other.
 
 After each ``BRPOP`` delivery the channel also takes, in one script, the messages already waiting
-behind it (up to the prefetch window's room, ``trickle_drain_max`` at most): kombu's transport
+behind it (up to the prefetch window's room, ``trickle_drain_max`` at most: a few, so workers
+that share a queue still take turns at a burst): kombu's transport
 returns one message per ``BRPOP``, one event-loop turn and round trip each, so a 16-job burst
 reached the worker over 20 ms. The keys are read in the order ``BRPOP`` reads them (priority
 steps, then queues), so batch work still waits behind interactive work. Off (0) where named keys
