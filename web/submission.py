@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -129,13 +130,9 @@ def enqueue_all(
     """
     if svc.tasks_ride_with_records:
         return _record_with_tasks(svc, jobs, key)
-    if key is None:
-        svc.store.create_many(jobs)
-    else:
-        record = Created(key.fingerprint, [job.id for job in jobs]).to_json()
-        raw = svc.store.create_jobs_once(key.redis_key, record, ttl_seconds(svc), jobs)
-        if raw is not None:
-            return matching(key, raw)
+    earlier = _record(svc, jobs, key)
+    if earlier is not None:
+        return earlier
     sent: list[Job] = []
     try:
         _publish(svc, jobs, sent)
@@ -160,17 +157,27 @@ def _record_with_tasks(
             _publish(svc, jobs, [], producer)
 
     try:
-        if key is None:
-            svc.store.create_many(jobs, also=publish_into)
-            return None
-        record = Created(key.fingerprint, [job.id for job in jobs]).to_json()
-        raw = svc.store.create_jobs_once(
-            key.redis_key, record, ttl_seconds(svc), jobs, also=publish_into
-        )
+        return _record(svc, jobs, key, also=publish_into)
     except BROKER_ERRORS as exc:  # before the transaction was sent: nothing was written
         raise unavailable(f"job queue (Redis) unavailable, no job was created: {exc}") from exc
     # A RedisError from the transaction itself goes to the app's 503 (web/errors.py), which
     # claims nothing: a reply lost after EXEC may leave the jobs created.
+
+
+def _record(
+    svc: Services,
+    jobs: list[Job],
+    key: IdempotencyKey | None,
+    also: Callable[[Any], object] | None = None,
+) -> Created | None:
+    """Write the jobs' records (one round trip; with ``key``, only if the key is new, in one
+    script with it); ``also`` queues more writes on the same transaction or script. Returns
+    what an earlier request with the same key created, when there was one."""
+    if key is None:
+        svc.store.create_many(jobs, also=also)
+        return None
+    record = Created(key.fingerprint, [job.id for job in jobs]).to_json()
+    raw = svc.store.create_jobs_once(key.redis_key, record, ttl_seconds(svc), jobs, also=also)
     return None if raw is None else matching(key, raw)
 
 
