@@ -82,8 +82,13 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         if any(key.max_running_jobs for key in settings.keys.values()):
             entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
             caps = KeyCaps(runtime.redis, tenants, entry_seconds)
+        lane_slots, reserve_slots = worker_slots(settings)
         self.dispatcher = JobDispatcher(
-            runtime.run_job, runtime.claim_many, worker.concurrency, caps
+            runtime.run_job,
+            runtime.claim_many,
+            worker.concurrency,
+            caps,
+            key_slots=lane_slots if reserve_slots else 0,
         )
 
     def start(self, worker: Any) -> None:
@@ -110,6 +115,17 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(worker)
 
 
+def worker_slots(settings: Settings) -> tuple[int, int]:
+    """(lane slots, reserve slots) of one worker over the models it serves: jobs the ordinary
+    lanes run at once, and those the reserve lanes add (worker/engine/fair_share.py), which no
+    single key may take: with named keys one key holds at most the lane slots here."""
+    named = bool(settings.keys)
+    models = [settings.model(name) for name in settings.served_models()]
+    lanes = sum(model.max_batch_size * model.inter_threads for model in models)
+    reserve = sum(model.max_batch_size * model.reserve_lanes(named) for model in models)
+    return lanes, reserve
+
+
 def create_worker_app(settings: Settings) -> Celery:
     """The worker's Celery app: the queues of the models ``settings`` serves, the tasks, and
     the ``TrickleWorker`` bootstep, which reads ``settings`` from the app."""
@@ -124,11 +140,10 @@ def create_worker_app(settings: Settings) -> Celery:
     # Celery lowers the prefetch window after a reconnect and raises it again as the tasks of
     # before are acked; those acks cannot reach the new connection (worker/dispatch.py, _ack).
     app.conf.worker_enable_prefetch_count_reduction = False
-    # Slots to fill every engine thread's batch for every served model: the job threads, and
-    # the prefetch window (one message per slot, acked once its job is stored).
-    app.conf.worker_concurrency = sum(
-        settings.model(name).max_batch_size * settings.model(name).inter_threads for name in served
-    )
+    # Slots to fill every engine thread's batch for every served model, and the reserve lanes'
+    # (named keys only): the job threads, and the prefetch window (one message per slot, acked
+    # once its job is stored).
+    app.conf.worker_concurrency = sum(worker_slots(settings))
     register_tasks(app, settings.webhooks)
     app.steps["worker"].add(TrickleWorker)
     return app

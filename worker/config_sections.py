@@ -244,6 +244,10 @@ class ModelSettings(Section):
     # batch as two) when the time saved is at least this many times the catch-up it costs
     # (worker/engine/policy.py); 0 = never split a running batch.
     rebalance_gain_ratio: float = 3.0
+    # With named keys ([keys.<name>]): one engine lane more per device, and one batch more in
+    # the prefetch window, for keys below their share of the slots while a flood holds every
+    # other lane (worker/engine/fair_share.py). It shares the cores while it runs.
+    tenant_reserve_lane: bool = True
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
@@ -260,6 +264,10 @@ class ModelSettings(Section):
     # Token ids that end generation besides the tokenizer's end token; empty: those of the
     # directory's generation_config.json (eos_token_id).
     eos_token_ids: Numbers = ()
+
+    def reserve_lanes(self, named_keys: bool) -> int:
+        """Reserve lanes the engine runs besides ``lanes``: one per device with named keys."""
+        return max(len(self.device_index), 1) if named_keys and self.tenant_reserve_lane else 0
 
     def with_threads(self, cores: int) -> ModelSettings:
         """These settings with engine threads left at 0 derived from ``cores``."""

@@ -17,6 +17,11 @@ hook for that, a task ``Strategy`` (``celery.worker.strategy``):
 - the message is acked once ``run_job`` returns, that is once the job's final state is stored
   (or it was handed back, or it was not ours to run): acks late, as the app says.
 
+With named keys no key may hold more than the ordinary lanes' slots of a worker
+(``key_slots``): the prefetch window has a reserve lane's batch more (worker/app.py), so a
+flood cannot fill it, and another key's task is fetched at once (worker/engine/fair_share.py).
+A key at its limit is held back as ``max_running_jobs`` holds it (``worker.key_caps``).
+
 Leases, not the broker, decide who runs a job: a redelivered task whose job is ``running`` under
 a live lease (or already finished) is not claimed, only acked. The dispatcher and the runtime
 belong to the worker's ``TrickleWorker`` bootstep (worker/app.py); nothing here is global.
@@ -29,9 +34,10 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -53,16 +59,43 @@ Reserve = Callable[[], Request | None]
 HOLD_RETRY_SECONDS = 0.25
 
 
+def _no_switch(_: str) -> None:
+    pass
+
+
+def _no_hold(_: int) -> None:
+    pass
+
+
+@dataclass
+class QueueSwitches:
+    """How a worker holds a key back: stop and start consuming its queues, and widen the
+    prefetch window by the messages held (Celery's consumer does both; see ``attach``)."""
+
+    pause: Callable[[str], None] = _no_switch
+    resume: Callable[[str], None] = _no_switch
+    hold: Callable[[int], None] = _no_hold  # prefetch window +count (negative: narrower)
+
+
 class JobDispatcher:
     """Claims the requests the consumer hands it, many per round trip, and runs each in a job
     thread; acks each once its job has ended."""
 
     def __init__(
-        self, run_job: RunJob, claim_many: ClaimMany, slots: int, caps: KeyCaps | None = None
+        self,
+        run_job: RunJob,
+        claim_many: ClaimMany,
+        slots: int,
+        caps: KeyCaps | None = None,
+        key_slots: int = 0,
     ):
+        """``key_slots``: the most jobs one key may run here at once (0: no limit)."""
         self._run_job = run_job
         self._claim_many = claim_many
         self.caps = caps
+        self.key_slots = key_slots
+        self.switches = QueueSwitches()
+        self._per_key: Counter[str] = Counter()  # jobs admitted and not yet ended, by key
         self._intake: deque[tuple[Reserve, str]] = deque()
         # Requests over their key's max_running_jobs, by key: unacked, waiting to be claimed.
         self._held: dict[str, list[Request]] = {}
@@ -117,7 +150,7 @@ class JobDispatcher:
             taken = [(request, tenant) for request, tenant in reserved if request]
             if len(taken) < len(received):
                 self._ended(len(received) - len(taken))
-            runnable = self._within_caps(taken) if self.caps else taken
+            runnable = self._admit(taken) if self.holds_keys else taken
             if not runnable:
                 continue
             claims = self._claims([job_id_of(request) for request, _ in runnable])
@@ -125,37 +158,53 @@ class JobDispatcher:
                 request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
                 self._jobs.submit(self._run, request, claim, tenant)
 
-    def _within_caps(self, taken: list[tuple[Request, str]]) -> list[tuple[Request, str]]:
-        """The requests that may start: uncapped keys' and those within their key's cap (held
-        ones first); the rest are held, and their key's queues paused on this worker."""
-        assert self.caps is not None
-        caps = self.caps
-        runnable = [(request, tenant) for request, tenant in taken if not caps.capped(tenant)]
+    @property
+    def holds_keys(self) -> bool:
+        """Whether a key's jobs may be held back here (a running cap, or ``key_slots``)."""
+        return self.caps is not None or self.key_slots > 0
+
+    def _admit(self, taken: list[tuple[Request, str]]) -> list[tuple[Request, str]]:
+        """The requests that may start, each key's held ones first: within its share of this
+        worker and its running cap; the rest are held, and their key's queues paused here."""
+        switches = self.switches
+        runnable: list[tuple[Request, str]] = []
         waiting = {tenant: list(requests) for tenant, requests in self._held.items()}
         for request, tenant in taken:
-            if caps.capped(tenant):
-                waiting.setdefault(tenant, []).append(request)
+            waiting.setdefault(tenant, []).append(request)
         for tenant, requests in waiting.items():
             before = len(self._held.get(tenant, ()))
-            try:
-                admitted = caps.take(tenant, [job_id_of(request) for request in requests])
-            except redis.RedisError:
-                log.exception("key %s: running-job cap unreadable; its jobs start", tenant)
-                admitted = {job_id_of(request) for request in requests}
+            admitted = self._admissible(tenant, [job_id_of(request) for request in requests])
             keep = [request for request in requests if job_id_of(request) not in admitted]
-            runnable += [(r, tenant) for r in requests if job_id_of(r) in admitted]
-            caps.hold(len(keep) - before)
+            started = [(r, tenant) for r in requests if job_id_of(r) in admitted]
+            runnable += started
+            with self._lock:
+                self._per_key[tenant] += len(started)
+            switches.hold(len(keep) - before)
             if keep:
                 self._held[tenant] = keep
                 if not before:
-                    caps.pause(tenant)
+                    switches.pause(tenant)
             else:
                 self._held.pop(tenant, None)
                 if before:
-                    caps.resume(tenant)
+                    switches.resume(tenant)
         with self._lock:
             self._held_count = sum(len(requests) for requests in self._held.values())
         return runnable
+
+    def _admissible(self, tenant: str, job_ids: list[str]) -> set[str]:
+        """Of a key's waiting jobs (in order), those that may start now."""
+        if self.key_slots:
+            with self._lock:
+                room = max(self.key_slots - self._per_key[tenant], 0)
+            job_ids = job_ids[:room]
+        if not job_ids or self.caps is None or not self.caps.capped(tenant):
+            return set(job_ids)
+        try:
+            return self.caps.take(tenant, job_ids)
+        except redis.RedisError:
+            log.exception("key %s: running-job cap unreadable; its jobs start", tenant)
+            return set(job_ids)
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         try:
@@ -180,7 +229,10 @@ class JobDispatcher:
             worker_state.task_ready(request, successful=succeeded)
             if self.caps and self.caps.capped(tenant) and getattr(claim, "claimed", True):
                 self.caps.release(tenant, job_id)
+            if self.holds_keys:
                 with self._lock:
+                    self._per_key[tenant] -= 1
+                    # Even with nothing held yet: the claim thread may be holding one now.
                     self._retry_held = True
             self._ended(1)
 
@@ -220,8 +272,8 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     revoked = consumer.controller.state.revoked
     dispatcher: JobDispatcher = consumer.controller.trickle.dispatcher
     queues = tenant_queues(app)
-    if dispatcher.caps is not None:
-        attach_caps(dispatcher.caps, consumer, queues)
+    if dispatcher.holds_keys:
+        dispatcher.switches = queue_switches(consumer, queues)
 
     def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
         on_ack = functools.partial(consumer.call_soon_ack, _ack, message)
@@ -271,7 +323,7 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     return on_generate_message
 
 
-def attach_caps(caps: KeyCaps, consumer: Any, queues: TenantQueues) -> None:
+def queue_switches(consumer: Any, queues: TenantQueues) -> QueueSwitches:
     """A held key's queues are paused and resumed on the consumer's own thread; each held
     message widens the prefetch window, as Celery's ETA tasks do."""
 
@@ -289,7 +341,7 @@ def attach_caps(caps: KeyCaps, consumer: Any, queues: TenantQueues) -> None:
         elif count < 0:
             consumer.qos.decrement_eventually(-count)
 
-    caps.pause, caps.resume, caps.hold = pause, resume, hold
+    return QueueSwitches(pause, resume, hold)
 
 
 class TrickleConsumer(Consumer):  # type: ignore[misc]

@@ -7,17 +7,16 @@ enters when a worker takes it and leaves when it ends there. An entry lapses aft
 longer than a job may run (its job, recovered, enters again under the same id).
 
 A worker that holds a key's job over the cap stops consuming that key's queues until the job
-could start (``pause``/``resume``, Celery's ``cancel_task_queue``/``add_task_queue`` on the
-consumer's thread), and raises its prefetch window by each held message (as Celery does for
-ETA tasks): a capped key holds at most a few messages per worker, and never a slot another
-key's job could use.
+could start (``worker.dispatch.QueueSwitches``: Celery's ``cancel_task_queue`` and
+``add_task_queue`` on the consumer's thread), and raises its prefetch window by each held
+message (as Celery does for ETA tasks): a capped key holds at most a few messages per
+worker, and never a slot another key's job could use.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import redis
 
@@ -42,9 +41,6 @@ end
 return admitted
 """
 
-# Called with a tenant name: stop or start consuming its queues on this worker.
-QueueSwitch = Callable[[str], None]
-
 
 class KeyCaps:
     """The running-job caps of named keys, shared by every worker through Redis."""
@@ -54,9 +50,6 @@ class KeyCaps:
         self._tenants = tenants
         self._entry_seconds = entry_seconds
         self._take = client.register_script(_TAKE)
-        self.pause: QueueSwitch = lambda tenant: None
-        self.resume: QueueSwitch = lambda tenant: None
-        self.hold: Callable[[int], None] = lambda count: None  # prefetch window +count
 
     def capped(self, tenant: str) -> bool:
         return bool(tenant) and self._tenants.max_running(tenant) > 0

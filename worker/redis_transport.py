@@ -21,19 +21,30 @@ reached the worker over 20 ms. The keys are read in the order ``BRPOP`` reads th
 steps, then queues), so batch work still waits behind interactive work. Off (0) where named keys
 have queues of their own: draining one key's queue would skip the round-robin turns between them.
 
+A queue consumed again (``add_task_queue``: a key held back on this worker resumes, see
+worker/dispatch.py) is read at once: kombu's ``BRPOP`` in flight names the queues of before and
+would hold the new one back for up to ``brpop_timeout`` (1 s), an idle lane each time a flood's
+batch ended; the channel ends that wait with ``CLIENT UNBLOCK`` (as its timeout would), and
+kombu's next ``BRPOP`` names the queue. Where the server refuses ``CLIENT`` (an ACL), the wait
+is kombu's. A queue paused meanwhile (``cancel_task_queue``) can still get a message from the
+``BRPOP`` that named it: kombu requeued that one at the *tail* of its queue ("No consumers"), so
+it waited behind the whole backlog; it goes back to the head here, where it was.
+
 A transport class in ``broker_transport`` is kombu's and Celery's documented way to change a
 transport; the broker protocol, the queues, priorities and the visibility timeout are kombu's.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import loads
+from kombu.utils.json import dumps, loads
 
 # Transport option: the most messages taken after a BRPOP in one round trip (0: kombu's one).
 DRAIN_OPTION = "trickle_drain_max"
@@ -78,6 +89,40 @@ class Channel(kombu_redis.Channel):
     _sync_client: Any = None
     _pushes_into: _PushesInto | None = None
     _drain_script: Any = None
+    # The BRPOP connection's socket and its server-side client id (None: unknown or refused).
+    _brpop_sock: Any = None
+    _brpop_id: int | None = None
+
+    def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
+        consumer_tag = super().basic_consume(queue, *args, **kwargs)  # type: ignore[no-untyped-call]
+        self._end_brpop_wait()
+        return consumer_tag
+
+    def _brpop_start(self, timeout: Any = None) -> None:
+        self._learn_brpop_id()
+        super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
+
+    def _learn_brpop_id(self) -> None:
+        """The server's id of the BRPOP connection (one round trip per new socket, while the
+        connection is idle: no BRPOP is in flight yet)."""
+        connection = self.client.connection
+        sock = getattr(connection, "_sock", None)
+        if sock is None or sock is self._brpop_sock:
+            return
+        self._brpop_sock, self._brpop_id = sock, None
+        try:
+            connection.send_command("CLIENT", "ID")
+            self._brpop_id = int(self.client.parse_response(connection, "CLIENT"))
+        except redis.ResponseError:  # CLIENT not allowed: a resumed queue waits out the BRPOP
+            pass
+
+    def _end_brpop_wait(self) -> None:
+        """End a BRPOP in flight as its timeout would (kombu then sends the next one, which
+        names every queue consumed now)."""
+        if not self._in_poll or self._brpop_id is None:
+            return
+        with contextlib.suppress(redis.RedisError):  # else the BRPOP ends at its own timeout
+            self._create_client().execute_command("CLIENT", "UNBLOCK", self._brpop_id)
 
     @contextmanager
     def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
@@ -122,6 +167,13 @@ class Channel(kombu_redis.Channel):
             for index, item in reversed(left):  # the newest first: RPUSH puts each at the head
                 client.rpush(keys[index][0], item)
 
+    def requeue_at_head(self, payload: dict[str, Any], queue: str) -> None:
+        """Put a message the consumer no longer takes back where BRPOP took it from."""
+        priority = self._get_message_priority(payload, reverse=False)  # type: ignore[no-untyped-call]
+        key_of: Any = self._q_for_pri
+        encode: Any = dumps
+        self._create_client().rpush(key_of(queue, priority), encode(payload))
+
     @contextmanager
     def writing_into(self, pipe: Any) -> Iterator[None]:
         """Publishes on this channel, inside the block, queue their LPUSH on ``pipe`` (a redis
@@ -144,3 +196,10 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+    def _deliver(self, message: Any, queue: str) -> None:
+        channel = next((channel for channel in self.channels if channel), None)
+        if queue and queue not in self._callbacks and isinstance(channel, Channel):
+            channel.requeue_at_head(message, queue)  # a paused queue's last message
+            return
+        super()._deliver(message, queue)  # type: ignore[no-untyped-call]

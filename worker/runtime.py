@@ -82,7 +82,7 @@ class WorkerRuntime:
         for name in settings.served_models():
             model = settings.model(name)
             loading = time.monotonic()
-            engine = Engine(model)
+            engine = Engine(model, reserve_lane=model.reserve_lanes(bool(settings.keys)) > 0)
             self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
             self.schedulers[name] = BatchScheduler(
@@ -98,6 +98,7 @@ class WorkerRuntime:
                 rebalance_gain_ratio=model.rebalance_gain_ratio,
                 prefixes=PrefixTable.for_model(model, engine.tokenizer),
                 on_restart=self._restart_observer(name),
+                reserve_threads=engine.reserve_lanes,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(
@@ -295,7 +296,15 @@ class WorkerRuntime:
                 self.store.set_prompt_tokens(job.id, len(prompt_ids))
         deadline = (job.started_at or time.time()) + self.settings.limits.max_job_seconds
         scheduled = make_scheduled_job(
-            engine, job.id, prompt_ids, job.params, claim.fence, resume, deadline, job.priority
+            engine,
+            job.id,
+            prompt_ids,
+            job.params,
+            claim.fence,
+            resume,
+            deadline,
+            job.priority,
+            self.tenants.name_of_owner(job.owner),
         )
         if resume.count >= job.params.max_tokens:
             # It died after its last token but before storing the result: finish it now.

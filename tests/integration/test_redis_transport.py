@@ -1,14 +1,17 @@
 """Trickle's kombu Redis transport on a real Redis: what one BRPOP delivers with the messages
-waiting behind it, in BRPOP's own order, within the prefetch window, and the task message that
-rides in a caller's transaction."""
+waiting behind it, in BRPOP's own order, within the prefetch window; the task message that
+rides in a caller's transaction; and a queue paused and consumed again (a held key)."""
 
 from __future__ import annotations
 
+import time
+from queue import Empty
 from typing import Any
 
 import kombu
 import pytest
 import redis
+from kombu.utils.json import loads
 
 from worker import redis_transport
 
@@ -126,5 +129,44 @@ def test_messages_a_failing_consumer_did_not_take_go_back_in_order(
                 conn.drain_events(timeout=5)
         assert seen == ["0", "1"]
         assert receive(conn, prefetch=64) == ["2", "3", "4"]
+    finally:
+        conn.release()
+
+
+def test_a_message_for_a_queue_no_longer_consumed_goes_back_to_its_head(
+    private_redis: redis.Redis,
+) -> None:
+    """A BRPOP that named a queue paused meanwhile still takes its next message: it goes back
+    where it was (kombu's own requeue put it behind the whole backlog)."""
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=0)
+    try:
+        publish(conn, [(str(i), 0) for i in range(3)])
+        channel: Any = conn.default_channel
+        taken = private_redis.rpop(channel._q_for_pri(QUEUE, 0))  # as BRPOP takes it
+        assert taken is not None
+        conn.transport._deliver(loads(taken), QUEUE)  # no consumer of QUEUE now
+        assert [receive(conn, prefetch=1) for _ in range(3)] == [["0"], ["1"], ["2"]]
+    finally:
+        conn.release()
+
+
+def test_a_queue_consumed_again_ends_the_brpop_in_flight(private_redis: redis.Redis) -> None:
+    """A BRPOP in flight names the queues of before; consuming one more ends it at once (as its
+    timeout would), so the next BRPOP names the new queue too."""
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=0)
+    try:
+        channel: Any = conn.default_channel
+        channel.basic_consume(QUEUE, False, lambda message: None, "first")
+        channel.client.connection = channel.client.connection_pool.get_connection()
+        channel.client.connection.connect()
+        channel._brpop_start(timeout=30)
+        assert channel._brpop_id is not None  # learned before the BRPOP was sent
+        started = time.monotonic()
+        channel.basic_consume(f"{QUEUE}-other", False, lambda message: None, "second")
+        with pytest.raises(Empty):
+            channel._brpop_read()
+        assert time.monotonic() - started < 10, "the BRPOP ran to its 30 s timeout"
     finally:
         conn.release()

@@ -1,6 +1,7 @@
 """Named keys on a real worker and web tier: max_running_jobs holds a key's extra jobs (paused
-queue, widened prefetch) while another key's job runs, every job succeeds, and usage per key
-name reaches /metrics."""
+queue, widened prefetch) while another key's job runs; a flood of one key that fills every lane
+leaves another key's job the reserve lane; every job succeeds, and usage per key name reaches
+/metrics."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from tests.metrics_text import parse_samples
 from worker import keys
 
 pytestmark = pytest.mark.timeout(120)
-CAPPED, FREE, OPERATOR = "key-capped", "key-free", "key-operator"
+CAPPED, FREE, FLOOD, OPERATOR = "key-capped", "key-free", "key-flood", "key-operator"
 BODY = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
 
 
@@ -25,11 +26,15 @@ BODY = {"prompt": "once upon a time", "max_tokens": 300, "ignore_eos": True}
 def tenants(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
     stack = build_fault_stack(
         tmp_path_factory.mktemp("tenants"),
-        models_toml=f'[models.demo]\npath = "{demo_model_dir}"\nmax_batch_size = 4\n',
+        # One lane of 4 slots (and, with named keys, a reserve lane of 4 more).
+        models_toml=(
+            f'[models.demo]\npath = "{demo_model_dir}"\nmax_batch_size = 4\ninter_threads = 1\n'
+        ),
         settings_toml=(
             f'[auth]\napi_keys = ["{OPERATOR}"]\n'
             f'[keys.capped]\nkey = "{CAPPED}"\nmax_running_jobs = 1\n'
             f'[keys.free]\nkey = "{FREE}"\n'
+            f'[keys.flood]\nkey = "{FLOOD}"\n'
         ),
     )
     stack.worker("tenants", ("demo",))
@@ -37,10 +42,10 @@ def tenants(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> I
     stack.close()
 
 
-def post(stack: FaultStack, key: str) -> str:
+def post(stack: FaultStack, key: str, **body: Any) -> str:
     response = requests.post(
         f"{stack.web_url}/v1/jobs",
-        json=BODY,
+        json={**BODY, **body},
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     )
@@ -100,3 +105,26 @@ def test_usage_per_key_name_reaches_metrics(tenants: FaultStack) -> None:
     )
     assert found['trickle_key_jobs_total{key="free",model="demo",status="succeeded"}'] >= 1
     assert found['trickle_key_prompt_tokens_total{key="free",model="demo"}'] > 0
+
+
+def test_a_flood_that_fills_every_lane_leaves_another_key_the_reserve_lane(
+    tenants: FaultStack,
+) -> None:
+    """The flood's first batch is far enough along that joining it would pause its streams
+    too long, and its key holds every ordinary slot: without the reserve lane the other key's
+    job would wait for that batch to end (with ``tenant_reserve_lane = false`` this fails)."""
+    flood = [post(tenants, FLOOD, max_tokens=400) for _ in range(8)]
+    client = tenants.client()
+    try:
+        wait_for(
+            lambda: client.llen(keys.job_tokens(flood[0])) >= 100, 60, "the flood's first batch"
+        )
+        free = post(tenants, FREE, max_tokens=4)
+        wait_for(lambda: statuses(tenants, [free]) == ["succeeded"], 30, "the other key's job")
+        during = statuses(tenants, flood)
+        assert client.llen(keys.job_tokens(flood[0])) < 400, "it waited for the flood's batch"
+        # The flood held to the ordinary lane's 4 slots: the rest waited, unclaimed.
+        assert during[:4] == ["running"] * 4 and during[4:] == ["queued"] * 4, during
+        wait_for(lambda: statuses(tenants, flood) == ["succeeded"] * 8, 60, "the whole flood")
+    finally:
+        client.close()

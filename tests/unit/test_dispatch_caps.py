@@ -7,7 +7,7 @@ import threading
 import time
 from typing import Any
 
-from worker.dispatch import JobDispatcher
+from worker.dispatch import JobDispatcher, QueueSwitches
 
 
 class FakeRequest:
@@ -83,6 +83,7 @@ def test_a_job_over_its_keys_cap_waits_and_another_key_passes() -> None:
         slots=8,
         caps=caps,  # type: ignore[arg-type]
     )
+    dispatcher.switches = QueueSwitches(caps.pause, caps.resume, caps.hold)
     dispatcher.start()
     requests = {job_id: FakeRequest(job_id) for job_id in ends}
     for job_id in ("a1", "a2", "a3", "b1"):
@@ -100,3 +101,37 @@ def test_a_job_over_its_keys_cap_waits_and_another_key_passes() -> None:
     assert caps.switches == ["pause a", "resume a"] and caps.held == 0
     assert all(request.acked for request in requests.values())
     assert started == ["a1", "b1", "a2", "a3"] or started == ["b1", "a1", "a2", "a3"]
+
+
+def test_no_key_takes_more_than_key_slots_and_another_key_still_starts() -> None:
+    """With named keys a worker's window holds a reserve lane's batch more than its lanes: a
+    flood of one key stops at ``key_slots`` (held, its queues paused), so the window always
+    has room for another key's job."""
+    started: list[str] = []
+    ends = {job_id: threading.Event() for job_id in ("a1", "a2", "a3", "a4", "b1")}
+
+    def run_job(job_id: str, claim: Any) -> None:
+        started.append(job_id)
+        ends[job_id].wait(5)
+
+    switches = FakeCaps()  # only its pause/resume/hold recorders
+    dispatcher = JobDispatcher(run_job, lambda ids: [None] * len(ids), slots=4, key_slots=2)
+    dispatcher.switches = QueueSwitches(switches.pause, switches.resume, switches.hold)
+    dispatcher.start()
+    requests = {job_id: FakeRequest(job_id) for job_id in ends}
+    for job_id in ("a1", "a2", "a3", "a4"):
+        dispatcher.submit(lambda r=requests[job_id]: r, "a")  # type: ignore[misc]
+    wait(lambda: set(started) == {"a1", "a2"}, "a1 and a2 start, a3 and a4 are held")
+    assert switches.switches == ["pause a"] and switches.held == 2
+    dispatcher.submit(lambda: requests["b1"], "b")  # type: ignore[arg-type, return-value]
+    wait(lambda: "b1" in started, "b1 starts beside a's two")
+    assert "a3" not in started
+    ends["a1"].set()
+    wait(lambda: "a3" in started, "a3 starts once a1 ended")
+    assert "a4" not in started and switches.held == 1
+    for job_id in ("a2", "a3", "a4", "b1"):
+        ends[job_id].set()
+    wait(lambda: "a4" in started, "a4 starts once a2 ended")
+    assert dispatcher.join(5)
+    assert switches.switches == ["pause a", "resume a"] and switches.held == 0
+    assert all(request.acked for request in requests.values())

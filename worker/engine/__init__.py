@@ -12,6 +12,7 @@ imports CTranslate2, so the worker process stays light and starts fast.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import multiprocessing
@@ -98,13 +99,20 @@ class Lane:
 
 
 class Engine:
-    def __init__(self, model: ModelSettings):
+    def __init__(self, model: ModelSettings, reserve_lane: bool = False):
+        """``reserve_lane``: one lane more per device than ``model.lanes``, for the scheduler's
+        reserve lane (worker/engine/fair_share.py); ``settings`` still says the ordinary ones."""
         if not (Path(model.path) / "model.bin").is_file():
             raise ValueError(
                 f"model {model.name!r}: no CTranslate2 model at {model.path} "
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
+        self.reserve_lanes = len(model.device_index) if reserve_lane else 0
+        # What the engine process runs: a replica more per device for the reserve lane.
+        self._process_settings = dataclasses.replace(
+            model, inter_threads=model.inter_threads + (1 if reserve_lane else 0)
+        )
         self.tokenizer = Tokenizer.for_model(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of
         # earlier starts stay mapped here (a thread may still write a stale flag) until close.
@@ -140,14 +148,14 @@ class Engine:
         ours: list[Lane] = []
         theirs: list[tuple[Connection, Connection]] = []
         self._cached_prefixes = set()  # a new process starts with CTranslate2's cache empty
-        for _ in range(self.settings.lanes):
+        for _ in range(self._process_settings.lanes):
             commands_out, commands_in = context.Pipe(duplex=False)
             events_out, events_in = context.Pipe(duplex=False)
             ours.append(Lane(commands_in, events_out, self._generation))
             theirs.append((commands_out, events_in))
         self._process = context.Process(
             target=serve,
-            args=(self.settings, theirs, segment.name),
+            args=(self._process_settings, theirs, segment.name),
             name=f"trickle-engine-{self.settings.name}",
             daemon=True,
         )

@@ -1,20 +1,27 @@
-"""A batch on a lane, as the restart and rebalancing policies see it, and its step buffer.
+"""A batch on a lane, as the restart and rebalancing policies see it, its step buffer, and
+what each token the engine produces does to its job.
 
 ``RunningBatch`` keeps what pricing a restart needs (live sequences, lengths, recent step
 time); ``StepBuffer`` hands each decoding step's tokens to the publisher as one unit, the
-interface the token plane builds on (one ``publish_step`` call per step, all of its tokens).
+interface the token plane builds on (one ``publish_step`` call per step, all of its tokens);
+``step_callback`` is the engine's per-token callback for one batch.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worker.engine import EngineRequest
-from worker.engine.scheduled import ScheduledJob
+from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
+from worker.events import TokenEvent
+from worker.jobs import FinishReason, JobError
 from worker.publisher import TokenItem
+
+log = logging.getLogger(__name__)
 
 # Receives every token of one decoding step of one batch at once.
 StepSink = Callable[[tuple[TokenItem, ...]], None]
@@ -34,6 +41,9 @@ class RunningBatch:
     # Waiting jobs given to this batch's restart: they run with its survivors, on its lane.
     joiners: list[ScheduledJob] = field(default_factory=list)
     long: bool = False  # its restart pauses its streams past rebatch_max_stall_ms
+    # On the reserve lane (worker/engine/fair_share.py): its steps share the cores with the
+    # other lanes', so they do not price the model's step times.
+    reserve: bool = False
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
 
@@ -44,7 +54,8 @@ class RunningBatch:
             interval = now - self.last_step_at
             previous = self.step_seconds
             self.step_seconds = interval if previous is None else 0.7 * previous + 0.3 * interval
-            step_times.observe(self.live(), interval)
+            if not self.reserve:
+                step_times.observe(self.live(), interval)
         self.last_step_at = now
 
     def live_jobs(self) -> list[ScheduledJob]:
@@ -120,3 +131,55 @@ class StepBuffer:
         if self._items:
             self._publish_step(tuple(self._items))
         self._items = []
+
+
+# (position in the batch, step, token id, logprob, is last) -> stop this sequence
+TokenCallback = Callable[[int, int, int, float | None, bool], bool]
+
+
+def step_callback(
+    batch: list[ScheduledJob],
+    running: RunningBatch,
+    step_buffer: StepBuffer,
+    on_new_step: Callable[[RunningBatch], None],
+) -> TokenCallback:
+    """The engine's callback for each token of ``batch``: per-job limits (deadline, stop
+    strings, max tokens, cancellation) stop only that job's sequence; ``on_new_step`` runs
+    once per decoding step, before its first token."""
+
+    def on_step(
+        position: int, step: int, token_id: int, logprob: float | None, is_last: bool
+    ) -> bool:
+        if running.restart:
+            return True  # tokens past a restart are dropped: the restart regenerates them
+        if step >= running.steps:
+            running.steps = step + 1
+            on_new_step(running)
+        job = batch[position]
+        if job.state.finished:
+            job.tokens_after_end += 1
+        now = time.time()
+        if job.deadline is not None and now > job.deadline:
+            job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)
+        try:
+            outcome = job.state.on_token(token_id, is_last)
+        except Exception as exc:  # one job's failure must not take down the whole batch
+            log.exception("job %s: token %d could not be processed", job.job_id, token_id)
+            job.state.request_stop(FinishReason.ERROR, JobError("engine_error", str(exc)))
+            job.state.finish_without_token(FinishReason.ERROR)
+            step_buffer.add(position, step, None, True)
+            return True
+        item = None
+        if outcome.index is not None:
+            job.generated_ids.append(token_id)
+            if job.first_token_at is None:
+                job.first_token_at = now
+            job.last_token_at = now
+            first = now if outcome.index == 0 else None
+            event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
+            item = TokenItem(event, job.fence, first)
+        finished = outcome.finish_reason is not None
+        step_buffer.add(position, step, item, finished)
+        return finished
+
+    return on_step

@@ -184,3 +184,12 @@ def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
         and request.sampling == first.sampling
         and request.prefix == first.prefix
     )
+
+
+def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
+    """The waiting jobs (in order) that can share a batch with the first: a seeded job alone
+    (it samples step by step), else every one that ``batches_with`` it."""
+    first = waiting[0].request
+    if first.seed is not None:
+        return list(waiting[:1])
+    return [job for job in waiting if batches_with(job, first)]

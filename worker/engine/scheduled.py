@@ -28,6 +28,7 @@ class ScheduledJob:
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
     priority: int = 0  # lower runs first (interactive before batch)
+    tenant: str = ""  # its key's name (worker/tenants.py): the engine's fair share is by key
     # When this attempt entered a batch, and its token arrival times (metrics and traces).
     batch_started_at: float | None = None
     first_token_at: float | None = None
@@ -78,6 +79,7 @@ def make_scheduled_job(
     resume: Resume = Resume(),
     deadline: float | None = None,
     priority: int = 0,
+    tenant: str = "",
 ) -> ScheduledJob:
     """Engine request plus per-job state; ``prompt_ids`` include any resumed text."""
     state = SequenceState(
@@ -94,4 +96,4 @@ def make_scheduled_job(
     remaining = params.max_tokens - resume.count
     sampling = SamplingKey.from_params(params, generated=resume.count)
     request = EngineRequest(prompt_ids, remaining, sampling, seed)
-    return ScheduledJob(job_id, fence, request, state, deadline, priority=priority)
+    return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)

@@ -15,6 +15,10 @@ sequences takes half of them. A restarted sequence continues from its prompt plu
 generated (same detokenizer, same token count, nothing streamed twice), so greedy output is
 unchanged. The checks run when a job arrives, when a lane frees, and at every decoding step
 while jobs wait or a lane idles.
+
+With named keys the engine has a reserve lane too (``worker.engine.fair_share``): it runs only
+jobs of keys below their share of the other lanes while those are all busy, so one key's flood
+never makes another key's job wait for a batch to end.
 """
 
 from __future__ import annotations
@@ -27,18 +31,26 @@ from collections import deque
 from collections.abc import Callable
 
 from worker.engine import Engine
-from worker.engine.batch import RunningBatch, StepBuffer, StepSink
-from worker.engine.policy import RestartPolicy, RestartRules, batches_with, halves
+from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
+from worker.engine.fair_share import keys_below_share, reserve_candidates
+from worker.engine.policy import (
+    RestartPolicy,
+    RestartRules,
+    batches_with,
+    halves,
+    runs_with_first,
+)
 from worker.engine.prefix import PrefixTable
-from worker.engine.scheduled import DEADLINE_ERROR, Resume, ScheduledJob, make_scheduled_job
+from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
-from worker.events import TokenEvent
-from worker.jobs import FinishReason, JobError
-from worker.publisher import TokenItem
+from worker.jobs import FinishReason
 
 __all__ = ["BatchScheduler", "Resume", "ScheduledJob", "StepSink", "make_scheduled_job"]
 
 log = logging.getLogger(__name__)
+
+# How often an idle reserve lane looks at the shares again besides each arrival and lane start.
+RESERVE_RECHECK_SECONDS = 0.05
 
 
 class BatchScheduler:
@@ -58,11 +70,13 @@ class BatchScheduler:
         on_restart: Callable[[bool], None] | None = None,
         step_times: StepTimes | None = None,
         prefill_seconds_per_token: float | None = None,
+        reserve_threads: int = 0,
     ):
         """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
         engine's warm-up measurements, refined by every step. A test that checks what the
         scheduler does with a decision passes fixed ones, so the decision does not depend on
-        how the cores happened to be shared while the engine warmed up."""
+        how the cores happened to be shared while the engine warmed up. ``reserve_threads``:
+        reserve lanes besides the ``engine_threads`` (the engine must have both)."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -90,6 +104,10 @@ class BatchScheduler:
         self._latest_arrival = float("-inf")
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
+        self._lane_count = engine_threads
+        self._lane_slots = max_batch_size * engine_threads
+        self._reserve_threads = reserve_threads
+        self._idle_reserve = 0
         self._cond = threading.Condition()
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
@@ -98,6 +116,11 @@ class BatchScheduler:
         self._threads = [
             threading.Thread(target=self._run, name=f"trickle-engine-{i}", daemon=True)
             for i in range(engine_threads)
+        ] + [
+            threading.Thread(
+                target=self._run, args=(True,), name=f"trickle-reserve-{i}", daemon=True
+            )
+            for i in range(reserve_threads)
         ]
         for thread in self._threads:
             thread.start()
@@ -117,7 +140,10 @@ class BatchScheduler:
             self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
             self._rebalance()
-            self._cond.notify()
+            if self._reserve_threads:
+                self._cond.notify_all()  # the reserve lane waits on the same condition
+            else:
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -134,15 +160,24 @@ class BatchScheduler:
             return
         now = time.monotonic()
         if self._pending and self._idle_lanes == 0:
+            below = (
+                keys_below_share(self._pending, self._running, self._lane_slots)
+                if self._reserve_threads
+                else set()
+            )
+            ordinary = [batch for batch in self._running if not batch.reserve]
             for job in sorted(self._pending, key=lambda job: job.priority):
-                join = self._policy.join(self._running, job, now)
+                if job.tenant in below and self._idle_reserve:
+                    continue  # the reserve lane starts it at once, pausing no running batch
+                batches = self._running if job.tenant in below else ordinary
+                join = self._policy.join(batches, job, now)
                 if join is None:
                     continue
                 self._pending.remove(job)
                 join.batch.joiners.append(job)
                 self._restart(join.batch, join.long, split=False)
         elif not self._pending and self._idle_lanes > 0:
-            split = self._policy.split(self._running, now)
+            split = self._policy.split([b for b in self._running if not b.reserve], now)
             if split is not None:
                 self._restart(split.batch, split.long, split=True)
 
@@ -165,14 +200,14 @@ class BatchScheduler:
 
     # -- the lanes -----------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, reserve: bool = False) -> None:
         carried: list[ScheduledJob] | None = None
         while True:
             try:
-                batch = carried or self._next_batch()
+                batch = carried or (self._next_reserve_batch() if reserve else self._next_batch())
                 if batch is None:
                     return
-                carried = self._run_batch(batch)
+                carried = self._run_batch(batch, reserve)
             except Exception:  # a lane that died would leave every later job one lane short
                 carried = None
                 log.exception("engine lane %s failed; it goes on", threading.current_thread().name)
@@ -188,6 +223,34 @@ class BatchScheduler:
                     # Another lane's admission window ended first and took every waiting job.
             finally:
                 self._idle_lanes -= 1
+                if self._reserve_threads:
+                    self._cond.notify_all()  # every lane busy now: the reserve may be due
+
+    def _next_reserve_batch(self) -> list[ScheduledJob] | None:
+        """The reserve lane's next batch: the waiting jobs of keys below their share, once
+        every ordinary lane is busy (no admission window: their first token is the point)."""
+        with self._cond:
+            self._idle_reserve += 1
+            try:
+                while not self._closed:
+                    candidates = [] if self._idle_lanes else self._reserve_candidates()
+                    if candidates:
+                        break
+                    # Shares also change as sequences end: look again now and then.
+                    self._cond.wait(RESERVE_RECHECK_SECONDS)
+                if self._closed:
+                    return None
+                batch = runs_with_first(candidates)[: self._max_batch_size]
+                chosen = {id(job) for job in batch}
+                self._pending = [job for job in self._pending if id(job) not in chosen]
+                return batch
+            finally:
+                self._idle_reserve -= 1
+
+    def _reserve_candidates(self) -> list[ScheduledJob]:
+        if not self._pending:
+            return []
+        return reserve_candidates(self._pending, self._running, self._lane_slots)
 
     def _choose_batch(self) -> list[ScheduledJob] | None:
         """Wait for jobs and the admission window, then take a batch: None once closed, [] if
@@ -209,11 +272,7 @@ class BatchScheduler:
             return []
         # Interactive before batch work; arrival order within a priority (sort is stable).
         waiting = sorted(self._pending, key=lambda job: job.priority)
-        first = waiting[0].request
-        if first.seed is not None:
-            batch = [waiting[0]]  # seeded jobs sample step by step, alone
-        else:
-            batch = self._share([job for job in waiting if batches_with(job, first)])
+        batch = self._share(runs_with_first(waiting))
         chosen = {id(job) for job in batch}
         self._pending = [job for job in self._pending if id(job) not in chosen]
         return batch
@@ -225,10 +284,12 @@ class BatchScheduler:
         when they can join it by a restart (a burst that found one lane busy with its first
         job no longer piles onto the other). Called under the lock."""
         take = -(-len(compatible) // max(self._idle_lanes, 1))
-        lanes = len(self._threads)
+        lanes = self._lane_count
         if self._idle_lanes < lanes and take > 1:
             first = compatible[0].request
-            busy = sum(b.load() for b in self._running if batches_with(b.jobs[0], first))
+            busy = sum(
+                b.load() for b in self._running if not b.reserve and batches_with(b.jobs[0], first)
+            )
             fair = max(-(-(len(compatible) + busy) // lanes), 1)
             left = compatible[fair:]
             # Only for a short join: a job left waiting on a long one may find it refused.
@@ -246,7 +307,9 @@ class BatchScheduler:
             return 0.0
         return self._max_batch_wait
 
-    def _run_batch(self, batch: list[ScheduledJob]) -> list[ScheduledJob] | None:
+    def _run_batch(
+        self, batch: list[ScheduledJob], reserve: bool = False
+    ) -> list[ScheduledJob] | None:
         """Run one batch to its end or its restart; returns the jobs this lane runs next (a
         restarted batch's survivors and joiners, or its half of a split), or None to take from
         the waiting jobs."""
@@ -260,11 +323,11 @@ class BatchScheduler:
         if self._on_batch is not None:
             self._on_batch(len(batch))
         requests = [job.current_request() for job in batch]
-        running = RunningBatch(batch, requests)
+        running = RunningBatch(batch, requests, reserve=reserve)
         with self._cond:
             self._running.append(running)
         step_buffer = StepBuffer(batch, requests, self._publish_step)
-        on_step = self._step_callback(batch, running, step_buffer)
+        on_step = step_callback(batch, running, step_buffer, self._on_new_step)
         try:
             self._engine.generate(requests, on_step)
         except Exception as exc:  # the engine failed: every job of this batch fails with it
@@ -306,52 +369,20 @@ class BatchScheduler:
             if not carried:
                 return None, going_on
             room = self._max_batch_size - len(carried)
-            waiting = sorted(self._pending, key=lambda job: job.priority)
+            waiting = (
+                self._reserve_candidates()
+                if running.reserve
+                else sorted(self._pending, key=lambda job: job.priority)
+            )
             fits = [job for job in waiting if batches_with(job, carried[0].request)][:room]
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return [*carried, *fits], going_on
 
-    def _step_callback(
-        self, batch: list[ScheduledJob], running: RunningBatch, step_buffer: StepBuffer
-    ) -> Callable[[int, int, int, float | None, bool], bool]:
-        def on_step(
-            position: int, step: int, token_id: int, logprob: float | None, is_last: bool
-        ) -> bool:
-            if running.restart:
-                return True  # tokens past a restart are dropped: the restart regenerates them
-            if step >= running.steps:
-                running.steps = step + 1
-                running.stepped(time.monotonic(), self._step_times)
-                # Jobs wait for a lane, or a lane waits for jobs: may a restart help now?
-                if self._pending or self._idle_lanes:
-                    with self._cond:
-                        self._rebalance()
-            job = batch[position]
-            if job.state.finished:
-                job.tokens_after_end += 1
-            now = time.time()
-            if job.deadline is not None and now > job.deadline:
-                job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)
-            try:
-                outcome = job.state.on_token(token_id, is_last)
-            except Exception as exc:  # one job's failure must not take down the whole batch
-                log.exception("job %s: token %d could not be processed", job.job_id, token_id)
-                job.state.request_stop(FinishReason.ERROR, JobError("engine_error", str(exc)))
-                job.state.finish_without_token(FinishReason.ERROR)
-                step_buffer.add(position, step, None, True)
-                return True
-            item = None
-            if outcome.index is not None:
-                job.generated_ids.append(token_id)
-                if job.first_token_at is None:
-                    job.first_token_at = now
-                job.last_token_at = now
-                first = now if outcome.index == 0 else None
-                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
-                item = TokenItem(event, job.fence, first)
-            finished = outcome.finish_reason is not None
-            step_buffer.add(position, step, item, finished)
-            return finished
-
-        return on_step
+    def _on_new_step(self, running: RunningBatch) -> None:
+        """A batch began a decoding step: time it, and (jobs wait for a lane, or a lane waits
+        for jobs) see whether a restart helps now."""
+        running.stepped(time.monotonic(), self._step_times)
+        if self._pending or self._idle_lanes:
+            with self._cond:
+                self._rebalance()

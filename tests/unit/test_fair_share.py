@@ -1,0 +1,84 @@
+"""Which waiting jobs the reserve lane may take (pure logic over the scheduler's state; the demo
+model's tokenizer for the jobs' sequence state): only those of keys below an equal share of the
+ordinary lanes' slots, and none while a single key has work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_policy import Holder
+from worker.engine.batch import RunningBatch
+from worker.engine.fair_share import keys_below_share, reserve_candidates
+from worker.engine.scheduled import ScheduledJob, make_scheduled_job
+from worker.jobs import FinishReason, GenerationParams
+from worker.tokenizer import Tokenizer
+
+
+@pytest.fixture(scope="module")
+def holder(demo_model_dir: Path) -> Holder:
+    tokenizer = Tokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
+    return Holder(tokenizer, tokenizer.eos_id)
+
+
+def jobs(holder: Holder, tenant: str, count: int, priority: int = 0) -> list[ScheduledJob]:
+    params = GenerationParams(max_tokens=16, ignore_eos=True, temperature=0.0)
+    prompt = holder.tokenizer.encode("The")
+    return [
+        make_scheduled_job(holder, f"{tenant}{n}", prompt, params, "f", priority=priority,  # type: ignore[arg-type]
+                           tenant=tenant)
+        for n in range(count)
+    ]  # fmt: skip
+
+
+def batch(members: list[ScheduledJob], reserve: bool = False) -> RunningBatch:
+    return RunningBatch(members, [job.current_request() for job in members], reserve=reserve)
+
+
+def test_a_key_alone_never_gets_the_reserve(holder: Holder) -> None:
+    lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
+    waiting = jobs(holder, "a", 3)
+    assert keys_below_share(waiting, lanes, lane_slots=8) == set()
+    assert reserve_candidates(waiting, lanes, lane_slots=8) == []
+
+
+def test_another_keys_job_beside_a_flood_may_take_it(holder: Holder) -> None:
+    lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
+    waiting = [*jobs(holder, "a", 2), *jobs(holder, "b", 1)]
+    assert keys_below_share(waiting, lanes, lane_slots=8) == {"b"}
+    assert [job.job_id for job in reserve_candidates(waiting, lanes, 8)] == ["b0"]
+
+
+def test_a_key_at_its_share_of_the_lanes_does_not(holder: Holder) -> None:
+    # b holds 4 of 8 lane slots (its equal share with a): neither key is below its share.
+    lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "b", 4))]
+    waiting = [*jobs(holder, "a", 1), *jobs(holder, "b", 1)]
+    assert keys_below_share(waiting, lanes, lane_slots=8) == set()
+
+
+def test_the_reserve_lanes_own_jobs_do_not_count_against_the_share(holder: Holder) -> None:
+    # b's first job runs on the reserve lane; its next one may join it there.
+    lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
+    reserve = batch(jobs(holder, "b", 1), reserve=True)
+    waiting = jobs(holder, "b", 1)
+    assert keys_below_share(waiting, [*lanes, reserve], lane_slots=8) == {"b"}
+
+
+def test_interactive_work_comes_first_then_arrival_order(holder: Holder) -> None:
+    lanes = [batch(jobs(holder, "a", 8))]
+    late_batch, early = jobs(holder, "b", 1, priority=9), jobs(holder, "c", 2)
+    waiting = [*late_batch, *early]
+    picked = reserve_candidates(waiting, lanes, lane_slots=8)
+    assert [job.job_id for job in picked] == ["c0", "c1", "b0"]
+
+
+def test_a_finished_sequence_frees_its_share(holder: Holder) -> None:
+    flood = jobs(holder, "a", 4)
+    lanes = [batch(flood)]
+    waiting = jobs(holder, "b", 1)
+    assert keys_below_share(waiting, lanes, lane_slots=4) == {"b"}
+    for job in flood[:3]:
+        job.state.finish_without_token(FinishReason.LENGTH)
+    # a now holds 1 of 4 slots, below its share of 2 as well.
+    assert keys_below_share(waiting, lanes, lane_slots=4) == {"a", "b"}
