@@ -70,7 +70,7 @@ def _no_hold(_: int) -> None:
 @dataclass
 class QueueSwitches:
     """How a worker holds a key back: stop and start consuming its queues, and widen the
-    prefetch window by the messages held (Celery's consumer does both; see ``attach``)."""
+    prefetch window by the messages held (Celery's consumer does both: ``queue_switches``)."""
 
     pause: Callable[[str], None] = _no_switch
     resume: Callable[[str], None] = _no_switch

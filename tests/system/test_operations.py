@@ -17,8 +17,10 @@ from tests.clients import poll_until_finished, submit
 from tests.faultstack import wait_for
 from tests.metrics_text import scrape
 from worker import keys
+from worker.config import load_settings
 from worker.metric_defs import JOBS
 from worker.metrics import count_now, label_string
+from worker.queue import make_celery
 
 
 def test_metrics_cover_queue_jobs_latency_and_batches(stack_url: str) -> None:
@@ -80,6 +82,20 @@ def test_every_job_event_is_one_json_log_line(stack_url: str, log_dir: Path) -> 
     assert events[0]["worker"].startswith("main@")
 
 
+def wait_until_consuming(config_path: Path, names: tuple[str, ...]) -> None:
+    """A worker heartbeats (``start_worker`` returns) before its consumer reads the queue: a
+    burst sent then could all go to the worker started first. A worker answers Celery's ping
+    only once its consumer runs."""
+    settings = load_settings(environ={"TRICKLE_CONFIG": str(config_path)})
+    app = make_celery(settings, settings.models)
+
+    def answered() -> bool:
+        nodes = {node for reply in app.control.ping(timeout=0.5) or [] for node in reply}
+        return all(any(node.startswith(name + "@") for node in nodes) for name in names)
+
+    wait_for(answered, 30, "every worker's consumer running")
+
+
 @pytest.mark.timeout(120)
 def test_two_workers_share_a_burst(
     stack_url: str, config_path: Path, redis_url: str, log_dir: Path
@@ -89,6 +105,7 @@ def test_two_workers_share_a_burst(
         for name in ("share-a", "share-b")
     ]
     try:
+        wait_until_consuming(config_path, ("share-a", "share-b"))
         body = {"prompt": "The", "model": "late", "max_tokens": 300, "ignore_eos": True}
         with ThreadPoolExecutor(8) as pool:
             jobs = list(pool.map(lambda _: submit(stack_url, body), range(32)))
