@@ -20,6 +20,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
+from worker.capacity import slots_per_worker
 from worker.config import Settings, load_settings
 from worker.dispatch import JobDispatcher
 from worker.heap import freeze_startup_heap
@@ -121,7 +122,7 @@ def worker_slots(settings: Settings) -> tuple[int, int]:
     single key may take: with named keys one key holds at most the lane slots here."""
     named = bool(settings.keys)
     models = [settings.model(name) for name in settings.served_models()]
-    lanes = sum(model.max_batch_size * model.inter_threads for model in models)
+    lanes = sum(slots_per_worker(model) for model in models)
     reserve = sum(model.max_batch_size * model.reserve_lanes(named) for model in models)
     return lanes, reserve
 

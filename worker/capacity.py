@@ -33,8 +33,9 @@ class QueueMeter(Protocol):
 
 
 def slots_per_worker(model: ModelSettings) -> int:
-    """Jobs one worker runs at once for a model: every engine thread's full batch."""
-    return model.max_batch_size * model.inter_threads
+    """Jobs one worker runs at once for a model: every engine lane's full batch (the reserve
+    lane's, named keys only, are not capacity: no key may fill them)."""
+    return model.max_batch_size * model.lanes
 
 
 @dataclass(frozen=True)

@@ -159,6 +159,12 @@ class JobDispatcher:
                 self._jobs.submit(self._run, request, claim, tenant)
 
     @property
+    def held_count(self) -> int:
+        """Requests held now (each one widened the prefetch window)."""
+        with self._lock:
+            return self._held_count
+
+    @property
     def holds_keys(self) -> bool:
         """Whether a key's jobs may be held back here (a running cap, or ``key_slots``)."""
         return self.caps is not None or self.key_slots > 0
@@ -274,6 +280,9 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
     queues = tenant_queues(app)
     if dispatcher.holds_keys:
         dispatcher.switches = queue_switches(consumer, queues)
+        held = dispatcher.held_count
+        if held:  # a consumer restart builds a new window without the earlier widening
+            consumer.call_soon(lambda: consumer.qos.increment_eventually(held))
 
     def reserve(message: Any, ack: Any, reject: Any, callbacks: Any) -> Request | None:
         on_ack = functools.partial(consumer.call_soon_ack, _ack, message)

@@ -127,10 +127,12 @@ class WorkerRuntime:
     def slot_usage(self) -> dict[str, tuple[int, int]]:
         """(busy, total) task slots per served model, for the autoscaler (see capacity)."""
         running = self.in_flight.running_models()
-        return {
-            name: (running.count(name), slots_per_worker(engine.settings))
-            for name, engine in self.engines.items()
-        }
+        usage = {}
+        for name, engine in self.engines.items():
+            total = slots_per_worker(engine.settings)
+            # Jobs on the reserve lane (named keys) are not counted past the lanes' slots.
+            usage[name] = (min(running.count(name), total), total)
+        return usage
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""

@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.test_policy import Holder
 from worker.engine.batch import RunningBatch
-from worker.engine.fair_share import keys_below_share, reserve_candidates
+from worker.engine.fair_share import ReserveShares, keys_below_share, reserve_candidates
 from worker.engine.scheduled import ScheduledJob, make_scheduled_job
 from worker.jobs import FinishReason, GenerationParams
 from worker.tokenizer import Tokenizer
@@ -82,3 +82,25 @@ def test_a_finished_sequence_frees_its_share(holder: Holder) -> None:
         job.state.finish_without_token(FinishReason.LENGTH)
     # a now holds 1 of 4 slots, below its share of 2 as well.
     assert keys_below_share(waiting, lanes, lane_slots=4) == {"a", "b"}
+
+
+def test_a_restarting_lanes_jobs_still_count_as_held(holder: Holder) -> None:
+    """Between a restarted batch's end and its next batch its jobs are on neither list: they
+    must not look like free slots, or the reserve lane would take the flood's waiting jobs."""
+    shares = ReserveShares(lanes=1, lane_slots=8)
+    restarting = jobs(holder, "a", 8)
+    waiting = [*jobs(holder, "a", 1), *jobs(holder, "b", 1)]
+    assert shares.below(waiting, []) == {"a", "b"}  # as if a held nothing
+    in_hand = shares.hand_over(restarting, reserve=False)
+    assert in_hand is restarting
+    assert shares.below(waiting, []) == {"b"}
+    assert [job.job_id for job in shares.candidates(waiting, [])] == ["b0"]
+    shares.taken(restarting)
+    assert shares.below(waiting, []) == {"a", "b"}
+
+
+def test_without_a_reserve_lane_nothing_is_below_share(holder: Holder) -> None:
+    shares = ReserveShares(lanes=0, lane_slots=8)
+    lanes = [batch(jobs(holder, "a", 8))]
+    waiting = jobs(holder, "b", 1)
+    assert shares.below(waiting, lanes) == set() and shares.candidates(waiting, lanes) == []

@@ -108,7 +108,7 @@ class Engine:
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
-        self.reserve_lanes = len(model.device_index) if reserve_lane else 0
+        self.reserve_lanes = model.reserve_lanes(reserve_lane)
         # What the engine process runs: a replica more per device for the reserve lane.
         self._process_settings = dataclasses.replace(
             model, inter_threads=model.inter_threads + (1 if reserve_lane else 0)

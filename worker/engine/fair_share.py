@@ -22,22 +22,26 @@ from collections.abc import Iterable, Sequence
 from worker.engine.batch import RunningBatch
 from worker.engine.scheduled import ScheduledJob
 
+# Jobs between two batches of a lane (a restart: off the old batch, not yet on the new one),
+# and whether that lane is the reserve one.
+InHand = tuple[Sequence[ScheduledJob], bool]
+
 
 def keys_below_share(
-    pending: Iterable[ScheduledJob], running: Sequence[RunningBatch], lane_slots: int
+    pending: Iterable[ScheduledJob],
+    running: Sequence[RunningBatch],
+    lane_slots: int,
+    in_hand: Iterable[InHand] = (),
 ) -> set[str]:
     """The keys with work here that hold fewer than an equal share of ``lane_slots`` (the
     sequences the ordinary lanes can run), when at least two keys have work; else none."""
     with_work = {job.tenant for job in pending}
     held: Counter[str] = Counter()
-    for batch in running:
-        for job in batch.live_jobs():
+    lanes: list[InHand] = [(batch.live_jobs() + batch.joiners, batch.reserve) for batch in running]
+    for jobs, reserve in [*lanes, *in_hand]:
+        for job in jobs:
             with_work.add(job.tenant)
-            if not batch.reserve:
-                held[job.tenant] += 1
-        for job in batch.joiners:
-            with_work.add(job.tenant)
-            if not batch.reserve:
+            if not reserve:
                 held[job.tenant] += 1
     if len(with_work) < 2:
         return set()
@@ -46,11 +50,50 @@ def keys_below_share(
 
 
 def reserve_candidates(
-    pending: Sequence[ScheduledJob], running: Sequence[RunningBatch], lane_slots: int
+    pending: Sequence[ScheduledJob],
+    running: Sequence[RunningBatch],
+    lane_slots: int,
+    in_hand: Iterable[InHand] = (),
 ) -> list[ScheduledJob]:
     """The waiting jobs the reserve lane may take, most urgent first (arrival order within a
     priority)."""
-    below = keys_below_share(pending, running, lane_slots)
+    below = keys_below_share(pending, running, lane_slots, in_hand)
     if not below:
         return []
     return sorted((job for job in pending if job.tenant in below), key=lambda job: job.priority)
+
+
+class ReserveShares:
+    """The scheduler's side of the reserve lane, called under its lock: which keys are below
+    their share, counting the jobs a restarting lane holds between two batches (off the old
+    one, not yet on the new one), which would otherwise look like free slots."""
+
+    def __init__(self, lanes: int, lane_slots: int):
+        self.lanes = lanes  # reserve lanes (0: none, and every answer is "none")
+        self.idle = 0  # reserve lanes waiting for a job
+        self._lane_slots = lane_slots
+        self._in_hand: dict[int, InHand] = {}  # by the id of the lane's next batch (a list)
+
+    def below(self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]) -> set[str]:
+        if not self.lanes:
+            return set()
+        return keys_below_share(pending, running, self._lane_slots, self._in_hand.values())
+
+    def candidates(
+        self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]
+    ) -> list[ScheduledJob]:
+        if not self.lanes or not pending:
+            return []
+        return reserve_candidates(pending, running, self._lane_slots, self._in_hand.values())
+
+    def hand_over(self, jobs: list[ScheduledJob], reserve: bool) -> list[ScheduledJob] | None:
+        """A restarted batch's jobs on their way to its lane's next batch (None: no jobs)."""
+        if not jobs:
+            return None
+        if self.lanes:
+            self._in_hand[id(jobs)] = (jobs, reserve)
+        return jobs
+
+    def taken(self, jobs: list[ScheduledJob]) -> None:
+        """The lane's next batch runs (or failed to): its jobs count as a batch's again."""
+        self._in_hand.pop(id(jobs), None)

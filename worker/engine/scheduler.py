@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from worker.engine import Engine
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
-from worker.engine.fair_share import keys_below_share, reserve_candidates
+from worker.engine.fair_share import ReserveShares
 from worker.engine.policy import (
     RestartPolicy,
     RestartRules,
@@ -105,9 +105,7 @@ class BatchScheduler:
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._lane_count = engine_threads
-        self._lane_slots = max_batch_size * engine_threads
-        self._reserve_threads = reserve_threads
-        self._idle_reserve = 0
+        self._reserve = ReserveShares(reserve_threads, max_batch_size * engine_threads)
         self._cond = threading.Condition()
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
@@ -140,7 +138,7 @@ class BatchScheduler:
             self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
             self._rebalance()
-            if self._reserve_threads:
+            if self._reserve.lanes:
                 self._cond.notify_all()  # the reserve lane waits on the same condition
             else:
                 self._cond.notify()
@@ -160,14 +158,10 @@ class BatchScheduler:
             return
         now = time.monotonic()
         if self._pending and self._idle_lanes == 0:
-            below = (
-                keys_below_share(self._pending, self._running, self._lane_slots)
-                if self._reserve_threads
-                else set()
-            )
+            below = self._reserve.below(self._pending, self._running)
             ordinary = [batch for batch in self._running if not batch.reserve]
             for job in sorted(self._pending, key=lambda job: job.priority):
-                if job.tenant in below and self._idle_reserve:
+                if job.tenant in below and self._reserve.idle:
                     continue  # the reserve lane starts it at once, pausing no running batch
                 batches = self._running if job.tenant in below else ordinary
                 join = self._policy.join(batches, job, now)
@@ -209,6 +203,9 @@ class BatchScheduler:
                     return
                 carried = self._run_batch(batch, reserve)
             except Exception:  # a lane that died would leave every later job one lane short
+                if carried:
+                    with self._cond:
+                        self._reserve.taken(carried)
                 carried = None
                 log.exception("engine lane %s failed; it goes on", threading.current_thread().name)
 
@@ -223,17 +220,21 @@ class BatchScheduler:
                     # Another lane's admission window ended first and took every waiting job.
             finally:
                 self._idle_lanes -= 1
-                if self._reserve_threads:
+                if self._reserve.lanes:
                     self._cond.notify_all()  # every lane busy now: the reserve may be due
 
     def _next_reserve_batch(self) -> list[ScheduledJob] | None:
         """The reserve lane's next batch: the waiting jobs of keys below their share, once
         every ordinary lane is busy (no admission window: their first token is the point)."""
         with self._cond:
-            self._idle_reserve += 1
+            self._reserve.idle += 1
             try:
                 while not self._closed:
-                    candidates = [] if self._idle_lanes else self._reserve_candidates()
+                    candidates = (
+                        []
+                        if self._idle_lanes
+                        else self._reserve.candidates(self._pending, self._running)
+                    )
                     if candidates:
                         break
                     # Shares also change as sequences end: look again now and then.
@@ -245,12 +246,7 @@ class BatchScheduler:
                 self._pending = [job for job in self._pending if id(job) not in chosen]
                 return batch
             finally:
-                self._idle_reserve -= 1
-
-    def _reserve_candidates(self) -> list[ScheduledJob]:
-        if not self._pending:
-            return []
-        return reserve_candidates(self._pending, self._running, self._lane_slots)
+                self._reserve.idle -= 1
 
     def _choose_batch(self) -> list[ScheduledJob] | None:
         """Wait for jobs and the admission window, then take a batch: None once closed, [] if
@@ -293,7 +289,11 @@ class BatchScheduler:
             fair = max(-(-(len(compatible) + busy) // lanes), 1)
             left = compatible[fair:]
             # Only for a short join: a job left waiting on a long one may find it refused.
-            join = self._policy.join(self._running, left[0], time.monotonic()) if left else None
+            join = None
+            if left:
+                below = self._reserve.below(self._pending, self._running)
+                joinable = [b for b in self._running if not b.reserve or left[0].tenant in below]
+                join = self._policy.join(joinable, left[0], time.monotonic())
             if fair < take and join is not None and not join.long:
                 take = fair
         return compatible[: min(take, self._max_batch_size)]
@@ -326,6 +326,7 @@ class BatchScheduler:
         running = RunningBatch(batch, requests, reserve=reserve)
         with self._cond:
             self._running.append(running)
+            self._reserve.taken(batch)
         step_buffer = StepBuffer(batch, requests, self._publish_step)
         on_step = step_callback(batch, running, step_buffer, self._on_new_step)
         try:
@@ -363,21 +364,29 @@ class BatchScheduler:
             if running.split:
                 carried, given = halves(survivors) if len(survivors) >= 2 else (survivors, [])
                 self._pending[:0] = given
-                self._cond.notify()
-                return carried or None, going_on
+                # The idle lane takes the given half (not the reserve lane, waiting here too).
+                self._cond.notify_all()
+                return self._reserve.hand_over(carried, running.reserve), going_on
             carried = [*survivors, *running.joiners]
             if not carried:
                 return None, going_on
             room = self._max_batch_size - len(carried)
-            waiting = (
-                self._reserve_candidates()
-                if running.reserve
-                else sorted(self._pending, key=lambda job: job.priority)
-            )
+            if running.reserve:
+                waiting = self._reserve.candidates(self._pending, self._running)
+            else:  # jobs the idle reserve lane is about to take are left to it
+                left_to_reserve = (
+                    self._reserve.below(self._pending, self._running)
+                    if self._reserve.idle
+                    else set()
+                )
+                waiting = sorted(
+                    (job for job in self._pending if job.tenant not in left_to_reserve),
+                    key=lambda job: job.priority,
+                )
             fits = [job for job in waiting if batches_with(job, carried[0].request)][:room]
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
-            return [*carried, *fits], going_on
+            return self._reserve.hand_over([*carried, *fits], running.reserve), going_on
 
     def _on_new_step(self, running: RunningBatch) -> None:
         """A batch began a decoding step: time it, and (jobs wait for a lane, or a lane waits
