@@ -334,15 +334,35 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
 
 def queue_switches(consumer: Any, queues: TenantQueues) -> QueueSwitches:
     """A held key's queues are paused and resumed on the consumer's own thread; each held
-    message widens the prefetch window, as Celery's ETA tasks do."""
+    message widens the prefetch window, as Celery's ETA tasks do.
+
+    kombu's hub runs ``call_soon`` callbacks in no set order (they wait in a ``set``): a pause
+    and the resume right after it, run resume first, left the key's queues paused with nothing
+    held, and the key's backlog unread for good. So a callback does not say what to do: it
+    brings the key's queues to the state wanted when it runs, whatever ran before it.
+    """
+    paused: set[str] = set()
+    lock = threading.Lock()
+
+    def settle(tenant: str) -> None:
+        with lock:
+            wanted_paused = tenant in paused
+        for name in queues.of_key(tenant):
+            consuming = consumer.task_consumer.consuming_from(name)
+            if wanted_paused and consuming:
+                consumer.cancel_task_queue(name)
+            elif not wanted_paused and not consuming:
+                consumer.add_task_queue(name)
 
     def pause(tenant: str) -> None:
-        for name in queues.of_key(tenant):
-            consumer.call_soon(consumer.cancel_task_queue, name)
+        with lock:
+            paused.add(tenant)
+        consumer.call_soon(settle, tenant)
 
     def resume(tenant: str) -> None:
-        for name in queues.of_key(tenant):
-            consumer.call_soon(consumer.add_task_queue, name)
+        with lock:
+            paused.discard(tenant)
+        consumer.call_soon(settle, tenant)
 
     def hold(count: int) -> None:
         if count > 0:

@@ -7,7 +7,9 @@ import threading
 import time
 from typing import Any
 
-from worker.dispatch import JobDispatcher, QueueSwitches
+import pytest
+
+from worker.dispatch import JobDispatcher, QueueSwitches, queue_switches
 
 
 class FakeRequest:
@@ -135,3 +137,53 @@ def test_no_key_takes_more_than_key_slots_and_another_key_still_starts() -> None
     assert dispatcher.join(5)
     assert switches.switches == ["pause a", "resume a"] and switches.held == 0
     assert all(request.acked for request in requests.values())
+
+
+class FakeConsumer:
+    """Celery's consumer as the switches use it; ``call_soon`` callbacks wait in a set, as in
+    kombu's hub, and run in an order of the test's choosing."""
+
+    def __init__(self) -> None:
+        self.soon: list[Any] = []
+        self.consuming = {"trickle.demo.key.a"}
+        self.task_consumer = self
+
+    def consuming_from(self, name: str) -> bool:
+        return name in self.consuming
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.soon.append(lambda: callback(*args))
+
+    def cancel_task_queue(self, name: str) -> None:
+        self.consuming.discard(name)
+
+    def add_task_queue(self, name: str) -> None:
+        self.consuming.add(name)
+
+    def run_soon(self, reverse: bool) -> None:
+        callbacks, self.soon = self.soon, []
+        for callback in reversed(callbacks) if reverse else callbacks:
+            callback()
+
+
+class OneQueue:
+    def of_key(self, tenant: str) -> list[str]:
+        return [f"trickle.demo.key.{tenant}"]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_pause_and_the_resume_after_it_leave_the_queue_consumed_in_either_order(
+    reverse: bool,
+) -> None:
+    """kombu's hub keeps call_soon callbacks in a set: a resume could run before the pause
+    queued ahead of it, and the key's queue stayed paused with nothing held (its backlog was
+    never read again)."""
+    consumer = FakeConsumer()
+    switches = queue_switches(consumer, OneQueue())  # type: ignore[arg-type]
+    switches.pause("a")
+    switches.resume("a")
+    consumer.run_soon(reverse)
+    assert consumer.consuming == {"trickle.demo.key.a"}
+    switches.pause("a")
+    consumer.run_soon(reverse)
+    assert consumer.consuming == set()
