@@ -82,7 +82,7 @@ class WorkerRuntime:
         for name in settings.served_models():
             model = settings.model(name)
             loading = time.monotonic()
-            engine = Engine(model, reserve_lane=model.reserve_lanes(bool(settings.keys)) > 0)
+            engine = Engine(model, named_keys=bool(settings.keys))
             self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
             self.schedulers[name] = BatchScheduler(

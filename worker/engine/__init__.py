@@ -99,19 +99,20 @@ class Lane:
 
 
 class Engine:
-    def __init__(self, model: ModelSettings, reserve_lane: bool = False):
-        """``reserve_lane``: one lane more per device than ``model.lanes``, for the scheduler's
-        reserve lane (worker/engine/fair_share.py); ``settings`` still says the ordinary ones."""
+    def __init__(self, model: ModelSettings, named_keys: bool = False):
+        """``named_keys``: the deployment has ``[keys.<name>]``, so the engine runs the model's
+        reserve lanes too (``ModelSettings.reserve_lanes``: one per device, for the scheduler's
+        reserve lane, worker/engine/fair_share.py); ``settings`` still says the ordinary ones."""
         if not (Path(model.path) / "model.bin").is_file():
             raise ValueError(
                 f"model {model.name!r}: no CTranslate2 model at {model.path} "
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
-        self.reserve_lanes = model.reserve_lanes(reserve_lane)
+        self.reserve_lanes = model.reserve_lanes(named_keys)
         # What the engine process runs: a replica more per device for the reserve lane.
         self._process_settings = dataclasses.replace(
-            model, inter_threads=model.inter_threads + (1 if reserve_lane else 0)
+            model, inter_threads=model.inter_threads + (1 if self.reserve_lanes else 0)
         )
         self.tokenizer = Tokenizer.for_model(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of

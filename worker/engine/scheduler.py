@@ -159,12 +159,10 @@ class BatchScheduler:
         now = time.monotonic()
         if self._pending and self._idle_lanes == 0:
             below = self._reserve.below(self._pending, self._running)
-            ordinary = [batch for batch in self._running if not batch.reserve]
             for job in sorted(self._pending, key=lambda job: job.priority):
                 if job.tenant in below and self._reserve.idle:
                     continue  # the reserve lane starts it at once, pausing no running batch
-                batches = self._running if job.tenant in below else ordinary
-                join = self._policy.join(batches, job, now)
+                join = self._policy.join(self._joinable(job, below), job, now)
                 if join is None:
                     continue
                 self._pending.remove(job)
@@ -188,6 +186,10 @@ class BatchScheduler:
         self.splits += split
         if self._on_restart is not None:
             self._on_restart(split)
+
+    def _joinable(self, job: ScheduledJob, below: set[str]) -> list[RunningBatch]:
+        """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share."""
+        return [batch for batch in self._running if not batch.reserve or job.tenant in below]
 
     def _split_in_flight(self) -> bool:
         return any(batch.split for batch in self._running)
@@ -292,8 +294,7 @@ class BatchScheduler:
             join = None
             if left:
                 below = self._reserve.below(self._pending, self._running)
-                joinable = [b for b in self._running if not b.reserve or left[0].tenant in below]
-                join = self._policy.join(joinable, left[0], time.monotonic())
+                join = self._policy.join(self._joinable(left[0], below), left[0], time.monotonic())
             if fair < take and join is not None and not join.long:
                 take = fair
         return compatible[: min(take, self._max_batch_size)]
