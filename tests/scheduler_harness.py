@@ -54,7 +54,9 @@ class Harness:
         rebalance_gain_ratio: float = 0.0,
         prefixes: PrefixTable | None = None,
         pricing: RestartPricing | None = None,
+        overflow_lanes: int = 0,
     ):
+        """``overflow_lanes``: spare lanes as overflow lanes (the engine must have them)."""
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(
@@ -78,6 +80,8 @@ class Harness:
             prefixes=prefixes,
             step_times=None if pricing is None else StepTimes(pricing.step_seconds, learn=False),
             prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
+            reserve_threads=overflow_lanes,
+            overflow=overflow_lanes > 0,
         )
 
     def job(self, prompt: str, **params: object) -> ScheduledJob:

@@ -123,7 +123,11 @@ def worker_slots(settings: Settings) -> tuple[int, int]:
     named = bool(settings.keys)
     models = [settings.model(name) for name in settings.served_models()]
     lanes = sum(slots_per_worker(model) for model in models)
-    reserve = sum(model.max_batch_size * model.reserve_lanes(named) for model in models)
+    reserve = sum(
+        model.max_batch_size * model.reserve_lanes(named)
+        for model in models
+        if model.tenant_reserve(named)  # overflow lanes take jobs the window already holds
+    )
     return lanes, reserve
 
 

@@ -248,6 +248,12 @@ class ModelSettings(Section):
     # the prefetch window, for keys below their share of the slots while a flood holds every
     # other lane (worker/engine/fair_share.py). It shares the cores while it runs.
     tenant_reserve_lane: bool = True
+    # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
+    # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
+    # that would otherwise wait for a batch to end (worker/engine/scheduler.py). They are never
+    # given a split's half, so one is free for the next such job; on a CPU they share the
+    # cores while they run. 0 = none.
+    overflow_lanes: int = 1
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
@@ -265,9 +271,19 @@ class ModelSettings(Section):
     # directory's generation_config.json (eos_token_id).
     eos_token_ids: Numbers = ()
 
+    def tenant_reserve(self, named_keys: bool) -> bool:
+        """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)
+        rather than overflow lanes: with named keys and ``tenant_reserve_lane``."""
+        return named_keys and self.tenant_reserve_lane
+
+    def spare_lanes_per_device(self, named_keys: bool) -> int:
+        """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
+        else ``overflow_lanes``."""
+        return 1 if self.tenant_reserve(named_keys) else max(self.overflow_lanes, 0)
+
     def reserve_lanes(self, named_keys: bool) -> int:
-        """Reserve lanes the engine runs besides ``lanes``: one per device with named keys."""
-        return max(len(self.device_index), 1) if named_keys and self.tenant_reserve_lane else 0
+        """Spare lanes the engine runs besides ``lanes``, over every device."""
+        return max(len(self.device_index), 1) * self.spare_lanes_per_device(named_keys)
 
     def with_threads(self, cores: int) -> ModelSettings:
         """These settings with engine threads left at 0 derived from ``cores``."""

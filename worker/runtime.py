@@ -99,6 +99,7 @@ class WorkerRuntime:
                 prefixes=PrefixTable.for_model(model, engine.tokenizer),
                 on_restart=self._restart_observer(name),
                 reserve_threads=engine.reserve_lanes,
+                overflow=not engine.tenant_reserve,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(

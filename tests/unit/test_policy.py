@@ -116,3 +116,27 @@ def test_a_newcomer_waits_for_the_smaller_batch_rather_than_pile_onto_the_larger
     even = running([job(holder, 2) for _ in range(2)])  # no larger than the restarted one
     join = policy().join([even, restarted], job(holder, 0), now=0.0)
     assert join is not None and join.batch is even
+
+
+def test_overflow_opens_when_every_lane_has_long_to_run(holder: Holder) -> None:
+    """Two lanes each 30 steps into a 128-token sequence: ~0.5 s before either ends."""
+    lanes = [running([job(holder, 30)], steps=30), running([job(holder, 35)], steps=35)]
+    assert policy().overflow(lanes, now=0.0)
+
+
+def test_overflow_stays_shut_when_a_lane_ends_within_one_pause_budget(holder: Holder) -> None:
+    """One batch ends in 4 steps (20 ms < the 40 ms budget): waiting for it costs less."""
+    lanes = [running([job(holder, 30)], steps=30), running([job(holder, 124)], steps=124)]
+    assert not policy().overflow(lanes, now=0.0)
+
+
+def test_overflow_waits_for_a_batch_before_its_first_step(holder: Holder) -> None:
+    """A batch that has not stepped yet takes joiners in a few ms: no overflow lane for that."""
+    lanes = [running([job(holder, 30)], steps=30), running([job(holder, 0)], steps=0)]
+    assert not policy().overflow(lanes, now=0.0)
+
+
+def test_overflow_is_off_with_restarts_off(holder: Holder) -> None:
+    rules = RestartRules(16)  # max_stall 0: the scheduler never moves a job
+    lanes = [running([job(holder, 30)], steps=30)]
+    assert not RestartPolicy(rules, StepTimes(STEPS)).overflow(lanes, now=0.0)

@@ -100,9 +100,10 @@ class Lane:
 
 class Engine:
     def __init__(self, model: ModelSettings, named_keys: bool = False):
-        """``named_keys``: the deployment has ``[keys.<name>]``, so the engine runs the model's
-        reserve lanes too (``ModelSettings.reserve_lanes``: one per device, for the scheduler's
-        reserve lane, worker/engine/fair_share.py); ``settings`` still says the ordinary ones."""
+        """The engine runs the model's spare lanes besides its ordinary ones
+        (``ModelSettings.reserve_lanes``): with ``named_keys`` (the deployment has
+        ``[keys.<name>]``) one per device, the tenants' reserve (worker/engine/fair_share.py);
+        else its overflow lanes. ``settings`` still says the ordinary ones."""
         if not (Path(model.path) / "model.bin").is_file():
             raise ValueError(
                 f"model {model.name!r}: no CTranslate2 model at {model.path} "
@@ -110,9 +111,11 @@ class Engine:
             )
         self.settings = model = model.with_threads(available_cores())
         self.reserve_lanes = model.reserve_lanes(named_keys)
-        # What the engine process runs: a replica more per device for the reserve lane.
+        # Whether those are the tenants' reserve, or else overflow lanes (the scheduler's rule).
+        self.tenant_reserve = model.tenant_reserve(named_keys)
+        # What the engine process runs: the spare lanes' replicas on every device too.
         self._process_settings = dataclasses.replace(
-            model, inter_threads=model.inter_threads + (1 if self.reserve_lanes else 0)
+            model, inter_threads=model.inter_threads + model.spare_lanes_per_device(named_keys)
         )
         self.tokenizer = Tokenizer.for_model(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of

@@ -68,21 +68,24 @@ class ReserveShares:
     their share, counting the jobs a restarting lane holds between two batches (off the old
     one, not yet on the new one), which would otherwise look like free slots."""
 
-    def __init__(self, lanes: int, lane_slots: int):
-        self.lanes = lanes  # reserve lanes (0: none, and every answer is "none")
-        self.idle = 0  # reserve lanes waiting for a job
+    def __init__(self, lanes: int, lane_slots: int, tenants: bool = True):
+        """``tenants``: the spare lanes are the tenants' reserve; else they are overflow lanes
+        (worker/engine/scheduler.py) and no key is ever below its share."""
+        self.lanes = lanes  # spare lanes (0: none)
+        self.tenants = tenants and lanes > 0  # False: every answer is "none"
+        self.idle = 0  # spare lanes waiting for a job
         self._lane_slots = lane_slots
         self._in_hand: dict[int, InHand] = {}  # by the id of the lane's next batch (a list)
 
     def below(self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]) -> set[str]:
-        if not self.lanes:
+        if not self.tenants:
             return set()
         return keys_below_share(pending, running, self._lane_slots, self._in_hand.values())
 
     def candidates(
         self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]
     ) -> list[ScheduledJob]:
-        if not self.lanes or not pending:
+        if not self.tenants or not pending:
             return []
         return reserve_candidates(pending, running, self._lane_slots, self._in_hand.values())
 

@@ -19,6 +19,13 @@ on two lanes at once) is at least ``rebalance_gain_ratio`` times its catch-up, a
 ``rebatch_max_stall_ms`` (the free lane it takes is worth that to the next arrival). Without it, a
 burst that landed on one lane ran there on one core to its end while the other core idled.
 
+**Overflowing** (every lane busy, no short join): a job starts on an idle overflow lane (a
+spare CTranslate2 replica, never given a split's half) when the soonest batch to end has more
+than ``rebatch_max_stall_ms`` to run. Two lanes each running one long sequence otherwise made a
+newcomer wait up to a whole sequence's run, or pause a stream for as many steps as it had
+generated. On a CPU it shares the cores while it runs: every stream's steps slow a little,
+none stops.
+
 Pure decisions over ``RunningBatch`` state, priced with the model's measured step times; the
 scheduler calls them under its lock and applies what they return.
 """
@@ -107,6 +114,17 @@ class RestartPolicy:
             # a burst that arrives one job at a time from piling onto the other lane.
             return None
         return best[2]
+
+    def overflow(self, running: Sequence[RunningBatch], now: float) -> bool:
+        """Whether a waiting job that no batch takes with a short pause starts on an idle
+        overflow lane (``running``: every ordinary lane's batch): the soonest to end still has
+        more than one pause budget to run, and none is before its first step (one that is
+        takes joiners in a few ms, or ends a restart that just took them)."""
+        if not running or self.rules.max_stall <= 0:
+            return False
+        if any(batch.steps == 0 for batch in running):
+            return False
+        return min(batch.seconds_left(now) for batch in running) > self.rules.max_stall
 
     def split(self, running: Sequence[RunningBatch], now: float) -> Split | None:
         """The batch to share with an idle lane (nothing is waiting), if one is worth it."""

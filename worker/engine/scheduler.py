@@ -16,9 +16,11 @@ generated (same detokenizer, same token count, nothing streamed twice), so greed
 unchanged. The checks run when a job arrives, when a lane frees, and at every decoding step
 while jobs wait or a lane idles.
 
-With named keys the engine has a reserve lane too (``worker.engine.fair_share``): it runs only
-jobs of keys below their share of the other lanes while those are all busy, so one key's flood
-never makes another key's job wait for a batch to end.
+The engine has spare lanes too. With named keys it is a reserve lane
+(``worker.engine.fair_share``): it runs only jobs of keys below their share of the other lanes
+while those are all busy, so one key's flood never makes another key's job wait for a batch to
+end. Without them they are overflow lanes: while every lane runs a batch with long to go, a job
+that no batch takes with a short pause starts on one at once (``RestartPolicy.overflow``).
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ class BatchScheduler:
         step_times: StepTimes | None = None,
         prefill_seconds_per_token: float | None = None,
         reserve_threads: int = 0,
+        overflow: bool = False,
     ):
         """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
         engine's warm-up measurements, refined by every step. A test that checks what the
         scheduler does with a decision passes fixed ones, so the decision does not depend on
         how the cores happened to be shared while the engine warmed up. ``reserve_threads``:
-        reserve lanes besides the ``engine_threads`` (the engine must have both)."""
+        spare lanes besides the ``engine_threads`` (the engine must have both): the tenants'
+        reserve, or with ``overflow`` overflow lanes."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -105,7 +109,10 @@ class BatchScheduler:
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._lane_count = engine_threads
-        self._reserve = ReserveShares(reserve_threads, max_batch_size * engine_threads)
+        self._overflow = overflow and reserve_threads > 0
+        self._reserve = ReserveShares(
+            reserve_threads, max_batch_size * engine_threads, tenants=not overflow
+        )
         self._cond = threading.Condition()
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
@@ -159,15 +166,20 @@ class BatchScheduler:
         now = time.monotonic()
         if self._pending and self._idle_lanes == 0:
             below = self._reserve.below(self._pending, self._running)
+            overflow = self._overflow_open(now)
             for job in sorted(self._pending, key=lambda job: job.priority):
                 if job.tenant in below and self._reserve.idle:
                     continue  # the reserve lane starts it at once, pausing no running batch
                 join = self._policy.join(self._joinable(job, below), job, now)
+                if overflow and (join is None or join.long):
+                    continue  # an idle overflow lane starts it at once: no stream pauses long
                 if join is None:
                     continue
                 self._pending.remove(job)
                 join.batch.joiners.append(job)
                 self._restart(join.batch, join.long, split=False)
+            if overflow and self._pending:
+                self._cond.notify_all()  # the overflow lane waits on the same condition
         elif not self._pending and self._idle_lanes > 0:
             split = self._policy.split([b for b in self._running if not b.reserve], now)
             if split is not None:
@@ -188,8 +200,30 @@ class BatchScheduler:
             self._on_restart(split)
 
     def _joinable(self, job: ScheduledJob, below: set[str]) -> list[RunningBatch]:
-        """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share."""
-        return [batch for batch in self._running if not batch.reserve or job.tenant in below]
+        """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share
+        (an overflow lane's, any)."""
+        return [
+            batch
+            for batch in self._running
+            if not batch.reserve or self._overflow or job.tenant in below
+        ]
+
+    def _overflow_open(self, now: float) -> bool:
+        """Whether an idle overflow lane should take a waiting job no batch takes with a short
+        pause: every ordinary lane runs a batch, and the policy says none ends soon."""
+        if not self._overflow or not self._reserve.idle or self._idle_lanes:
+            return False
+        ordinary = [batch for batch in self._running if not batch.reserve]
+        return len(ordinary) >= self._lane_count and self._policy.overflow(ordinary, now)
+
+    def _spare_candidates(self) -> list[ScheduledJob]:
+        """The waiting jobs an idle spare lane may take, most urgent first: those of keys below
+        their share (the tenants' reserve), or every one while overflow is open."""
+        if not self._overflow:
+            return self._reserve.candidates(self._pending, self._running)
+        if not self._overflow_open(time.monotonic()):
+            return []
+        return sorted(self._pending, key=lambda job: job.priority)
 
     def _split_in_flight(self) -> bool:
         return any(batch.split for batch in self._running)
@@ -226,17 +260,14 @@ class BatchScheduler:
                     self._cond.notify_all()  # every lane busy now: the reserve may be due
 
     def _next_reserve_batch(self) -> list[ScheduledJob] | None:
-        """The reserve lane's next batch: the waiting jobs of keys below their share, once
-        every ordinary lane is busy (no admission window: their first token is the point)."""
+        """A spare lane's next batch, once every ordinary lane is busy: the waiting jobs of
+        keys below their share, or (an overflow lane) those no batch takes with a short pause.
+        No admission window: their first token is the point."""
         with self._cond:
             self._reserve.idle += 1
             try:
                 while not self._closed:
-                    candidates = (
-                        []
-                        if self._idle_lanes
-                        else self._reserve.candidates(self._pending, self._running)
-                    )
+                    candidates = [] if self._idle_lanes else self._spare_candidates()
                     if candidates:
                         break
                     # Shares also change as sequences end: look again now and then.
@@ -372,7 +403,7 @@ class BatchScheduler:
             if not carried:
                 return None, going_on
             room = self._max_batch_size - len(carried)
-            if running.reserve:
+            if running.reserve and not self._overflow:
                 waiting = self._reserve.candidates(self._pending, self._running)
             else:  # jobs the idle reserve lane is about to take are left to it
                 left_to_reserve = (
