@@ -17,7 +17,11 @@ After each ``BRPOP`` delivery the channel also takes, in one script, the message
 behind it (up to the prefetch window's room, ``trickle_drain_max`` at most: a few, so workers
 that share a queue still take turns at a burst): kombu's transport
 returns one message per ``BRPOP``, one event-loop turn and round trip each, so a 16-job burst
-reached the worker over 20 ms. The keys are read in the order ``BRPOP`` reads them (priority
+reached the worker over 20 ms. Only after a ``BRPOP`` answered at once (within
+``DRAIN_AFTER_SECONDS`` of its sending: its queue had a backlog): one that waited for its message
+found the queues empty, so the drain would come back empty, a round trip and five commands per
+job for a client sending one job at a time. A backlog that forms meanwhile costs one more
+``BRPOP``, which answers at once and drains it. The keys are read in the order ``BRPOP`` reads them (priority
 steps, then queues), so batch work still waits behind interactive work. Off (0) where named keys
 have queues of their own: draining one key's queue would skip the round-robin turns between them.
 
@@ -37,6 +41,7 @@ transport; the broker protocol, the queues, priorities and the visibility timeou
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,6 +74,10 @@ return taken
 
 TRANSPORT = "worker.redis_transport:Transport"
 
+# A BRPOP answered within this long of its sending found a backlog: what waits behind its
+# message is taken at once. One that waited longer found its queues empty.
+DRAIN_AFTER_SECONDS = 0.002
+
 
 class _PushesInto:
     """The channel's client, but a message's LPUSH goes on ``pipe`` (declarations, reads and
@@ -92,6 +101,7 @@ class Channel(kombu_redis.Channel):
     # The BRPOP connection's socket and its server-side client id (None: unknown or refused).
     _brpop_sock: Any = None
     _brpop_id: int | None = None
+    _brpop_sent_at = 0.0  # time.monotonic() of the BRPOP in flight
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         consumer_tag = super().basic_consume(queue, *args, **kwargs)  # type: ignore[no-untyped-call]
@@ -101,6 +111,7 @@ class Channel(kombu_redis.Channel):
     def _brpop_start(self, timeout: Any = None) -> None:
         self._learn_brpop_id()
         super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
+        self._brpop_sent_at = time.monotonic()
 
     def _learn_brpop_id(self) -> None:
         """The server's id of the BRPOP connection (one round trip per new socket, while the
@@ -135,7 +146,7 @@ class Channel(kombu_redis.Channel):
 
     def _brpop_read(self, **options: Any) -> Any:
         delivered = super()._brpop_read(**options)  # type: ignore[no-untyped-call]
-        if delivered:
+        if delivered and time.monotonic() - self._brpop_sent_at <= DRAIN_AFTER_SECONDS:
             self._deliver_waiting()
         return delivered
 

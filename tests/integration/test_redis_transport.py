@@ -4,6 +4,7 @@ rides in a caller's transaction; and a queue paused and consumed again (a held k
 
 from __future__ import annotations
 
+import threading
 import time
 from queue import Empty
 from typing import Any
@@ -82,6 +83,32 @@ def test_without_draining_one_brpop_is_one_message(private_redis: redis.Redis) -
     try:
         publish(conn, [(str(i), 0) for i in range(3)])
         assert receive(conn, prefetch=64) == ["0"]
+    finally:
+        conn.release()
+
+
+def test_a_brpop_that_waited_for_its_message_takes_nothing_after_it(
+    private_redis: redis.Redis,
+) -> None:
+    """The queue was empty when the BRPOP went out, so nothing waited behind the message it
+    got then: no drain follows (a round trip and five commands per job, sent one at a time).
+    Messages that came meanwhile (three, in one transaction) come with the next BRPOP, which
+    answers at once."""
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=32)
+    try:
+        pipe = private_redis.pipeline(transaction=True)
+        with conn.Producer() as producer:
+            channel = producer.channel
+            assert isinstance(channel, redis_transport.Channel)
+            with channel.writing_into(pipe):
+                for body in ("0", "1", "2"):
+                    producer.publish(body, routing_key=QUEUE, declare=[kombu.Queue(QUEUE)])
+        later = threading.Timer(0.2, pipe.execute)  # while the BRPOP below waits
+        later.start()
+        assert receive(conn, prefetch=64) == ["0"]
+        later.join()
+        assert receive(conn, prefetch=64) == ["1", "2"]
     finally:
         conn.release()
 
