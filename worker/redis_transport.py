@@ -13,17 +13,17 @@ A channel can also queue its publishes' ``LPUSH`` on a pipeline of the caller's
 message (built by Celery, pushed by kombu's ``_put``) then go in one transaction, one round trip,
 and neither can exist without the other.
 
-After each ``BRPOP`` delivery the channel also takes, in one script, the messages already waiting
+After a ``BRPOP`` delivery the channel also takes, in one script, the messages already waiting
 behind it (up to the prefetch window's room, ``trickle_drain_max`` at most: a few, so workers
-that share a queue still take turns at a burst): kombu's transport
-returns one message per ``BRPOP``, one event-loop turn and round trip each, so a 16-job burst
-reached the worker over 20 ms. Only after a ``BRPOP`` answered at once (within
-``DRAIN_AFTER_SECONDS`` of its sending: its queue had a backlog): one that waited for its message
-found the queues empty, so the drain would come back empty, a round trip and five commands per
-job for a client sending one job at a time. A backlog that forms meanwhile costs one more
-``BRPOP``, which answers at once and drains it. The keys are read in the order ``BRPOP`` reads them (priority
-steps, then queues), so batch work still waits behind interactive work. Off (0) where named keys
-have queues of their own: draining one key's queue would skip the round-robin turns between them.
+that share a queue still take turns at a burst): kombu's transport returns one message per
+``BRPOP``, one event-loop turn and round trip each, so a 16-job burst reached the worker over
+20 ms. Only after a ``BRPOP`` that answered at once (within ``DRAIN_AFTER_SECONDS`` of its
+sending: its queue had a backlog): one that waited for its message found the queues empty, and
+the drain came back empty, a round trip and five commands per job for a client sending one job
+at a time. A backlog that forms meanwhile costs one more ``BRPOP``, which answers at once and
+drains it. The keys are read in the order ``BRPOP`` reads them (priority steps, then queues), so
+batch work still waits behind interactive work. Off (0) where named keys have queues of their
+own: draining one key's queue would skip the round-robin turns between them.
 
 A queue consumed again (``add_task_queue``: a key held back on this worker resumes, see
 worker/dispatch.py) is read at once: kombu's ``BRPOP`` in flight names the queues of before and
@@ -101,7 +101,7 @@ class Channel(kombu_redis.Channel):
     # The BRPOP connection's socket and its server-side client id (None: unknown or refused).
     _brpop_sock: Any = None
     _brpop_id: int | None = None
-    _brpop_sent_at = 0.0  # time.monotonic() of the BRPOP in flight
+    _brpop_began = 0.0  # time.monotonic() when the BRPOP in flight was sent
 
     def basic_consume(self, queue: str, *args: Any, **kwargs: Any) -> Any:
         consumer_tag = super().basic_consume(queue, *args, **kwargs)  # type: ignore[no-untyped-call]
@@ -111,7 +111,7 @@ class Channel(kombu_redis.Channel):
     def _brpop_start(self, timeout: Any = None) -> None:
         self._learn_brpop_id()
         super()._brpop_start(timeout)  # type: ignore[no-untyped-call]
-        self._brpop_sent_at = time.monotonic()
+        self._brpop_began = time.monotonic()
 
     def _learn_brpop_id(self) -> None:
         """The server's id of the BRPOP connection (one round trip per new socket, while the
@@ -146,7 +146,7 @@ class Channel(kombu_redis.Channel):
 
     def _brpop_read(self, **options: Any) -> Any:
         delivered = super()._brpop_read(**options)  # type: ignore[no-untyped-call]
-        if delivered and time.monotonic() - self._brpop_sent_at <= DRAIN_AFTER_SECONDS:
+        if delivered and time.monotonic() - self._brpop_began <= DRAIN_AFTER_SECONDS:
             self._deliver_waiting()
         return delivered
 
