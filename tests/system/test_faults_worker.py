@@ -139,8 +139,12 @@ def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:
 
 
 def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: FaultStack) -> None:
-    # One engine thread, so jobs that cannot join the running batch really wait.
-    leaving = faults.worker("term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1")
+    # One engine thread and no overflow lane, so jobs that cannot join the running batch really
+    # wait (an overflow lane would start them beside it).
+    leaving = faults.worker(
+        "term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1",
+        TRICKLE__MODELS__SLOW__OVERFLOW_LANES="0",
+    )  # fmt: skip
     # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
     running = submit(faults.web_url, {"prompt": "The", **LONG})
     wait_for(lambda: tokens_streamed(faults.web_url, running["id"]) > 0, 30, "batch started")
