@@ -113,7 +113,12 @@ class BatchScheduler:
         self._reserve = ReserveShares(
             reserve_threads, max_batch_size * engine_threads, tenants=not overflow
         )
-        self._cond = threading.Condition()
+        # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
+        # an arrival wakes only a lane that may take it (a notify_all of every lane per job was
+        # 5% of a worker's CPU on one-token jobs).
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        self._spare_cond = threading.Condition(lock)
         self._closed = False
         self.batch_sizes: deque[int] = deque(maxlen=1000)  # recent sizes, for tests and logs
         self.restarts = 0
@@ -145,15 +150,15 @@ class BatchScheduler:
             self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
             self._rebalance()
-            if self._reserve.lanes:
-                self._cond.notify_all()  # the reserve lane waits on the same condition
-            else:
-                self._cond.notify()
+            self._cond.notify()
+            if self._reserve.tenants:
+                self._spare_cond.notify()  # its key may be below its share
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._spare_cond.notify_all()
 
     # -- moving work between batches (under the lock) ------------------------------------------
 
@@ -179,7 +184,7 @@ class BatchScheduler:
                 join.batch.joiners.append(job)
                 self._restart(join.batch, join.long, split=False)
             if overflow and self._pending:
-                self._cond.notify_all()  # the overflow lane waits on the same condition
+                self._spare_cond.notify()  # an idle overflow lane takes them
         elif not self._pending and self._idle_lanes > 0:
             split = self._policy.split([b for b in self._running if not b.reserve], now)
             if split is not None:
@@ -257,7 +262,7 @@ class BatchScheduler:
             finally:
                 self._idle_lanes -= 1
                 if self._reserve.lanes:
-                    self._cond.notify_all()  # every lane busy now: the reserve may be due
+                    self._spare_cond.notify()  # every lane busy now: a spare lane may be due
 
     def _next_reserve_batch(self) -> list[ScheduledJob] | None:
         """A spare lane's next batch, once every ordinary lane is busy: the waiting jobs of
@@ -271,7 +276,7 @@ class BatchScheduler:
                     if candidates:
                         break
                     # Shares also change as sequences end: look again now and then.
-                    self._cond.wait(RESERVE_RECHECK_SECONDS)
+                    self._spare_cond.wait(RESERVE_RECHECK_SECONDS)
                 if self._closed:
                     return None
                 batch = runs_with_first(candidates)[: self._max_batch_size]
@@ -396,7 +401,8 @@ class BatchScheduler:
             if running.split:
                 carried, given = halves(survivors) if len(survivors) >= 2 else (survivors, [])
                 self._pending[:0] = given
-                # The idle lane takes the given half (not the reserve lane, waiting here too).
+                # The idle lane takes the given half (every ordinary lane wakes: notify() could
+                # wake one waiting out its admission window instead; spare lanes wait apart).
                 self._cond.notify_all()
                 return self._reserve.hand_over(carried, running.reserve), going_on
             carried = [*survivors, *running.joiners]
