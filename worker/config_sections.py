@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict
+from pydantic import BeforeValidator, ConfigDict, NonNegativeInt
 
 
 def _comma_separated(value: Any) -> Any:
@@ -253,7 +253,7 @@ class ModelSettings(Section):
     # that would otherwise wait for a batch to end (worker/engine/scheduler.py). They are never
     # given a split's half, so one is free for the next such job; on a CPU they share the
     # cores while they run. 0 = none.
-    overflow_lanes: int = 1
+    overflow_lanes: NonNegativeInt = 1
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
@@ -279,7 +279,7 @@ class ModelSettings(Section):
     def spare_lanes_per_device(self, named_keys: bool) -> int:
         """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
         else ``overflow_lanes``."""
-        return 1 if self.tenant_reserve(named_keys) else max(self.overflow_lanes, 0)
+        return 1 if self.tenant_reserve(named_keys) else self.overflow_lanes
 
     def reserve_lanes(self, named_keys: bool) -> int:
         """Spare lanes the engine runs besides ``lanes``, over every device."""
