@@ -109,10 +109,11 @@ class BatchScheduler:
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._lane_count = engine_threads
-        self._overflow = overflow and reserve_threads > 0
         self._reserve = ReserveShares(
             reserve_threads, max_batch_size * engine_threads, tenants=not overflow
         )
+        # The spare lanes' role: the tenants' reserve, else (any at all) overflow lanes.
+        self._overflow = bool(self._reserve.lanes) and not self._reserve.tenants
         # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
         # an arrival wakes only a lane that may take it (a notify_all of every lane per job was
         # 5% of a worker's CPU on one-token jobs).
@@ -261,7 +262,7 @@ class BatchScheduler:
                     # Another lane's admission window ended first and took every waiting job.
             finally:
                 self._idle_lanes -= 1
-                if self._reserve.lanes:
+                if self._reserve.lanes and self._pending:
                     self._spare_cond.notify()  # every lane busy now: a spare lane may be due
 
     def _next_reserve_batch(self) -> list[ScheduledJob] | None:
@@ -409,7 +410,7 @@ class BatchScheduler:
             if not carried:
                 return None, going_on
             room = self._max_batch_size - len(carried)
-            if running.reserve and not self._overflow:
+            if running.reserve and self._reserve.tenants:
                 waiting = self._reserve.candidates(self._pending, self._running)
             else:  # jobs the idle reserve lane is about to take are left to it
                 left_to_reserve = (
