@@ -40,21 +40,40 @@ class AdmissionDepth:
         self._headroom = headroom
         self._clock = clock
         self._readings: dict[str, _Reading] = {}
+        self._in_flight: dict[str, threading.Event] = {}  # a reading under way, by model
         self._lock = threading.Lock()
 
     def waiting(self, model: str, limit: int, adding: int) -> int:
         """Jobs waiting for ``model``, for a request that would add ``adding`` against
         ``limit``; counts ``adding`` as admitted (a refused request overstates the next
-        estimate by that much, until the next reading)."""
-        now = self._clock()
-        with self._lock:
-            reading = self._readings.get(model)
-            if reading is not None and now - reading.at < self._max_age:
-                estimate = reading.depth + reading.admitted_since
-                if estimate + adding <= limit * self._headroom:
-                    reading.admitted_since += adding
-                    return estimate
-        depth = self._read(model)
-        with self._lock:
-            self._readings[model] = _Reading(now, depth, adding)
-        return depth
+        estimate by that much, until the next reading).
+
+        One reading at a time per model: the requests of a burst that find the reading stale
+        wait for the one read in flight, instead of each paying a broker round trip (16 at once
+        held a burst's first records 8 ms from their task messages)."""
+        leading: threading.Event | None = None  # the reading this call makes for every caller
+        while True:
+            now = self._clock()
+            with self._lock:
+                reading = self._readings.get(model)
+                if reading is not None and now - reading.at < self._max_age:
+                    estimate = reading.depth + reading.admitted_since
+                    if estimate + adding <= limit * self._headroom:
+                        reading.admitted_since += adding
+                        return estimate
+                    break  # near the limit: an exact reading of its own
+                in_flight = self._in_flight.get(model)
+                if in_flight is None:
+                    leading = self._in_flight[model] = threading.Event()
+                    break
+            in_flight.wait(self._max_age)  # then look again: it brought a fresh reading
+        try:
+            depth = self._read(model)
+            with self._lock:
+                self._readings[model] = _Reading(now, depth, adding)
+            return depth
+        finally:
+            if leading is not None:
+                with self._lock:
+                    del self._in_flight[model]
+                leading.set()

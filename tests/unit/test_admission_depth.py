@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
+
 from web.admission_depth import AdmissionDepth
 
 
@@ -43,3 +48,45 @@ def test_models_are_counted_apart() -> None:
     depth = AdmissionDepth(broker.read, clock=lambda: 0.0)
     depth.waiting("a", 100, 10)
     assert depth.waiting("b", 100, 1) == 0 and broker.reads == 2
+
+
+def test_a_burst_that_finds_the_reading_stale_reads_the_broker_once() -> None:
+    broker, started, release = Broker(), threading.Event(), threading.Event()
+
+    def slow_read(model: str) -> int:
+        started.set()
+        release.wait(5)
+        return broker.read(model)
+
+    depth = AdmissionDepth(slow_read, max_age_seconds=60, headroom=0.5, clock=lambda: 0.0)
+    answers: list[int] = []
+    first = threading.Thread(target=lambda: answers.append(depth.waiting("m", 100, 1)))
+    first.start()
+    assert started.wait(5)
+    others = [
+        threading.Thread(target=lambda: answers.append(depth.waiting("m", 100, 1)))
+        for _ in range(4)
+    ]
+    for thread in others:
+        thread.start()
+    time.sleep(0.2)  # they arrive while the first reading is under way
+    release.set()
+    for thread in [first, *others]:
+        thread.join(5)
+    assert broker.reads == 1
+    assert sorted(answers) == [0, 1, 2, 3, 4]  # each counts the ones admitted before it
+
+
+def test_a_failed_reading_leaves_the_next_caller_to_read_again() -> None:
+    calls = []
+
+    def failing_then_fine(model: str) -> int:
+        calls.append(model)
+        if len(calls) == 1:
+            raise ConnectionError("broker away")
+        return 7
+
+    depth = AdmissionDepth(failing_then_fine, clock=lambda: 0.0)
+    with pytest.raises(ConnectionError):
+        depth.waiting("m", 100, 1)
+    assert depth.waiting("m", 100, 1) == 7 and len(calls) == 2
