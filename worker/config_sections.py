@@ -233,6 +233,9 @@ class ModelSettings(Section):
     # the engine waits on the device anyway): when cores are short, POSTs, claims and token
     # writes go first and CTranslate2 takes what is left. 0 = the same priority.
     engine_niceness: int = 5
+    # The engine process keeps memory it frees for its next steps instead of mapping fresh
+    # pages each step (glibc; worker/engine/malloc.py): its resident memory stays at its peak.
+    engine_keep_freed_memory: bool = True
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0

@@ -35,6 +35,7 @@ import numpy as np
 
 from worker.config_sections import ModelSettings
 from worker.engine.flags import attach_flags
+from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
 from worker.tokenizer import Tokenizer
@@ -319,6 +320,8 @@ def serve(
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
         # On a GPU (``auto`` resolved to it included) the engine waits on the device anyway.
         os.nice(model.engine_niceness)
+    if model.engine_keep_freed_memory:
+        keep_freed_memory()  # before the model loads: every buffer after it comes from the heap
     shared = attach_flags(flags_name)
     first_events = lanes[0][1]
     try:
