@@ -10,7 +10,7 @@ import pytest
 
 from worker.engine import EngineRequest
 from worker.engine.batch import RunningBatch
-from worker.engine.policy import RestartPolicy, RestartRules, halves
+from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill
 from worker.engine.scheduled import ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
 from worker.jobs import GenerationParams
@@ -140,3 +140,18 @@ def test_overflow_is_off_with_restarts_off(holder: Holder) -> None:
     rules = RestartRules(16)  # max_stall 0: the scheduler never moves a job
     lanes = [running([job(holder, 30)], steps=30)]
     assert not RestartPolicy(rules, StepTimes(STEPS)).overflow(lanes, now=0.0)
+
+
+def test_a_restart_takes_its_share_of_the_waiting_jobs_beside_a_batch_before_its_first_step() -> (
+    None
+):
+    # The traced burst: 2 jobs going on, 8 waiting, the other lane's 6 before their first step.
+    assert restart_fill(going_on=2, waiting=8, young_loads=[6], room=30) == 6  # 8 and 8
+    assert restart_fill(going_on=5, waiting=1, young_loads=[2], room=30) == 0  # already larger
+    assert restart_fill(going_on=2, waiting=5, young_loads=[6], room=30) == 5  # 7 beside 6
+
+
+def test_a_restart_takes_every_waiting_job_that_fits_when_no_batch_is_about_to_take_them() -> None:
+    assert restart_fill(going_on=2, waiting=8, young_loads=[], room=30) == 8
+    assert restart_fill(going_on=2, waiting=8, young_loads=[], room=5) == 5
+    assert restart_fill(going_on=2, waiting=8, young_loads=[6], room=3) == 3

@@ -40,6 +40,7 @@ from worker.engine.policy import (
     RestartRules,
     batches_with,
     halves,
+    restart_fill,
     runs_with_first,
 )
 from worker.engine.prefix import PrefixTable
@@ -422,7 +423,19 @@ class BatchScheduler:
                     (job for job in self._pending if job.tenant not in left_to_reserve),
                     key=lambda job: job.priority,
                 )
-            fits = [job for job in waiting if batches_with(job, carried[0].request)][:room]
+            first = carried[0].request
+            fits = [job for job in waiting if batches_with(job, first)]
+            # Waiting jobs held for another lane's batch before its first step: its share stays.
+            young = [
+                batch.load()
+                for batch in self._running
+                if not running.reserve
+                and not batch.reserve
+                and batch.steps == 0
+                and not batch.split
+                and batches_with(carried[0], batch.requests[0])
+            ]
+            fits = fits[: restart_fill(len(carried), len(fits), young, room)]
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return self._reserve.hand_over([*carried, *fits], running.reserve), going_on
