@@ -102,6 +102,12 @@ def queued_jobs(shard: int) -> str:
     return f"{_tag(shard)}:queued"
 
 
+@functools.cache
+def queued_jobs_every_shard() -> tuple[str, ...]:
+    """Every shard's queued index, in shard order: built once (a queue position names all)."""
+    return tuple(queued_jobs(shard) for shard in range(SHARDS))
+
+
 # Metrics workers record and /metrics exposes: one hash of counters ("<name>|<labels>" ->
 # value) and one hash per histogram ("<labels>|<upper bound>" -> count, plus "|sum", "|count").
 METRIC_COUNTERS = f"{PREFIX}:metrics:counters"

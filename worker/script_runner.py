@@ -29,6 +29,7 @@ SCRIPT_NAMES = (
     "APPEND_STEP",
     "FINISH",
     "SUM_PER_SHARD",
+    "QUEUE_POSITION",
 )
 # A cluster pipeline sends to every node at once, on up to this many threads.
 NODE_THREADS = 16

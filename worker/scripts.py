@@ -249,6 +249,19 @@ for i = 1, #KEYS do total = total + redis.call(ARGV[1], KEYS[i], unpack(ARGV, 2)
 return total
 """
 
+# A queued job's position: the queued jobs, every shard, whose queue deadline is earlier (a
+# single server only, as SUM_PER_SHARD). KEYS[1]: the job's shard index, then every shard's.
+# ARGV[1]: the job id. Returns false when the job is not queued. One round trip, where reading
+# the deadline and then counting took two for every stream that started while its job waited.
+QUEUE_POSITION = """
+local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not deadline then return false end
+local before = '(' .. deadline
+local total = 0
+for i = 2, #KEYS do total = total + redis.call('ZCOUNT', KEYS[i], '-inf', before) end
+return total
+"""
+
 # Writes a request's records only if its idempotency key is new, in the same step as the key:
 # two POSTs with one key can never both create. KEYS[1]: the idempotency key, then every key the
 # writes touch. ARGV[1]: the key's record (JSON), ARGV[2]: its TTL (s), ARGV[3]: the writes, a

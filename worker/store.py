@@ -246,7 +246,12 @@ class JobStore:
         An estimate, first come first counted: jobs of other models count too, and interactive
         jobs overtake batch jobs. (Queue deadlines order submissions: created + queue TTL.)
         """
-        deadline = self.redis.zscore(keys.queued_jobs(keys.shard_of(job_id)), job_id)
+        own = keys.queued_jobs(keys.shard_of(job_id))
+        if not self.cluster:
+            every = keys.queued_jobs_every_shard()
+            position = self._runner.run("QUEUE_POSITION", [own, *every], [job_id])
+            return None if position is None else int(position)
+        deadline = self.redis.zscore(own, job_id)
         if deadline is None:
             return None
         return self._runner.sum_per_shard("zcount", keys.queued_jobs, "-inf", f"({deadline!r}")
