@@ -426,15 +426,18 @@ class BatchScheduler:
             first = carried[0].request
             fits = [job for job in waiting if batches_with(job, first)]
             # Waiting jobs held for another lane's batch before its first step: its share stays.
-            young = [
-                batch.load()
-                for batch in self._running
-                if not running.reserve
-                and not batch.reserve
-                and batch.steps == 0
-                and not batch.split
-                and batches_with(carried[0], batch.requests[0])
-            ]
+            young = (
+                []
+                if running.reserve
+                else [
+                    batch.load()
+                    for batch in self._running
+                    if not batch.reserve
+                    and batch.steps == 0
+                    and not batch.split
+                    and batches_with(carried[0], batch.requests[0])
+                ]
+            )
             fits = fits[: restart_fill(len(carried), len(fits), young, room)]
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
