@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import zlib
+from collections.abc import Callable
 
 PREFIX = "trickle"
 
@@ -103,9 +104,10 @@ def queued_jobs(shard: int) -> str:
 
 
 @functools.cache
-def queued_jobs_every_shard() -> tuple[str, ...]:
-    """Every shard's queued index, in shard order: built once (a queue position names all)."""
-    return tuple(queued_jobs(shard) for shard in range(SHARDS))
+def every_shard(index: Callable[[int], str]) -> tuple[str, ...]:
+    """A per-shard key's name for every shard, in shard order, built once per key: a count over
+    the shards (a queue position, the queued and running totals) names all of them."""
+    return tuple(index(shard) for shard in range(SHARDS))
 
 
 # Metrics workers record and /metrics exposes: one hash of counters ("<name>|<labels>" ->

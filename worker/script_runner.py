@@ -115,7 +115,7 @@ class ScriptRunner:
         every stream that starts while its job is queued, for its position)."""
         if self.cluster:
             return int(sum(self.per_shard(command, key, *args)))
-        shards = [key(shard) for shard in range(keys.SHARDS)]
+        shards = list(keys.every_shard(key))
         (total,) = self.execute(
             lambda pipe: self.queue_script(pipe, "SUM_PER_SHARD", shards, [command, *args])
         )

@@ -248,7 +248,7 @@ class JobStore:
         """
         own = keys.queued_jobs(keys.shard_of(job_id))
         if not self.cluster:
-            every = keys.queued_jobs_every_shard()
+            every = keys.every_shard(keys.queued_jobs)
             position = self._runner.run("QUEUE_POSITION", [own, *every], [job_id])
             return None if position is None else int(position)
         deadline = self.redis.zscore(own, job_id)
