@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, NonNegativeInt
+from pydantic import BeforeValidator, ConfigDict, NonNegativeFloat, NonNegativeInt
 
 
 def _comma_separated(value: Any) -> Any:
@@ -236,6 +236,11 @@ class ModelSettings(Section):
     # The engine process keeps memory it frees for its next steps instead of mapping fresh
     # pages each step (glibc; worker/engine/malloc.py): its resident memory stays at its peak.
     engine_keep_freed_memory: bool = True
+    # Decoding steps faster than this go from the engine process to the worker together, one
+    # pipe message per this long (a sequence's first tokens and its end go at once): on a small
+    # model each step's message cost the engine and the worker more than the tokens' own work.
+    # 0 = one message per step.
+    engine_step_coalesce_ms: NonNegativeFloat = 2.0
     # A job arriving while every lane is busy restarts a young batch to join it, if the running
     # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
     rebatch_max_stall_ms: float = 40.0

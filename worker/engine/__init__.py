@@ -89,6 +89,15 @@ class EngineRequest:
 StepCallback = Callable[[int, int, int, float | None, bool], bool]
 
 
+@dataclass
+class StepClock:
+    """When the decoding step being delivered began (``time.monotonic``, the engine process's
+    reading): steps can arrive together (``engine_step_coalesce_ms``), so their arrival times
+    do not say how long each took."""
+
+    started_at: float = 0.0
+
+
 @dataclass(frozen=True)
 class Lane:
     """One engine thread's pipes: commands to it, its steps back."""
@@ -231,8 +240,14 @@ class Engine:
         with self._lock:
             return prefix in self._cached_prefixes
 
-    def generate(self, requests: Sequence[EngineRequest], on_step: StepCallback) -> None:
-        """Run one batch to completion; every request must share one ``SamplingKey``."""
+    def generate(
+        self,
+        requests: Sequence[EngineRequest],
+        on_step: StepCallback,
+        clock: StepClock | None = None,
+    ) -> None:
+        """Run one batch to completion; every request must share one ``SamplingKey``.
+        ``clock`` says, while ``on_step`` runs, when the engine began that token's step."""
         sampling = requests[0].sampling
         if any(request.sampling != sampling for request in requests):
             raise ValueError("a batch must share one sampling configuration")
@@ -277,9 +292,12 @@ class Engine:
                         with self._lock:
                             self._cached_prefixes.add(prefix)
                     return
-                for position, step, token_id, logprob, is_last in message[2]:
-                    if on_step(position, step, token_id, logprob, is_last):
-                        flags[slots[position]] = 1
+                for started_at, tokens in message[2]:
+                    if clock is not None:
+                        clock.started_at = started_at
+                    for position, step, token_id, logprob, is_last in tokens:
+                        if on_step(position, step, token_id, logprob, is_last):
+                            flags[slots[position]] = 1
         except (EOFError, OSError) as exc:
             if lane.generation == self._generation:
                 self._broken = True  # the next batch starts a new engine process

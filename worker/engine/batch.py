@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.engine import EngineRequest
+from worker.engine import EngineRequest, StepClock
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
 from worker.events import TokenEvent
@@ -46,6 +46,7 @@ class RunningBatch:
     reserve: bool = False
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
+    clock: StepClock = field(default_factory=StepClock)  # the engine's start of the step seen
 
     def stepped(self, now: float, step_times: StepTimes) -> None:
         """A new decoding step began: update the recent step time (prefill excluded), and the

@@ -369,7 +369,7 @@ class BatchScheduler:
         step_buffer = StepBuffer(batch, requests, self._publish_step)
         on_step = step_callback(batch, running, step_buffer, self._on_new_step)
         try:
-            self._engine.generate(requests, on_step)
+            self._engine.generate(requests, on_step, running.clock)
         except Exception as exc:  # the engine failed: every job of this batch fails with it
             log.exception("generate_batch failed for %d job(s)", len(batch))
             for job in batch:
@@ -446,7 +446,7 @@ class BatchScheduler:
     def _on_new_step(self, running: RunningBatch) -> None:
         """A batch began a decoding step: time it, and (jobs wait for a lane, or a lane waits
         for jobs) see whether a restart helps now."""
-        running.stepped(time.monotonic(), self._step_times)
+        running.stepped(running.clock.started_at or time.monotonic(), self._step_times)
         if self._pending or self._idle_lanes:
             with self._cond:
                 self._rebalance()
