@@ -24,6 +24,9 @@ What each figure includes:
   (no SSE, no client). Aggregate: all tokens / (first POST -> last `done`).
   Batches are inferred from the jobs' first-token times.
 - Added TTFT = Trickle single-stream TTFT - engine generate_tokens TTFT, at the same percentile.
+  Paired: each Trickle stream right after one generate_tokens stream, the stack up
+  (bench/paired.py); the median of the pairs' TTFT differences and tokens/s ratios (the machine
+  drifts between the engine phase and the stack's).
 - Redis: messages counted by a subscriber on the jobs' token channels; commands from INFO
   commandstats (all clients: worker, web, Celery, the bench itself). Steps = batches x max_tokens.
 - Fan-out: readers connect while the jobs wait in the queue (no worker yet), so each reader gets
@@ -107,6 +110,19 @@ def _throughput(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
             f"e2e {fmt(_p(single, 'end_to_end_tokens_per_s', 'p50'))}",
         ]
     ]
+    pairs = trickle.get("paired")
+    if pairs and "error" not in pairs:
+        rows.append(
+            [
+                f"**1 stream, paired with the engine ({pairs.get('pairs', 0)} pairs)**",
+                fmt(_p(pairs, "engine_tokens_per_s", "p50")),
+                "-",
+                fmt(_p(pairs, "trickle_tokens_per_s", "p50")),
+                f"**{fmt(_p(pairs, 'tokens_per_s_ratio', 'p50'), 2)}**",
+                "-",
+                "median of the pairs' ratios",
+            ]
+        )
     by_n = {int(b["n"]): b for b in engine.get("generate_batch") or []}
     batched = {int(k): v for k, v in (trickle.get("batched") or {}).items()}
     unbatched = {int(k): v for k, v in (trickle.get("unbatched") or {}).items()}
@@ -188,6 +204,11 @@ def _latency(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
             "**added TTFT over direct**",
             f"**{fmt(difference(_p(single, 'ttft_ms', 'p50'), _p(stream, 'ttft_ms', 'p50')), 2)}**",
             f"**{fmt(difference(_p(single, 'ttft_ms', 'p99'), _p(stream, 'ttft_ms', 'p99')), 2)}**",
+        ],
+        [
+            "**added TTFT, paired with the engine (median of the pairs' differences)**",
+            f"**{fmt(_p(trickle.get('paired'), 'added_ttft_ms', 'p50'), 2)}**",
+            f"**{fmt(_p(trickle.get('paired'), 'added_ttft_ms', 'p99'), 2)}**",
         ],
         [
             "Trickle single stream TTFT, server (job created -> first token)",

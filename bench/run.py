@@ -23,7 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import e2e, engine_limit, fanout, models, report, roundtrips
+from bench import e2e, engine_limit, fanout, models, paired, report, roundtrips
 from bench.log import progress
 from bench.params import RunParams
 from bench.stack import HOST, Stack, raise_open_files_limit, unbatched_name
@@ -53,6 +53,7 @@ class Plan:
     fanout_max_tokens: int | None
     healthz_probes: int
     out: Path
+    env: dict[str, str]  # extra environment of the stack's processes (--env KEY=VALUE)
 
 
 def _ints(text: str) -> list[int]:
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, RunParams]:
     parser.add_argument("--intra-threads", type=int, help="CTranslate2 intra_threads (0)")
     parser.add_argument("--compute-type", help="CTranslate2 compute_type (default)")
     parser.add_argument(
+        "--env", action="append", default=[], help="KEY=VALUE for the stack (repeatable)"
+    )
+    parser.add_argument(
         "--vocab", type=int, help="vocabulary of the random models (8000; 2000 = tokenizer's)"
     )
     args = parser.parse_args(argv)
@@ -109,6 +113,7 @@ def parse_args(argv: list[str] | None) -> tuple[Plan, RunParams]:
         fanout_max_tokens=args.fanout_max_tokens,
         healthz_probes=args.healthz_probes or (10 if quick else 50),
         out=args.out,
+        env=dict(item.split("=", 1) for item in args.env),
     )
     defaults = RunParams()
     params = RunParams(
@@ -194,11 +199,12 @@ def bench_model(
     stack = Stack(
         plan.out / f"work-{key}-{stamp}", model, params, max(long_tokens, params.max_tokens)
     )
+    stack.extra_env = dict(plan.env)
     result["work_dir"] = str(stack.work_dir)
     try:
         progress(f"=== model {key}: Trickle stack")
         stack.start()
-        run_trickle(stack, key, plan, params, trickle, long_tokens)
+        run_trickle(stack, key, plan, params, trickle, long_tokens, pieces)
     except Exception as exc:
         progress(f"Trickle phase failed: {exc!r}")
         traceback.print_exc(file=sys.stderr)
@@ -208,7 +214,13 @@ def bench_model(
 
 
 def run_trickle(
-    stack: Stack, key: str, plan: Plan, params: RunParams, out: dict[str, Any], long_tokens: int
+    stack: Stack,
+    key: str,
+    plan: Plan,
+    params: RunParams,
+    out: dict[str, Any],
+    long_tokens: int,
+    pieces: list[str],
 ) -> None:
     body = params.job_body(key, models.PROMPT)
     stack.start_worker(key)
@@ -216,6 +228,13 @@ def run_trickle(
         out,
         "single_stream",
         lambda: e2e.single_streams(HOST, stack.web_port, body, plan.single_runs),
+    )
+    phase(
+        out,
+        "paired",
+        lambda: paired.measure(
+            stack.model, pieces, params, HOST, stack.web_port, body, plan.single_runs
+        ),
     )
     batched: dict[str, Any] = {}
     out["batched"] = batched
