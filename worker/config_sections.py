@@ -110,7 +110,8 @@ class WorkerSettings(Section):
     # 0 flushes every step. A first token and an end go at once, without the other jobs' tokens.
     # Each message costs the worker and the web tier about 0.7 ms of CPU at a single stream's
     # rate (a process woken from idle runs cold): 20 ms, not 10, halves that, and a single
-    # stream's rate against the engine alone went from 0.84-0.94x to 0.86-1.01x (demo model).
+    # stream's rate against the engine alone went from 0.80-0.87x to 0.94-0.98x (demo model,
+    # bench.run's paired streams).
     publish_interval_ms: float = 20.0
     # With many jobs the interval grows to keep messages (one per job per flush) under this
     # rate, up to publish_max_interval_ms: each message costs the worker, Redis, the web tier
