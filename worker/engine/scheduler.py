@@ -446,7 +446,7 @@ class BatchScheduler:
     def _on_new_step(self, running: RunningBatch) -> None:
         """A batch began a decoding step: time it, and (jobs wait for a lane, or a lane waits
         for jobs) see whether a restart helps now."""
-        running.stepped(running.clock.started_at or time.monotonic(), self._step_times)
+        running.stepped(running.clock.started_at, self._step_times)
         if self._pending or self._idle_lanes:
             with self._cond:
                 self._rebalance()
