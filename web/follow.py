@@ -21,8 +21,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from enum import Enum
 
-from web.hub import Signal, Subscription, TokenHub
-from worker.events import TokenEvent, TokenRun
+from web.hub import Delivery, Signal, Subscription, TokenHub
+from worker.events import FinalRecord, TokenEvent, TokenRun
 from worker.jobs import Job, JobStatus
 from worker.store import JobStore
 
@@ -76,16 +76,22 @@ def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) ->
             status = store.status(job_id)
             if status is None or status.is_terminal:
                 break
-            if not _await_signal(subscription, deadline):
+            heard = _await_signal(subscription, deadline)
+            if isinstance(heard, Job):
+                return heard  # the record its done signal carried: what a read would give
+            if not heard:
                 break
     return store.get(job_id)
 
 
-def _await_signal(subscription: Subscription, deadline: float) -> bool:
+def _await_signal(subscription: Subscription, deadline: float) -> bool | Job:
     """Wait for a reason to look again (done, a reconnect, a quiet second); False once the
-    deadline passed. Tokens (a local stream of the same job shares the feed) are no reason."""
+    deadline passed; the finished job when its done signal carried its record. Tokens (a local
+    stream of the same job shares the feed) are no reason."""
     while (remaining := deadline - time.monotonic()) > 0:
         delivery = subscription.get(min(remaining, 1.0))
+        if delivery is not None and delivery.record is not None:
+            return delivery.record.job
         if delivery is None or delivery.signal is not None:
             return True
     return False
@@ -167,9 +173,11 @@ class JobFollower:
                 pause = last_chunk + pace() - time.monotonic()
                 if pause > MIN_PAUSE_SECONDS:
                     time.sleep(pause)  # a greenlet sleep under gevent
-                pending, resync = self._wait(keepalive_seconds)
+                pending, resync, final = self._wait(keepalive_seconds)
                 live = resync is None
-                if resync is not None:
+                if final is not None:
+                    job = final  # every token is in pending or sent: the job ends next pass
+                elif resync is not None:
                     if resync is Resync.QUIET:
                         yield [KeepAlive()]
                     latest, events = self._store.snapshot(self._job_id, self._next)
@@ -201,18 +209,21 @@ class JobFollower:
             self._next = run.end
         return TokenRun.joined(taken) if taken else None
 
-    def _wait(self, timeout: float) -> tuple[list[TokenRun], Resync | None]:
+    def _wait(self, timeout: float) -> tuple[list[TokenRun], Resync | None, Job | None]:
         """Live tokens that continue the sequence (all that are queued), or why the log must be
-        re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap."""
+        re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap. And the job's
+        final state when its record came with the done signal and the tokens reach its end: the
+        read the signal asks for, done by the script that finished the job."""
         deliveries = self._subscription.get_all(timeout)
         if not deliveries:
-            return [], Resync.QUIET
+            return [], Resync.QUIET, None
         if not self._statuses:
             # Claimed or requeued: news only for status events; the tokens' own order (a gap
             # sends it to the log) and the done signal keep such a reader whole without it.
             deliveries = [d for d in deliveries if d.signal is not Signal.STATUS]
-        if any(delivery.signal is not None for delivery in deliveries):
-            return [], Resync.SIGNAL
+        record = _final_record(deliveries)
+        if record is None and any(delivery.signal is not None for delivery in deliveries):
+            return [], Resync.SIGNAL, None
         expected = self._next
         fresh = []
         for delivery in deliveries:
@@ -220,10 +231,23 @@ class JobFollower:
             if run is None or run.end <= expected:
                 continue
             if run.first > expected:
-                return [], Resync.GAP
+                return [], Resync.GAP, None
             fresh.append(run)
             expected = run.end
-        return fresh, None
+        if record is None:
+            return fresh, None, None
+        if expected != record.logged:
+            return [], Resync.SIGNAL, None  # tokens went missing: the log has them
+        return fresh, None, record.job
+
+
+def _final_record(deliveries: list[Delivery]) -> FinalRecord | None:
+    """The record of a done signal among ``deliveries``, if no other signal asks for a read: a
+    claim or requeue (STATUS) is superseded by the end, a reconnect (RESYNC) is not."""
+    record = next((d.record for d in deliveries if d.signal is Signal.DONE and d.record), None)
+    if record is None or any(d.signal is Signal.RESYNC for d in deliveries):
+        return None
+    return record
 
 
 def _runs(events: list[TokenEvent]) -> list[TokenRun]:

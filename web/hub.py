@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from web.subscriber import ChannelSubscriber
 from worker import keys
-from worker.events import JobMessage, TokenRun
+from worker.events import FinalRecord, JobMessage, TokenRun
 
 log = logging.getLogger(__name__)
 
@@ -27,16 +27,17 @@ MAX_DELIVERIES_PER_WAKE = 256
 
 
 class Signal(str, Enum):
-    DONE = "done"  # the job finished: read its final state
+    DONE = "done"  # the job finished: its record came with it, or read its final state
     RESYNC = "resync"  # messages may have been missed: re-read the replay log
     STATUS = "status"  # the job was claimed or requeued: read its state
 
 
 class Delivery(NamedTuple):
-    """A message's tokens, or a signal."""
+    """A message's tokens, or a signal; a DONE from the job's own worker carries its record."""
 
     tokens: TokenRun | None = None
     signal: Signal | None = None
+    record: FinalRecord | None = None
 
 
 class JobFeed:
@@ -179,7 +180,7 @@ class TokenHub:
                 self.received_tokens += len(message.tokens)
                 feed.append(Delivery(tokens=message.tokens))
             if message.done:
-                feed.append(Delivery(signal=Signal.DONE))
+                feed.append(Delivery(signal=Signal.DONE, record=message.record))
             if message.status_changed:
                 feed.append(Delivery(signal=Signal.STATUS))
 

@@ -18,6 +18,13 @@ parsing and re-encoding it. A token message is therefore lines, not a JSON docum
 A JSON string literal never holds a raw newline (``encode_basestring`` escapes every control
 character), so splitting on ``\\n`` is exact. The logprob line is parsed only by a reader whose
 client asked for logprobs.
+
+A job that its worker finishes (``worker.scripts.FINISH``) ends with a record message instead of
+the bare done message: ``D`` and a JSON array, the length of the job's replay log then the
+values of ``worker.jobs.READ_FIELDS`` (``false`` for a field not set), read inside the script
+that stored them. It is what a reader would read next, so readers that hold every token up to
+that length end without reading the job again. Other endings (a cancel, an expiry, a recovery)
+send the bare ``d`` and readers read the job.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
+
+from worker.jobs import READ_FIELDS, Job, hash_fields
 
 # The C encoder of one string with non-ASCII kept: exactly what ``json.dumps(text,
 # ensure_ascii=False)`` writes, without building a JSONEncoder per call.
@@ -179,6 +188,8 @@ class TokenRun:
 
 # The whole message a job's done channel (and, last, its events channel) carries.
 DONE_MESSAGE = "d"
+# The first character of a done message that carries the finished job's record.
+RECORD_MESSAGE = "D"
 # A job claimed or requeued (on its events channel only: a waiter needs the end alone).
 STATUS_MESSAGE = "s"
 
@@ -189,13 +200,31 @@ def token_message(first: int, literals: Sequence[str], logprobs: Sequence[float 
     return header + "\n".join(literals) + "\n" + ",".join(map(_number, logprobs))
 
 
+class FinalRecord(NamedTuple):
+    """A finished job as the script that finished it stored it, and the length of its log."""
+
+    job: Job
+    logged: int
+
+    @classmethod
+    def decode(cls, payload: str) -> FinalRecord | None:
+        """From a record message's JSON; None if it names no job (then readers read it)."""
+        logged, *values = json.loads(payload)
+        fields = hash_fields(READ_FIELDS, [None if value is False else value for value in values])
+        if "id" not in fields:
+            return None
+        return cls(Job.from_hash(fields), int(logged))
+
+
 class JobMessage(NamedTuple):
-    """One message on a job's channel, decoded: some of its tokens, the news that it finished,
-    or that its status changed (claimed, requeued)."""
+    """One message on a job's channel, decoded: some of its tokens, the news that it finished
+    (with its final record, when its worker finished it), or that its status changed (claimed,
+    requeued)."""
 
     tokens: TokenRun | None = None
     done: bool = False
     status_changed: bool = False
+    record: FinalRecord | None = None
 
     @classmethod
     def decode(cls, raw: str) -> JobMessage:
@@ -205,6 +234,8 @@ class JobMessage(NamedTuple):
             first, count = lines[0][1:].split(" ")
             end = 1 + int(count)
             return cls(TokenRun(int(first), lines[1:end], raw_logprobs=lines[end]))
+        if kind == RECORD_MESSAGE:
+            return cls(done=True, record=FinalRecord.decode(raw[1:]))
         return cls(done=kind == DONE_MESSAGE, status_changed=kind == STATUS_MESSAGE)
 
 

@@ -355,6 +355,31 @@ class JobResult:
         return values
 
 
+# The job hash fields ``JobStore.get`` reads, and the record a finished job's done message carries
+# (``worker.scripts.FINISH``): all but the two that grow with the prompt (the worker's claim reads
+# those), since a poller's GET never serves them.
+READ_FIELDS = (
+    "id",
+    "model",
+    "params",
+    "status",
+    "output",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "error",
+    "created_at",
+    "started_at",
+    "first_token_at",
+    "completed_at",
+    "attempts",
+    "owner_key",
+    "priority",
+    "webhook_url",
+    "traceparent",
+)
+
+
 def hash_fields(names: Sequence[str], values: Sequence[str | None]) -> dict[str, str]:
     """An HMGET reply as a hash (fields never set left out)."""
     return {name: value for name, value in zip(names, values, strict=True) if value is not None}

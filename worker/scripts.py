@@ -10,6 +10,10 @@ named in their ARGV: PUBLISH on a single Redis, SPUBLISH (sharded pub/sub) on a 
 
 from __future__ import annotations
 
+from worker.jobs import READ_FIELDS
+
+_READ_FIELDS_LUA = ", ".join(f"'{name}'" for name in READ_FIELDS)
+
 # A job that ends without its worker's FINISH (canceled while queued, poisoned, recovered as
 # canceled, expired): the text streamed so far becomes its output, so stream and result agree;
 # then its done message goes to stream readers and waiters.
@@ -220,8 +224,11 @@ end
 return result
 """
 
-# Store a job's final state, fenced. KEYS: job, tokens, lease, running, output, events, done
-# ARGV: id, fence, result_ttl, publish, done_msg, then field/value pairs
+# Store a job's final state, fenced, and announce it with the record just stored (the log's
+# length, then READ_FIELDS; ``worker.events.RECORD_MESSAGE``): readers that heard every token end
+# on it, where each read the job again (a round trip per stream and two per waiter).
+# KEYS: job, tokens, lease, running, output, events, done
+# ARGV: id, fence, result_ttl, publish, record message prefix, then field/value pairs
 FINISH = (
     _ENDING
     + """
@@ -235,7 +242,11 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('DEL', KEYS[3])
 redis.call('DEL', KEYS[5])
 redis.call('ZREM', KEYS[4], ARGV[1])
-announce(ARGV[4], KEYS[6], KEYS[7], ARGV[5])
+local record = redis.call('HMGET', KEYS[1], """
+    + _READ_FIELDS_LUA
+    + """)
+table.insert(record, 1, redis.call('LLEN', KEYS[2]))
+announce(ARGV[4], KEYS[6], KEYS[7], ARGV[5] .. cjson.encode(record))
 return 1
 """
 )

@@ -19,33 +19,19 @@ from enum import Enum
 from typing import Any
 
 from worker import keys
-from worker.events import DONE_MESSAGE, TokenEvent, encode_text, token_message
-from worker.jobs import Job, JobError, JobResult, JobStatus, Usage, hash_fields, is_job_id
+from worker.events import DONE_MESSAGE, RECORD_MESSAGE, TokenEvent, encode_text, token_message
+from worker.jobs import (
+    READ_FIELDS,
+    Job,
+    JobError,
+    JobResult,
+    JobStatus,
+    Usage,
+    hash_fields,
+    is_job_id,
+)
 from worker.leases import Leases
 from worker.script_runner import ScriptRunner, WriteRecorder, ending_keys
-
-# The job hash fields ``JobStore.get`` reads: all but the two that grow with the prompt (the
-# worker's claim reads those), since a poller's GET never serves them.
-READ_FIELDS = (
-    "id",
-    "model",
-    "params",
-    "status",
-    "output",
-    "finish_reason",
-    "prompt_tokens",
-    "completion_tokens",
-    "error",
-    "created_at",
-    "started_at",
-    "first_token_at",
-    "completed_at",
-    "attempts",
-    "owner_key",
-    "priority",
-    "webhook_url",
-    "traceparent",
-)
 
 
 class CancelOutcome(str, Enum):
@@ -361,7 +347,7 @@ class JobStore:
     def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
         """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
         publish = self._runner.publish
-        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, DONE_MESSAGE]
+        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, RECORD_MESSAGE]
         for name, value in result.to_hash().items():
             args += [name, value]
         self._runner.queue_script(
