@@ -1,0 +1,207 @@
+"""What a streamed one-token job costs Trickle against the plainest Flask + Celery service.
+
+    .venv/bin/python -m bench.floor [--model demo] [--jobs 400] [--rounds 3]
+
+Three services on this machine, one embedded Redis each, measured in turns within each round
+so that the machine's drift touches all three alike:
+
+- ``bare``: gunicorn (gevent) and Flask answering the POST and the stream at once (``floor_app``
+  with ``FLOOR_MODE=bare``): the web framework's share of two requests;
+- ``stock``: ``floor_app``, the least a Flask + Celery service does per streamed job (a record,
+  ``send_task``, a stock Celery worker, one shared pub/sub connection), no engine;
+- ``trickle``: the stack ``make up`` starts (as ``bench.request_cost`` does), on ``--model``.
+
+Each runs ``--jobs`` sequential one-token jobs over one keep-alive connection: POST, then the
+SSE stream to its end. Printed per service: CPU per job by process (``/proc``), and p50 of the
+POST and of POST -> the stream's end as the client sees them. Trickle's engine process is
+reported apart; its POST -> end includes a one-token generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import models
+from bench.log import progress
+from bench.params import RunParams
+from bench.request_cost import PROMPT, follow_stream, post_job
+from bench.stack import BIN, HOST, Stack, child_pids, cpu_of, process_groups
+from trickle.redis_server import free_port, start_redis, stop_redis
+from worker.config import PROJECT_ROOT
+
+Groups = dict[str, list[int]]
+
+
+class FloorService:
+    """``bench.floor_app`` on its own Redis: gunicorn's gevent worker and a stock Celery worker."""
+
+    def __init__(self, mode: str, work: Path):
+        self.mode = mode
+        self.redis_port, self.web_port = free_port(), free_port()
+        self.redis = start_redis(self.redis_port, work / f"redis-{mode}", append_only=False)
+        env = dict(
+            os.environ,
+            FLOOR_REDIS_URL=f"redis://{HOST}:{self.redis_port}/0",
+            FLOOR_MODE=mode,
+            PYTHONPATH=str(PROJECT_ROOT),
+        )
+        logs = (work / f"{mode}.log").open("ab")
+        self.web = subprocess.Popen(
+            [str(BIN / "gunicorn"), "-k", "gevent", "-w", "1", "--worker-connections", "1000",
+             "--keep-alive", "5", "-b", f"{HOST}:{self.web_port}", "bench.floor_app:app"],
+            env=env, cwd=PROJECT_ROOT, stdout=logs, stderr=logs,
+        )  # fmt: skip
+        self.worker = None
+        if mode != "bare":
+            self.worker = subprocess.Popen(
+                [str(BIN / "celery"), "-A", "bench.floor_app:celery", "worker", "-P", "threads",
+                 "-c", "8", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                 "-l", "warning"],
+                env=env, cwd=PROJECT_ROOT, stdout=logs, stderr=logs,
+            )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.one_job(http.client.HTTPConnection(HOST, self.web_port, timeout=5))
+                return
+            except (OSError, http.client.HTTPException, AssertionError):
+                time.sleep(0.3)
+        raise RuntimeError(f"floor service {self.mode} did not answer")
+
+    def groups(self) -> Groups:
+        groups = {"web": child_pids(self.web.pid), "redis": [self.redis.pid]}
+        if self.worker is not None:
+            groups["worker"] = [self.worker.pid, *child_pids(self.worker.pid)]
+        return groups
+
+    def one_job(self, conn: http.client.HTTPConnection) -> None:
+        body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
+        conn.request("POST", "/v1/jobs", body, {"Content-Type": "application/json"})
+        job = json.loads(conn.getresponse().read())
+        conn.request("GET", f"/v1/jobs/{job['id']}/stream")
+        assert b"event: done" in conn.getresponse().read()
+
+    def close(self) -> None:
+        for process in (self.web, self.worker):
+            if process is not None:
+                process.terminate()
+                process.wait(timeout=15)
+        stop_redis(self.redis)
+
+
+def timed_jobs(
+    conn: http.client.HTTPConnection, post: Any, stream: Any, groups: Groups, jobs: int
+) -> dict[str, Any]:
+    """``jobs`` sequential jobs: CPU ms per job by process group, and the client's p50s."""
+    for _ in range(10):
+        stream(post())
+    posts, ends = [], []
+    before = cpu_of(groups)
+    for _ in range(jobs):
+        start = time.perf_counter()
+        job = post()
+        posts.append(time.perf_counter() - start)
+        stream(job)
+        ends.append(time.perf_counter() - start)
+    after = cpu_of(groups)
+    result: dict[str, Any] = {
+        f"{name}_ms": round(1e3 * (after[name] - before[name]) / jobs, 3) for name in groups
+    }
+    result["post_p50_ms"] = round(1e3 * statistics.median(posts), 2)
+    result["post_to_end_p50_ms"] = round(1e3 * statistics.median(ends), 2)
+    return result
+
+
+def measure_floor(service: FloorService, jobs: int) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(HOST, service.web_port, timeout=60)
+
+    def post() -> str:
+        body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
+        conn.request("POST", "/v1/jobs", body, {"Content-Type": "application/json"})
+        return str(json.loads(conn.getresponse().read())["id"])
+
+    def stream(job_id: str) -> None:
+        conn.request("GET", f"/v1/jobs/{job_id}/stream")
+        if b"event: done" not in conn.getresponse().read():
+            raise RuntimeError("floor stream ended without done")
+
+    try:
+        return timed_jobs(conn, post, stream, service.groups(), jobs)
+    finally:
+        conn.close()
+
+
+def measure_trickle(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
+    conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
+    groups = process_groups(stack, model)
+    del groups["client"]
+    try:
+        return timed_jobs(
+            conn,
+            lambda: post_job(conn, model, wait=False),
+            lambda job: follow_stream(conn, job),
+            groups,
+            jobs,
+        )
+    finally:
+        conn.close()
+
+
+def summary(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per service, the median over rounds of each figure."""
+    out: dict[str, dict[str, float]] = {}
+    for service in rounds[0]:
+        figures = rounds[0][service].keys()
+        out[service] = {
+            name: round(statistics.median(r[service][name] for r in rounds), 3) for name in figures
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--jobs", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = models.prepare(args.model)
+    work = Path(tempfile.mkdtemp(prefix="floor-", dir=args.out))
+    stack = Stack(args.out / f"work-floor-{args.model}", model, RunParams(), 64)
+    floors = [FloorService("bare", work), FloorService("stock", work)]
+    rounds: list[dict[str, dict[str, Any]]] = []
+    try:
+        stack.start()
+        stack.start_worker(args.model)
+        for service in floors:
+            service.wait_ready()
+        for index in range(args.rounds):
+            measured = {service.mode: measure_floor(service, args.jobs) for service in floors}
+            measured["trickle"] = measure_trickle(stack, args.model, args.jobs)
+            rounds.append(measured)
+            progress(f"round {index + 1}: {json.dumps(measured)}")
+    finally:
+        for service in floors:
+            service.close()
+        stack.close()
+    result = {"model": args.model, "jobs": args.jobs, "rounds": rounds, "median": summary(rounds)}
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (args.out / f"floor-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["median"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
