@@ -5,21 +5,24 @@ indexes it already has and re-reading the log when it sees a gap, a reconnect or
 Transport-free: the SSE and WebSocket views only format what this yields.
 
 Status events are derived from what the reader already reads, layered on the token path: the
-first snapshot gives the status at connection, every re-read (the worker announces claims and
-requeues on the job's channel, ``worker.events.STATUS_MESSAGE``) gives any change, and a live
-token seen while the last status said queued means running. A ``Status`` goes out only when the
+first snapshot gives the status at connection, a claim's message (``CLAIMED_MESSAGE``) says
+running, a requeue's (``STATUS_MESSAGE``) sends the reader to re-read the job, and a live token
+seen while the last status said queued means running. A finished job's done message carries its
+record (``RECORD_MESSAGE``): a reader holding every token ends on it without a read. A ``Status`` goes out only when the
 status differs from the last one sent, before the tokens it precedes (after them for the final
 status, which comes right before ``Done``). Tokens are untouched: still exactly once, in order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from web.hub import Delivery, Signal, Subscription, TokenHub
 from worker.events import FinalRecord, TokenEvent, TokenRun
@@ -173,17 +176,19 @@ class JobFollower:
                 pause = last_chunk + pace() - time.monotonic()
                 if pause > MIN_PAUSE_SECONDS:
                     time.sleep(pause)  # a greenlet sleep under gevent
-                pending, resync, final = self._wait(keepalive_seconds)
-                live = resync is None
-                if final is not None:
-                    job = final  # every token is in pending or sent: the job ends next pass
-                elif resync is not None:
-                    if resync is Resync.QUIET:
+                heard = self._wait(keepalive_seconds)
+                pending, live = heard.tokens, heard.resync is None
+                if heard.final is not None:
+                    job = heard.final  # every token is in pending or sent: it ends next pass
+                elif heard.resync is not None:
+                    if heard.resync is Resync.QUIET:
                         yield [KeepAlive()]
                     latest, events = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
                         return
                     job, pending = latest, _runs(events)
+                elif heard.claimed and job.status is JobStatus.QUEUED:
+                    job = dataclasses.replace(job, status=JobStatus.RUNNING)
         finally:
             self.close()
 
@@ -209,21 +214,22 @@ class JobFollower:
             self._next = run.end
         return TokenRun.joined(taken) if taken else None
 
-    def _wait(self, timeout: float) -> tuple[list[TokenRun], Resync | None, Job | None]:
+    def _wait(self, timeout: float) -> Heard:
         """Live tokens that continue the sequence (all that are queued), or why the log must be
-        re-read: a quiet spell, a signal (done, reconnect, overflow) or a gap. And the job's
-        final state when its record came with the done signal and the tokens reach its end: the
-        read the signal asks for, done by the script that finished the job."""
+        re-read: a quiet spell, a signal (done, a requeue, a reconnect) or a gap. Two signals
+        need no read: a claim (the job runs now), and a done signal with the job's record when
+        the tokens reach its end (the read was done by the script that finished the job)."""
         deliveries = self._subscription.get_all(timeout)
         if not deliveries:
-            return [], Resync.QUIET, None
+            return Heard([], Resync.QUIET)
         if not self._statuses:
             # Claimed or requeued: news only for status events; the tokens' own order (a gap
             # sends it to the log) and the done signal keep such a reader whole without it.
-            deliveries = [d for d in deliveries if d.signal is not Signal.STATUS]
+            deliveries = [d for d in deliveries if d.signal not in _STATUS_SIGNALS]
         record = _final_record(deliveries)
-        if record is None and any(delivery.signal is not None for delivery in deliveries):
-            return [], Resync.SIGNAL, None
+        claimed = any(delivery.signal is Signal.CLAIMED for delivery in deliveries)
+        if record is None and any(d.signal not in (None, Signal.CLAIMED) for d in deliveries):
+            return Heard([], Resync.SIGNAL)
         expected = self._next
         fresh = []
         for delivery in deliveries:
@@ -231,14 +237,27 @@ class JobFollower:
             if run is None or run.end <= expected:
                 continue
             if run.first > expected:
-                return [], Resync.GAP, None
+                return Heard([], Resync.GAP)
             fresh.append(run)
             expected = run.end
         if record is None:
-            return fresh, None, None
+            return Heard(fresh, claimed=claimed)
         if expected != record.logged:
-            return [], Resync.SIGNAL, None  # tokens went missing: the log has them
-        return fresh, None, record.job
+            return Heard([], Resync.SIGNAL)  # tokens went missing: the log has them
+        return Heard(fresh, final=record.job)
+
+
+class Heard(NamedTuple):
+    """What one wake-up brought a follower: live tokens, or why to re-read the job; the job's
+    final state when its done signal carried it; whether it was claimed meanwhile."""
+
+    tokens: list[TokenRun]
+    resync: Resync | None = None
+    final: Job | None = None
+    claimed: bool = False
+
+
+_STATUS_SIGNALS = (Signal.STATUS, Signal.CLAIMED)
 
 
 def _final_record(deliveries: list[Delivery]) -> FinalRecord | None:

@@ -29,7 +29,8 @@ MAX_DELIVERIES_PER_WAKE = 256
 class Signal(str, Enum):
     DONE = "done"  # the job finished: its record came with it, or read its final state
     RESYNC = "resync"  # messages may have been missed: re-read the replay log
-    STATUS = "status"  # the job was claimed or requeued: read its state
+    STATUS = "status"  # the job was requeued: read its state
+    CLAIMED = "claimed"  # the job was claimed: it runs (nothing to read)
 
 
 class Delivery(NamedTuple):
@@ -183,6 +184,8 @@ class TokenHub:
                 feed.append(Delivery(signal=Signal.DONE, record=message.record))
             if message.status_changed:
                 feed.append(Delivery(signal=Signal.STATUS))
+            if message.claimed:
+                feed.append(Delivery(signal=Signal.CLAIMED))
 
     def _resubscribed(self, channel: str) -> None:
         """A channel is live (again): readers that were already following re-read the log."""

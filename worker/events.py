@@ -190,8 +190,10 @@ class TokenRun:
 DONE_MESSAGE = "d"
 # The first character of a done message that carries the finished job's record.
 RECORD_MESSAGE = "D"
-# A job claimed or requeued (on its events channel only: a waiter needs the end alone).
+# A job requeued (on its events channel only: a waiter needs the end alone): readers read it.
 STATUS_MESSAGE = "s"
+# A job claimed: it runs now, nothing else changed that a reader shows (no read needed).
+CLAIMED_MESSAGE = "r"
 
 
 def token_message(first: int, literals: Sequence[str], logprobs: Sequence[float | None]) -> str:
@@ -225,6 +227,7 @@ class JobMessage(NamedTuple):
     done: bool = False
     status_changed: bool = False
     record: FinalRecord | None = None
+    claimed: bool = False
 
     @classmethod
     def decode(cls, raw: str) -> JobMessage:
@@ -236,6 +239,8 @@ class JobMessage(NamedTuple):
             return cls(TokenRun(int(first), lines[1:end], raw_logprobs=lines[end]))
         if kind == RECORD_MESSAGE:
             return cls(done=True, record=FinalRecord.decode(raw[1:]))
+        if kind == CLAIMED_MESSAGE:
+            return cls(claimed=True)
         return cls(done=kind == DONE_MESSAGE, status_changed=kind == STATUS_MESSAGE)
 
 

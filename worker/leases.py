@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 from worker import keys
-from worker.events import DONE_MESSAGE, STATUS_MESSAGE
+from worker.events import CLAIMED_MESSAGE, DONE_MESSAGE, STATUS_MESSAGE
 from worker.jobs import Job, JobError, hash_fields
 from worker.script_runner import ScriptRunner, ending_keys
 
@@ -141,7 +141,7 @@ class Leases:
             self.result_ttl_seconds,
             self._runner.publish,
             DONE_MESSAGE,
-            STATUS_MESSAGE,
+            CLAIMED_MESSAGE,
             *CLAIM_FIELDS,
         ]
 

@@ -35,7 +35,7 @@ end
 
 # KEYS: job, lease, running, queued, tokens, output, events channel, done channel
 # ARGV: id, now, node, lease_ms, max_attempts, poisoned_error_json, result_ttl, publish, done_msg,
-#       status_msg (announces the change to running), then the hash fields the worker needs
+#       claimed_msg (announces the change to running), then the hash fields the worker needs
 # Returns {outcome, attempts}, and when claimed also those fields' values, the replay log's
 # length and the prompt if the worker needs it, so a worker starts a job in one round trip.
 CLAIM = (

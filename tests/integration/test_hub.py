@@ -11,6 +11,7 @@ from web.follow import JobFollower, Status
 from web.hub import Delivery, Signal, TokenHub
 from worker import keys
 from worker.events import (
+    CLAIMED_MESSAGE,
     DONE_MESSAGE,
     STATUS_MESSAGE,
     TokenEvent,
@@ -160,7 +161,7 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
     assert next(plain) == [TokenRun.from_events([token])]
     assert asked == [job.id]
 
-    # "Claimed" is news only for status events: no re-read of the job for this reader.
+    # A claim or a requeue is news only for status events: no re-read for this reader.
     snapshots: list[str] = []
     read_snapshot = store.snapshot
 
@@ -170,6 +171,7 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
 
     store.snapshot = counted_snapshot  # type: ignore[method-assign]
     channel = keys.job_events_channel(job.id)
+    hub._dispatch(channel, CLAIMED_MESSAGE)
     hub._dispatch(channel, STATUS_MESSAGE)
     later = TokenEvent(job.id, 1, "y")
     hub._dispatch(channel, tokens(later.index, later.text))
@@ -177,3 +179,34 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
     assert snapshots == []
     native.close()
     plain.close()
+
+
+def test_a_claim_is_news_without_a_read_and_a_requeue_is_read(private_redis: redis.Redis) -> None:
+    """The claim message says all a reader shows (the job runs): its status event goes out
+    without re-reading the job. A requeue ("s") still sends the reader to the job."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = Job(new_job_id(), "demo", "The", GenerationParams(), created_at=time.time())
+    store.create(job)
+    hub, _ = make_hub()
+    native = JobFollower(store, hub, job.id, -1).chunks(1.0)
+    (queued,) = next(native)  # its position counts the module's other queued jobs
+    assert isinstance(queued, Status) and queued.status is JobStatus.QUEUED
+    snapshots: list[str] = []
+    read_snapshot = store.snapshot
+
+    def counted_snapshot(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
+        snapshots.append(job_id)
+        return read_snapshot(job_id, from_index)
+
+    store.snapshot = counted_snapshot  # type: ignore[method-assign]
+    channel = keys.job_events_channel(job.id)
+    hub._dispatch(channel, CLAIMED_MESSAGE)
+    assert next(native) == [Status(JobStatus.RUNNING)]
+    first = TokenEvent(job.id, 0, "x")
+    hub._dispatch(channel, tokens(first.index, first.text))
+    assert next(native) == [TokenRun.from_events([first])]
+    assert snapshots == []
+    hub._dispatch(channel, STATUS_MESSAGE)  # requeued: the job says queued again
+    assert next(native) == [queued]
+    assert snapshots == [job.id]
+    native.close()
