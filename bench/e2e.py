@@ -8,6 +8,7 @@ to the last token event; end-to-end from before the POST to ``done``.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import itertools
 import json
 import time
@@ -71,6 +72,77 @@ async def one_client(host: str, port: int, body: dict[str, Any]) -> ClientRun:
         error = f"job {job.get('status')}: {json.dumps(job.get('error'))}"
     done_at = dones[0].arrived if dones else None
     return ClientRun(error is None, error, post_at, done_at, ttft, len(tokens), span, job, intact)
+
+
+class KeepAliveClient:
+    """One HTTP/1.1 connection that POSTs a job and then reads its stream, kept from job to job
+    as a browser or an SDK keeps its connection: a first token's time without a TCP connect, a
+    server-side accept and a ``Connection: close`` per request."""
+
+    def __init__(self, host: str, port: int):
+        self._host, self._port = host, port
+        self._conn = http.client.HTTPConnection(host, port, timeout=STREAM_TIMEOUT_SECONDS)
+
+    def run(self, body: dict[str, Any]) -> ClientRun:
+        post_at = time.perf_counter()
+        try:
+            self._conn.request(
+                "POST", "/v1/jobs", json.dumps(body), {"Content-Type": "application/json"}
+            )
+            response = self._conn.getresponse()
+            answer = json.loads(response.read())
+            if response.status not in (200, 202):
+                refused = f"POST answered {response.status}: {answer}"
+                return ClientRun(False, refused, post_at, None, None, 0, None, None, False)
+            path = f"/v1/jobs/{answer['id']}/events"
+            self._conn.request("GET", path, headers={"Accept": "text/event-stream"})
+            events = _read_events(self._conn.getresponse())
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            self.close()
+            self._conn = http.client.HTTPConnection(
+                self._host, self._port, timeout=STREAM_TIMEOUT_SECONDS
+            )
+            return ClientRun(False, repr(exc), post_at, None, None, 0, None, None, False)
+        tokens = [(at, json.loads(data)) for at, name, data in events if name == "token"]
+        dones = [(at, json.loads(data)) for at, name, data in events if name == "done"]
+        job = dones[0][1] if dones else None
+        first = tokens[0][0] if tokens else None
+        intact = [t["index"] for _, t in tokens] == list(range(len(tokens))) and (
+            job is not None and "".join(t["text"] for _, t in tokens) == job.get("output")
+        )
+        error = None if job is not None else "stream ended without done"
+        if job is not None and job.get("status") != "succeeded":
+            error = f"job {job.get('status')}: {json.dumps(job.get('error'))}"
+        return ClientRun(
+            error is None,
+            error,
+            post_at,
+            dones[0][0] if dones else None,
+            None if first is None else first - post_at,
+            len(tokens),
+            None if first is None else tokens[-1][0] - first,
+            job,
+            intact,
+        )
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _read_events(response: http.client.HTTPResponse) -> list[tuple[float, str, str]]:
+    """(arrival, event, data) of each SSE event, read to the end of the response."""
+    events: list[tuple[float, str, str]] = []
+    name, data = "message", ""
+    while line := response.readline():
+        text = line.decode().rstrip("\n")
+        if text.startswith("event: "):
+            name = text[7:]
+        elif text.startswith("data: "):
+            data = text[6:]
+        elif not text and data:
+            events.append((time.perf_counter(), name, data))
+            name, data = "message", ""
+    return events
 
 
 def single_streams(host: str, port: int, body: dict[str, Any], runs: int) -> dict[str, Any]:

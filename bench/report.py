@@ -24,9 +24,10 @@ What each figure includes:
   (no SSE, no client). Aggregate: all tokens / (first POST -> last `done`).
   Batches are inferred from the jobs' first-token times.
 - Added TTFT = Trickle single-stream TTFT - engine generate_tokens TTFT, at the same percentile.
-  Paired: each Trickle stream right after one generate_tokens stream, the stack up
-  (bench/paired.py); the median of the pairs' TTFT differences and tokens/s ratios (the machine
-  drifts between the engine phase and the stack's).
+  Paired: each Trickle stream right after one generate_tokens stream, the stack up, the Trickle
+  streams on one keep-alive connection (bench/paired.py); the median of the pairs' TTFT
+  differences and tokens/s ratios (the machine drifts between the engine phase and the stack's).
+  Unpaired single streams open a connection per request (POST with `Connection: close`).
 - Redis: messages counted by a subscriber on the jobs' token channels; commands from INFO
   commandstats (all clients: worker, web, Celery, the bench itself). Steps = batches x max_tokens.
 - Fan-out: readers connect while the jobs wait in the queue (no worker yet), so each reader gets

@@ -8,9 +8,10 @@ Status events are derived from what the reader already reads, layered on the tok
 first snapshot gives the status at connection, a claim's message (``CLAIMED_MESSAGE``) says
 running, a requeue's (``STATUS_MESSAGE``) sends the reader to re-read the job, and a live token
 seen while the last status said queued means running. A finished job's done message carries its
-record (``RECORD_MESSAGE``): a reader holding every token ends on it without a read. A ``Status`` goes out only when the
-status differs from the last one sent, before the tokens it precedes (after them for the final
-status, which comes right before ``Done``). Tokens are untouched: still exactly once, in order.
+record (``RECORD_MESSAGE``): a reader holding every token ends on it without a read. A
+``Status`` goes out only when the status differs from the last one sent, before the tokens it
+precedes (after them for the final status, which comes right before ``Done``). Tokens are
+untouched: still exactly once, in order.
 """
 
 from __future__ import annotations
