@@ -210,12 +210,17 @@ class FinalRecord(NamedTuple):
 
     @classmethod
     def decode(cls, payload: str) -> FinalRecord | None:
-        """From a record message's JSON; None if it names no job (then readers read it)."""
-        logged, *values = json.loads(payload)
-        fields = hash_fields(READ_FIELDS, [None if value is False else value for value in values])
-        if "id" not in fields:
+        """From a record message's JSON; None if it names no job or cannot be read (then
+        readers read the job: a bad record must not stop the listener that decodes it)."""
+        try:
+            logged, *values = json.loads(payload)
+            named = [None if value is False else value for value in values]
+            fields = hash_fields(READ_FIELDS, named)
+            if "id" not in fields:
+                return None
+            return cls(Job.from_hash(fields), int(logged))
+        except (ValueError, TypeError, KeyError):
             return None
-        return cls(Job.from_hash(fields), int(logged))
 
 
 class JobMessage(NamedTuple):

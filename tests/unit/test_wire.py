@@ -99,3 +99,11 @@ def test_a_chunk_from_its_template_is_the_chunk_json_dumps_writes(chat: bool, te
     else:
         chunk = shapes.completion_chunk(envelope, 1, text)
     assert rendered == f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+
+def test_a_record_message_that_cannot_be_read_is_a_bare_done() -> None:
+    """A done message whose record is malformed, short or names no job still ends the job's
+    readers; they read the job instead (the listener decoding it must not stop)."""
+    for payload in ("D", "Dnot json", "D[3]", 'D[2, "x"]', "D[1" + ", false" * 18 + "]"):
+        message = JobMessage.decode(payload)
+        assert message.done and message.record is None
