@@ -210,15 +210,16 @@ class FinalRecord(NamedTuple):
 
     @classmethod
     def decode(cls, payload: str) -> FinalRecord | None:
-        """From a record message's JSON; None if it names no job or cannot be read (then
-        readers read the job: a bad record must not stop the listener that decodes it)."""
+        """From a record message's JSON; None if it names no finished job or cannot be read
+        (then readers read the job: a bad record must not stop the listener that decodes it)."""
         try:
             logged, *values = json.loads(payload)
             named = [None if value is False else value for value in values]
             fields = hash_fields(READ_FIELDS, named)
-            if "id" not in fields:
+            job = Job.from_hash(fields) if "id" in fields else None
+            if job is None or not job.status.is_terminal:
                 return None
-            return cls(Job.from_hash(fields), int(logged))
+            return cls(job, int(logged))
         except (ValueError, TypeError, KeyError):
             return None
 

@@ -104,6 +104,18 @@ def test_a_chunk_from_its_template_is_the_chunk_json_dumps_writes(chat: bool, te
 def test_a_record_message_that_cannot_be_read_is_a_bare_done() -> None:
     """A done message whose record is malformed, short or names no job still ends the job's
     readers; they read the job instead (the listener decoding it must not stop)."""
-    for payload in ("D", "Dnot json", "D[3]", 'D[2, "x"]', "D[1" + ", false" * 18 + "]"):
+    running = ["job_1", "demo", '{"max_tokens": 1, "temperature": 0, "top_k": 1, "top_p": 1}']
+    running += ["running"] + [False] * 14
+    for payload in (
+        "D",
+        "Dnot json",
+        "D[3]",
+        'D[2, "x"]',
+        "D[1" + ", false" * 18 + "]",
+        "D" + json.dumps([0, *running]),  # not finished: readers must read on
+    ):
         message = JobMessage.decode(payload)
         assert message.done and message.record is None
+    finished = ["succeeded" if value == "running" else value for value in running]
+    message = JobMessage.decode("D" + json.dumps([0, *finished]))
+    assert message.record is not None and message.record.job.status.value == "succeeded"
