@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.httpio import follow_sse, request
+from bench.httpio import SseEvent, follow_sse, parse_sse_block, request
 from bench.log import progress
 from bench.stack import CpuMeter
 from bench.stats import summary
@@ -57,8 +57,13 @@ async def one_client(host: str, port: int, body: dict[str, Any]) -> ClientRun:
         return ClientRun(False, refused, post_at, None, None, 0, None, None, False)
     job_id = response.json()["id"]
     result = await follow_sse(host, port, f"/v1/jobs/{job_id}/events", STREAM_TIMEOUT_SECONDS)
-    tokens = [event for event in result.events if event.event == "token"]
-    dones = [event for event in result.events if event.event == "done"]
+    return _finished_run(post_at, result.events, result.error)
+
+
+def _finished_run(post_at: float, events: list[SseEvent], error: str | None) -> ClientRun:
+    """A client's run from its stream's events (``error``: what went wrong on the way)."""
+    tokens = [event for event in events if event.event == "token"]
+    dones = [event for event in events if event.event == "done"]
     job = json.loads(dones[0].data) if dones else None
     first = tokens[0].arrived if tokens else None
     ttft = None if first is None else first - post_at
@@ -67,7 +72,6 @@ async def one_client(host: str, port: int, body: dict[str, Any]) -> ClientRun:
     intact = [t["index"] for t in texts] == list(range(len(texts))) and (
         job is not None and "".join(t["text"] for t in texts) == job.get("output")
     )
-    error = result.error
     if job is not None and job.get("status") != "succeeded":
         error = f"job {job.get('status')}: {json.dumps(job.get('error'))}"
     done_at = dones[0].arrived if dones else None
@@ -103,45 +107,26 @@ class KeepAliveClient:
                 self._host, self._port, timeout=STREAM_TIMEOUT_SECONDS
             )
             return ClientRun(False, repr(exc), post_at, None, None, 0, None, None, False)
-        tokens = [(at, json.loads(data)) for at, name, data in events if name == "token"]
-        dones = [(at, json.loads(data)) for at, name, data in events if name == "done"]
-        job = dones[0][1] if dones else None
-        first = tokens[0][0] if tokens else None
-        intact = [t["index"] for _, t in tokens] == list(range(len(tokens))) and (
-            job is not None and "".join(t["text"] for _, t in tokens) == job.get("output")
-        )
-        error = None if job is not None else "stream ended without done"
-        if job is not None and job.get("status") != "succeeded":
-            error = f"job {job.get('status')}: {json.dumps(job.get('error'))}"
-        return ClientRun(
-            error is None,
-            error,
-            post_at,
-            dones[0][0] if dones else None,
-            None if first is None else first - post_at,
-            len(tokens),
-            None if first is None else tokens[-1][0] - first,
-            job,
-            intact,
-        )
+        ended = any(event.event == "done" for event in events)
+        return _finished_run(post_at, events, None if ended else "stream ended without done")
 
     def close(self) -> None:
         self._conn.close()
 
 
-def _read_events(response: http.client.HTTPResponse) -> list[tuple[float, str, str]]:
-    """(arrival, event, data) of each SSE event, read to the end of the response."""
-    events: list[tuple[float, str, str]] = []
-    name, data = "message", ""
-    while line := response.readline():
-        text = line.decode().rstrip("\n")
-        if text.startswith("event: "):
-            name = text[7:]
-        elif text.startswith("data: "):
-            data = text[6:]
-        elif not text and data:
-            events.append((time.perf_counter(), name, data))
-            name, data = "message", ""
+def _read_events(response: http.client.HTTPResponse) -> list[SseEvent]:
+    """Each SSE event of a response, stamped when its block ended, read to the response's end."""
+    events: list[SseEvent] = []
+    lines: list[str] = []
+    while raw := response.readline():
+        line = raw.decode("utf-8").rstrip("\r\n")
+        if line:
+            lines.append(line)
+            continue
+        event = parse_sse_block("\n".join(lines), time.perf_counter())
+        lines = []
+        if event is not None:
+            events.append(event)
     return events
 
 

@@ -129,6 +129,26 @@ class SseResult:
     closed_by_server: bool = False
 
 
+def parse_sse_block(block: str, arrived: float) -> SseEvent | None:
+    """The event of one SSE block (its lines up to a blank one); None for a block of comments
+    or the ``retry:`` preamble."""
+    event, data, event_id = "message", [], None
+    for line in block.split("\n"):
+        if line.startswith(":") or not line:
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id":
+            event_id = value
+    if not data and event == "message":
+        return None
+    return SseEvent(event, "\n".join(data), event_id, arrived)
+
+
 class SseStream(asyncio.Protocol):
     """One SSE response, parsed as it arrives; ``done`` resolves after ``event: done``."""
 
@@ -175,22 +195,11 @@ class SseStream(asyncio.Protocol):
                 return
             block = self._text[:end].decode("utf-8")
             self._text = self._text[end + 2 :]
-            event, data, event_id = "message", [], None
-            for line in block.split("\n"):
-                if line.startswith(":") or not line:
-                    continue
-                name, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if name == "event":
-                    event = value
-                elif name == "data":
-                    data.append(value)
-                elif name == "id":
-                    event_id = value
-            if not data and event == "message":
-                continue  # the "retry:" preamble
-            self.result.events.append(SseEvent(event, "\n".join(data), event_id, now))
-            if event == "done":
+            event = parse_sse_block(block, now)
+            if event is None:
+                continue
+            self.result.events.append(event)
+            if event.event == "done":
                 self._finish()
                 return
 
