@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +74,14 @@ class FloorService:
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            conn = http.client.HTTPConnection(HOST, self.web_port, timeout=5)
             try:
-                self.one_job(http.client.HTTPConnection(HOST, self.web_port, timeout=5))
+                self.stream(conn, self.post(conn))
                 return
-            except (OSError, http.client.HTTPException, AssertionError):
+            except (OSError, http.client.HTTPException, RuntimeError):
                 time.sleep(0.3)
+            finally:
+                conn.close()
         raise RuntimeError(f"floor service {self.mode} did not answer")
 
     def groups(self) -> Groups:
@@ -85,12 +90,19 @@ class FloorService:
             groups["worker"] = [self.worker.pid, *child_pids(self.worker.pid)]
         return groups
 
-    def one_job(self, conn: http.client.HTTPConnection) -> None:
+    @staticmethod
+    def post(conn: http.client.HTTPConnection) -> str:
+        """A one-token job's POST; its id."""
         body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
         conn.request("POST", "/v1/jobs", body, {"Content-Type": "application/json"})
-        job = json.loads(conn.getresponse().read())
-        conn.request("GET", f"/v1/jobs/{job['id']}/stream")
-        assert b"event: done" in conn.getresponse().read()
+        return str(json.loads(conn.getresponse().read())["id"])
+
+    @staticmethod
+    def stream(conn: http.client.HTTPConnection, job_id: str) -> None:
+        """The job's stream, read to its end."""
+        conn.request("GET", f"/v1/jobs/{job_id}/stream")
+        if b"event: done" not in conn.getresponse().read():
+            raise RuntimeError("floor stream ended without done")
 
     def close(self) -> None:
         for process in (self.web, self.worker):
@@ -101,7 +113,7 @@ class FloorService:
 
 
 def timed_jobs(
-    conn: http.client.HTTPConnection, post: Any, stream: Any, groups: Groups, jobs: int
+    post: Callable[[], Any], stream: Callable[[Any], None], groups: Groups, jobs: int
 ) -> dict[str, Any]:
     """``jobs`` sequential jobs: CPU ms per job by process group, and the client's p50s."""
     for _ in range(10):
@@ -125,19 +137,9 @@ def timed_jobs(
 
 def measure_floor(service: FloorService, jobs: int) -> dict[str, Any]:
     conn = http.client.HTTPConnection(HOST, service.web_port, timeout=60)
-
-    def post() -> str:
-        body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
-        conn.request("POST", "/v1/jobs", body, {"Content-Type": "application/json"})
-        return str(json.loads(conn.getresponse().read())["id"])
-
-    def stream(job_id: str) -> None:
-        conn.request("GET", f"/v1/jobs/{job_id}/stream")
-        if b"event: done" not in conn.getresponse().read():
-            raise RuntimeError("floor stream ended without done")
-
     try:
-        return timed_jobs(conn, post, stream, service.groups(), jobs)
+        post, stream = partial(service.post, conn), partial(service.stream, conn)
+        return timed_jobs(post, stream, service.groups(), jobs)
     finally:
         conn.close()
 
@@ -148,7 +150,6 @@ def measure_trickle(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
     del groups["client"]
     try:
         return timed_jobs(
-            conn,
             lambda: post_job(conn, model, wait=False),
             lambda job: follow_stream(conn, job),
             groups,
