@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from tests.integration.test_hub import make_hub
+from tests.integration.test_hub import counting_snapshots, make_hub
 from web.follow import Done, JobFollower, wait_for_job
 from worker import keys
 from worker.events import JobMessage, TokenEvent, TokenRun
@@ -67,18 +67,6 @@ def run_job(store: JobStore) -> tuple[Job, Iterator[tuple[str, str]], list[tuple
     assert store.finish(job.id, claim.fence, finished)
     messages = published.take(3)
     return job, iter(messages), messages
-
-
-def counting_snapshots(store: JobStore) -> list[str]:
-    reads: list[str] = []
-    read = store.snapshot
-
-    def counted(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
-        reads.append(job_id)
-        return read(job_id, from_index)
-
-    store.snapshot = counted  # type: ignore[method-assign]
-    return reads
 
 
 def test_the_done_message_is_the_record_a_read_gives_on_both_channels(store: JobStore) -> None:

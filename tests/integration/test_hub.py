@@ -63,6 +63,19 @@ def indexes(deliveries: list[Delivery]) -> list[int]:
 DONE = keys.job_done_channel("job_x")
 
 
+def counting_snapshots(store: JobStore) -> list[str]:
+    """The ids of the jobs ``store`` re-reads (snapshots) from now on, in order."""
+    reads: list[str] = []
+    read = store.snapshot
+
+    def counted(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
+        reads.append(job_id)
+        return read(job_id, from_index)
+
+    store.snapshot = counted  # type: ignore[method-assign]
+    return reads
+
+
 def test_every_reader_sees_every_delivery_from_when_it_subscribed() -> None:
     hub, _ = make_hub()
     early = hub.subscribe("job_x")
@@ -162,14 +175,7 @@ def test_a_reader_without_statuses_gets_tokens_and_costs_no_queue_position(
     assert asked == [job.id]
 
     # A claim or a requeue is news only for status events: no re-read for this reader.
-    snapshots: list[str] = []
-    read_snapshot = store.snapshot
-
-    def counted_snapshot(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
-        snapshots.append(job_id)
-        return read_snapshot(job_id, from_index)
-
-    store.snapshot = counted_snapshot  # type: ignore[method-assign]
+    snapshots = counting_snapshots(store)
     channel = keys.job_events_channel(job.id)
     hub._dispatch(channel, CLAIMED_MESSAGE)
     hub._dispatch(channel, STATUS_MESSAGE)
@@ -191,14 +197,7 @@ def test_a_claim_is_news_without_a_read_and_a_requeue_is_read(private_redis: red
     native = JobFollower(store, hub, job.id, -1).chunks(1.0)
     (queued,) = next(native)  # its position counts the module's other queued jobs
     assert isinstance(queued, Status) and queued.status is JobStatus.QUEUED
-    snapshots: list[str] = []
-    read_snapshot = store.snapshot
-
-    def counted_snapshot(job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
-        snapshots.append(job_id)
-        return read_snapshot(job_id, from_index)
-
-    store.snapshot = counted_snapshot  # type: ignore[method-assign]
+    snapshots = counting_snapshots(store)
     channel = keys.job_events_channel(job.id)
     hub._dispatch(channel, CLAIMED_MESSAGE)
     assert next(native) == [Status(JobStatus.RUNNING)]
