@@ -9,7 +9,9 @@ from ``/proc``; the engine is the worker's child, reported apart) is divided by 
 ``MONITOR`` connection names every Redis command ``--monitor-jobs`` streamed jobs cost (the
 stack's idle commands over the same time, heartbeats and sweeps, measured first and taken off).
 Then 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
-``started_at`` is reported. Last, the web tier alone: CPU per ``POST /v1/jobs`` in this process
+``started_at`` is reported, with every process's time on a CPU and time runnable but waiting
+for one (the kernel's per-thread ``schedstat``) from the release until the last claim: whether
+a burst waits for its own work or for cores that are full. Last, the web tier alone: CPU per ``POST /v1/jobs`` in this process
 (Flask's test client, median of five rounds), the steadiest figure on a shared machine.
 Absolute figures drift on a shared machine: compare runs back to back.
 """
@@ -24,6 +26,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from bench import models
 from bench.log import progress
 from bench.params import RunParams
 from bench.profiling import profiled
-from bench.stack import HOST, Stack, cpu_of, process_groups
+from bench.stack import HOST, Stack, cpu_of, process_groups, schedstat_of, schedstat_paths
 from worker import keys
 from worker.config import PROJECT_ROOT
 
@@ -142,12 +145,23 @@ def commands_per_job(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
     return {"total": round(sum(ordered.values()), 1), "by_command": ordered}
 
 
-def burst_claims(stack: Stack, model: str, size: int) -> list[float]:
-    """POST ``size`` jobs at once (connections opened first); ms from created to started."""
+@dataclass
+class Burst:
+    """One burst: each job's created -> started (ms), the window from the POSTs' release to
+    the last claim seen (ms), and each group's (on-CPU, runnable-but-waiting) ms over it."""
+
+    latencies: list[float]
+    window_ms: float
+    cpu_ms: dict[str, tuple[float, float]]
+
+
+def burst_claims(stack: Stack, model: str, size: int, groups: dict[str, list[int]]) -> Burst:
+    """POST ``size`` jobs at once (connections opened first) and watch them until every one is
+    claimed, reading every process's scheduler statistics before the release and after."""
     conns = [http.client.HTTPConnection(HOST, stack.web_port, timeout=60) for _ in range(size)]
     for conn in conns:
         conn.connect()
-    barrier = threading.Barrier(size)
+    barrier = threading.Barrier(size + 1)
     ids: list[str] = []
     lock = threading.Lock()
 
@@ -160,24 +174,57 @@ def burst_claims(stack: Stack, model: str, size: int) -> list[float]:
     threads = [threading.Thread(target=send, args=(conn,)) for conn in conns]
     for thread in threads:
         thread.start()
+    paths = schedstat_paths(groups)
+    before = schedstat_of(paths)
+    released = time.monotonic()
+    barrier.wait()
     for thread in threads:
         thread.join()
     assert stack.client is not None
-    latencies: list[float] = []
+    stamps: dict[str, tuple[float, float]] = {}
     deadline = time.monotonic() + 30
-    while ids and time.monotonic() < deadline:
-        pending = []
-        for job_id in ids:
-            created, started = stack.client.hmget(keys.job(job_id), ["created_at", "started_at"])
-            if started and created:
-                latencies.append(1e3 * (float(started) - float(created)))
-            else:
-                pending.append(job_id)
-        ids = pending
-        time.sleep(0.05)
+    while len(stamps) < len(ids) and time.monotonic() < deadline:
+        pending = [job_id for job_id in ids if job_id not in stamps]
+        pipe = stack.client.pipeline(transaction=False)
+        for job_id in pending:
+            pipe.hmget(keys.job(job_id), ["created_at", "started_at"])
+        for job_id, (created, started) in zip(pending, pipe.execute(), strict=True):
+            if created and started:
+                stamps[job_id] = (float(created), float(started))
+        time.sleep(0.002)  # the poll's own cost shows in the client's and Redis's rows
+    after = schedstat_of(paths)
+    window = time.monotonic() - released
     for conn in conns:
         conn.close()
-    return sorted(latencies)
+    cpu = {
+        name: (1e3 * (after[name][0] - before[name][0]), 1e3 * (after[name][1] - before[name][1]))
+        for name in groups
+    }
+    latencies = sorted(1e3 * (started - created) for created, started in stamps.values())
+    return Burst(latencies, 1e3 * window, cpu)
+
+
+def burst_summary(bursts: list[Burst]) -> dict[str, Any]:
+    """Per burst p50 / max created -> started; over the bursts after the first (cold), the
+    median window and each group's median on-CPU and run-queue wait within it."""
+    warm = bursts[1:] or bursts
+    cpu = {
+        name: {
+            "on_cpu": round(statistics.median(b.cpu_ms[name][0] for b in warm), 1),
+            "waiting": round(statistics.median(b.cpu_ms[name][1] for b in warm), 1),
+        }
+        for name in warm[0].cpu_ms
+    }
+    return {
+        "created_to_started_ms": [
+            {"p50": round(statistics.median(b.latencies), 1), "max": round(max(b.latencies), 1)}
+            for b in bursts
+            if b.latencies
+        ],
+        "window_ms": round(statistics.median(b.window_ms for b in warm), 1),
+        "cores": os.cpu_count(),
+        "cpu_ms_in_window": cpu,
+    }
 
 
 def post_cpu_in_process(stack: Stack, model: str, jobs: int) -> float:
@@ -226,11 +273,13 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{mode}: CPU ms per job {per_job}, {args.jobs / wall:.0f} jobs/s")
         result["redis_commands_per_job"] = commands_per_job(stack, args.model, args.monitor_jobs)
         progress(f"Redis commands per job: {result['redis_commands_per_job']}")
-        bursts = [burst_claims(stack, args.model, 16) for _ in range(args.bursts)]
-        result["burst16_created_to_started_ms"] = [
-            {"p50": round(statistics.median(b), 1), "max": round(max(b), 1)} for b in bursts if b
-        ]
-        progress(f"16-job burst, created -> started: {result['burst16_created_to_started_ms']}")
+        groups = process_groups(stack, args.model)
+        bursts = []
+        for _ in range(args.bursts):
+            time.sleep(0.5)  # each burst finds the stack idle
+            bursts.append(burst_claims(stack, args.model, 16, groups))
+        result["burst16"] = burst_summary(bursts)
+        progress(f"16-job bursts: {result['burst16']}")
         result["web_post_us_in_process"] = post_cpu_in_process(stack, args.model, args.jobs)
         progress(f"web alone, in process: {result['web_post_us_in_process']} us CPU per POST")
     finally:

@@ -311,6 +311,38 @@ def cpu_of(groups: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) or 0.0 for p in pids) for name, pids in groups.items()}
 
 
+def schedstat_paths(groups: dict[str, list[int]]) -> dict[str, list[Path]]:
+    """Every thread's ``schedstat`` file, by group (threads started later are not counted)."""
+    found: dict[str, list[Path]] = {}
+    for name, pids in groups.items():
+        found[name] = []
+        for pid in pids:
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            found[name] += [Path(f"/proc/{pid}/task/{tid}/schedstat") for tid in tids]
+    return found
+
+
+def schedstat_of(paths: dict[str, list[Path]]) -> dict[str, tuple[float, float]]:
+    """Per group, seconds on a CPU and seconds runnable but waiting for one (the kernel's
+    per-thread ``schedstat``, in ns: unlike ``/proc/PID/stat``'s 10 ms ticks, fine enough for
+    a 50 ms burst, and its second field is the run-queue wait that says the cores were full)."""
+    totals: dict[str, tuple[float, float]] = {}
+    for name, files in paths.items():
+        on_cpu = waiting = 0
+        for path in files:
+            try:
+                ran, waited, _slices = path.read_text().split()
+            except (OSError, ValueError):
+                continue
+            on_cpu += int(ran)
+            waiting += int(waited)
+        totals[name] = (on_cpu / 1e9, waiting / 1e9)
+    return totals
+
+
 def us_per_token(cpu_s: dict[str, float], tokens: int | float) -> dict[str, float]:
     """Each process group's CPU seconds over a run, in µs per token the clients received."""
     return {name: round(1e6 * seconds / max(tokens, 1), 1) for name, seconds in cpu_s.items()}
