@@ -86,7 +86,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         lane_slots, reserve_slots = worker_slots(settings)
         self.dispatcher = JobDispatcher(
             runtime.run_job,
-            runtime.claim_many,
+            runtime.claim_and_start,
             worker.concurrency,
             caps,
             key_slots=lane_slots if reserve_slots else 0,
