@@ -197,3 +197,65 @@ def test_a_queue_consumed_again_ends_the_brpop_in_flight(private_redis: redis.Re
         assert time.monotonic() - started < 10, "the BRPOP ran to its 30 s timeout"
     finally:
         conn.release()
+
+
+def test_a_delivered_message_is_in_kombus_unacked_entries_until_acked(
+    private_redis: redis.Redis,
+) -> None:
+    """The unacked entry is sent before the consumer gets the message (its reply read later):
+    once the writer settles it is in the hash and its index, as kombu's own append leaves it,
+    and the ack takes it out."""
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=0)
+    try:
+        publish(conn, [("one", 0), ("two", 0)])
+        seen: list[tuple[str, dict[str, str], list[str]]] = []
+        messages: list[kombu.Message] = []
+
+        def on_message(body: Any, message: kombu.Message) -> None:
+            message.channel.unacked_writer.settle()
+            entries = private_redis.hgetall("unacked")
+            seen.append((body, entries, private_redis.zrange("unacked_index", 0, -1)))
+            messages.append(message)
+
+        with conn.Consumer(kombu.Queue(QUEUE), callbacks=[on_message]) as consumer:
+            consumer.qos(prefetch_count=4)
+            conn.drain_events(timeout=5)
+            conn.drain_events(timeout=5)
+            tags = [message.delivery_tag for message in messages]
+            assert [body for body, _, _ in seen] == ["one", "two"]
+            for (_body, entries, index), tag in zip(seen, tags, strict=True):
+                payload, _exchange, routing_key = loads(entries[tag])
+                assert payload["properties"]["delivery_tag"] == tag
+                assert routing_key == QUEUE
+                assert tag in index
+            messages[0].ack()
+            assert set(private_redis.hkeys("unacked")) == {tags[1]}
+            assert private_redis.zrange("unacked_index", 0, -1) == [tags[1]]
+            messages[1].ack()
+        assert private_redis.hlen("unacked") == 0
+        assert private_redis.zcard("unacked_index") == 0
+    finally:
+        conn.release()
+
+
+def test_an_unacked_message_comes_back_when_its_consumer_goes_away(
+    private_redis: redis.Redis,
+) -> None:
+    """A consumer that closes with a message unacked (a warm shutdown, acks late) restores it to
+    its queue from the entry the writer sent: the next consumer gets it."""
+    private_redis.flushdb()
+    conn = connection(private_redis, drain_max=0)
+    try:
+        publish(conn, [("kept", 0)])
+        with conn.Consumer(kombu.Queue(QUEUE), callbacks=[lambda body, message: None]) as c:
+            c.qos(prefetch_count=1)
+            conn.drain_events(timeout=5)  # delivered, never acked
+    finally:
+        conn.release()  # the channel closes: kombu restores what it delivered and was not acked
+    assert private_redis.hlen("unacked") == 0
+    again = connection(private_redis, drain_max=0)
+    try:
+        assert receive(again, prefetch=1) == ["kept"]
+    finally:
+        again.release()
