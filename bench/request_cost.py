@@ -11,8 +11,9 @@ stack's idle commands over the same time, heartbeats and sweeps, measured first 
 Then 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
 ``started_at`` is reported, with every process's time on a CPU and time runnable but waiting
 for one (the kernel's per-thread ``schedstat``) from the release until the last claim: whether
-a burst waits for its own work or for cores that are full. Last, the web tier alone: CPU per ``POST /v1/jobs`` in this process
-(Flask's test client, median of five rounds), the steadiest figure on a shared machine.
+a burst waits for its own work or for cores that are full. Last, the web tier alone: CPU per
+``POST /v1/jobs`` in this process (Flask's test client, median of five rounds), the steadiest
+figure on a shared machine.
 Absolute figures drift on a shared machine: compare runs back to back.
 """
 
