@@ -213,6 +213,9 @@ class WorkerRuntime:
             return Begun(claim, timeline, error=exc)
         except redis.RedisError:  # nothing was scheduled: the job thread retries it all
             return claim
+        except Exception:  # never the claim thread's end: the job thread meets it again
+            log.exception("starting job %s on the claim thread failed", job.id)
+            return claim
         timeline.scheduled = time.time()
         return Begun(claim, timeline, scheduled)
 

@@ -33,7 +33,9 @@ from tests.faultstack import (
     wait_for,
 )
 from worker import keys
+from worker.config import load_settings
 from worker.jobs import GenerationParams, Job, new_job_id
+from worker.queue import enqueue_generation, make_celery
 from worker.store import JobStore
 
 LEASE_SECONDS = 2.0
@@ -213,6 +215,33 @@ def test_a_job_record_whose_task_was_never_published_is_published_again(
     assert worker.returncode is not None
     log = (faults.log_dir / "republisher.log").read_text()
     assert f'"event": "republished", "job_id": "{job.id}"' in log
+
+
+def test_a_job_its_worker_cannot_start_fails_with_the_reason_and_the_next_one_runs(
+    faults: FaultStack,
+) -> None:
+    """A job past its model's context (the web tier refuses such a request; its record and task
+    are written here directly) fails ``invalid_request`` when the worker's claim thread starts
+    it, and the claim thread goes on claiming."""
+    worker = faults.worker("starter", ("demo",))
+    try:
+        settings = load_settings(faults.config_path)
+        limit = settings.models["demo"].max_context_tokens
+        params = GenerationParams(max_tokens=limit + 10, ignore_eos=True)
+        job = Job(new_job_id(), "demo", "The", params, created_at=time.time())
+        with faults.client() as client:
+            JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60).create(job)
+        enqueue_generation(make_celery(settings, settings.models), job.id, "demo")
+        failed = poll_until_finished(faults.web_url, job.id, timeout=30)
+        assert failed["status"] == "failed"
+        assert failed["error"]["type"] == "invalid_request"
+        assert str(limit) in failed["error"]["message"]
+        after = submit(faults.web_url, {"model": "demo", "prompt": "The", "max_tokens": 3})
+        final = poll_until_finished(faults.web_url, after["id"], timeout=30)
+        assert final["status"] == "succeeded" and final["usage"]["completion_tokens"] == 3
+    finally:
+        faults.stop_workers()
+    assert worker.returncode is not None
 
 
 def response_events(base: str, response_id: str, after: int | None = None) -> list[str]:
