@@ -36,11 +36,13 @@ it waited behind the whole backlog; it goes back to the head here, where it was.
 
 A delivered message's unacked entry (kombu's ``QoS.append``: the ``unacked`` hash and its
 index, what the visibility timeout restores) is sent before the message goes to the consumer, as
-kombu sends it, but its reply is read later (``UnackedWriter``: before the next entry, an ack, a
-reject or a restore): kombu waited for that reply, a round trip (0.44 ms p50) between Redis
-handing over a task and Celery seeing it, on every job. The bytes are on Redis's socket
-before the message is handed on, so a worker killed after that point leaves the entry exactly
-as kombu's did; an entry Redis refused is logged.
+kombu sends it, but its reply is read later (``UnackedWriter``: before a requeue or a restore
+reads entries on another client): kombu waited for that reply, a round trip (0.44 ms p50)
+between Redis handing over a task and Celery seeing it, on every job. The bytes are on Redis's
+socket before the message is handed on, so a worker killed after that point leaves the entry
+exactly as kombu's did; an entry Redis refused is logged. A message's ack (the entry's removal)
+goes the same way, on the same connection, so Redis applies it after the entry: kombu's ack held
+the consumer a round trip per finished job, while the next tasks waited to be read.
 
 A transport class in ``broker_transport`` is kombu's and Celery's documented way to change a
 transport; the broker protocol, the queues, priorities and the visibility timeout are kombu's.
@@ -108,22 +110,31 @@ class _PushesInto:
 
 
 class UnackedWriter:
-    """Sends kombu's unacked entries on a connection of their own without waiting for their
-    replies, which are read when an entry must be in Redis (an ack, a reject, a restore:
-    ``settle``), or once ``MAX_UNREAD`` of them wait: a drain's messages go out back to back."""
+    """Sends kombu's unacked entries and their acks on a connection of their own without
+    waiting for the replies, which are read when another client must see an entry (a requeue,
+    a restore: ``settle``), or once ``MAX_UNREAD`` of them wait. One connection keeps an entry's
+    write before its ack."""
 
     MAX_UNREAD = 64  # replies; each a few bytes in the socket's buffer
+    # After this long without a send, the replies are read and the socket checked before the
+    # next: a connection the server closed meanwhile would take one send into the void.
+    IDLE_CHECK_SECONDS = 1.0
 
     def __init__(self, pool: Any):
         self.pool = pool
         self._conn: Any = None
         self._unread = 0
+        self._last_sent = 0.0
         self._lock = threading.Lock()
 
     def send(self, commands: list[tuple[Any, ...]]) -> None:
         with self._lock:
-            if self._unread >= self.MAX_UNREAD:
+            now = time.monotonic()
+            idle = now - self._last_sent > self.IDLE_CHECK_SECONDS
+            if self._unread >= self.MAX_UNREAD or idle:
                 self._read_replies()
+            if idle:
+                self._drop_if_closed()
             conn = self._connection()
             try:
                 # No health check: its PING would read an unread reply as its own.
@@ -132,6 +143,7 @@ class UnackedWriter:
                 self._drop()
                 raise
             self._unread += len(commands)
+            self._last_sent = now
 
     def settle(self) -> None:
         """Read every reply sent for (each entry sent is in Redis once this returns)."""
@@ -146,6 +158,18 @@ class UnackedWriter:
         if self._conn is None:
             self._conn = self.pool.get_connection()
         return self._conn
+
+    def _drop_if_closed(self) -> None:
+        """With every reply read, a readable socket holds only the server's close."""
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            closed = conn.can_read(timeout=0)
+        except redis.ConnectionError:
+            closed = True
+        if closed:
+            self._drop()
 
     def _read_replies(self) -> None:
         conn = self._conn
@@ -171,9 +195,10 @@ class UnackedWriter:
 
 
 class QoS(kombu_redis.QoS):
-    """kombu's Redis QoS, with ``append``'s write sent by the channel's ``UnackedWriter``
-    (the same MULTI / ZADD / HSET / EXEC) instead of waited for; whatever reads or removes an
-    entry first settles the writer, so it always finds the entry written."""
+    """kombu's Redis QoS, with ``append``'s and ``ack``'s writes sent by the channel's
+    ``UnackedWriter`` (the same MULTI / ZADD / HSET / EXEC and MULTI / ZREM / HDEL / EXEC)
+    instead of waited for; whatever reads an entry on another client first settles the writer,
+    so it always finds the entry as written."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if self.channel.global_keyprefix:  # kombu's client prefixes keys; this connection would not
@@ -192,11 +217,27 @@ class QoS(kombu_redis.QoS):
         virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
 
     def ack(self, delivery_tag: str) -> None:
-        self.channel.unacked_writer.settle()
-        super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+        """kombu's ack (MULTI / ZREM / HDEL / EXEC), sent the same way: on the connection that
+        sent the entry, so Redis applies them in order; it blocked the consumer a round trip
+        per finished job."""
+        if self.channel.global_keyprefix:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+            return
+        self.channel.unacked_writer.send(
+            [
+                ("MULTI",),
+                ("ZREM", self.unacked_index_key, delivery_tag),
+                ("HDEL", self.unacked_key, delivery_tag),
+                ("EXEC",),
+            ]
+        )
+        virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        self.channel.unacked_writer.settle()
+        if not requeue:
+            self.ack(delivery_tag)  # what kombu's reject does without a requeue
+            return
+        self.channel.unacked_writer.settle()  # the restore reads the entry on another client
         super().reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
 
     def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:

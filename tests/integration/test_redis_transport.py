@@ -4,6 +4,7 @@ rides in a caller's transaction; and a queue paused and consumed again (a held k
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from queue import Empty
@@ -204,7 +205,7 @@ def test_a_delivered_message_is_in_kombus_unacked_entries_until_acked(
 ) -> None:
     """The unacked entry is sent before the consumer gets the message (its reply read later):
     once the writer settles it is in the hash and its index, as kombu's own append leaves it,
-    and the ack takes it out."""
+    and the ack, sent the same way, takes it out."""
     private_redis.flushdb()
     conn = connection(private_redis, drain_max=0)
     try:
@@ -229,10 +230,12 @@ def test_a_delivered_message_is_in_kombus_unacked_entries_until_acked(
                 assert payload["properties"]["delivery_tag"] == tag
                 assert routing_key == QUEUE
                 assert tag in index
-            messages[0].ack()
+            messages[0].ack()  # sent on the entries' connection; read back once settled
+            messages[0].channel.unacked_writer.settle()
             assert set(private_redis.hkeys("unacked")) == {tags[1]}
             assert private_redis.zrange("unacked_index", 0, -1) == [tags[1]]
             messages[1].ack()
+            messages[1].channel.unacked_writer.settle()
         assert private_redis.hlen("unacked") == 0
         assert private_redis.zcard("unacked_index") == 0
     finally:
@@ -259,3 +262,32 @@ def test_an_unacked_message_comes_back_when_its_consumer_goes_away(
         assert receive(again, prefetch=1) == ["kept"]
     finally:
         again.release()
+
+
+def test_an_ack_after_the_server_closed_the_idle_writer_still_lands(
+    private_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies are read late, so a connection the server closed while idle (a `timeout`, a
+    restart, a CLIENT KILL) would swallow the next send; after an idle spell the writer looks
+    first, and the ack goes out on a new connection."""
+    private_redis.flushdb()
+    monkeypatch.setattr(redis_transport.UnackedWriter, "IDLE_CHECK_SECONDS", 0.0)
+    conn = connection(private_redis, drain_max=0)
+    try:
+        publish(conn, [("one", 0)])
+        messages: list[kombu.Message] = []
+        with conn.Consumer(kombu.Queue(QUEUE), callbacks=[lambda b, m: messages.append(m)]) as c:
+            c.qos(prefetch_count=1)
+            conn.drain_events(timeout=5)
+            writer = messages[0].channel.unacked_writer
+            writer.settle()
+            assert private_redis.hlen("unacked") == 1
+            private_redis.client_kill_filter(_type="normal", skipme=True)  # every other client
+            time.sleep(0.05)
+            messages[0].ack()
+            writer.settle()
+            assert private_redis.hlen("unacked") == 0
+            assert private_redis.zcard("unacked_index") == 0
+    finally:
+        with contextlib.suppress(redis.RedisError, OSError):
+            conn.release()
