@@ -10,7 +10,7 @@ hook for that, a task ``Strategy`` (``celery.worker.strategy``):
   counts it;
 - instead of a trip through the pool and the task tracer, it goes to a ``JobDispatcher``: one
   thread claims every request that arrived since its last claim in one Redis round trip
-  (``claim_many``; the worker's passes each fresh claimed job to its engine right there,
+  (``claim_many``; the worker's runtime gives each fresh claimed job to its engine right there,
   ``WorkerRuntime.claim_and_start``), then each claimed job runs ``run_job`` in one of
   ``slots`` job threads, which waits for its end and stores it.
   Even the request is built on that thread: Celery's consumer thread only appends the message,

@@ -88,6 +88,7 @@ return taken
 TRANSPORT = "worker.redis_transport:Transport"
 
 log = logging.getLogger(__name__)
+REFUSED = "kombu's unacked bookkeeping (an entry or its ack) was refused by Redis: %s"
 
 # A BRPOP answered within this long of its sending found a backlog: what waits behind its
 # message is taken at once. One that waited longer found its queues empty.
@@ -128,6 +129,8 @@ class UnackedWriter:
         self._lock = threading.Lock()
 
     def send(self, commands: list[tuple[Any, ...]]) -> None:
+        """Send ``commands`` as one MULTI / EXEC transaction, as kombu's pipelines do."""
+        commands = [("MULTI",), *commands, ("EXEC",)]
         with self._lock:
             now = time.monotonic()
             idle = now - self._last_sent > self.IDLE_CHECK_SECONDS
@@ -178,14 +181,14 @@ class UnackedWriter:
             try:
                 reply = conn.read_response()
             except redis.ResponseError as exc:  # e.g. an OOM refusal: the consumer goes on
-                log.error("kombu's unacked entry was refused by Redis: %s", exc)
+                log.error(REFUSED, exc)
                 continue
             except BaseException:
                 self._drop()
                 raise
             for part in reply if isinstance(reply, list) else ():
                 if isinstance(part, Exception):
-                    log.error("kombu's unacked entry was refused by Redis: %s", part)
+                    log.error(REFUSED, part)
 
     def _drop(self) -> None:
         conn, self._conn, self._unread = self._conn, None, 0
@@ -208,10 +211,8 @@ class QoS(kombu_redis.QoS):
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])  # type: ignore[no-untyped-call]
         self.channel.unacked_writer.send(
             [
-                ("MULTI",),
                 ("ZADD", self.unacked_index_key, time.time(), delivery_tag),
                 ("HSET", self.unacked_key, delivery_tag, record),
-                ("EXEC",),
             ]
         )
         virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
@@ -225,10 +226,8 @@ class QoS(kombu_redis.QoS):
             return
         self.channel.unacked_writer.send(
             [
-                ("MULTI",),
                 ("ZREM", self.unacked_index_key, delivery_tag),
                 ("HDEL", self.unacked_key, delivery_tag),
-                ("EXEC",),
             ]
         )
         virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]

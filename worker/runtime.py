@@ -224,7 +224,7 @@ class WorkerRuntime:
         final state is in Redis. ``claim`` may be a job ``claim_and_start`` already started."""
         retry = self.settings.worker.redis_retry_seconds
         begun = claim if isinstance(claim, Begun) else None
-        if isinstance(claim, Begun):
+        if isinstance(claim, Begun):  # (narrows ``claim`` for the type checker)
             claim = claim.claim
         timeline = begun.timeline if begun else JobTimeline(claim_started=time.time())
         if claim is None:
