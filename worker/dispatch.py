@@ -113,12 +113,22 @@ class JobDispatcher:
         self._claimer.start()
 
     def submit(self, reserve: Reserve, tenant: str = "") -> None:
-        """From Celery's consumer thread: take a received message (never blocks); ``tenant``:
-        the key whose queue it came from."""
+        """From Celery's consumer thread: take a received message; ``tenant``: the key whose
+        queue it came from.
+
+        On an idle worker (nothing claimed, received or held) the one message is claimed right
+        here, on the consumer's thread: a lone job then spares the wake-up of the claim thread
+        on its way to a first token (the consumer waits the claim's round trip, with nothing
+        else to read). Otherwise it goes to the claim thread, which claims everything received
+        meanwhile in one round trip while the consumer reads on (a burst)."""
         with self._lock:
-            self._intake.append((reserve, tenant))
             self._busy += 1
-            self._lock.notify_all()
+            inline = self._busy == 1 and not self._stopping and not self.holds_keys
+            if not inline:
+                self._intake.append((reserve, tenant))
+                self._lock.notify_all()
+                return
+        self._take([(reserve, tenant)])
 
     def stop_taking(self) -> None:
         """Warm shutdown: claim nothing more; requests not yet claimed stay unacked, so the
@@ -148,17 +158,22 @@ class JobDispatcher:
                 received = list(self._intake)
                 self._intake.clear()
                 self._retry_held = False
-            reserved = [(reserve(), tenant) for reserve, tenant in received]
-            taken = [(request, tenant) for request, tenant in reserved if request]
-            if len(taken) < len(received):
-                self._ended(len(received) - len(taken))
-            runnable = self._admit(taken) if self.holds_keys else taken
-            if not runnable:
-                continue
-            claims = self._claims([job_id_of(request) for request, _ in runnable])
-            for (request, tenant), claim in zip(runnable, claims, strict=True):
-                request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
-                self._jobs.submit(self._run, request, claim, tenant)
+            self._take(received)
+
+    def _take(self, received: list[tuple[Reserve, str]]) -> None:
+        """Build the received messages' requests, claim the ones that may start in one round
+        trip, and give each to a job thread."""
+        reserved = [(reserve(), tenant) for reserve, tenant in received]
+        taken = [(request, tenant) for request, tenant in reserved if request]
+        if len(taken) < len(received):
+            self._ended(len(received) - len(taken))
+        runnable = self._admit(taken) if self.holds_keys else taken
+        if not runnable:
+            return
+        claims = self._claims([job_id_of(request) for request, _ in runnable])
+        for (request, tenant), claim in zip(runnable, claims, strict=True):
+            request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
+            self._jobs.submit(self._run, request, claim, tenant)
 
     @property
     def held_count(self) -> int:
@@ -217,7 +232,7 @@ class JobDispatcher:
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         try:
             return self._claim_many(job_ids)
-        except redis.RedisError:
+        except Exception:  # Redis away, or worse: never the end of the consumer or claim thread
             log.exception("claiming %d jobs at once failed; each claims its own", len(job_ids))
             return [None] * len(job_ids)
 
