@@ -154,7 +154,7 @@ def _record_with_tasks(
 
     def publish_into(pipe: Any) -> None:
         with svc.celery.producer_or_acquire() as producer, publishing_into(producer, pipe):
-            _publish(svc, jobs, [], producer)
+            _publish(svc, jobs, [], producer, declare=False)  # an LPUSH on kombu's Redis
 
     try:
         return _record(svc, jobs, key, also=publish_into)
@@ -206,12 +206,14 @@ def _withdraw(
         log.exception("could not withdraw %d unpublished job(s) after %s", len(jobs), cause)
 
 
-def _publish(svc: Services, jobs: list[Job], sent: list[Job], producer: Any = None) -> None:
+def _publish(
+    svc: Services, jobs: list[Job], sent: list[Job], producer: Any = None, declare: bool = True
+) -> None:
     """Publish every job's task through one producer, adding each to ``sent`` once it is."""
     with svc.celery.producer_or_acquire(producer) as producer:
         for job in jobs:
             enqueue_generation(
-                svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job)
+                svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job), declare
             )
             sent.append(job)
 

@@ -156,12 +156,15 @@ class ChannelSubscriber:
         return ready
 
     def remove(self, channel: str) -> None:
+        """One reader fewer for ``channel``. The last one's leaving does not wake the listener:
+        the UNSUBSCRIBE goes with its next pass (the next message or subscription, or the poll
+        within ``POLL_SECONDS``). A finished job's channel carries nothing more, and a wake per
+        stream's end was a pass of the listener per job (one web process, one core)."""
         with self._lock:
             if not _count_down(self._wanted, channel):
                 return
             # No reader wants it: its ready event goes when it is unsubscribed.
             self._dirty = True
-        self._wake()
 
     def close(self) -> None:
         """Stop listening (the app is shutting down); returns within one poll interval."""

@@ -202,9 +202,17 @@ def enqueue_generation(
     priority: int = 0,
     producer: Any = None,
     tenant: str = DEFAULT_TENANT,
+    declare: bool = True,
 ) -> None:
     """Publish the job's task on its model's queue (its key's, for a named key). Many sends in
-    a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each."""
+    a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each.
+
+    ``declare=False`` skips kombu's declaration of the queue: on kombu's Redis transport a task
+    goes to the default (anonymous) exchange, an ``LPUSH`` to the queue's list that needs no
+    binding, and kombu copied the queue and its exchange on every publish before finding the
+    declaration cached. A broker that drops a message for a queue nobody declared (RabbitMQ)
+    keeps the declaration."""
+    options: dict[str, Any] = {} if declare else {"declare": []}
     app.send_task(
         keys.GENERATE_TASK,
         args=[job_id],
@@ -214,6 +222,7 @@ def enqueue_generation(
         # What Celery's saferepr would write (inspect, Flower), without its generic walk.
         argsrepr=repr([job_id]),
         kwargsrepr="{}",
+        **options,
     )
 
 
