@@ -220,8 +220,8 @@ class ChannelSubscriber:
             while not self._stopping.is_set():
                 if self._dirty:
                     self._sync(client, links)
-                handled = self._drain(links)
-                for link in self._wait(selector, links, 0.0 if handled else POLL_SECONDS):
+                maybe_buffered = self._drain(links)
+                for link in self._wait(selector, links, 0.0 if maybe_buffered else POLL_SECONDS):
                     link.receive()
                 for link in links.values():
                     link.keep_alive()
@@ -264,19 +264,21 @@ class ChannelSubscriber:
         return str(node.name)
 
     def _drain(self, links: dict[str, _Link]) -> bool:
-        """Handle every message already received; False if there was none."""
-        handled = False
+        """Handle every message already received. True when more may wait in redis-py's own
+        buffer, where a select cannot see them (no hiredis: one message read per call), so the
+        next wait must not block. With hiredis every complete message was taken: the wait can
+        block at once (a pass with a zero timeout after each delivery was a pass per message)."""
+        maybe_buffered = False
         for link in list(links.values()):
             buffered = link.buffered_messages()
             if buffered is None:  # no hiredis: redis-py reads one message per call
                 while (message := link.next_message()) is not None:
-                    handled = True
+                    maybe_buffered = True
                     self._handle(link, message)
                 continue
             for message in buffered:
-                handled = True
                 self._handle(link, message)
-        return handled
+        return maybe_buffered
 
     def _handle(self, link: _Link, message: dict[str, Any]) -> None:
         kind = message["type"]
