@@ -30,6 +30,7 @@ SCRIPT_NAMES = (
     "FINISH",
     "SUM_PER_SHARD",
     "QUEUE_POSITION",
+    "READ",
 )
 # A cluster pipeline sends to every node at once, on up to this many threads.
 NODE_THREADS = 16

@@ -287,3 +287,17 @@ for _, write in ipairs(cjson.decode(ARGV[3])) do
 end
 return false
 """
+
+# A reader's view of a job, atomically: the record's fields, its output so far, the replay
+# log's length and, from ARGV[1] on (-1: none), its entries. One command where a transaction of
+# four took six replies to parse, on every stream's start and every read of a job.
+# KEYS: job, output, tokens. ARGV: from index, then the record's fields.
+# Returns {values, output or false, logged, entries or false}.
+READ = """
+local values = redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+local logged = redis.call('LLEN', KEYS[3])
+local from = tonumber(ARGV[1])
+local entries = false
+if from >= 0 and from < logged then entries = redis.call('LRANGE', KEYS[3], from, -1) end
+return {values, redis.call('GET', KEYS[2]) or false, logged, entries}
+"""

@@ -188,13 +188,9 @@ class JobStore:
     def _read(self, job_id: str, from_index: int | None) -> tuple[Job | None, list[TokenEvent]]:
         if not is_job_id(job_id):
             return None, []  # never a key built from a malformed id
-        pipe = self._runner.pipeline(transaction=True)
-        pipe.hmget(keys.job(job_id), READ_FIELDS)
-        pipe.get(keys.job_output(job_id))
-        pipe.llen(keys.job_tokens(job_id))
-        if from_index is not None:
-            pipe.lrange(keys.job_tokens(job_id), from_index, -1)
-        values, output, logged, *tail = pipe.execute()
+        read_keys = [keys.job(job_id), keys.job_output(job_id), keys.job_tokens(job_id)]
+        start = -1 if from_index is None else max(from_index, 0)
+        values, output, logged, entries = self._runner.run("READ", read_keys, [start, *READ_FIELDS])
         fields = hash_fields(READ_FIELDS, values)
         if "id" not in fields:
             return None, []
@@ -202,8 +198,7 @@ class JobStore:
         if not job.status.is_terminal:
             job.output = output or ""
             job.usage = Usage(job.usage.prompt_tokens, int(logged))
-        entries = tail[0] if tail else []
-        return job, [TokenEvent.from_log_entry(job_id, raw) for raw in entries]
+        return job, [TokenEvent.from_log_entry(job_id, raw) for raw in entries or ()]
 
     # -- the queued and running indexes -----------------------------------------------------------
 
