@@ -55,8 +55,11 @@ def job_urls(job_id: str) -> JobUrls:
     svc = services()
     expires_at = int(time.time()) + svc.settings.limits.result_ttl_seconds
     token = svc.stream_tokens().issue(job_id, expires_at)
-    base = request.host_url.rstrip("/")
-    ws_base = ("wss://" if request.scheme == "https" else "ws://") + request.host
+    # The Host header as sent (``host_url`` converted it to an IRI, werkzeug's URL walk, on
+    # every response): an ASCII host, punycode included, is what a client connects to anyway.
+    host = request.host
+    base = f"{request.scheme}://{host}"
+    ws_base = ("wss://" if request.scheme == "https" else "ws://") + host
     path = f"/v1/jobs/{job_id}"
     return {
         "self": f"{base}{path}",
