@@ -103,6 +103,7 @@ class JobDispatcher:
         self._held: dict[str, list[Request]] = {}
         self._held_count = 0
         self._retry_held = False
+        self._joining = False
         self._lock = threading.Condition()
         self._busy = 0
         self._stopping = False
@@ -140,6 +141,7 @@ class JobDispatcher:
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for every claimed job to end (stored or handed back)."""
         with self._lock:
+            self._joining = True
             ended = self._lock.wait_for(
                 lambda: self._busy <= len(self._intake) + self._held_count, timeout
             )
@@ -262,7 +264,10 @@ class JobDispatcher:
     def _ended(self, count: int) -> None:
         with self._lock:
             self._busy -= count
-            self._lock.notify_all()
+            # Only a join (shutdown) waits on the count, and the claim thread on held jobs'
+            # retry: a wake of the idle claim thread on every job's end was a wasted switch.
+            if self._joining or self._retry_held:
+                self._lock.notify_all()
 
 
 def _ack(message: Any, logger: Any, errors: Any) -> None:
