@@ -27,7 +27,7 @@ import statistics
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,9 @@ class Burst:
     latencies: list[float]
     window_ms: float
     cpu_ms: dict[str, tuple[float, float]]
+    # Each job's release of the POSTs -> started (ms): the client's view, which counts the wait
+    # in the web tier before a record is stamped (created -> started does not).
+    since_release: list[float] = field(default_factory=list)
 
 
 def burst_claims(stack: Stack, model: str, size: int, groups: dict[str, list[int]]) -> Burst:
@@ -177,7 +180,7 @@ def burst_claims(stack: Stack, model: str, size: int, groups: dict[str, list[int
         thread.start()
     paths = schedstat_paths(groups)
     before = schedstat_of(paths)
-    released = time.monotonic()
+    released, released_at = time.monotonic(), time.time()
     barrier.wait()
     for thread in threads:
         thread.join()
@@ -202,7 +205,8 @@ def burst_claims(stack: Stack, model: str, size: int, groups: dict[str, list[int
         for name in groups
     }
     latencies = sorted(1e3 * (started - created) for created, started in stamps.values())
-    return Burst(latencies, 1e3 * window, cpu)
+    since_release = sorted(1e3 * (started - released_at) for _, started in stamps.values())
+    return Burst(latencies, 1e3 * window, cpu, since_release)
 
 
 def burst_summary(bursts: list[Burst]) -> dict[str, Any]:
@@ -221,6 +225,14 @@ def burst_summary(bursts: list[Burst]) -> dict[str, Any]:
             {"p50": round(statistics.median(b.latencies), 1), "max": round(max(b.latencies), 1)}
             for b in bursts
             if b.latencies
+        ],
+        "released_to_started_ms": [
+            {
+                "p50": round(statistics.median(b.since_release), 1),
+                "max": round(max(b.since_release), 1),
+            }
+            for b in bursts
+            if b.since_release
         ],
         "window_ms": round(statistics.median(b.window_ms for b in warm), 1),
         "cores": os.cpu_count(),
