@@ -209,6 +209,27 @@ def burst_claims(stack: Stack, model: str, size: int, groups: dict[str, list[int
     return Burst(latencies, 1e3 * window, cpu, since_release)
 
 
+def command_time_per_job(stack: Stack, model: str, jobs: int) -> dict[str, float]:
+    """µs Redis spent executing each command (``INFO commandstats``) per streamed one-token
+    job, most first; a script's time includes the commands it called (listed too), and the
+    rest of Redis's CPU (reading, writing, pub/sub delivery) is in no command."""
+    assert stack.client is not None
+    conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
+    for _ in range(10):
+        one_job(conn, model, "streamed")
+    stack.client.config_resetstat()
+    for _ in range(jobs):
+        one_job(conn, model, "streamed")
+    stats = stack.client.info("commandstats")
+    conn.close()
+    spent = {
+        name.removeprefix("cmdstat_"): float(row["usec"]) / jobs for name, row in stats.items()
+    }
+    spent.pop("config", None)
+    top = sorted(spent.items(), key=lambda item: -item[1])
+    return {name: round(us, 1) for name, us in top}  # no sum: scripts hold their commands
+
+
 def burst_summary(bursts: list[Burst]) -> dict[str, Any]:
     """Per burst p50 / max created -> started; over the bursts after the first (cold), the
     median window and each group's median on-CPU and run-queue wait within it."""
@@ -286,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{mode}: CPU ms per job {per_job}, {args.jobs / wall:.0f} jobs/s")
         result["redis_commands_per_job"] = commands_per_job(stack, args.model, args.monitor_jobs)
         progress(f"Redis commands per job: {result['redis_commands_per_job']}")
+        result["redis_usec_per_job"] = command_time_per_job(stack, args.model, args.jobs)
+        progress(f"Redis's own time in each command, us per job: {result['redis_usec_per_job']}")
         groups = process_groups(stack, args.model)
         bursts = []
         for _ in range(args.bursts):
