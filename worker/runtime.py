@@ -223,9 +223,9 @@ class WorkerRuntime:
         """Claim (unless ``claim`` is given), generate and store one job; returns once its
         final state is in Redis. ``claim`` may be a job ``claim_and_start`` already started."""
         retry = self.settings.worker.redis_retry_seconds
-        begun = claim if isinstance(claim, Begun) else None
-        if isinstance(claim, Begun):  # (narrows ``claim`` for the type checker)
-            claim = claim.claim
+        begun: Begun | None = None
+        if isinstance(claim, Begun):
+            begun, claim = claim, claim.claim
         timeline = begun.timeline if begun else JobTimeline(claim_started=time.time())
         if claim is None:
             (claim,) = with_redis_retry(lambda: self.claim_many([job_id]), retry, f"claim {job_id}")
