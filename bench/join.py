@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from bench.models import MODELS_DIR
+from bench import models
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker.config_sections import ModelSettings
 from worker.engine import Engine
@@ -30,7 +30,7 @@ from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
 from worker.store import JobStore
 
-MODEL_DIRS = {"demo": MODELS_DIR / "demo", "bench": MODELS_DIR / "bench-33m-v2000"}
+MODEL_KEYS = ("demo", "bench")
 VARIANTS = (("wait (inter_threads=1)", 1, 0), ("second batch (inter_threads=2)", 2, 1))
 
 
@@ -96,7 +96,7 @@ def run_variant(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="demo", choices=sorted(MODEL_DIRS))
+    parser.add_argument("--model", default="demo", choices=MODEL_KEYS)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--long", type=int, default=512)
     parser.add_argument("--delay", type=float, default=0.05)
@@ -109,7 +109,7 @@ def main() -> None:
         try:
             results = {
                 name: run_variant(
-                    MODEL_DIRS[args.model],
+                    models.prepare(args.model).path,
                     client,
                     inter,
                     intra,
