@@ -31,12 +31,20 @@ def demo_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small random-weight Llama-style model (RMSNorm, rotary, SwiGLU), demo tokenizer."""
+    """A small random-weight Llama-style model (RMSNorm, rotary, SwiGLU), demo tokenizer, served
+    in float32. The oracle tests compare greedy outputs bit for bit across batching, restarts
+    and cached prefixes, and only float32 keeps those exact on a CPU: under ``auto`` CTranslate2
+    quantizes it to int8 where the CPU has it, and int8's activation scales depend on how a
+    prompt is cut between the prefill and the decoding loop (on an AVX-512 CPU a split's
+    restarted sequence, alone, left its solo output 81 tokens later)."""
     from trickle.model_builders.random_llama import build_random_llama
+    from worker.engine.model_hints import write_hints
 
-    return build_random_llama(
+    path = build_random_llama(
         tmp_path_factory.mktemp("tiny-llama"), demo_model_dir / "tokenizer.model"
     )
+    write_hints(path, "float32", "test oracles compare greedy outputs bit for bit")
+    return path
 
 
 @pytest.fixture(scope="session")
