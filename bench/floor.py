@@ -12,9 +12,10 @@ so that the machine's drift touches all three alike:
 - ``trickle``: the stack ``make up`` starts (as ``bench.request_cost`` does), on ``--model``.
 
 Each runs ``--jobs`` sequential one-token jobs over one keep-alive connection: POST, then the
-SSE stream to its end. Printed per service: CPU per job by process (``/proc``), and p50 of the
-POST and of POST -> the stream's end as the client sees them. Trickle's engine process is
-reported apart; its POST -> end includes a one-token generation.
+SSE stream to its end; then as many ``Prefer: wait`` jobs (one POST that answers with the
+result; ``<service>_wait`` in the output). Printed per service: CPU per job by process
+(``/proc``), and p50 of the POST and of POST -> the stream's end as the client sees them.
+Trickle's engine process is reported apart; its POST -> end includes a one-token generation.
 """
 
 from __future__ import annotations
@@ -91,11 +92,17 @@ class FloorService:
         return groups
 
     @staticmethod
-    def post(conn: http.client.HTTPConnection) -> str:
-        """A one-token job's POST; its id."""
+    def post(conn: http.client.HTTPConnection, wait: bool = False) -> str:
+        """A one-token job's POST (with ``wait``, answered with its result); its id."""
         body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
-        conn.request("POST", "/v1/jobs", body, {"Content-Type": "application/json"})
-        return str(json.loads(conn.getresponse().read())["id"])
+        headers = {"Content-Type": "application/json"}
+        if wait:
+            headers["Prefer"] = "wait=30"
+        conn.request("POST", "/v1/jobs", body, headers)
+        answer = json.loads(conn.getresponse().read())
+        if wait and answer.get("status") != "succeeded":
+            raise RuntimeError(f"floor wait answered {answer}")
+        return str(answer["id"])
 
     @staticmethod
     def stream(conn: http.client.HTTPConnection, job_id: str) -> None:
@@ -135,26 +142,34 @@ def timed_jobs(
     return result
 
 
-def measure_floor(service: FloorService, jobs: int) -> dict[str, Any]:
+def no_stream(_job: Any) -> None:
+    """A ``Prefer: wait`` job's POST already carried its result."""
+
+
+def measure_floor(service: FloorService, jobs: int, wait: bool) -> dict[str, Any]:
     conn = http.client.HTTPConnection(HOST, service.web_port, timeout=60)
     try:
-        post, stream = partial(service.post, conn), partial(service.stream, conn)
+        post = partial(service.post, conn, wait)
+        stream = no_stream if wait else partial(service.stream, conn)
         return timed_jobs(post, stream, service.groups(), jobs)
     finally:
         conn.close()
 
 
-def measure_trickle(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
+def measure_trickle(stack: Stack, model: str, jobs: int, wait: bool) -> dict[str, Any]:
     conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
     groups = process_groups(stack, model)
     del groups["client"]
+
+    def post() -> dict[str, Any]:
+        job = post_job(conn, model, wait=wait)
+        if wait and job.get("status") != "succeeded":
+            raise RuntimeError(f"Prefer: wait answered {job.get('status')}")
+        return job
+
     try:
-        return timed_jobs(
-            lambda: post_job(conn, model, wait=False),
-            lambda job: follow_stream(conn, job),
-            groups,
-            jobs,
-        )
+        stream = no_stream if wait else partial(follow_stream, conn)
+        return timed_jobs(post, stream, groups, jobs)
     finally:
         conn.close()
 
@@ -189,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         for service in floors:
             service.wait_ready()
         for index in range(args.rounds):
-            measured = {service.mode: measure_floor(service, args.jobs) for service in floors}
-            measured["trickle"] = measure_trickle(stack, args.model, args.jobs)
+            measured: dict[str, dict[str, Any]] = {}
+            for wait, suffix in ((False, ""), (True, "_wait")):
+                for service in floors:
+                    measured[service.mode + suffix] = measure_floor(service, args.jobs, wait)
+                measured["trickle" + suffix] = measure_trickle(stack, args.model, args.jobs, wait)
             rounds.append(measured)
             progress(f"round {index + 1}: {json.dumps(measured)}")
     finally:

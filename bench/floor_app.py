@@ -5,8 +5,10 @@ gevent worker, as Trickle's web tier is served, and runs a stock Celery worker o
 writes a record and sends a Celery task (stock kombu, acks late); the task writes the result and
 publishes a token and the end; the stream subscribes (one shared pub/sub connection and a
 listener thread, as a careful minimal design has), reads the record, and relays what arrives.
-No validation, tokenizer, engine, leases, replay log, limits or keys. ``FLOOR_MODE=bare``: the
-two requests alone, answering at once (gunicorn and Flask's share).
+No validation, tokenizer, engine, leases, replay log, limits or keys. A POST with ``Prefer:
+wait`` follows the job's channel before it sends the task, and answers with the stored record
+once the end arrives. ``FLOOR_MODE=bare``: the requests alone, answering at once (gunicorn and
+Flask's share).
 """
 
 from __future__ import annotations
@@ -83,10 +85,25 @@ BARE_STREAM = 'event: token\ndata: {"text": "s"}\n\nevent: done\ndata: {}\n\n'
 def submit() -> Any:
     body = request.get_json()
     job_id = uuid.uuid4().hex
-    if not BARE:
+    waits = request.headers.get("Prefer", "").startswith("wait")
+    if BARE:
+        if waits:
+            return jsonify({"id": job_id, "status": "succeeded", "output": "s"})
+        return jsonify({"id": job_id, "status": "queued"}), 201
+    assert relay is not None
+    events = relay.open(job_id) if waits else None
+    try:
         client.hset(f"floor:{job_id}", mapping={"status": "queued", "prompt": body["prompt"]})
         celery.send_task("floor.generate", args=[job_id])
-    return jsonify({"id": job_id, "status": "queued"}), 201
+        if events is None:
+            return jsonify({"id": job_id, "status": "queued"}), 201
+        while events.get(timeout=30) != "d":
+            pass
+        status, output = client.hmget(f"floor:{job_id}", ["status", "output"])
+        return jsonify({"id": job_id, "status": status, "output": output})
+    finally:
+        if events is not None:
+            relay.close(job_id)
 
 
 @app.get("/v1/jobs/<job_id>/stream")
