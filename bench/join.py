@@ -22,11 +22,11 @@ from typing import Any
 import redis
 
 from bench import models
+from bench.scheduler_burst import claimed_job
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker.config_sections import ModelSettings
 from worker.engine import Engine
-from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
-from worker.jobs import GenerationParams, Job, new_job_id
+from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.publisher import TokenPublisher
 from worker.store import JobStore
 
@@ -52,12 +52,7 @@ def run_variant(
     scheduler = BatchScheduler(engine, publisher.publish_step, batch, 5.0, engine_threads=inter)
 
     def job(max_tokens: int) -> ScheduledJob:
-        params = GenerationParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        record = Job(new_job_id(), "m", "The socket module", params, created_at=time.time())
-        store.create(record)
-        claim = store.leases.claim(record.id, "bench", time.time(), 600_000, 3)
-        ids = engine.tokenizer.encode(record.prompt)
-        return make_scheduled_job(engine, record.id, ids, params, claim.fence)
+        return claimed_job(engine, store, max_tokens)
 
     ttfts, rates, solo = [], [], []
     try:

@@ -3,12 +3,13 @@
     .venv/bin/python -m bench.scheduler_burst [--model bench] [--jobs 16] [--spread-ms 0,25]
         [--bursts 8] [--max-tokens 64]
 
-The worker's scheduler, engine process and publisher, wired as ``worker.runtime`` wires them
-with the model's default knobs, on a private Redis; no HTTP, no Celery, no web tier. Each burst
-hands ``--jobs`` claimed jobs to the scheduler, all at once or spread evenly over a window (a
-burst reaches the scheduler over the 20-50 ms its claims take in the stack), and reports, per
-spread, the TTFT p50 and max from each job's arrival and the burst's tokens/s, beside
-CTranslate2's own ``generate_batch(jobs)`` (its first step and tokens/s) in the same process.
+The worker's scheduler (``BatchScheduler.for_engine``, as a worker builds it), engine process
+and publisher, with the model's default knobs, on a private Redis; no HTTP, no Celery, no web
+tier. Each burst hands ``--jobs`` claimed jobs to the scheduler, all at once or spread evenly
+over a window (a burst reaches the scheduler over the 20-50 ms its claims take in the stack),
+and reports, per spread, the TTFT p50 and max from each job's arrival and the burst's
+tokens/s, beside CTranslate2's own ``generate_batch(jobs)`` (its first step and tokens/s) in the
+same process.
 
 Set beside ``bench.burst_trace`` (the same burst through the whole stack), the difference is
 what the stack's other processes cost a burst on the cores the engine shares with them.
@@ -32,37 +33,12 @@ from bench.log import progress
 from bench.params import RunParams
 from trickle.redis_server import free_port, start_redis, stop_redis
 from worker.config import PROJECT_ROOT
-from worker.config_sections import ModelSettings
+from worker.config_sections import ModelSettings, WorkerSettings
 from worker.engine import Engine
-from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
 from worker.store import JobStore
-
-# The worker's defaults (configs/default.toml): pacing as the worker paces its flushes.
-PUBLISH_INTERVAL_SECONDS = 0.02
-PUBLISH_MAX_INTERVAL_SECONDS = 0.03
-PUBLISH_MAX_MESSAGES_PER_SECOND = 1000.0
-
-
-def scheduler_for(engine: Engine, publisher: TokenPublisher) -> BatchScheduler:
-    """The scheduler ``worker.runtime`` builds for ``engine``'s model, without its observers."""
-    model = engine.settings
-    return BatchScheduler(
-        engine,
-        publisher.publish_step,
-        max_batch_size=model.max_batch_size,
-        max_batch_wait_ms=model.max_batch_wait_ms,
-        engine_threads=model.lanes,
-        rebatch_max_stall_ms=model.rebatch_max_stall_ms,
-        rebatch_wait_ratio=model.rebatch_wait_ratio,
-        quiet_start_after_ms=model.quiet_start_after_ms,
-        rebalance_gain_ratio=model.rebalance_gain_ratio,
-        prefixes=PrefixTable.for_model(model, engine.tokenizer),
-        reserve_threads=engine.reserve_lanes,
-        overflow=not engine.tenant_reserve,
-    )
 
 
 def claimed_job(engine: Engine, store: JobStore, max_tokens: int) -> ScheduledJob:
@@ -130,15 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         client = redis.Redis(port=port, decode_responses=True)
         engine = Engine(ModelSettings(model.key, str(model.path), device="cpu"))
         store = JobStore(client, 600, 600)
+        pacing = WorkerSettings()
         publisher = TokenPublisher(
             store,
             lambda _job_id: None,
             lambda _job_id: None,
-            flush_interval_seconds=PUBLISH_INTERVAL_SECONDS,
-            max_interval_seconds=PUBLISH_MAX_INTERVAL_SECONDS,
-            max_messages_per_second=PUBLISH_MAX_MESSAGES_PER_SECOND,
+            # Paced as the worker paces its flushes by default.
+            flush_interval_seconds=pacing.publish_interval_ms / 1000,
+            max_interval_seconds=pacing.publish_max_interval_ms / 1000,
+            max_messages_per_second=pacing.publish_max_messages_per_second,
         )
-        scheduler = scheduler_for(engine, publisher)
+        scheduler = BatchScheduler.for_engine(engine, publisher.publish_step)
         try:
             for spread in spreads:
                 one_burst(engine, store, scheduler, args.jobs, spread, args.max_tokens)  # warm-up

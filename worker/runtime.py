@@ -21,7 +21,6 @@ from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
 from worker.config import Settings
 from worker.engine import Engine
-from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.events import TokenEvent
 from worker.in_flight import InFlight
@@ -98,21 +97,11 @@ class WorkerRuntime:
             engine = Engine(model, named_keys=bool(settings.keys))
             self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
-            self.schedulers[name] = BatchScheduler(
+            self.schedulers[name] = BatchScheduler.for_engine(
                 engine,
                 self.publisher.publish_step,
-                max_batch_size=model.max_batch_size,
-                max_batch_wait_ms=model.max_batch_wait_ms,
-                engine_threads=engine.settings.lanes,
                 on_batch=self._batch_observer(name),
-                rebatch_max_stall_ms=model.rebatch_max_stall_ms,
-                rebatch_wait_ratio=model.rebatch_wait_ratio,
-                quiet_start_after_ms=model.quiet_start_after_ms,
-                rebalance_gain_ratio=model.rebalance_gain_ratio,
-                prefixes=PrefixTable.for_model(model, engine.tokenizer),
                 on_restart=self._restart_observer(name),
-                reserve_threads=engine.reserve_lanes,
-                overflow=not engine.tenant_reserve,
             )
             log.info("model %s loaded from %s on %s", name, model.path, engine.device)
         self.duties = WorkerDuties(

@@ -137,6 +137,34 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
+    @classmethod
+    def for_engine(
+        cls,
+        engine: Engine,
+        publish_step: StepSink,
+        on_batch: Callable[[int], None] | None = None,
+        on_restart: Callable[[bool], None] | None = None,
+    ) -> BatchScheduler:
+        """The scheduler for ``engine``'s model with its configured knobs: what a worker runs
+        (and what ``bench.scheduler_burst`` measures without the rest of the worker)."""
+        model = engine.settings
+        return cls(
+            engine,
+            publish_step,
+            max_batch_size=model.max_batch_size,
+            max_batch_wait_ms=model.max_batch_wait_ms,
+            engine_threads=model.lanes,
+            on_batch=on_batch,
+            rebatch_max_stall_ms=model.rebatch_max_stall_ms,
+            rebatch_wait_ratio=model.rebatch_wait_ratio,
+            quiet_start_after_ms=model.quiet_start_after_ms,
+            rebalance_gain_ratio=model.rebalance_gain_ratio,
+            prefixes=PrefixTable.for_model(model, engine.tokenizer),
+            on_restart=on_restart,
+            reserve_threads=engine.reserve_lanes,
+            overflow=not engine.tenant_reserve,
+        )
+
     def take_pending(self) -> list[ScheduledJob]:
         """Remove and return every job not yet in a batch (to hand back on shutdown)."""
         with self._cond:
