@@ -54,9 +54,14 @@ def post(stack: FaultStack, key: str, **body: Any) -> str:
 
 
 def statuses(stack: FaultStack, job_ids: list[str]) -> list[str]:
+    """The jobs' statuses at one instant (MULTI/EXEC): read one by one, a job that ended
+    between two reads showed as still running beside the next one it let start."""
     client = stack.client()
     try:
-        return [str(client.hget(keys.job(job_id), "status")) for job_id in job_ids]
+        with client.pipeline(transaction=True) as snapshot:
+            for job_id in job_ids:
+                snapshot.hget(keys.job(job_id), "status")
+            return [str(status) for status in snapshot.execute()]
     finally:
         client.close()
 
