@@ -106,15 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         client = redis.Redis(port=port, decode_responses=True)
         engine = Engine(ModelSettings(model.key, str(model.path), device="cpu"))
         store = JobStore(client, 600, 600)
-        pacing = WorkerSettings()
-        publisher = TokenPublisher(
-            store,
-            lambda _job_id: None,
-            lambda _job_id: None,
-            # Paced as the worker paces its flushes by default.
-            flush_interval_seconds=pacing.publish_interval_ms / 1000,
-            max_interval_seconds=pacing.publish_max_interval_ms / 1000,
-            max_messages_per_second=pacing.publish_max_messages_per_second,
+        # Paced as a worker paces its flushes by default.
+        publisher = TokenPublisher.paced_as(
+            WorkerSettings(), store, lambda _job_id: None, lambda _job_id: None
         )
         scheduler = BatchScheduler.for_engine(engine, publisher.publish_step)
         try:

@@ -26,13 +26,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
 from worker.events import TokenEvent
 from worker.jobs import JobResult
 from worker.store import JobStore, StepAppend
+
+if TYPE_CHECKING:
+    from worker.config_sections import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,27 @@ class TokenPublisher:
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
         self._thread.start()
+
+    @classmethod
+    def paced_as(
+        cls,
+        worker: WorkerSettings,
+        store: JobStore,
+        on_cancel_requested: Callable[[str], None],
+        on_lease_lost: Callable[[str], None],
+        on_first_published: Callable[[str, float], None] | None = None,
+    ) -> TokenPublisher:
+        """A publisher paced as ``worker`` configures its flushes: what a worker runs (and
+        what ``bench.scheduler_burst`` measures without the rest of the worker)."""
+        return cls(
+            store,
+            on_cancel_requested,
+            on_lease_lost,
+            on_first_published,
+            flush_interval_seconds=worker.publish_interval_ms / 1000.0,
+            max_interval_seconds=worker.publish_max_interval_ms / 1000.0,
+            max_messages_per_second=worker.publish_max_messages_per_second,
+        )
 
     @property
     def interval_seconds(self) -> float:

@@ -80,14 +80,12 @@ class WorkerRuntime:
         self.metrics = MetricsRecorder()
         self.in_flight = InFlight()
         self.cold_start = ColdStart()
-        self.publisher = TokenPublisher(
+        self.publisher = TokenPublisher.paced_as(
+            settings.worker,
             self.store,
             self._cancel_requested,
             self._lease_lost,
             self.in_flight.first_published if self.tracing.enabled else None,
-            flush_interval_seconds=settings.worker.publish_interval_ms / 1000.0,
-            max_interval_seconds=settings.worker.publish_max_interval_ms / 1000.0,
-            max_messages_per_second=settings.worker.publish_max_messages_per_second,
         )
         self.engines: dict[str, Engine] = {}
         self.schedulers: dict[str, BatchScheduler] = {}
