@@ -27,9 +27,9 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.stack import HOST, Stack
 from bench.stats import percentile, summary
-from trickle.otlp_sink import ReceivedSpan, SpanSink
-from worker.config import PROJECT_ROOT
-from worker.config_sections import available_cores
+from tests.otlp_sink import ReceivedSpan, SpanSink
+from trickle.config.sections import available_cores
+from trickle.config.settings import PROJECT_ROOT
 from worker.engine.model_hints import resolve_compute_type
 
 ENGINE_RUNS = 10  # per engine variant: the medians settle quickly, and five variants run

@@ -29,7 +29,7 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.profiling import profiled
 from bench.stack import Stack, cpu_of, process_groups, us_per_token
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 
 def measure_burst(

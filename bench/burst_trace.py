@@ -35,8 +35,8 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.stack import Stack
 from bench.stats import percentile
-from worker import keys
-from worker.config import PROJECT_ROOT
+from trickle import keys
+from trickle.config.settings import PROJECT_ROOT
 
 HOPS = {
     "sent -> created": ("sent", "created"),

@@ -10,7 +10,7 @@ Three parts, each the median of ``--runs``:
 2. Trickle's engine start (tokenizer + load + one warm-up batch per engine thread).
 3. A whole worker, start to first heartbeat (ready to claim), exec'ed as the Procfile line
    (`celery -A worker.app worker`) or forked from a launcher that preloaded its imports
-   (what `trickle up` does, ``trickle.preload``).
+   (what `trickle up` does, ``ops.preload``).
 Writes ``bench/results/coldstart-<time>.json`` and prints a Markdown table.
 """
 
@@ -31,10 +31,10 @@ import redis
 
 from bench.log import progress
 from bench.models import prepare
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker import keys
-from worker.config import PROJECT_ROOT
-from worker.config_sections import ModelSettings
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle import keys
+from trickle.config.sections import ModelSettings
+from trickle.config.settings import PROJECT_ROOT
 
 RESULTS = PROJECT_ROOT / "bench" / "results"
 BIN = Path(sys.executable).parent
@@ -70,8 +70,8 @@ def engine_start(path: Path) -> float:
 def worker_ready(config: Path, client: redis.Redis, model: str, fork: bool) -> float:
     """Start one worker, return seconds until its first heartbeat; then stop it."""
     n = next(_NODES)
-    from trickle.launcher import die_with_parent
-    from trickle.preload import ForkedProcess
+    from ops.launcher import die_with_parent
+    from ops.preload import ForkedProcess
 
     node = f"cold{n}{'f' if fork else 'e'}"
     argv = [
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="demo,bench")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args(argv)
-    from trickle.preload import preload
+    from ops.preload import preload
 
     results: dict[str, dict[str, float]] = {}
     port = free_port()

@@ -30,8 +30,8 @@ from bench.log import progress
 from bench.roundtrips import command_calls
 from bench.stack import HOST, CpuMeter, Stack, rss_kib
 from bench.stats import summary
-from worker import keys
-from worker.config import PROJECT_ROOT
+from trickle import keys
+from trickle.config.settings import PROJECT_ROOT
 
 HEALTHZ_BUDGET_SECONDS = 30.0
 HEALTHZ_TIMEOUT_SECONDS = 5.0

@@ -38,8 +38,8 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.request_cost import PROMPT, follow_stream, post_job
 from bench.stack import BIN, HOST, Stack, child_pids, cpu_of, process_groups
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.config import PROJECT_ROOT
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle.config.settings import PROJECT_ROOT
 
 Groups = dict[str, list[int]]
 

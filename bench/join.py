@@ -23,12 +23,12 @@ import redis
 
 from bench import models
 from bench.scheduler_burst import claimed_job
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.config_sections import ModelSettings
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle.config.sections import ModelSettings
+from trickle.store.job_store import JobStore
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.publisher import TokenPublisher
-from worker.store import JobStore
 
 MODEL_KEYS = ("demo", "bench")
 VARIANTS = (("wait (inter_threads=1)", 1, 0), ("second batch (inter_threads=2)", 2, 1))

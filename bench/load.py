@@ -37,7 +37,7 @@ from bench.params import RunParams
 from bench.stack import HOST, Stack, cpu_of, process_groups, us_per_token
 from bench.stats import percentile
 from bench.ws import follow_job_ws
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 SLO_TTFT_MS = 250.0
 SLO_ITL_MS = 50.0

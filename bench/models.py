@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.config import DEFAULT_MODEL_DIR, PROJECT_ROOT
-from worker.tokenizer import Tokenizer
+from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from trickle.tokenizer import Tokenizer
 
 MODELS_DIR = PROJECT_ROOT / "models"
 TOKENIZER_FILE = "tokenizer.model"
@@ -88,7 +88,7 @@ def prepare(key: str, vocab_size: int | None = None) -> PreparedModel:
     ``vocab_size`` overrides a random model's vocabulary (e.g. 2000, the tokenizer's own size,
     so that no id decodes to an ``<extra_N>`` piece); such a model gets its own directory.
     """
-    from trickle.model_builders.demo import build_demo_model
+    from ops.model_builders.demo import build_demo_model
 
     choice = CHOICES[key]
     if choice.shape is not None and vocab_size and vocab_size != choice.shape.vocab_size:
@@ -104,7 +104,7 @@ def prepare(key: str, vocab_size: int | None = None) -> PreparedModel:
         # One-hot embeddings and the output projection, each vocab x vocab; the layer is tiny.
         vocab = Tokenizer(demo_dir / TOKENIZER_FILE).vocab_size
         return PreparedModel(choice, demo_dir, 2 * vocab * vocab)
-    from trickle.model_builders.random_llama import build_random_llama
+    from ops.model_builders.random_llama import build_random_llama
 
     shape = choice.shape
     path = build_random_llama(

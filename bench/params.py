@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from worker.config_sections import ModelSettings, available_cores
+from trickle.config.sections import ModelSettings, available_cores
 
 # Trickle's defaults for the engine knobs (config_sections.ModelSettings), used on both sides.
 _DEFAULTS = ModelSettings(name="defaults", path="").with_threads(available_cores())

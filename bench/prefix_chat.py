@@ -27,8 +27,8 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.stack import Stack
 from bench.stats import percentile
-from worker.config import PROJECT_ROOT
-from worker.tokenizer import Tokenizer
+from trickle.config.settings import PROJECT_ROOT
+from trickle.tokenizer import Tokenizer
 
 WORDS = [
     "the",

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 
 def start_profilers(groups: dict[str, list[int]], out: Path) -> list[subprocess.Popen[bytes]]:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import redis
 
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.events import TokenEvent
-from worker.jobs import GenerationParams, Job, new_job_id
-from worker.store import JobStore, StepAppend
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle.events import TokenEvent
+from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.store.job_store import JobStore, StepAppend
 
 
 def flush_cost(batch: int, steps: int) -> tuple[float, float]:

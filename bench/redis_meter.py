@@ -14,7 +14,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 
-from trickle.redis_server import free_port
+from ops.redis_server import free_port
 
 PUBSUB_COMMANDS = {b"SUBSCRIBE", b"SSUBSCRIBE", b"PSUBSCRIBE"}
 

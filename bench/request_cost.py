@@ -38,8 +38,8 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.profiling import profiled
 from bench.stack import HOST, Stack, cpu_of, process_groups, schedstat_of, schedstat_paths
-from worker import keys
-from worker.config import PROJECT_ROOT
+from trickle import keys
+from trickle.config.settings import PROJECT_ROOT
 
 PROMPT = "Once upon a time"
 

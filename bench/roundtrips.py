@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from worker import keys
+from trickle import keys
 
 WATCHED_COMMANDS = (
     "publish",

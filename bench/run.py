@@ -28,7 +28,7 @@ from bench.log import progress
 from bench.params import RunParams
 from bench.stack import HOST, Stack, raise_open_files_limit, unbatched_name
 from bench.sysinfo import machine_info
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 DEFAULT_OUT = PROJECT_ROOT / "bench" / "results"
 FANOUT_TOKENS_CAP = 16384

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
-from trickle.redis_server import free_port, start_redis, stop_redis
+from ops.redis_server import free_port, start_redis, stop_redis
 
 
 def _client(url: str, **options: Any) -> Any:
@@ -51,10 +51,10 @@ def _subscriber(url: str) -> Any:
 def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, seconds: float,
                    results: Any) -> None:  # fmt: skip
     """A simulated worker: claims its jobs, then one token per job per step at ``rate``."""
-    from worker.events import TokenEvent
-    from worker.jobs import FinishReason, JobResult, JobStatus
+    from trickle.events import TokenEvent
+    from trickle.jobs import FinishReason, JobResult, JobStatus
+    from trickle.store.job_store import JobStore
     from worker.publisher import TokenItem, TokenPublisher
-    from worker.store import JobStore
 
     store = JobStore(_client(url), 600, 600)
     fences = {
@@ -90,10 +90,10 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
 
 def web_main(url: str, job_ids: list[str], start: Any, seconds: float, results: Any) -> None:
     """A web process: the real hub, a follower per job it reads; reports CPU and deliveries."""
+    from trickle.events import TokenEvent
+    from trickle.store.job_store import JobStore
     from web.follow import Done, JobFollower
     from web.hub import TokenHub
-    from worker.events import TokenEvent
-    from worker.store import JobStore
 
     store = JobStore(_client(url), 600, 600)
     hub = TokenHub(lambda: _subscriber(url))
@@ -163,8 +163,8 @@ def run(url: str, client: Any, web: int, rate: float, jobs: int, seconds: float,
         fixed_readers: int = 0) -> dict[str, Any]:  # fmt: skip
     """One configuration. ``fixed_readers``: web process 0 reads that many jobs, the others
     split the rest (the flat-CPU table); 0: every process reads an equal share."""
-    from worker.jobs import GenerationParams, Job, new_job_id
-    from worker.store import JobStore
+    from trickle.jobs import GenerationParams, Job, new_job_id
+    from trickle.store.job_store import JobStore
 
     store = JobStore(client, 600, 600)
     all_jobs = [Job(new_job_id(), "demo", "x", GenerationParams(), created_at=time.time())

@@ -31,14 +31,14 @@ from bench import models
 from bench.load import engine_burst
 from bench.log import progress
 from bench.params import RunParams
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker.config import PROJECT_ROOT
-from worker.config_sections import ModelSettings, WorkerSettings
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle.config.sections import ModelSettings, WorkerSettings
+from trickle.config.settings import PROJECT_ROOT
+from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.store.job_store import JobStore
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
-from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
-from worker.store import JobStore
 
 
 def claimed_job(engine: Engine, store: JobStore, max_tokens: int) -> ScheduledJob:

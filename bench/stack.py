@@ -22,9 +22,9 @@ from bench.log import progress
 from bench.models import PreparedModel
 from bench.params import RunParams
 from bench.redis_meter import RedisMeter
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker import keys
-from worker.config import PROJECT_ROOT
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle import keys
+from trickle.config.settings import PROJECT_ROOT
 
 BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
@@ -147,7 +147,7 @@ class Stack:
         log_path = self.log_dir / f"web-{self._web_starts}.log"
         with log_path.open("ab") as log:
             self._web = subprocess.Popen(
-                [str(BIN / "gunicorn"), "--config", "python:trickle.gunicorn_conf",
+                [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf",
                  "web:create_app()"],
                 cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
                 env=self._env({"TRICKLE_PORT": str(self.web_port)}),

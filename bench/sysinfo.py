@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 
 def machine_info() -> dict[str, Any]:

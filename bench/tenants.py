@@ -28,9 +28,9 @@ import requests
 
 from bench.stack import BIN, HOST, stop_process
 from bench.stats import percentile, ratio
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker import keys
-from worker.config import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle import keys
+from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT
 
 KEY_A, KEY_B = "bench-flood-key", "bench-trickle-key"
 FINAL = ("succeeded", "failed", "canceled")
@@ -70,7 +70,7 @@ class TenantStack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
         env.update({"TRICKLE_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"})
         self._start(
-            [str(BIN / "gunicorn"), "--config", "python:trickle.gunicorn_conf", "web:create_app()"],
+            [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf", "web:create_app()"],
             {**env, "TRICKLE_PORT": str(self.web_port)},
             "web",
         )

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.config import settings_from_dict
+from trickle.config.settings import settings_from_dict
 
 JOB = {"prompt": "The socket module", "max_tokens": 64, "temperature": 0.7, "stop": ["\n\n"]}
 COMPLETION = {"model": "demo", "prompt": "The socket module", "max_tokens": 64, "stream": True}

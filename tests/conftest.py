@@ -14,17 +14,17 @@ import pytest
 import redis
 from flask import Flask
 
+from ops.redis_server import free_port, start_redis, stop_redis
 from tests import stack
-from trickle.redis_server import free_port, start_redis, stop_redis
+from trickle.config.settings import DEFAULT_MODEL_DIR, Settings, load_settings
 from web import create_app
 from web.services import services
-from worker.config import DEFAULT_MODEL_DIR, Settings, load_settings
 
 
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """The demo model, built once (it is also what `make up` serves)."""
-    from trickle.model_builders.demo import build_demo_model
+    from ops.model_builders.demo import build_demo_model
 
     return build_demo_model(DEFAULT_MODEL_DIR)
 
@@ -37,7 +37,7 @@ def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     quantizes it to int8 where the CPU has it, and int8's activation scales depend on how a
     prompt is cut between the prefill and the decoding loop (on an AVX-512 CPU a split's
     restarted sequence, alone, left its solo output 81 tokens later)."""
-    from trickle.model_builders.random_llama import build_random_llama
+    from ops.model_builders.random_llama import build_random_llama
     from worker.engine.model_hints import write_hints
 
     path = build_random_llama(

@@ -13,9 +13,9 @@ from typing import Any
 
 import redis
 
+from ops.redis_server import free_port, start_redis, stop_redis
 from tests import stack
 from tests.clients import get_job
-from trickle.redis_server import free_port, start_redis, stop_redis
 
 
 @dataclass
@@ -111,7 +111,7 @@ def build_slow_model(
     1,500-token job on one thread still runs while a test kills, stalls or hands off its
     worker. The default shape takes several seconds on a fast core; modules whose jobs must end
     sooner pass a smaller one, and a deadline test a larger one."""
-    from trickle.model_builders.random_llama import build_random_llama
+    from ops.model_builders.random_llama import build_random_llama
 
     return build_random_llama(
         root / "slow", tokenizer, d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trickle.redis_server import free_port
+from ops.redis_server import free_port
 
 # The Debian package's own scripts: /usr/sbin/rabbitmq-server would switch to the rabbitmq user.
 RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")

@@ -19,7 +19,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from trickle.redis_server import stop_redis
+from ops.redis_server import stop_redis
 
 
 def cluster_binaries() -> tuple[str, str]:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import redis
 
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
+from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.store.job_store import JobStore
 from worker.engine import Engine
 from worker.engine.prefix import PrefixTable
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
-from worker.jobs import GenerationParams, Job, new_job_id
 from worker.publisher import TokenPublisher
-from worker.store import JobStore
 
 
 @dataclass(frozen=True)

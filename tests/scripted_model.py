@@ -2,7 +2,7 @@
 detokenization (multi-byte characters split into byte-fallback pieces, a stray continuation
 byte that forms no character, pieces with and without the word-boundary marker).
 
-Built like the demo model (``trickle.model_builders.demo.bigram_spec``) from a table where each
+Built like the demo model (``ops.model_builders.demo.bigram_spec``) from a table where each
 id of the cycle has one likely successor, so CTranslate2 itself produces the ids at serving time.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from trickle.model_builders.demo import bigram_spec
+from ops.model_builders.demo import bigram_spec
 
 # After the prompt "The" (whose last piece starts the cycle) the model writes these pieces
 # in a loop. Every id occurs once, so a bigram table can script it.

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import requests
 
-from worker import keys
-from worker.config import PROJECT_ROOT
-from worker.config_sections import RedisSettings
-from worker.redis_connection import connect
+from trickle import keys
+from trickle.config.sections import RedisSettings
+from trickle.config.settings import PROJECT_ROOT
+from trickle.store.redis_connection import connect
 
 BIN = Path(sys.executable).parent
 
@@ -76,7 +76,7 @@ def start_web(
     log_path = log_dir / f"{name}.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [str(BIN / "gunicorn"), "--config", "python:trickle.gunicorn_conf", "web:create_app()"],
+            [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf", "web:create_app()"],
             cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     deadline = time.monotonic() + 60

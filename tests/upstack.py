@@ -12,9 +12,9 @@ from pathlib import Path
 
 import requests
 
+from ops.redis_server import free_port
 from tests.stack import child_env
-from trickle.redis_server import free_port
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 TRICKLE = str(Path(sys.executable).parent / "trickle")
 

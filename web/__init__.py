@@ -7,12 +7,12 @@ import os
 
 from flask import Flask
 
+from trickle.config.settings import Settings, load_settings
+from trickle.telemetry.tracing import Tracing
 from web.auth import install_auth
 from web.cors import install_cors
 from web.errors import register_error_handlers
 from web.services import EXTENSION_KEY, Services
-from worker.config import Settings, load_settings
-from worker.tracing import Tracing
 
 
 def create_app(settings: Settings | None = None) -> Flask:

@@ -14,9 +14,9 @@ from typing import Any
 from pydantic import TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from trickle.config.settings import Settings
 from web.request_models import RequestModels
 from web.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
-from worker.config import Settings
 
 JSON = "application/json"
 SSE = "text/event-stream"

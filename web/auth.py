@@ -12,8 +12,8 @@ import hmac
 
 from flask import Flask, g, request
 
+from trickle.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
 from web.errors import HttpError
-from worker.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
 
 PROTECTED_PREFIX = "/v1/"
 METRICS_PATH = "/metrics"

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from worker import keys
+from trickle import keys
 
 BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
 
@@ -24,7 +24,7 @@ def new_batch_id() -> str:
 
 
 def is_batch_id(value: str) -> bool:
-    """Whether ``value`` is a batch id (see ``worker.jobs.is_job_id`` for why this matters)."""
+    """Whether ``value`` is a batch id (see ``trickle.jobs.is_job_id`` for why this matters)."""
     return BATCH_ID_PATTERN.fullmatch(value) is not None
 
 

@@ -17,6 +17,7 @@ import redis
 from flask import Blueprint, Response, jsonify, request
 from werkzeug.formparser import FormDataParser
 
+from trickle.jobs import BATCH_PRIORITY, JobStatus
 from web.auth import current_key, current_owner
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
@@ -28,7 +29,6 @@ from web.openai.requests import OpenAIRequest, parse_chat_request, parse_complet
 from web.openai.routes import jobs_for_request
 from web.services import Services, services
 from web.submission import admission_cost, cancel_many, enqueue_many
-from worker.jobs import BATCH_PRIORITY, JobStatus
 
 blueprint = Blueprint("batches", __name__)
 

@@ -21,7 +21,7 @@ RETRY_AFTER_SECONDS = 2
 
 class HttpError(Exception):
     """Raised anywhere in a request to answer it with ``status`` and the JSON error body (the
-    client's own error class is ``trickle.client.ApiError``)."""
+    client's own error class is ``ops.client.ApiError``)."""
 
     def __init__(
         self,

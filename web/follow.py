@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
 
+from trickle.events import FinalRecord, TokenEvent, TokenRun
+from trickle.jobs import Job, JobStatus
+from trickle.store.job_store import JobStore
 from web.hub import Delivery, Signal, Subscription, TokenHub
-from worker.events import FinalRecord, TokenEvent, TokenRun
-from worker.jobs import Job, JobStatus
-from worker.store import JobStore
 
 
 @dataclass(frozen=True)

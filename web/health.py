@@ -7,10 +7,10 @@ import time
 import redis
 from flask import Blueprint, Response, jsonify
 
+from trickle import keys
+from trickle.capacity import live_workers
 from web.api_schema import openapi_document
 from web.services import services
-from worker import keys
-from worker.capacity import live_workers
 
 blueprint = Blueprint("health", __name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, NamedTuple
 
+from trickle import keys
+from trickle.events import FinalRecord, JobMessage, TokenRun
 from web.subscriber import ChannelSubscriber
-from worker import keys
-from worker.events import FinalRecord, JobMessage, TokenRun
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from typing import Any
 
 from flask import request
 
+from trickle import keys
 from web.auth import current_owner
 from web.errors import HttpError, invalid
 from web.services import Services
-from worker import keys
 
 HEADER = "Idempotency-Key"
 MAX_LENGTH = 255

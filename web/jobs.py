@@ -7,6 +7,7 @@ import logging
 import redis
 from flask import Blueprint, Response, jsonify, request
 
+from trickle.jobs import Job
 from web.auth import current_owner
 from web.body import read_json_body
 from web.errors import HttpError, not_found
@@ -16,7 +17,6 @@ from web.services import services
 from web.stream_access import with_urls
 from web.submission import admit, cancel, enqueue, prepare_job
 from web.validation import parse_job_request, parse_wait
-from worker.jobs import Job
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("jobs", __name__)

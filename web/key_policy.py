@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from trickle.jobs import Job
+from trickle.tenants import KeySettings
 from web.errors import HttpError, too_many
 from web.services import Services
-from worker.jobs import Job
-from worker.tenants import KeySettings
 
 KEY_QUEUE_FULL_RETRY_AFTER_SECONDS = 5
 

@@ -1,6 +1,6 @@
 """GET /metrics: the whole deployment in Prometheus text format, written by prometheus_client.
 
-Workers add their counters and histograms to Redis (``worker.metrics``), because
+Workers add their counters and histograms to Redis (``trickle.telemetry.metrics``), because
 prometheus_client's multiprocess mode only covers one host. A custom collector reads those totals
 plus live gauges (queue depth over every priority, oldest queued job, live workers and their
 slots, running jobs) and this process's open streams, and prometheus_client writes the text, label
@@ -17,11 +17,11 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from trickle import keys
+from trickle.capacity import read_load
+from trickle.telemetry.metric_defs import COUNTERS, HISTOGRAMS, Histogram
+from trickle.telemetry.metrics import parse_labels
 from web.services import Services, services
-from worker import keys
-from worker.capacity import read_load
-from worker.metric_defs import COUNTERS, HISTOGRAMS, Histogram
-from worker.metrics import parse_labels
 
 blueprint = Blueprint("metrics", __name__)
 

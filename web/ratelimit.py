@@ -30,11 +30,11 @@ from flask import Flask, Response, request
 from flask_limiter import Limiter
 from limits import RateLimitItem, RateLimitItemPerMinute
 
+from trickle import keys
+from trickle.config.sections import RateLimitSettings
+from trickle.config.settings import Settings
 from web.auth import PROTECTED_PREFIX, current_key, current_owner, stream_grant
 from web.errors import too_many
-from worker import keys
-from worker.config import Settings
-from worker.config_sections import RateLimitSettings
 
 KINDS = ("requests", "tokens")
 

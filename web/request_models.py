@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from worker.config import Settings
+from trickle.config.settings import Settings
 
 MAX_SEED = 2**63 - 1
 # CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.

@@ -9,7 +9,7 @@ from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict
 
 # Shared with the job contract: web.api_schema generates the Job schema from it.
-from worker.jobs import JobObject as JobObject
+from trickle.jobs import JobObject as JobObject
 
 
 class JobUrls(TypedDict):
@@ -40,7 +40,7 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-# A completion's token counts (worker.jobs.Usage holds a job's), published as Usage. A comment,
+# A completion's token counts (trickle.jobs.Usage holds a job's), published as Usage. A comment,
 # not a docstring: pydantic would publish a docstring as the schema's description.
 @with_config(ConfigDict(title="Usage"))
 class CompletionUsage(TypedDict):

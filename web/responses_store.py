@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import redis
 
+from trickle import keys
 from web.chat_template import ChatTurn
-from worker import keys
 
 RESPONSE_ID_PATTERN = re.compile(r"resp_[0-9a-f]{32}")
 

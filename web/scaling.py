@@ -12,9 +12,9 @@ import time
 
 from flask import Blueprint, Response, jsonify
 
+from trickle.capacity import read_load, slots_per_worker
 from web.errors import not_found
 from web.services import services
-from worker.capacity import read_load, slots_per_worker
 
 blueprint = Blueprint("scaling", __name__)
 

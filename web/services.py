@@ -9,19 +9,19 @@ import redis
 from celery import Celery
 from flask import Flask, current_app
 
+from trickle.config.settings import Settings
+from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
+from trickle.store.job_store import JobStore
+from trickle.store.redis_connection import connect_pooled, connect_subscriber
+from trickle.telemetry.tracing import Tracing
+from trickle.tenants import TenantTable
+from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
 from web.responses_store import ResponseStore
 from web.stream_tokens import StreamTokens, load_secret
-from worker.config import Settings
-from worker.queue import QueueReader, make_celery, tasks_ride_with_records
-from worker.redis_connection import connect_pooled, connect_subscriber
-from worker.store import JobStore
-from worker.tenants import TenantTable
-from worker.tokenizer import Tokenizer
-from worker.tracing import Tracing
 
 EXTENSION_KEY = "trickle"
 

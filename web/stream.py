@@ -17,13 +17,13 @@ from flask import Flask, Response, request, stream_with_context
 from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
+from trickle.events import TokenRun
+from trickle.jobs import JobStatus
 from web.auth import current_owner
 from web.errors import HttpError, not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
 from web.services import Services, services
 from web.validation import parse_after
-from worker.events import TokenRun
-from worker.jobs import JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import secrets
 
 import redis
 
-from worker import keys
+from trickle import keys
 
 # Longest expiry accepted (digits): bounds the work a forged token can ask for.
 MAX_EXPIRY_DIGITS = 12

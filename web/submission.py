@@ -11,17 +11,17 @@ from typing import Any
 
 import redis
 
+from trickle.jobs import GenerationParams, Job, Usage, new_job_id
+from trickle.queue import BROKER_ERRORS, enqueue_generation, publishing_into
+from trickle.store.job_store import CancelOutcome
+from trickle.telemetry.metric_defs import JOBS
+from trickle.telemetry.metrics import count_now
 from web.auth import current_key, current_owner
 from web.errors import too_many, unavailable
 from web.idempotency import Created, IdempotencyKey, matching, ttl_seconds
 from web.key_policy import check_key_policy
 from web.services import Services
 from web.validation import check_prompt_length
-from worker.jobs import GenerationParams, Job, Usage, new_job_id
-from worker.metric_defs import JOBS
-from worker.metrics import count_now
-from worker.queue import BROKER_ERRORS, enqueue_generation, publishing_into
-from worker.store import CancelOutcome
 
 log = logging.getLogger(__name__)
 

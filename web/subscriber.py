@@ -26,7 +26,7 @@ from typing import Any
 
 import redis
 
-from worker.redis_connection import is_cluster
+from trickle.store.redis_connection import is_cluster
 
 try:  # what redis-py's hiredis reader returns for "no complete reply buffered"
     from redis._parsers.hiredis import NOT_ENOUGH_DATA as _INCOMPLETE

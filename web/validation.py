@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from trickle.config.settings import Settings
+from trickle.jobs import GenerationParams, context_overflow
+from trickle.webhooks import WebhookRejected, check_webhook_url
 from web.errors import invalid, not_found
 from web.request_errors import request_error
 from web.request_models import JobRequest, SamplingFields
-from worker.config import Settings
-from worker.jobs import GenerationParams, context_overflow
-from worker.webhooks import WebhookRejected, check_webhook_url
 
 Model = TypeVar("Model", bound=BaseModel)
 

@@ -1,5 +1,5 @@
-"""Trickle worker: the job contract (jobs, events, keys, store, config) and the generation engine.
+"""Trickle's worker: the Celery process (app, bootstep, dispatcher, runtime, publisher) and its engine.
 
-The contract modules import nothing else from ``worker`` that pulls in CTranslate2, so the web tier
-can use them and stay light.
+The job contract it shares with the web tier lives in ``trickle``; nothing in ``web`` imports this
+package.
 """

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from worker.engine.scheduled import ScheduledJob
-from worker.joblog import log_job_event
-from worker.jobs import Job, JobResult
-from worker.metric_defs import (
+from trickle.joblog import log_job_event
+from trickle.jobs import Job, JobResult
+from trickle.telemetry.metric_defs import (
     E2E_LATENCY,
     INTER_TOKEN_LATENCY,
     JOBS,
@@ -17,8 +16,9 @@ from worker.metric_defs import (
     TIME_TO_FIRST_TOKEN,
     TOKENS,
 )
-from worker.metrics import MetricsRecorder
-from worker.tenants import DEFAULT_TENANT_LABEL
+from trickle.telemetry.metrics import MetricsRecorder
+from trickle.tenants import DEFAULT_TENANT_LABEL
+from worker.engine.scheduled import ScheduledJob
 
 
 def account_finished(

@@ -3,7 +3,7 @@
 Celery's CLI finds the module's ``app``, built once at import by ``create_worker_app`` from
 settings loaded once from the file and this process's environment, and passed down from there.
 Only Celery's CLI imports this module: the launcher preloads what it imports, never the module
-itself (trickle/preload.py), so each forked worker builds its app from its own environment.
+itself (ops/preload.py), so each forked worker builds its app from its own environment.
 Celery's own consumer takes every generation task, on every broker; the ``TrickleWorker``
 bootstep owns what a worker adds to Celery: the runtime (models loaded once per process, before
 anything is consumed; heartbeats, leases and sweeps) and the dispatcher that
@@ -20,18 +20,18 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from worker.capacity import slots_per_worker
-from worker.config import Settings, load_settings
+from trickle.capacity import slots_per_worker
+from trickle.config.settings import Settings, load_settings
+from trickle.heap import freeze_startup_heap
+from trickle.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
+from trickle.store.job_store import JobStore
+from trickle.store.redis_connection import connect
+from trickle.telemetry.tracing import Tracing
+from trickle.tenants import TenantTable
 from worker.dispatch import JobDispatcher
-from worker.heap import freeze_startup_heap
 from worker.key_caps import KeyCaps
-from worker.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
-from worker.redis_connection import connect
 from worker.runtime import WorkerRuntime
-from worker.store import JobStore
 from worker.tasks import register_tasks
-from worker.tenants import TenantTable
-from worker.tracing import Tracing
 
 log = logging.getLogger(__name__)
 SETTINGS_KEY = "trickle_settings"

@@ -13,8 +13,8 @@ import os
 import threading
 import time
 
-from worker.metric_defs import COLD_START
-from worker.metrics import MetricsRecorder
+from trickle.telemetry.metric_defs import COLD_START
+from trickle.telemetry.metrics import MetricsRecorder
 
 log = logging.getLogger(__name__)
 

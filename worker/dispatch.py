@@ -47,8 +47,8 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
+from trickle.queue import TenantQueues, tenant_queues
 from worker.key_caps import KeyCaps
-from worker.queue import TenantQueues, tenant_queues
 
 log = logging.getLogger(__name__)
 

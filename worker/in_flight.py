@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+from trickle.jobs import FinishReason, JobError
 from worker.engine.scheduled import ScheduledJob
-from worker.jobs import FinishReason, JobError
 
 
 class InFlight:

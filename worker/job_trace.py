@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.jobs import Job, JobResult
-from worker.tracing import JobTimeline, Tracing
+from trickle.jobs import Job, JobResult
+from trickle.telemetry.tracing import JobTimeline, Tracing
 
 
 def record_job_trace(

@@ -20,8 +20,8 @@ import time
 
 import redis
 
-from worker import keys
-from worker.tenants import TenantTable
+from trickle import keys
+from trickle.tenants import TenantTable
 
 log = logging.getLogger(__name__)
 

@@ -17,15 +17,16 @@ from dataclasses import dataclass
 
 import redis
 
-from worker import capacity, keys, reclaim
-from worker.config import Settings
+from trickle import capacity, keys
+from trickle.config.settings import Settings
+from trickle.joblog import log_job_event
+from trickle.jobs import FinishReason, JobError
+from trickle.store.job_store import JobStore
+from trickle.store.leases import RecoveryOutcome
+from trickle.telemetry.metric_defs import JOBS
+from trickle.telemetry.metrics import MetricsRecorder
+from worker import reclaim
 from worker.in_flight import InFlight
-from worker.joblog import log_job_event
-from worker.jobs import FinishReason, JobError
-from worker.leases import RecoveryOutcome
-from worker.metric_defs import JOBS
-from worker.metrics import MetricsRecorder
-from worker.store import JobStore
 
 log = logging.getLogger(__name__)
 

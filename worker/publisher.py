@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
-from worker.events import TokenEvent
-from worker.jobs import JobResult
-from worker.store import JobStore, StepAppend
+from trickle.events import TokenEvent
+from trickle.jobs import JobResult
+from trickle.store.job_store import JobStore, StepAppend
 
 if TYPE_CHECKING:
-    from worker.config_sections import WorkerSettings
+    from trickle.config.sections import WorkerSettings
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ single: the older copy's next renewal or write is refused and it stops itself.
 
 from __future__ import annotations
 
-from worker import keys
-from worker.store import JobStore
+from trickle import keys
+from trickle.store.job_store import JobStore
 
 # KEYS: lease; ARGV: "<node>:" -> 1 if the lease was this node's and is now gone.
 DROP_IF_OURS = """

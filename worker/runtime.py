@@ -15,28 +15,28 @@ from dataclasses import dataclass
 
 import redis
 
-from worker import keys
+from trickle import keys
+from trickle.capacity import slots_per_worker
+from trickle.config.settings import Settings
+from trickle.events import TokenEvent
+from trickle.joblog import log_job_event
+from trickle.jobs import FinishReason, Job, JobError, JobResult, JobStatus, context_overflow
+from trickle.store.job_store import JobStore
+from trickle.store.leases import Claim, ClaimOutcome, ReleaseOutcome
+from trickle.store.redis_connection import connect
+from trickle.telemetry.metric_defs import BATCH_SIZE, ENGINE_RESTARTS, JOBS, QUEUE_TIME
+from trickle.telemetry.metrics import MetricsRecorder
+from trickle.telemetry.tracing import JobTimeline, Tracing
+from trickle.tenants import TenantTable, tenant_label
 from worker.accounting import account_finished
-from worker.capacity import slots_per_worker
 from worker.coldstart import ColdStart
-from worker.config import Settings
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
-from worker.events import TokenEvent
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
-from worker.joblog import log_job_event
-from worker.jobs import FinishReason, Job, JobError, JobResult, JobStatus, context_overflow
-from worker.leases import Claim, ClaimOutcome, ReleaseOutcome
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
-from worker.metric_defs import BATCH_SIZE, ENGINE_RESTARTS, JOBS, QUEUE_TIME
-from worker.metrics import MetricsRecorder
 from worker.publisher import TokenPublisher
-from worker.redis_connection import connect
 from worker.retry import with_redis_retry
-from worker.store import JobStore
-from worker.tenants import TenantTable, tenant_label
-from worker.tracing import JobTimeline, Tracing
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from celery import Celery
 
-from worker import keys
-from worker.config_sections import WebhookSettings
+from trickle import keys
+from trickle.config.sections import WebhookSettings
+from trickle.webhooks import WebhookFailed, WebhookRejected, deliver_job
 from worker.runtime import WorkerRuntime
-from worker.webhooks import WebhookFailed, WebhookRejected, deliver_job
 
 log = logging.getLogger(__name__)
 WEBHOOK_BACKOFF_CAP_SECONDS = 60

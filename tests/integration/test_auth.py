@@ -10,8 +10,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from worker.config import Settings, load_settings
-from worker.config_sections import AuthSettings
+from trickle.config.sections import AuthSettings
+from trickle.config.settings import Settings, load_settings
 
 DIGESTED = "second-key"
 

@@ -15,10 +15,10 @@ from flask.testing import FlaskClient
 
 from tests.faultstack import wait_for
 from tests.metrics_text import parse_samples
+from trickle import keys
+from trickle.config.sections import AuthSettings, LimitSettings, RateLimitSettings
+from trickle.config.settings import Settings
 from web.services import services
-from worker import keys
-from worker.config import Settings
-from worker.config_sections import AuthSettings, LimitSettings, RateLimitSettings
 
 LIMIT = 6
 FIRST, SECOND = "bound-key-one", "bound-key-two"

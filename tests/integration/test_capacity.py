@@ -14,16 +14,16 @@ import pytest
 import redis
 from flask import Flask
 
-from trickle.autoscaler import WorkerRange, desired_workers, node_port
-from trickle.launcher import parse_concurrency
-from trickle.preload import expand
-from worker import capacity, keys
-from worker.capacity import ModelLoad, WorkerSlots
-from worker.config import Settings
-from worker.config_sections import RedisSettings
-from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job
-from worker.queue import QueueReader, enqueue_generation, make_celery
-from worker.store import JobStore
+from ops.autoscaler import WorkerRange, desired_workers, node_port
+from ops.launcher import parse_concurrency
+from ops.preload import expand
+from trickle import capacity, keys
+from trickle.capacity import ModelLoad, WorkerSlots
+from trickle.config.sections import RedisSettings
+from trickle.config.settings import Settings
+from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job
+from trickle.queue import QueueReader, enqueue_generation, make_celery
+from trickle.store.job_store import JobStore
 
 
 @pytest.fixture
@@ -135,8 +135,8 @@ def test_worker_range_and_concurrency_parsing() -> None:
 def test_a_restarted_worker_drops_only_its_previous_lifes_leases(
     private_redis: redis.Redis,
 ) -> None:
+    from trickle.store.job_store import JobStore
     from worker.reclaim import release_previous_life
-    from worker.store import JobStore
 
     private_redis.flushdb()
     holders = {"job_a": "w-5100@h:1", "job_b": "w-5100@h2:1", "job_c": "w-51000@h:2"}

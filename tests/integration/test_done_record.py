@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from tests.integration.test_hub import counting_snapshots, make_hub
+from trickle import keys
+from trickle.events import JobMessage, TokenEvent, TokenRun
+from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
+from trickle.store.job_store import JobStore, StepAppend
 from web.follow import Done, JobFollower, wait_for_job
-from worker import keys
-from worker.events import JobMessage, TokenEvent, TokenRun
-from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
-from worker.store import JobStore, StepAppend
 
 TEXTS = ["Caf", 'é "quoted"\n', "/ end"]  # escaping: non-ASCII, quotes, a newline, a slash
 

@@ -14,11 +14,11 @@ import pytest
 import redis
 
 from tests.faultstack import wait_for
-from worker import keys
-from worker.events import TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
-from worker.leases import Claim
-from worker.store import JobStore, StepAppend, StepOutcome
+from trickle import keys
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
+from trickle.store.job_store import JobStore, StepAppend, StepOutcome
+from trickle.store.leases import Claim
 
 
 @pytest.fixture

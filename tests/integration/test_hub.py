@@ -7,10 +7,8 @@ import time
 
 import redis
 
-from web.follow import JobFollower, Status
-from web.hub import Delivery, Signal, TokenHub
-from worker import keys
-from worker.events import (
+from trickle import keys
+from trickle.events import (
     CLAIMED_MESSAGE,
     DONE_MESSAGE,
     STATUS_MESSAGE,
@@ -19,8 +17,10 @@ from worker.events import (
     encode_text,
     token_message,
 )
-from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
-from worker.store import JobStore
+from trickle.jobs import GenerationParams, Job, JobStatus, new_job_id
+from trickle.store.job_store import JobStore
+from web.follow import JobFollower, Status
+from web.hub import Delivery, Signal, TokenHub
 
 
 class ManualSubscriber:

@@ -7,9 +7,9 @@ import time
 
 import redis
 
-from worker import keys
+from trickle import keys
+from trickle.tenants import TenantTable, build_keys
 from worker.key_caps import KeyCaps
-from worker.tenants import TenantTable, build_keys
 
 
 def test_the_cap_is_shared_and_lapses(private_redis: redis.Redis) -> None:

@@ -12,12 +12,12 @@ import redis
 from flask import Flask
 
 from tests.metrics_text import parse_samples
+from trickle.config.sections import AuthSettings
+from trickle.config.settings import Settings
+from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, Usage
+from trickle.telemetry.metrics import MetricsRecorder
+from trickle.tenants import TenantTable, build_keys, tenant_label
 from worker.accounting import account_finished
-from worker.config import Settings
-from worker.config_sections import AuthSettings
-from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, Usage
-from worker.metrics import MetricsRecorder
-from worker.tenants import TenantTable, build_keys, tenant_label
 
 
 def test_a_keys_usage_is_in_metrics_by_its_name(

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 
 def test_the_web_tier_never_imports_ctranslate2() -> None:

@@ -17,8 +17,8 @@ import pytest
 import sentencepiece as spm
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
-from trickle.model_builders import demo as demo_model
-from trickle.model_builders import random_llama as random_model
+from ops.model_builders import demo as demo_model
+from ops.model_builders import random_llama as random_model
 
 MAX_MODEL_BYTES = 50 * 1024 * 1024
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from flask import Flask
 
-from worker.config import Settings
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
+from trickle.config.settings import Settings
 
 
 def test_a_broken_tokenizer_config_is_a_503(

@@ -16,13 +16,12 @@ import redis
 from celery import Celery
 from flask import Flask
 
-from trickle.redis_server import free_port
-from web.admission_depth import AdmissionDepth
-from worker import keys
-from worker.config import Settings
-from worker.config_sections import BrokerSettings, RedisSettings
-from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
-from worker.queue import (
+from ops.redis_server import free_port
+from trickle import keys
+from trickle.config.sections import BrokerSettings, RedisSettings
+from trickle.config.settings import Settings
+from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
+from trickle.queue import (
     QueueReader,
     broker_priority,
     enqueue_generation,
@@ -30,8 +29,9 @@ from worker.queue import (
     make_celery,
     tenant_queues,
 )
-from worker.store import JobStore
-from worker.tenants import build_keys
+from trickle.store.job_store import JobStore
+from trickle.tenants import build_keys
+from web.admission_depth import AdmissionDepth
 
 
 def on_private_redis(settings: Settings, client: redis.Redis) -> Settings:

@@ -10,10 +10,10 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from trickle.config.sections import RateLimitSettings
+from trickle.config.settings import Settings
+from trickle.tenants import build_keys
 from web.ratelimit import reset_text
-from worker.config import Settings
-from worker.config_sections import RateLimitSettings
-from worker.tenants import build_keys
 
 HEADERS = [
     f"x-ratelimit-{what}-{kind}"

@@ -7,8 +7,8 @@ import time
 
 import redis
 
-from worker.config_sections import RedisSettings
-from worker.redis_connection import CheckedWithoutYield, connect_pooled
+from trickle.config.sections import RedisSettings
+from trickle.store.redis_connection import CheckedWithoutYield, connect_pooled
 
 
 def pooled(server: redis.Redis) -> redis.Redis:

@@ -15,7 +15,7 @@ import pytest
 import redis
 from kombu.utils.json import loads
 
-from worker import redis_transport
+from trickle.store import redis_transport
 
 QUEUE = "drain-test"
 STEPS = [0, 3, 6, 9]

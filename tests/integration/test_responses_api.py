@@ -16,13 +16,13 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.faultstack import wait_for
+from trickle import keys
+from trickle.config.sections import AuthSettings
+from trickle.config.settings import Settings
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.store.job_store import JobStore, StepAppend
 from web.services import services
-from worker import keys
-from worker.config import Settings
-from worker.config_sections import AuthSettings
-from worker.events import TokenEvent
-from worker.jobs import FinishReason, JobResult, JobStatus
-from worker.store import JobStore, StepAppend
 
 
 @pytest.fixture(scope="module")

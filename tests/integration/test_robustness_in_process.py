@@ -13,14 +13,14 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
+from ops.redis_server import free_port
 from tests.clients import batch_line, jsonl
-from trickle.redis_server import free_port
+from trickle import keys
+from trickle.config.sections import AuthSettings, WebhookSettings
+from trickle.config.settings import Settings
+from trickle.jobs import new_job_id
+from trickle.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
 from web.services import services
-from worker import keys
-from worker.config import Settings
-from worker.config_sections import AuthSettings, WebhookSettings
-from worker.jobs import new_job_id
-from worker.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
 
 
 def test_a_first_read_that_fails_closes_its_subscription(

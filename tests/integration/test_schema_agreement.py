@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from trickle.config.settings import Settings
 from web.api_schema import component_schemas
 from web.request_models import RequestModels
 from web.validation import validate
-from worker.config import Settings
 
 OPERATIONS = {
     "JobRequest": "/v1/jobs",

@@ -8,10 +8,10 @@ from typing import Any
 import redis
 
 from tests.faultstack import wait_for
-from worker import keys
-from worker.events import TokenEvent
-from worker.jobs import GenerationParams, Job, JobStatus, new_job_id
-from worker.store import JobStore, StepAppend
+from trickle import keys
+from trickle.events import TokenEvent
+from trickle.jobs import GenerationParams, Job, JobStatus, new_job_id
+from trickle.store.job_store import JobStore, StepAppend
 
 
 def stored_job(store: JobStore) -> Job:

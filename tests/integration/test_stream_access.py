@@ -18,11 +18,11 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
+from trickle import keys
+from trickle.config.sections import AuthSettings, WebSettings
+from trickle.config.settings import ConfigError, Settings, load_settings
 from web.services import services
 from web.stream_tokens import StreamTokens, load_secret
-from worker import keys
-from worker.config import ConfigError, Settings, load_settings
-from worker.config_sections import AuthSettings, WebSettings
 
 KEY = "stream-access-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -11,8 +11,8 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from worker.config import Settings
-from worker.tenants import build_keys
+from trickle.config.settings import Settings
+from trickle.tenants import build_keys
 
 
 @pytest.fixture(scope="module")

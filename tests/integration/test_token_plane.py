@@ -15,12 +15,12 @@ import pytest
 import redis
 
 from tests.faultstack import wait_for
+from trickle import keys
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
+from trickle.store.job_store import JobStore
 from web.hub import Signal, TokenHub
-from worker import keys
-from worker.events import TokenEvent
-from worker.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
 from worker.publisher import TokenItem, TokenPublisher
-from worker.store import JobStore
 
 
 @pytest.fixture

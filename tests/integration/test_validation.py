@@ -11,8 +11,8 @@ import redis
 from flask import Flask
 from flask.testing import FlaskClient
 
-from worker import keys
-from worker.config import Settings
+from trickle import keys
+from trickle.config.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import redis
 
 from tests.faultstack import wait_for
 from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
-from worker import keys
+from trickle import keys
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason
 from worker.engine import Engine
-from worker.events import TokenEvent
-from worker.jobs import FinishReason
 
 PROMPTS = [
     "The",

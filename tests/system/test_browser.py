@@ -26,8 +26,8 @@ import pytest
 import requests
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from ops.redis_server import free_port
 from tests import stack
-from trickle.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_CHROMIUM = Path("/usr/bin/chromium")

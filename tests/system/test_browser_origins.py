@@ -21,9 +21,9 @@ import pytest
 import requests
 from playwright.sync_api import Page
 
+from ops.redis_server import free_port
 from tests import stack
 from tests.system import test_browser as shared
-from trickle.redis_server import free_port
 
 browser = shared.browser  # the same Chromium fixtures, not a copy
 page = shared.page

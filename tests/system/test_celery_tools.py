@@ -26,9 +26,9 @@ from tests.faultstack import (
     tokens_streamed,
     wait_for,
 )
-from worker import keys
-from worker.config import load_settings
-from worker.queue import enqueue_generation, make_celery
+from trickle import keys
+from trickle.config.settings import load_settings
+from trickle.queue import enqueue_generation, make_celery
 
 LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 

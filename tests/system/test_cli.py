@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from ops.redis_server import free_port, port_in_use
 from tests.clients import get_job
 from tests.faultstack import wait_for
-from trickle.redis_server import free_port, port_in_use
 
 TRICKLE = str(Path(sys.executable).parent / "trickle")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from ops.redis_server import free_port, start_redis, stop_redis
 from tests import stack
 from tests.clients import (
     StreamResult,
@@ -29,8 +30,7 @@ from tests.clients import (
 )
 from tests.faultstack import build_slow_model, tokens_streamed, wait_for
 from tests.redis_cluster import LocalCluster, start_cluster
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker import keys
+from trickle import keys
 
 LONG = {"model": "slow", "max_tokens": 1200, "ignore_eos": True, "temperature": 0}
 pytestmark = pytest.mark.timeout(150)

@@ -14,8 +14,8 @@ import pytest
 import requests
 import yaml
 
-from worker.capacity import slots_per_worker
-from worker.config import PROJECT_ROOT, load_settings
+from trickle.capacity import slots_per_worker
+from trickle.config.settings import PROJECT_ROOT, load_settings
 
 DEPLOY = PROJECT_ROOT / "deploy"
 LABELS = "app.kubernetes.io/component"

@@ -10,8 +10,8 @@ import requests
 
 from tests.clients import get_job, poll_until_finished, read_sse, submit
 from tests.metrics_text import parse_samples
-from worker import keys
-from worker.tokenizer import Tokenizer
+from trickle import keys
+from trickle.tokenizer import Tokenizer
 
 LONG = {"max_tokens": 1000, "ignore_eos": True}
 

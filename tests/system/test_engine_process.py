@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
 from worker.engine import Engine, EngineError, EngineRequest, SamplingKey
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, True)

@@ -35,7 +35,7 @@ from tests.faultstack import (
     wait_for,
 )
 from tests.metrics_text import parse_samples
-from worker import keys
+from trickle import keys
 
 INJECT = Path(__file__).parents[1] / "inject"
 ENGINE_FAILS = "The ☢"  # generate_batch raises for any batch holding this prompt
@@ -218,8 +218,8 @@ def test_a_task_taken_by_a_worker_killed_before_its_claim_runs(faults: FaultStac
 # no channel close, so kombu's restore-on-close never runs, as after a SIGKILL).
 TAKE_AND_DIE = """
 import os, sys
-from worker.config import load_settings
-from worker.queue import make_celery
+from trickle.config.settings import load_settings
+from trickle.queue import make_celery
 settings = load_settings(environ=os.environ)
 app = make_celery(settings, settings.models)
 conn = app.connection_for_read()

@@ -32,11 +32,11 @@ from tests.faultstack import (
     tokens_streamed,
     wait_for,
 )
-from worker import keys
-from worker.config import load_settings
-from worker.jobs import GenerationParams, Job, new_job_id
-from worker.queue import enqueue_generation, make_celery
-from worker.store import JobStore
+from trickle import keys
+from trickle.config.settings import load_settings
+from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.queue import enqueue_generation, make_celery
+from trickle.store.job_store import JobStore
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5

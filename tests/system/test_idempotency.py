@@ -244,7 +244,7 @@ def test_a_worker_killed_mid_generation_leaves_no_shared_memory(idem: FaultStack
 
 
 def _running(client: redis.Redis, job_id: str, node: str) -> bool:
-    from worker import keys
+    from trickle import keys
 
     owner = str(client.hget(keys.job(job_id), "owner") or "")
     return owner.startswith(f"{node}@") and client.llen(keys.job_tokens(job_id)) > 10

@@ -18,8 +18,8 @@ import pytest
 import requests
 
 from tests.faultstack import FaultStack, build_fault_stack
+from trickle.tokenizer import Tokenizer
 from web.chat_template import ChatTurn, render_chat
-from worker.tokenizer import Tokenizer
 
 PROMPT = "The socket module"
 TEMPLATE = (

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.clients import get_job, poll_until_finished
-from worker.tokenizer import Tokenizer
+from trickle.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ from tests import stack
 from tests.clients import poll_until_finished, submit
 from tests.faultstack import wait_for
 from tests.metrics_text import scrape
-from worker import keys
-from worker.config import load_settings
-from worker.metric_defs import JOBS
-from worker.metrics import count_now, label_string
-from worker.queue import make_celery
+from trickle import keys
+from trickle.config.settings import load_settings
+from trickle.queue import make_celery
+from trickle.telemetry.metric_defs import JOBS
+from trickle.telemetry.metrics import count_now, label_string
 
 
 def test_metrics_cover_queue_jobs_latency_and_batches(stack_url: str) -> None:

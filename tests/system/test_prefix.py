@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from tests.scheduler_harness import Harness, solo_outputs
-from worker.config import ConfigError, settings_from_dict
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
+from trickle.config.settings import ConfigError, settings_from_dict
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
 

@@ -35,7 +35,7 @@ from tests.faultstack import (
 )
 from tests.metrics_text import parse_samples
 from tests.rabbitmq import RabbitNode, rabbitmq_missing, start_rabbitmq
-from worker import keys
+from trickle import keys
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5

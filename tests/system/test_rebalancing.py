@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
-from worker import keys
-from worker.config_sections import ModelSettings
+from trickle import keys
+from trickle.config.sections import ModelSettings
+from trickle.jobs import FinishReason
 from worker.engine import Engine
-from worker.jobs import FinishReason
 
 PROMPTS = ["The", "Return the number of items", "A socket", "If the value is", "Raise", "This"]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from trickle.redis_server import free_port, start_redis, stop_redis
-from worker import keys
-from worker.config import Settings, settings_from_dict
-from worker.jobs import GenerationParams, Job, new_job_id
-from worker.queue import enqueue_generation, make_celery
-from worker.store import JobStore
+from ops.redis_server import free_port, start_redis, stop_redis
+from trickle import keys
+from trickle.config.settings import Settings, settings_from_dict
+from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.queue import enqueue_generation, make_celery
+from trickle.store.job_store import JobStore
 
 PASSWORD = "s3cret-pass"
 

@@ -21,8 +21,8 @@ from flask import Flask
 from tests.clients import batch_line, jsonl, poll_until_finished, submit
 from tests.faultstack import wait_for
 from tests.metrics_text import scrape
+from trickle.config.settings import Settings
 from web.services import services
-from worker.config import Settings
 
 DEEP = b"[" * 100_000
 HUGE_INTEGER = b"1" * 5_000

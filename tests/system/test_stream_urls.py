@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from ops.redis_server import free_port
 from tests import stack
 from tests.clients import poll_until_finished, read_sse, read_ws
 from tests.integration.test_stream_access import AUTH, KEY, PAGE_ORIGIN
-from trickle.redis_server import free_port
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from ops.supervisor import RespawnPolicy
 from tests.stack import child_env
 from tests.upstack import TRICKLE, alive
-from trickle.supervisor import RespawnPolicy
-from worker.config import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT
 
 PY = sys.executable
 

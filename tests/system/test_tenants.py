@@ -15,7 +15,7 @@ import requests
 
 from tests.faultstack import FaultStack, build_fault_stack, wait_for
 from tests.metrics_text import parse_samples
-from worker import keys
+from trickle import keys
 
 pytestmark = pytest.mark.timeout(120)
 CAPPED, FREE, FLOOD, OPERATOR = "key-capped", "key-free", "key-flood", "key-operator"

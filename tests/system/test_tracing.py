@@ -1,6 +1,6 @@
 """OpenTelemetry: one trace per job, exported over real OTLP/HTTP to a receiver the test runs.
 
-The stack (own Redis, a real Celery worker, gunicorn) exports to ``trickle.otlp_sink``, which
+The stack (own Redis, a real Celery worker, gunicorn) exports to ``tests.otlp_sink``, which
 decodes the protobuf as a collector would; the test then walks the trace from the POST to the
 first SSE write. Tracing off is covered by every other test (no endpoint configured).
 """
@@ -16,11 +16,11 @@ import pytest
 import redis
 import requests
 
+from ops.redis_server import free_port
 from tests import stack
 from tests.clients import read_sse
-from trickle.otlp_sink import ReceivedSpan, SpanSink
-from trickle.redis_server import free_port
-from worker.tracing import Tracing
+from tests.otlp_sink import ReceivedSpan, SpanSink
+from trickle.telemetry.tracing import Tracing
 
 WORKER_HOPS = {"queue wait", "claim", "batch wait", "first step", "first publish", "generate"}
 

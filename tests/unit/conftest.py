@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import pytest
 
 from tests.conftest import write_test_config
-from worker.config import Settings, load_settings
+from trickle.config.settings import Settings, load_settings
 
 MESSAGE = "the unit tier runs no {what}: move this test to tests/{tier}"
 # The discard port: settings here name a Redis that nothing in this tier may connect to.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
-from worker.config_sections import available_cores, derive_threads
+from trickle.config.sections import available_cores, derive_threads
+from trickle.config.settings import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
 
 
 def test_default_file_matches_embedded_defaults() -> None:
@@ -113,7 +113,7 @@ def test_web_processes_reach_gunicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     """``[web] processes`` is gunicorn's worker count (the config module reads it at import)."""
     import importlib
 
-    import trickle.gunicorn_conf as conf
+    import web.gunicorn_conf as conf
 
     monkeypatch.setenv("TRICKLE__WEB__PROCESSES", "3")
     assert importlib.reload(conf).workers == 3

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trickle.tokenizer import Tokenizer
 from worker.engine.detok import IncrementalDetokenizer
-from worker.tokenizer import Tokenizer
 
 TEXTS = [
     "Return the number of items in a container.",

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_policy import Holder
+from trickle.jobs import FinishReason, GenerationParams
+from trickle.tokenizer import Tokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.fair_share import ReserveShares, keys_below_share, reserve_candidates
 from worker.engine.scheduled import ScheduledJob, make_scheduled_job
-from worker.jobs import FinishReason, GenerationParams
-from worker.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker import keys
+from trickle import keys
 
 
 def test_exact_key_strings() -> None:
@@ -37,7 +37,7 @@ def test_exact_key_strings() -> None:
 
 
 def test_an_idempotency_key_is_scoped_and_its_jobs_share_its_shard() -> None:
-    from worker.jobs import is_job_id, new_job_id
+    from trickle.jobs import is_job_id, new_job_id
 
     assert keys.idempotency("owner-a", "k") != keys.idempotency("owner-b", "k")
     shard = keys.idempotency_shard("owner-a", "k")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.config import ConfigError
-from worker.config_sections import ModelSettings
-from worker.model_files import ModelProfile, model_profile
+from trickle.config.sections import ModelSettings
+from trickle.config.settings import ConfigError
+from trickle.model_files import ModelProfile, model_profile
 
 
 def model_dir(tmp_path: Path, tokenizer: object = None, generation: object = None) -> Path:

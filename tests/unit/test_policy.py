@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from trickle.jobs import GenerationParams
+from trickle.tokenizer import Tokenizer
 from worker.engine import EngineRequest
 from worker.engine.batch import RunningBatch
 from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill
 from worker.engine.scheduled import ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
-from worker.jobs import GenerationParams
-from worker.tokenizer import Tokenizer
 
 # A CPU-like model: a step grows with the batch (1: 2 ms, 16: 12 ms); prompts prefill fast.
 STEPS = {1: 0.002, 16: 0.012}

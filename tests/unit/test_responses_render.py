@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from trickle.events import TokenEvent, encode_text
+from trickle.jobs import FinishReason, GenerationParams, Job, JobStatus
 from web.chat_template import ChatTurn, render_chat
 from web.errors import HttpError
 from web.openai.responses_api.render import (
@@ -18,8 +20,6 @@ from web.openai.responses_api.render import (
     tail_events,
 )
 from web.responses_store import StoredResponse
-from worker.events import TokenEvent, encode_text
-from worker.jobs import FinishReason, GenerationParams, Job, JobStatus
 
 RECORD = StoredResponse(
     id="resp_" + "a" * 32,

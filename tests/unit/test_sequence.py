@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from trickle.jobs import FinishReason, JobError
 from worker.engine.sequence import SequenceState, TokenOutcome
-from worker.jobs import FinishReason, JobError
 
 EOS = 0
 

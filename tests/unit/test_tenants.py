@@ -6,10 +6,10 @@ import hashlib
 
 import pytest
 
-from worker import keys
-from worker.config import ConfigError, Settings, settings_from_dict
-from worker.queue import TenantQueues
-from worker.tenants import DEFAULT_TENANT, TenantTable
+from trickle import keys
+from trickle.config.settings import ConfigError, Settings, settings_from_dict
+from trickle.queue import TenantQueues
+from trickle.tenants import DEFAULT_TENANT, TenantTable
 
 MODELS = {"demo": {"path": "/m/demo"}, "big": {"path": "/m/big"}}
 
@@ -101,7 +101,7 @@ def test_each_key_gets_one_queue_per_weight_unit_on_its_allowed_models() -> None
 
 
 def test_keys_from_the_environment() -> None:
-    from worker.config import load_settings
+    from trickle.config.settings import load_settings
 
     settings = load_settings(
         environ={"TRICKLE__KEYS__CARL__KEY": "kc", "TRICKLE__KEYS__CARL__WEIGHT": "3"}

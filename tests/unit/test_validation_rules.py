@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from trickle.config.settings import Settings
+from trickle.jobs import GenerationParams
 from web.errors import HttpError
 from web.request_models import (
     MAX_REPETITION_PENALTY,
@@ -22,8 +24,6 @@ from web.validation import (
     parse_wait,
     validate,
 )
-from worker.config import Settings
-from worker.jobs import GenerationParams
 
 
 def parse_sampling(body: dict[str, Any], settings: Settings) -> GenerationParams:

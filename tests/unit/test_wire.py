@@ -10,9 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from web.openai import responses as shapes
-from web.stream import tokens_sse, ws_frame
-from worker.events import (
+from trickle.events import (
     DONE_MESSAGE,
     STATUS_MESSAGE,
     JobMessage,
@@ -21,6 +19,8 @@ from worker.events import (
     encode_text,
     token_message,
 )
+from web.openai import responses as shapes
+from web.stream import tokens_sse, ws_frame
 
 # Every code point but lone surrogates (a token's text is valid UTF-8), control characters,
 # quotes, backslashes, U+2028 and the NUL that stands in for a template's text included.

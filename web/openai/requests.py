@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from trickle.config.settings import ConfigError, Settings
+from trickle.jobs import GenerationParams
+from trickle.model_files import model_profile
 from web.chat_template import ChatTurn, render_chat
 from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields
 from web.validation import generation_params, served_model, validate
-from worker.config import ConfigError, Settings
-from worker.jobs import GenerationParams
-from worker.model_files import model_profile
 
 
 class RequestKind(str, Enum):

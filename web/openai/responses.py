@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trickle.events import TokenEvent, encode_text
+from trickle.jobs import FinishReason, Job
 from web.openai.requests import OpenAIRequest, RequestKind
-from worker.events import TokenEvent, encode_text
-from worker.jobs import FinishReason, Job
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@ from typing import Any
 import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
 
+from trickle.capacity import live_workers
+from trickle.events import TokenEvent, TokenRun
+from trickle.jobs import Job, JobStatus
 from web.body import read_json_body
 from web.errors import HttpError, not_found, unavailable
 from web.follow import (
@@ -39,9 +42,6 @@ from web.openai.requests import (
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue_all, prepare_job
-from worker.capacity import live_workers
-from worker.events import TokenEvent, TokenRun
-from worker.jobs import Job, JobStatus
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)

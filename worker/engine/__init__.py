@@ -25,11 +25,11 @@ from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 from typing import Any
 
-from worker.config_sections import ModelSettings, available_cores
+from trickle.config.sections import ModelSettings, available_cores
+from trickle.jobs import GenerationParams
+from trickle.tokenizer import Tokenizer
 from worker.engine.flags import create_flags
 from worker.engine.process import BatchCommand, EngineReady, serve
-from worker.jobs import GenerationParams
-from worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

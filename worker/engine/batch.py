@@ -14,11 +14,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason, JobError
 from worker.engine import EngineRequest, StepClock
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
-from worker.events import TokenEvent
-from worker.jobs import FinishReason, JobError
 from worker.publisher import TokenItem
 
 log = logging.getLogger(__name__)

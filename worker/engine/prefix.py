@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from worker.config_sections import ModelSettings
-from worker.tokenizer import Tokenizer
+from trickle.config.sections import ModelSettings
+from trickle.tokenizer import Tokenizer
 
 # Ids dropped from a configured prefix's end: where its text meets the next, the tokenizer may
 # choose other pieces than for the text alone.

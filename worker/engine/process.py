@@ -42,12 +42,12 @@ from typing import Any
 
 import numpy as np
 
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
+from trickle.tokenizer import Tokenizer
 from worker.engine.flags import attach_flags
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
-from worker.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

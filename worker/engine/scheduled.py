@@ -10,9 +10,9 @@ import dataclasses
 import threading
 from dataclasses import dataclass, field
 
+from trickle.jobs import GenerationParams, JobError
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.sequence import SequenceState
-from worker.jobs import GenerationParams, JobError
 
 DEADLINE_ERROR = JobError("deadline_exceeded", "the job ran past limits.max_job_seconds")
 
@@ -28,7 +28,7 @@ class ScheduledJob:
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
     priority: int = 0  # lower runs first (interactive before batch)
-    tenant: str = ""  # its key's name (worker/tenants.py): the engine's fair share is by key
+    tenant: str = ""  # its key's name (trickle/tenants.py): the engine's fair share is by key
     # When this attempt entered a batch, and its token arrival times (metrics and traces).
     batch_started_at: float | None = None
     first_token_at: float | None = None

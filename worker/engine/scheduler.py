@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from trickle.jobs import FinishReason
 from worker.engine import Engine
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
 from worker.engine.fair_share import ReserveShares
@@ -46,7 +47,6 @@ from worker.engine.policy import (
 from worker.engine.prefix import PrefixTable
 from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
-from worker.jobs import FinishReason
 
 __all__ = ["BatchScheduler", "Resume", "ScheduledJob", "StepSink", "make_scheduled_job"]
 

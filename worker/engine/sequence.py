@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from trickle.jobs import FinishReason, JobError
 from worker.engine.detok import Decoder, IncrementalDetokenizer
 from worker.engine.stops import StopMatcher
-from worker.jobs import FinishReason, JobError
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from trickle.events import TokenEvent, encode_text
+from trickle.jobs import FinishReason, Job, JobStatus
 from web.response_models import (
     IncompleteDetails,
     ItemStatus,
@@ -31,8 +33,6 @@ from web.response_models import (
     ResponseUsage,
 )
 from web.responses_store import StoredResponse
-from worker.events import TokenEvent, encode_text
-from worker.jobs import FinishReason, Job, JobStatus
 
 HEAD_EVENTS = 4  # created, in_progress, output_item.added, content_part.added
 TAIL_EVENTS = 4  # output_text.done, content_part.done, output_item.done, the final one

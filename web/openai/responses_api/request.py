@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trickle.config.settings import Settings
+from trickle.jobs import GenerationParams
 from web.chat_template import ChatTurn
 from web.errors import invalid
 from web.request_models import InputMessage, ResponseCreateRequest
 from web.validation import generation_params, served_model, validate
-from worker.config import Settings
-from worker.jobs import GenerationParams
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

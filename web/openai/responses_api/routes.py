@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
+from trickle.events import TokenRun
+from trickle.jobs import Job
 from web.auth import current_owner
 from web.body import read_json_body
 from web.chat_template import ChatTurn
@@ -37,8 +39,6 @@ from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
-from worker.events import TokenRun
-from worker.jobs import Job
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)

@@ -167,7 +167,7 @@ def model_queue(model: str) -> str:
 
 def tenant_queue(model: str, tenant: str, index: int = 0) -> str:
     """Celery queue of one named key's jobs for one model; a key of weight w has w of them
-    (indexes 0..w-1), each one turn in the workers' round robin (worker/queue.py). The default
+    (indexes 0..w-1), each one turn in the workers' round robin (trickle/queue.py). The default
     tenant (anonymous callers, ``[auth] api_keys``) uses ``model_queue``."""
     if not tenant:
         return model_queue(model)

@@ -1,7 +1,7 @@
 """Leases: a worker's ownership of jobs.
 
 Claims under a lease, renewals, hand-backs and the recovery of jobs whose worker died. Each
-transition is one Lua script (``worker.scripts``), so a job has exactly one owner and one
+transition is one Lua script (``trickle.store.scripts``), so a job has exactly one owner and one
 outcome, whatever races with it; the fence a claim returns ("<node>:<attempt>") guards every
 later write of the job (``JobStore``'s output). ``JobStore`` holds one, as ``store.leases``.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from worker import keys
-from worker.events import CLAIMED_MESSAGE, DONE_MESSAGE, STATUS_MESSAGE
-from worker.jobs import Job, JobError, hash_fields
-from worker.script_runner import ScriptRunner, ending_keys
+from trickle import keys
+from trickle.events import CLAIMED_MESSAGE, DONE_MESSAGE, STATUS_MESSAGE
+from trickle.jobs import Job, JobError, hash_fields
+from trickle.store.script_runner import ScriptRunner, ending_keys
 
 # What a worker's claim reads: what it needs to run the job, not its results. The prompt comes
 # too only when the worker must tokenize it (see scripts.CLAIM): the web tier's ids suffice.

@@ -2,7 +2,7 @@
 
 One reading serves the /metrics gauges, the queue bound (429), the KEDA endpoint and the
 autoscaler, so they can never disagree. The queue's side comes from a ``QueueMeter`` (in
-service ``worker.queue.QueueReader``: the broker's own count, through Celery); the workers'
+service ``trickle.queue.QueueReader``: the broker's own count, through Celery); the workers'
 side from their heartbeats. Part of the contract: no engine import, the web tier uses it.
 """
 
@@ -15,14 +15,14 @@ from typing import Any, Protocol
 
 import redis
 
-from worker import keys
-from worker.config_sections import ModelSettings
+from trickle import keys
+from trickle.config.sections import ModelSettings
 
 IDLE_SINCE_FIELD = "idle_since"
 
 
 class QueueMeter(Protocol):
-    """What a load reading needs of a model's queue: ``worker.queue.QueueReader`` (the
+    """What a load reading needs of a model's queue: ``trickle.queue.QueueReader`` (the
     broker's count), or a test's fake."""
 
     def depth(self, model: str) -> int: ...

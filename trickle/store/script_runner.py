@@ -1,6 +1,6 @@
 """ScriptRunner: the job Redis as ``JobStore`` and its ``Leases`` use it.
 
-The client, its Lua scripts (``worker.scripts``: registered once, loaded once, run by digest and
+The client, its Lua scripts (``scripts``: registered once, loaded once, run by digest and
 loaded again after NOSCRIPT), pipelines that may carry script calls (per node on a cluster:
 ``node_pipeline``) and the reads that cover every shard's index. The store and its leases each
 hold the same runner, so a script is registered, loaded and retried in one place.
@@ -14,9 +14,10 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from worker import keys, scripts
-from worker.node_pipeline import NodePipeline
-from worker.redis_connection import is_cluster, publish_command
+from trickle import keys
+from trickle.store import scripts
+from trickle.store.node_pipeline import NodePipeline
+from trickle.store.redis_connection import is_cluster, publish_command
 
 SCRIPT_NAMES = (
     "CREATE_ONCE",
@@ -155,7 +156,7 @@ class WriteRecorder:
         self.writes.append(["ZADD", self._key(name), *flat])
 
     def lpush(self, name: str, *values: str) -> None:
-        """A task message (kombu's publish, see worker.redis_transport.writing_into)."""
+        """A task message (kombu's publish, see trickle.store.redis_transport.writing_into)."""
         self.writes.append(["LPUSH", self._key(name), *values])
 
     def rpush(self, name: str, *values: str) -> None:

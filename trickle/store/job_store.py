@@ -1,12 +1,12 @@
 """JobStore: the only code that writes job state to Redis.
 
-Jobs live in a hash (``keys.job``, encoded by ``worker.jobs``), their tokens in a list
+Jobs live in a hash (``keys.job``, encoded by ``trickle.jobs``), their tokens in a list
 (``keys.job_tokens``, the replay log) and, while they run, the text streamed so far in a string
 (``keys.job_output``), so reading a job never parses its log. Transitions that race (a worker
 claiming a job while a client cancels it, a crashed worker's job being recovered while a stalled
-one wakes up) are single Lua scripts (``worker.scripts``), so each job has exactly one outcome
+one wakes up) are single Lua scripts (``store.scripts``), so each job has exactly one outcome
 and only the current lease holder can write its tokens. The store holds the records, reads,
-cancels and a worker's output; who holds a job is its ``leases`` (``worker.leases``), composed,
+cancels and a worker's output; who holds a job is its ``leases`` (``store.leases``), composed,
 and both run their scripts through one ``ScriptRunner``.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from worker import keys
-from worker.events import DONE_MESSAGE, RECORD_MESSAGE, TokenEvent, encode_text, token_message
-from worker.jobs import (
+from trickle import keys
+from trickle.events import DONE_MESSAGE, RECORD_MESSAGE, TokenEvent, encode_text, token_message
+from trickle.jobs import (
     READ_FIELDS,
     Job,
     JobError,
@@ -30,8 +30,8 @@ from worker.jobs import (
     hash_fields,
     is_job_id,
 )
-from worker.leases import Leases
-from worker.script_runner import ScriptRunner, WriteRecorder, ending_keys
+from trickle.store.leases import Leases
+from trickle.store.script_runner import ScriptRunner, WriteRecorder, ending_keys
 
 
 class CancelOutcome(str, Enum):

@@ -19,9 +19,9 @@ A JSON string literal never holds a raw newline (``encode_basestring`` escapes e
 character), so splitting on ``\\n`` is exact. The logprob line is parsed only by a reader whose
 client asked for logprobs.
 
-A job that its worker finishes (``worker.scripts.FINISH``) ends with a record message instead of
+A job that its worker finishes (``store.scripts.FINISH``) ends with a record message instead of
 the bare done message: ``D`` and a JSON array, the length of the job's replay log then the
-values of ``worker.jobs.READ_FIELDS`` (``false`` for a field not set), read inside the script
+values of ``trickle.jobs.READ_FIELDS`` (``false`` for a field not set), read inside the script
 that stored them. It is what a reader would read next, so readers that hold every token up to
 that length end without reading the job again. Other endings (a cancel, an expiry, a recovery)
 send the bare ``d`` and readers read the job.
@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from worker.jobs import READ_FIELDS, Job, hash_fields
+from trickle.jobs import READ_FIELDS, Job, hash_fields
 
 # The C encoder of one string with non-ASCII kept: exactly what ``json.dumps(text,
 # ensure_ascii=False)`` writes, without building a JSONEncoder per call.

@@ -18,7 +18,7 @@ import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, model_spec, transformer_spec
 
-from trickle.model_builders.demo import TOKENIZER_FILE, demo_model_ready, publish_model_dir
+from ops.model_builders.demo import TOKENIZER_FILE, demo_model_ready, publish_model_dir
 
 PARAMS_FILE = "random_model.json"
 LAYER_NORM_EPSILON = 1e-5

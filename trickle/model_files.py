@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from worker.config import ConfigError
-from worker.config_sections import ModelSettings
+from trickle.config.sections import ModelSettings
+from trickle.config.settings import ConfigError
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 GENERATION_CONFIG = "generation_config.json"

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from trickle.client import TrickleClient
+from ops.client import TrickleClient
 
 FINAL_STATUSES = ("succeeded", "failed", "canceled")
 

@@ -1,7 +1,7 @@
 """`trickle up --workers MIN:MAX`: worker processes follow the queues, down to zero when idle.
 
 Every ``interval_seconds`` it reads, per served model, the queue depth (every priority), the
-oldest queued job's age and the live workers' busy and total slots (``worker.capacity``), then:
+oldest queued job's age and the live workers' busy and total slots (``trickle.capacity``), then:
 
 - wants ``ceil((queued + running) / slots per worker)`` workers for the neediest model (with
   ``[autoscale] max_batch_workers``, waiting batch jobs alone want at most that many; 0: batch
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import kombu.exceptions
 import redis
 
-from trickle.supervisor import Child, Supervisor
-from worker import keys
-from worker.capacity import ModelLoad, QueueMeter, read_load, slots_per_worker
-from worker.config import Settings
+from ops.supervisor import Child, Supervisor
+from trickle import keys
+from trickle.capacity import ModelLoad, QueueMeter, read_load, slots_per_worker
+from trickle.config.settings import Settings
 
 MARKER_TTL_MS = 10_000
 UNMATCHED_WARNING_SECONDS = 120.0
@@ -100,7 +100,7 @@ class Autoscaler:
         self.settings = settings
         self.bounds = bounds
         self.client = client
-        self.queues = queues  # the broker's count of waiting jobs (worker.queue)
+        self.queues = queues  # the broker's count of waiting jobs (trickle.queue)
         self.kind = kind
         self.models = settings.served_models()
         self._next = 0.0

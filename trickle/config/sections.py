@@ -1,7 +1,7 @@
 """The sections of the configuration: one frozen dataclass per TOML table, with its defaults.
 
 What each key means and why its default is what it is lives here, beside the key; how the
-layers (defaults, file, environment) are read, merged and checked lives in ``worker.config``,
+layers (defaults, file, environment) are read, merged and checked lives in ``config.settings``,
 which assembles these into ``Settings``. Unknown keys are errors (``Section``), in the file and
 the environment alike.
 """
@@ -50,7 +50,7 @@ class BrokerSettings(Section):
 
     # Empty: the queue shares Redis (redis.url; not possible on a Redis Cluster, see README
     # Scaling out). redis://host:6379/0: a Redis of its own. amqp://user:pass@host:5672/vhost:
-    # RabbitMQ, with a durable priority queue per model (worker/queue.py).
+    # RabbitMQ, with a durable priority queue per model (trickle/queue.py).
     url: str = ""
 
 
@@ -278,7 +278,7 @@ class ModelSettings(Section):
     # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
     add_bos: bool | None = None
     # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's
-    # chat_template, else the plain built-in one (worker/model_files.py).
+    # chat_template, else the plain built-in one (trickle/model_files.py).
     chat_template: str = ""
     # Token ids that end generation besides the tokenizer's end token; empty: those of the
     # directory's generation_config.json (eos_token_id).

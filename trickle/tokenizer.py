@@ -8,8 +8,8 @@ from typing import Any
 
 import sentencepiece as spm
 
-from worker.config_sections import ModelSettings
-from worker.model_files import model_profile
+from trickle.config.sections import ModelSettings
+from trickle.model_files import model_profile
 
 
 class Tokenizer:

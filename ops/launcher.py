@@ -2,8 +2,8 @@
 
 The Procfile stays the operators' interface: honcho, foreman or a Heroku-style platform run it
 unchanged. `trickle up` reads it itself (with honcho's parser) so that it can restart what
-dies instead of stopping everything (``trickle.supervisor``) and, with ``--workers MIN:MAX``,
-start and stop workers on the queues (``trickle.autoscaler``). Each instance gets honcho's
+dies instead of stopping everything (``ops.supervisor``) and, with ``--workers MIN:MAX``,
+start and stop workers on the queues (``ops.autoscaler``). Each instance gets honcho's
 ``$PORT`` (5000 for the first type, +100 per type, +1 per instance), which names a worker.
 """
 
@@ -20,9 +20,9 @@ from urllib.parse import urlparse
 
 from honcho.environ import parse_procfile
 
-from trickle.preload import ForkedProcess, expand, forkable, preload
-from trickle.supervisor import Child, Process, RespawnPolicy, Supervisor
-from worker.config import PROJECT_ROOT, Settings, load_settings
+from ops.preload import ForkedProcess, expand, forkable, preload
+from ops.supervisor import Child, Process, RespawnPolicy, Supervisor
+from trickle.config.settings import PROJECT_ROOT, Settings, load_settings
 
 PR_SET_PDEATHSIG = 1
 BASE_PORT = 5000
@@ -94,7 +94,7 @@ class ProcfileLauncher:
 
 def embedded_redis(settings: Settings, data_dir: Path) -> Child | str:
     """The embedded Redis as a supervised child (restarted from its AOF), or why not."""
-    from trickle.redis_server import port_in_use, start_redis
+    from ops.redis_server import port_in_use, start_redis
 
     port = urlparse(settings.redis.url).port or 6399
     if port_in_use(port):
@@ -120,7 +120,7 @@ def run_stack(
     workers = workers or env.get("TRICKLE_WORKERS", "")
     try:
         counts = parse_concurrency(concurrency)
-        from trickle.autoscaler import WorkerRange
+        from ops.autoscaler import WorkerRange
 
         bounds = WorkerRange.parse(workers) if workers else None
     except ValueError as exc:
@@ -156,10 +156,10 @@ def run_stack(
         for _ in range(wanted):
             launcher.spawn(kind)
     if bounds is not None:
-        from trickle.autoscaler import Autoscaler
-        from worker.queue import QueueReader, make_celery
-        from worker.redis_connection import connect
-        from worker.store import JobStore
+        from ops.autoscaler import Autoscaler
+        from trickle.queue import QueueReader, make_celery
+        from trickle.store.job_store import JobStore
+        from trickle.store.redis_connection import connect
 
         client = connect(settings.redis)  # a cluster client for a cluster URL
         store = JobStore(client, settings.limits.result_ttl_seconds, 0)

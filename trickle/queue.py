@@ -4,7 +4,7 @@ Both tiers build their Celery app here: the web tier publishes by task name (wit
 the engine), the workers consume with Celery's own consumer (worker/dispatch.py). Every
 generation job, whatever its origin (job API, OpenAI routes, batch lines, a requeue after a
 crash, a hand-back at shutdown), is one ``send_task`` of ``trickle.generate`` with the job id as
-its only argument; the job itself lives in Redis (worker/store.py). Queues are declared
+its only argument; the job itself lives in Redis (trickle/store/job_store.py). Queues are declared
 explicitly and missing ones are not created on the fly, so a typo in a model name fails loudly.
 
 Priority is Celery's own, per broker:
@@ -47,11 +47,12 @@ import kombu.exceptions
 from celery import Celery
 from kombu import Exchange, Queue
 
-from worker import keys, redis_transport
-from worker.config import Settings
-from worker.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
-from worker.store import JobStore
-from worker.tenants import DEFAULT_TENANT, KeySettings
+from trickle import keys
+from trickle.config.settings import Settings
+from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY
+from trickle.store import redis_transport
+from trickle.store.job_store import JobStore
+from trickle.tenants import DEFAULT_TENANT, KeySettings
 
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
 # The priorities a job can have; on Redis, each is one of kombu's priority steps.
@@ -140,7 +141,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "priority_steps": list(PRIORITY_STEPS),
         # Turns between queues (named keys' fair shares); priority steps still come first.
         "queue_order_strategy": "round_robin",
-        # Messages waiting behind a BRPOP come in one round trip (worker/redis_transport.py),
+        # Messages waiting behind a BRPOP come in one round trip (trickle/store/redis_transport.py),
         # except where named keys' queues take turns.
         redis_transport.DRAIN_OPTION: (
             DRAIN_MAX if len(tenant_queues.names()) == len(models) else 0

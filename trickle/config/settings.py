@@ -2,7 +2,7 @@
 
 Loaded once per process by ``load_settings`` and passed down; nothing here reads the environment at
 import time, so tests build settings explicitly. The sections are frozen dataclasses
-(``worker.config_sections``: cheap to pass and to copy with ``dataclasses.replace``); here they
+(``trickle.config.sections``: cheap to pass and to copy with ``dataclasses.replace``); here they
 are assembled into ``Settings``, layered and checked: pydantic-settings layers the file and the
 environment (``TRICKLE__SECTION__KEY``, ``env_nested_delimiter="__"``) and pydantic validates and
 coerces every value, so an error names its key path (``limits.max_prompt_tokens``).
@@ -22,7 +22,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import PydanticBaseSettingsSource
 
-from worker.config_sections import (
+from trickle.config.sections import (
     AuthSettings,
     AutoscaleSettings,
     BrokerSettings,
@@ -36,9 +36,9 @@ from worker.config_sections import (
     WorkerSettings,
     available_cores,
 )
-from worker.tenants import KeySettings, build_keys, check_keys
+from trickle.tenants import KeySettings, build_keys, check_keys
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
 DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
 
@@ -75,7 +75,7 @@ class Settings:
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
     default_model: str = "demo"
-    # Named API keys and their limits, by name (worker/tenants.py).
+    # Named API keys and their limits, by name (trickle/tenants.py).
     keys: dict[str, KeySettings] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSettings:

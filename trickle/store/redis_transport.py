@@ -85,7 +85,7 @@ end
 return taken
 """
 
-TRANSPORT = "worker.redis_transport:Transport"
+TRANSPORT = "trickle.store.redis_transport:Transport"
 
 log = logging.getLogger(__name__)
 REFUSED = "kombu's unacked bookkeeping (an entry or its ack) was refused by Redis: %s"

@@ -10,7 +10,7 @@ named in their ARGV: PUBLISH on a single Redis, SPUBLISH (sharded pub/sub) on a 
 
 from __future__ import annotations
 
-from worker.jobs import READ_FIELDS
+from trickle.jobs import READ_FIELDS
 
 _READ_FIELDS_LUA = ", ".join(f"'{name}'" for name in READ_FIELDS)
 
@@ -225,7 +225,7 @@ return result
 """
 
 # Store a job's final state, fenced, and announce it with the record just stored (the log's
-# length, then READ_FIELDS; ``worker.events.RECORD_MESSAGE``): readers that heard every token end
+# length, then READ_FIELDS; ``trickle.events.RECORD_MESSAGE``): readers that heard every token end
 # on it, where each read the job again (a round trip per stream and two per waiter).
 # KEYS: job, tokens, lease, running, output, events, done
 # ARGV: id, fence, result_ttl, publish, record message prefix, then field/value pairs

@@ -24,9 +24,9 @@ DIGEST_PREFIX = "sha256:"
 DEFAULT_TENANT = ""
 # What metrics call the default tenant (a label value cannot be empty and stay readable).
 DEFAULT_TENANT_LABEL = "default"
-# Priorities are 0 (interactive) and 9 (batch); see worker.jobs.
+# Priorities are 0 (interactive) and 9 (batch); see trickle.jobs.
 MAX_PRIORITY_NUMBER = 9
-# A weight is a number of queues in kombu's round robin (worker/queue.py): keep it small.
+# A weight is a number of queues in kombu's round robin (trickle/queue.py): keep it small.
 MAX_WEIGHT = 16
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")

@@ -13,8 +13,8 @@ from collections import defaultdict
 
 import redis
 
-from worker import keys
-from worker.metric_defs import Counter, Histogram
+from trickle import keys
+from trickle.telemetry.metric_defs import Counter, Histogram
 
 
 def label_string(labels: dict[str, str]) -> str:

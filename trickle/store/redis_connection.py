@@ -24,8 +24,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from worker.config import Settings
-from worker.config_sections import RedisSettings
+from trickle.config.sections import RedisSettings
+from trickle.config.settings import Settings
 
 HEALTH_CHECK_SECONDS = 30
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Protocol, TextIO
 
-from worker.config_sections import SupervisorSettings
+from trickle.config.sections import SupervisorSettings
 
 
 class Process(Protocol):

@@ -1,6 +1,6 @@
 """The metrics Trickle exports: names, help, label names and histogram buckets.
 
-Shared contract: workers record into Redis (``worker.metrics``), the web tier exposes them in
+Shared contract: workers record into Redis (``telemetry.metrics``), the web tier exposes them in
 Prometheus text format at /metrics (``web.metrics``). Names follow the ecosystem (vLLM, TGI).
 """
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from typing_extensions import TypedDict
 
-from worker import keys
+from trickle import keys
 
 MIN_SAMPLING_TEMPERATURE = 1e-5
 # Celery priorities on the Redis transport: 0 is fetched first.
@@ -356,7 +356,7 @@ class JobResult:
 
 
 # The job hash fields ``JobStore.get`` reads, and the record a finished job's done message carries
-# (``worker.scripts.FINISH``): all but the two that grow with the prompt (the worker's claim reads
+# (``store.scripts.FINISH``): all but the two that grow with the prompt (the worker's claim reads
 # those), since a poller's GET never serves them.
 READ_FIELDS = (
     "id",

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from trickle import gunicorn_errors
-from worker.config import load_settings
-from worker.heap import freeze_startup_heap
+from trickle.config.settings import load_settings
+from trickle.heap import freeze_startup_heap
+from web import gunicorn_errors
 
 _settings = load_settings(environ=os.environ)
 gunicorn_errors.install()  # its own 400/414/431 answers are JSON too
@@ -32,5 +32,5 @@ accesslog = None
 
 def post_worker_init(worker: object) -> None:
     """The app is loaded in this worker process: keep its start-up heap out of full
-    collections (worker/heap.py)."""
+    collections (trickle/heap.py)."""
     freeze_startup_heap()

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from worker.config_sections import WebhookSettings
-from worker.joblog import log_job_event
-from worker.store import JobStore
+from trickle.config.sections import WebhookSettings
+from trickle.joblog import log_job_event
+from trickle.store.job_store import JobStore
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

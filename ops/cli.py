@@ -1,7 +1,7 @@
 """The ``trickle`` command.
 
 Operators: ``demo-model`` builds the offline demo model, ``up`` runs the whole stack,
-supervised (``trickle.launcher``).
+supervised (``ops.launcher``).
 Clients (talking to ``TRICKLE_URL``, default http://127.0.0.1:8000, with ``TRICKLE_API_KEY``
 as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
 """
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from worker.config import DEFAULT_MODEL_DIR
+from trickle.config.settings import DEFAULT_MODEL_DIR
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -55,15 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo-model":
         return build_demo(args.output, args.force)
     if args.command == "up":
-        from trickle.launcher import run_stack
+        from ops.launcher import run_stack
 
         return run_stack(args.concurrency, args.workers, args.procfile, args.data_dir)
     return run_client_command(args)
 
 
 def run_client_command(args: argparse.Namespace) -> int:
-    from trickle import commands
-    from trickle.client import ApiError, TrickleClient
+    from ops import commands
+    from ops.client import ApiError, TrickleClient
 
     client = TrickleClient(
         os.environ.get("TRICKLE_URL", DEFAULT_URL), os.environ.get("TRICKLE_API_KEY", "")
@@ -82,7 +82,7 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def build_demo(output: Path, force: bool) -> int:
-    from trickle.model_builders.demo import build_demo_model, demo_model_ready
+    from ops.model_builders.demo import build_demo_model, demo_model_ready
 
     if demo_model_ready(output) and not force:
         print(f"demo model present at {output}")

@@ -1,0 +1,1 @@
+"""Operator tooling: the `trickle` command (demo model, embedded stack)."""

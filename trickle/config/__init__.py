@@ -1,0 +1,1 @@
+"""Configuration: the settings model, loaded once at start-up and passed down."""

@@ -1,0 +1,1 @@
+"""Telemetry shared by both processes: metric definitions, the metrics registry and tracing."""
