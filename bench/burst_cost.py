@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import models
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.profiling import profiled
+from bench.harness.stack import Stack, cpu_of, process_groups, us_per_token
 from bench.load import engine_burst, run_burst
-from bench.log import progress
-from bench.params import RunParams
-from bench.profiling import profiled
-from bench.stack import Stack, cpu_of, process_groups, us_per_token
 from trickle.config.settings import PROJECT_ROOT
 
 

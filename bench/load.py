@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import models
 from bench.engine_limit import load_generator
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import HOST, Stack, cpu_of, process_groups, us_per_token
-from bench.stats import percentile
-from bench.ws import follow_job_ws
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import HOST, Stack, cpu_of, process_groups, us_per_token
+from bench.harness.stats import percentile
+from bench.harness.ws import follow_job_ws
 from trickle.config.settings import PROJECT_ROOT
 
 SLO_TTFT_MS = 250.0
