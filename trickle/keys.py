@@ -183,7 +183,7 @@ def model_workers(model: str) -> str:
     return f"{PREFIX}:workers:{model}"
 
 
-def worker_slots(node: str) -> str:
+def worker_slots_key(node: str) -> str:
     """Hash of one worker's slots per model ("<busy>/<total>"); expires with its heartbeat."""
     return f"{PREFIX}:worker:{node}:slots"
 

@@ -89,8 +89,8 @@ def test_worker_slots_come_from_live_heartbeats(private_redis: redis.Redis) -> N
     capacity.publish_slots(pipe, "worker-5100@h", {"demo": (3, 16)}, 0.0, 10.0)
     capacity.publish_slots(pipe, "worker-5101@h", {"demo": (0, 16)}, now - 70, 10.0)
     pipe.execute()
-    assert 0 < private_redis.pttl(keys.worker_slots("worker-5100@h")) <= 10_000
-    (live,) = capacity.worker_slots(private_redis, "demo", now - 10)
+    assert 0 < private_redis.pttl(keys.worker_slots_key("worker-5100@h")) <= 10_000
+    (live,) = capacity.live_worker_slots(private_redis, "demo", now - 10)
     assert live == WorkerSlots("worker-5100@h", 3, 16, 0.0)
 
 
