@@ -60,7 +60,7 @@ def create_batch() -> Response:
     items = [_parse_line(number, line) for number, line in lines]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)
-    _check_job_bounds(svc, sum(req.choices for req in parsed.values()))
+    _check_job_bounds(svc, parsed)
     jobs = []
     shard = key.shard if key else None
     for index, req in parsed.items():
@@ -143,24 +143,34 @@ def _parse(svc: Services, item: BatchItem) -> OpenAIRequest:
     return parse_chat_request(item.body, svc.settings, svc.requests.chat)
 
 
-def _check_job_bounds(svc: Services, adding: int) -> None:
+def _check_job_bounds(svc: Services, parsed: dict[int, OpenAIRequest]) -> None:
     """Jobs, not lines, are the work: prompt lists and ``n`` multiply a line. A batch is
-    bounded in jobs, and so is the backlog of queued jobs it joins (every priority counts)."""
+    bounded in jobs, and so is the backlog of batch jobs it joins: per model and key (the
+    anonymous callers and ``auth.api_keys`` share one), batch-priority jobs only, so one key's
+    batches close neither the interactive queue nor another key's batches. The 429 names the
+    limit, not the depth of work other callers may share."""
     limits = svc.settings.limits
+    per_model = Counter[str]()
+    for req in parsed.values():
+        per_model[req.model] += req.choices
+    adding = sum(per_model.values())
     if adding > limits.max_batch_jobs:
         raise invalid(
             "input",
             f"the batch would create {adding} jobs (prompts x n per line); "
             f"the limit is {limits.max_batch_jobs}",
         )
-    queued = svc.store.queued_count()
-    if queued + adding > limits.max_batch_backlog:
-        raise too_many(
-            "queue_full",
-            f"{queued} jobs are queued (batch backlog limit {limits.max_batch_backlog}); "
-            "retry later",
-            BACKLOG_RETRY_AFTER_SECONDS,
-        )
+    tenant = svc.tenants.name_of_owner(current_owner())
+    for model, count in per_model.items():
+        waiting = svc.queues.depth(model, tenant, BATCH_PRIORITY)
+        if waiting + count > limits.max_batch_backlog:
+            raise too_many(
+                "batch_queue_full",
+                f"model {model!r} has no room for {count} more batch jobs of this key "
+                f"(limits.max_batch_backlog = {limits.max_batch_backlog} per key and model); "
+                "retry later",
+                BACKLOG_RETRY_AFTER_SECONDS,
+            )
 
 
 @blueprint.get("/v1/batches/<batch_id>")

@@ -10,6 +10,7 @@ from celery import Celery
 from flask import Flask, current_app
 
 from trickle.config.settings import Settings
+from trickle.jobs import INTERACTIVE_PRIORITY
 from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
@@ -63,7 +64,11 @@ class Services:
             rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
             queues=queues,
-            admission_depth=AdmissionDepth(queues.depth),
+            # Interactive jobs only: batch work has a bound of its own (limits.max_batch_backlog)
+            # and never closes the interactive queue.
+            admission_depth=AdmissionDepth(
+                lambda model: queues.depth(model, priority=INTERACTIVE_PRIORITY)
+            ),
             tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
             tenants=TenantTable(settings.keys),
         )

@@ -77,13 +77,17 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
-    """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
+    """429 once a model's interactive queue holds max_queued_jobs: better a retry than an
+    endless wait. Batch jobs wait apart (``limits.max_batch_backlog``) and never count here.
+    The answer names the limit, never the depth: that is every tenant's work, not the
+    caller's."""
     limit = svc.settings.limits.max_queued_jobs
     waiting = svc.admission_depth.waiting(model, limit, adding)
     if waiting + adding > limit:
         raise too_many(
             "queue_full",
-            f"model {model!r} has {waiting} jobs waiting (limit {limit}); retry later",
+            f"model {model!r} has no room for {adding} more interactive job(s) "
+            f"(limits.max_queued_jobs = {limit}); retry later",
             QUEUE_FULL_RETRY_AFTER_SECONDS,
         )
 
