@@ -278,10 +278,14 @@ class ModelSettings(Section):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
     # Common prefixes learned from traffic (prompts sharing at least prefix_min_tokens leading
-    # tokens), cached like static_prompts; each costs 2 x layers x tokens x d_model values of
-    # memory for the life of the engine process. 0 = learn none.
+    # tokens of one API key, or of one cache_salt), cached like static_prompts; the least
+    # recently used go first. 0 = learn none.
     prefix_cache_entries: int = 8
     prefix_min_tokens: int = 64
+    # The memory bound, in tokens (each costs 2 x layers x d_model values): the learned
+    # prefixes together, and what CTranslate2 holds cached over the engine process's life
+    # (configured prompts always). 0: only prefix_cache_entries bounds the table.
+    prefix_cache_tokens: int = 16384
     # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
     add_bos: bool | None = None
     # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's
