@@ -10,6 +10,7 @@ loop (a job batched beside a shorter prompt), so no batching change is bit-exact
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import redis
 from tests.scheduler_harness import Harness, solo_outputs
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import ConfigError, settings_from_dict
+from trickle.tokenizer import Tokenizer
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
 
@@ -161,3 +163,39 @@ def test_another_keys_chat_never_starts_from_a_keys_cached_prefix(
     assert a_prefix == b_prefix  # the same ids, cached once by CTranslate2...
     assert jobs[2].request.cache_partition != jobs[5].request.cache_partition  # ...kept apart
     assert [job.state.output for job in jobs] == solo_outputs(llama_engine, private_redis, specs)
+
+
+def test_an_idle_engine_recycles_to_free_what_the_table_evicted(demo_model_dir: Path) -> None:
+    """CTranslate2 never drops a cached state: once the budget is spent, a new prefix runs
+    computed per batch; when the table has evicted enough of what is held, the next batch that
+    finds the engine idle starts a new engine process, and the new prefix is cached."""
+    encode = Tokenizer.for_model(ModelSettings(name="demo", path=str(demo_model_dir))).encode
+    first, second = (
+        encode(f"{opening} {SYSTEM}\nUser: hi") for opening in ("Be fair.", "Be kind.")
+    )
+    prefixes = [tuple(prompt[: len(prompt) - 8]) for prompt in (first, second)]
+    budget = len(prefixes[0]) + len(prefixes[1]) - 1  # room for one of the two
+    settings = ModelSettings(
+        name="demo", path=str(demo_model_dir), device="cpu", prefix_cache_tokens=budget
+    )
+    engine = Engine(settings)
+    try:
+        runs = [
+            [EngineRequest(prompt, 8, GREEDY, prefix=prefix, cache_partition="key:a")]
+            for prompt, prefix in zip((first, second), prefixes, strict=True)
+        ]
+        expected = [generated(engine, [dataclasses.replace(r[0], prefix=())]) for r in runs]
+        assert generated(engine, runs[0]) == expected[0]
+        assert engine.prefix_cached(prefixes[0], "key:a")
+        process = engine.process_id
+        assert generated(engine, runs[1]) == expected[1]  # no room: computed, not cached
+        assert not engine.prefix_cached(prefixes[1], "key:a")
+        engine.forget_prefix(prefixes[0])  # the table evicted the first one
+        assert generated(engine, runs[1]) == expected[1]  # still no room: a recycle is due
+        assert engine.process_id == process
+        assert generated(engine, runs[1]) == expected[1]  # idle: a new process, room again
+        assert engine.process_id != process
+        assert engine.prefix_cached(prefixes[1], "key:a")
+        assert not engine.prefix_cached(prefixes[0], "key:a")
+    finally:
+        engine.close()

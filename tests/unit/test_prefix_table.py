@@ -109,3 +109,28 @@ def test_cached_states_are_bounded_in_tokens_but_configured_prompts_always_fit()
     assert not state.warm(A, big) and state.held_tokens == 60
     assert state.may_use(SHARED, big)  # a configured prompt is always cached
     assert state.emptied().held_tokens == 0  # a new engine process starts empty
+
+
+def test_the_table_reports_what_no_partition_has_learned_any_more() -> None:
+    table = PrefixTable((), max_entries=2, min_tokens=8)
+    opening = ids(20, 100)
+    kept_by_b = learn(table, opening, B)
+    first = learn(table, opening, A)  # the same ids for A
+    assert table.take_evicted() == []
+    learn(table, ids(20, 200))  # evicts B's entry: A still has those ids
+    assert table.take_evicted() == []
+    learn(table, ids(20, 300))  # evicts A's: nobody has them now
+    assert table.take_evicted() == [first] == [kept_by_b]
+    assert table.take_evicted() == []  # reported once
+
+
+def test_a_recycle_is_wanted_only_when_evicted_prefixes_hold_the_room() -> None:
+    state = PrefixCacheState(max_tokens=100)
+    old, new = tuple(ids(60)), tuple(ids(60, 100))
+    state.ran(A, old, cached=True)
+    assert not state.may_use(A, new) and not state.wants_recycle(A, new)  # old is in use
+    state.forget(old)
+    assert not state.may_use(A, new) and state.wants_recycle(A, new)
+    assert not state.wants_recycle(SHARED, new)  # configured prompts are cached anyway
+    state.ran(A, old, cached=False)  # learned again and used: no longer dead weight
+    assert not state.wants_recycle(A, new)

@@ -140,6 +140,8 @@ class Engine:
         self._batch_ids = itertools.count()
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
+        self._in_flight = 0  # batches between _enter and _leave (under the restart lock)
+        self._recycle_wanted = False
         self._broken = False  # a lane's pipe broke: the process is dead or dying
         self._generation = 0
         self.device = "cpu"
@@ -200,16 +202,46 @@ class Engine:
         self.warm_step_seconds = ready.step_seconds
         self.prefill_seconds_per_token = ready.prefill_seconds_per_token
 
-    def _ensure_running(self) -> None:
+    def _enter(self) -> None:
+        """Before a batch: start a new engine process if this one died, or if its prefix
+        cache is spent on prefixes the table evicted and no batch runs (CTranslate2 frees a
+        cached state only with its process); then count the batch in."""
         with self._restart_lock:
-            if self._process.is_alive() and not self._broken:
-                return
-            log.error("engine process for %s died; starting a new one", self.settings.name)
-            self._process.kill()  # a pipe broke first: make sure, and reap it
-            self._process.join(timeout=10)
-            self._close_lanes()
-            self._broken = False
-            self._start()
+            if self._recycle_wanted and self._in_flight == 0:
+                log.info("engine process for %s: recycled to free evicted prefixes", self.name)
+                self._recycle_wanted = False
+                self._restart()
+            elif not self._process.is_alive() or self._broken:
+                log.error("engine process for %s died; starting a new one", self.name)
+                self._restart()
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._restart_lock:
+            self._in_flight -= 1
+
+    def _restart(self) -> None:
+        self._process.kill()  # dead or idle: make sure, and reap it
+        self._process.join(timeout=10)
+        self._close_lanes()
+        self._broken = False
+        self._start()
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def process_id(self) -> int | None:
+        """The engine process's pid: a new one after a restart or a recycle."""
+        pid: int | None = self._process.pid
+        return pid
+
+    def forget_prefix(self, prefix: tuple[int, ...]) -> None:
+        """The prefix table evicted ``prefix`` (in every partition): its cached state, if any,
+        is dead weight until the engine process is recycled."""
+        with self._lock:
+            self._cache.forget(prefix)
 
     def _close_lanes(self) -> None:
         for lane in self._all_lanes:
@@ -268,9 +300,26 @@ class Engine:
             raise ValueError("a batch must share one static prompt and its partition")
         if any(len(request.prompt_ids) <= len(prefix) for request in requests):
             raise ValueError("a prompt must be longer than its shared prefix")
-        self._ensure_running()
+        self._enter()
+        try:
+            self._run(requests, on_step, clock, prefix, partition)
+        finally:
+            self._leave()
+
+    def _run(
+        self,
+        requests: Sequence[EngineRequest],
+        on_step: StepCallback,
+        clock: StepClock | None,
+        prefix: tuple[int, ...],
+        partition: str,
+    ) -> None:
+        sampling = requests[0].sampling
+        seed = requests[0].seed
         with self._lock:
             use_cache = bool(prefix) and self._cache.may_use(partition, prefix)
+            if prefix and not use_cache and self._cache.wants_recycle(partition, prefix):
+                self._recycle_wanted = True  # at the next batch that finds the engine idle
         slots = self._take_slots(len(requests))
         batch_id = next(self._batch_ids)
         command = BatchCommand(

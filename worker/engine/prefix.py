@@ -29,9 +29,10 @@ model, shared by the lanes on one device, and has no call to drop one. The table
 and least-recently-used first out: at most ``prefix_cache_entries`` learned prefixes holding at
 most ``prefix_cache_tokens`` tokens (configured ones always); a new common prefix evicts the
 ones used longest ago. The engine bounds what CTranslate2 itself holds by the same token budget
-(an evicted prefix's state stays there until the engine process restarts, so past the budget a
-new prefix runs uncached: its static prompt is computed per batch). The engine process's
-restart empties CTranslate2's cache, and the first batch of each prefix then fills it again.
+(worker/engine/prefix_cache.py): an evicted prefix's state stays there until the engine process
+is recycled, which the engine does when a new prefix needs the room and no batch runs. A new
+engine process starts with CTranslate2's cache empty, and the first batch of each prefix fills
+it again.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class PrefixTable:
         self._learned: OrderedDict[tuple[str, tuple[int, ...]], None] = OrderedDict()
         self._learned_by_head: dict[tuple[str, tuple[int, ...]], list[tuple[int, ...]]] = {}
         self._learned_tokens = 0
+        self._evicted: list[tuple[int, ...]] = []  # no longer learned anywhere: take_evicted
         self._recent: dict[tuple[str, tuple[int, ...]], deque[tuple[int, ...]]] = {}
         self._recent_order: deque[tuple[str, tuple[int, ...]]] = deque()
         for ids in configured:
@@ -123,6 +125,16 @@ class PrefixTable:
 
     def learned_tokens(self) -> int:
         return self._learned_tokens
+
+    def take_evicted(self) -> list[tuple[int, ...]]:
+        """The prefixes evicted since the last call that no partition has learned again and
+        none is configured: their cached state is dead weight (``Engine.forget_prefix``)."""
+        if not self._evicted:
+            return []
+        evicted, self._evicted = self._evicted, []
+        configured = {prefix for group in self._configured.values() for prefix in group}
+        learned = {prefix for _, prefix in self._learned}
+        return [prefix for prefix in evicted if prefix not in learned and prefix not in configured]
 
     def prefix_for(self, prompt_ids: Sequence[int], partition: str = SHARED) -> tuple[int, ...]:
         """``match`` for callers that need only the prefix."""
@@ -186,6 +198,7 @@ class PrefixTable:
             if not group:
                 del self._learned_by_head[where]
             self._learned_tokens -= len(prefix)
+            self._evicted.append(prefix)
 
     def _remember(self, prompt: tuple[int, ...], head: tuple[int, ...], partition: str) -> None:
         where = (partition, head)

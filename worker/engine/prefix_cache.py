@@ -11,7 +11,10 @@ decides which prefix a prompt has):
   whatever someone else sent. From then on that partition hits too: it sent the prefix itself.
 - **A memory budget.** New states are saved while the prefixes held total at most
   ``prefix_cache_tokens`` tokens (configured prompts always); past it a new prefix is computed
-  per batch. Only a new engine process empties CTranslate2's cache (``emptied``).
+  per batch. Only a new engine process empties CTranslate2's cache (``emptied``): when the
+  table has evicted enough of what is held (``forget``) that the new prefix would fit without
+  them, the engine recycles its process at the next moment no batch runs
+  (``wants_recycle``), so the budget holds and new prefixes are cached again.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class PrefixCacheState:
         self._max_tokens = max_tokens
         self._held: set[tuple[int, ...]] = set()
         self._held_tokens = 0
+        # Held, but evicted from the prefix table: memory only a recycle gives back.
+        self._dead: set[tuple[int, ...]] = set()
+        self._dead_tokens = 0
         self._warm: OrderedDict[tuple[str, tuple[int, ...]], None] = OrderedDict()
 
     def emptied(self) -> PrefixCacheState:
@@ -55,12 +61,32 @@ class PrefixCacheState:
         within = not self._max_tokens or self._held_tokens + len(prefix) <= self._max_tokens
         return partition == SHARED or within
 
+    def forget(self, prefix: tuple[int, ...]) -> None:
+        """The prefix table no longer has ``prefix`` (for any partition)."""
+        if prefix in self._held and prefix not in self._dead:
+            self._dead.add(prefix)
+            self._dead_tokens += len(prefix)
+
+    def wants_recycle(self, partition: str, prefix: tuple[int, ...]) -> bool:
+        """Whether ``prefix`` was refused a cached state for want of room that only evicted
+        prefixes take: a new engine process would have it."""
+        if not self._max_tokens or partition == SHARED or prefix in self._held:
+            return False
+        needed = len(prefix)
+        return (
+            self._held_tokens + needed > self._max_tokens
+            and self._held_tokens - self._dead_tokens + needed <= self._max_tokens
+        )
+
     def ran(self, partition: str, prefix: tuple[int, ...], cached: bool) -> None:
         """A batch of ``partition`` with ``prefix`` ended; ``cached``: it passed
         ``cache_static_prompt=True`` (CTranslate2 now holds the state)."""
         if cached and prefix not in self._held:
             self._held.add(prefix)
             self._held_tokens += len(prefix)
+        if prefix in self._dead:  # learned again: in use, no longer dead weight
+            self._dead.discard(prefix)
+            self._dead_tokens -= len(prefix)
         if prefix in self._held:
             self._warm[partition, prefix] = None
             self._warm.move_to_end((partition, prefix))

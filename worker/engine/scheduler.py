@@ -175,6 +175,8 @@ class BatchScheduler:
         with self._cond:
             if job.request.seed is None and not job.request.prefix:
                 found = self._prefixes.match(job.request.prompt_ids, job.request.cache_partition)
+                for evicted in self._prefixes.take_evicted():
+                    self._engine.forget_prefix(evicted)
                 if found.prefix:
                     job.request = dataclasses.replace(
                         job.request, prefix=found.prefix, cache_partition=found.partition
