@@ -18,6 +18,7 @@ from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
+from web.batch_pending import PendingBatchJobs
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
@@ -44,6 +45,8 @@ class Services:
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
+    # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
+    pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -130,6 +130,14 @@ def test_the_batch_backlog_is_per_key(
     )
     client = app.test_client()
     queues = services(app).queues
+    # Places another batch of this process holds while its messages are still being sent
+    # count as taken: the broker does not see them yet.
+    held = services(app).pending_batch.reserve_within(first, {"bound": 2}, {"bound": 0}, 3)
+    assert not isinstance(held, str)
+    lines = "".join(json.dumps(batch_body(f"b-{i}")) + "\n" for i in range(2))
+    headers = {**bearer(f"key-{first}"), "Content-Type": "application/jsonl"}
+    assert client.post("/v1/batches", data=lines, headers=headers).status_code == 429
+    held.release()
     create_batch(client, f"key-{first}", 3)
     wait_for(lambda: queues.depth("bound", first, BATCH_PRIORITY) == 3, 10, "the batch's messages")
     refused = client.post(
