@@ -146,3 +146,30 @@ def test_a_canceled_job_ends_its_stream_with_an_error_and_its_retry_409(held: Fa
         f"{held.web_url}/v1/chat/completions", json=body, headers={HEADER: key}, timeout=30
     )
     assert retry.status_code == 409 and retry.json()["error"]["code"] == "request_canceled"
+
+
+def test_a_responses_stream_retried_within_the_grace_replays_every_event(held: FaultStack) -> None:
+    key = f"responses-{uuid.uuid4()}"
+    body = {
+        "model": "slow",
+        "input": "Tell me everything",
+        "max_output_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    url = f"{held.web_url}/v1/responses"
+    with requests.post(url, json=body, headers={HEADER: key}, stream=True, timeout=60) as first:
+        seen = [e for _, e in zip(range(6), events(first), strict=False)]
+    response_id = seen[0]["response"]["id"]
+    with requests.post(url, json=body, headers={HEADER: key}, stream=True, timeout=60) as retry:
+        assert retry.status_code == 200, retry.text
+        replayed = list(events(retry))
+    assert [e["sequence_number"] for e in replayed] == list(range(len(replayed)))  # from 0
+    assert replayed[:6] == seen
+    last = replayed[-1]
+    assert last["type"] == "response.incomplete" and last["response"]["id"] == response_id
+    text = "".join(e["delta"] for e in replayed if e["type"] == "response.output_text.delta")
+    stored = requests.get(f"{url}/{response_id}", timeout=10).json()
+    assert stored["status"] == "incomplete"  # max_output_tokens reached, not cancelled
+    assert text == stored["output"][0]["content"][0]["text"]
