@@ -76,6 +76,9 @@ class GenerationParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0  # vLLM's: the end token cannot come before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: these ids end the job too (never emitted)
+    # vLLM's: jobs share cached prompt prefixes only with jobs of the same salt; "": only with
+    # jobs of the same API key (worker/engine/prefix.py).
+    cache_salt: str = ""
 
     @property
     def is_greedy(self) -> bool:
@@ -94,6 +97,7 @@ class GenerationParams:
             "repetition_penalty": self.repetition_penalty,
             "min_tokens": self.min_tokens,
             "stop_token_ids": list(self.stop_token_ids),
+            "cache_salt": self.cache_salt or None,
         }
 
     @classmethod
@@ -109,6 +113,7 @@ class GenerationParams:
             repetition_penalty=float(data.get("repetition_penalty", 1.0)),
             min_tokens=int(data.get("min_tokens", 0)),
             stop_token_ids=tuple(int(i) for i in data.get("stop_token_ids") or ()),
+            cache_salt=str(data.get("cache_salt") or ""),
         )
 
 
@@ -140,6 +145,7 @@ class ParamsObject(TypedDict):
     repetition_penalty: float
     min_tokens: int
     stop_token_ids: list[int]
+    cache_salt: str | None
 
 
 class JobObject(TypedDict):

@@ -68,6 +68,13 @@ def job_republished(job_id: str) -> str:
     return f"{job(job_id)}:republished"
 
 
+def job_readers(job_id: str) -> str:
+    """Hash: how many streamed requests with an Idempotency-Key read the job now ("attached")
+    and when the last one's client left ("left_at"), which starts the grace a retry has to
+    re-attach before the job is canceled (web/stream_hold.py)."""
+    return f"{job(job_id)}:readers"
+
+
 # Token plane: two channels per job, published to from inside the job's Lua scripts. A web
 # process subscribes to a job's channel only while one of its own readers follows the job, so
 # it never receives (let alone decodes) tokens nobody there reads, and a channel without

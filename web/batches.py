@@ -19,10 +19,19 @@ from werkzeug.formparser import FormDataParser
 
 from trickle.jobs import BATCH_PRIORITY, JobStatus
 from web.auth import current_key, current_owner
+from web.batch_pending import Reservation
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, load_json, read_body
 from web.errors import HttpError, invalid, not_found, too_many, unavailable
-from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
+from web.idempotency import (
+    HEADER,
+    Created,
+    IdempotencyKey,
+    earlier,
+    matching,
+    requested_key,
+    ttl_seconds,
+)
 from web.key_policy import check_key_policy
 from web.openai import responses as shapes
 from web.openai.requests import OpenAIRequest, parse_chat_request, parse_completion_request
@@ -60,7 +69,22 @@ def create_batch() -> Response:
     items = [_parse_line(number, line) for number, line in lines]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)
-    _check_job_bounds(svc, sum(req.choices for req in parsed.values()))
+    reservation = _reserve_jobs(svc, parsed)
+    try:
+        return _create(svc, key, items, parsed, reservation)
+    finally:
+        reservation.release()  # a no-op once the fan-out owns it
+
+
+def _create(
+    svc: Services,
+    key: IdempotencyKey | None,
+    items: list[BatchItem],
+    parsed: dict[int, OpenAIRequest],
+    reservation: Reservation,
+) -> Response:
+    """The batch's jobs and record, then their messages in the background: the fan-out takes
+    over ``reservation`` and ends it once every message is sent."""
     jobs = []
     shard = key.shard if key else None
     for index, req in parsed.items():
@@ -85,7 +109,7 @@ def create_batch() -> Response:
     store = _store(svc)
     if key is None:
         store.create(batch, items)
-        enqueue_many(svc, jobs)
+        enqueue_many(svc, jobs, on_sent=reservation.hand_over())
     else:
 
         def writes(pipe: Any) -> None:
@@ -97,7 +121,7 @@ def create_batch() -> Response:
         found = svc.store.create_once(key.redis_key, record, ttl_seconds(svc), writes)
         if found is not None:  # a concurrent first request won: its batch
             return _replay(svc, matching(key, found).batch_id)
-        enqueue_many(svc, jobs, recorded=True)
+        enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
     return _created_response(svc, batch, items, [job.id for job in jobs])
 
 
@@ -143,24 +167,37 @@ def _parse(svc: Services, item: BatchItem) -> OpenAIRequest:
     return parse_chat_request(item.body, svc.settings, svc.requests.chat)
 
 
-def _check_job_bounds(svc: Services, adding: int) -> None:
+def _reserve_jobs(svc: Services, parsed: dict[int, OpenAIRequest]) -> Reservation:
     """Jobs, not lines, are the work: prompt lists and ``n`` multiply a line. A batch is
-    bounded in jobs, and so is the backlog of queued jobs it joins (every priority counts)."""
+    bounded in jobs (400), and so is the backlog of batch jobs it joins (429): per model and
+    key (the anonymous callers and ``auth.api_keys`` share one), batch-priority jobs only, so
+    one key's batches close neither the interactive queue nor another key's batches. The 429
+    names the limit, not the depth of work other callers may share."""
     limits = svc.settings.limits
+    per_model = Counter[str]()
+    for req in parsed.values():
+        per_model[req.model] += req.choices
+    adding = sum(per_model.values())
     if adding > limits.max_batch_jobs:
         raise invalid(
             "input",
             f"the batch would create {adding} jobs (prompts x n per line); "
             f"the limit is {limits.max_batch_jobs}",
         )
-    queued = svc.store.queued_count()
-    if queued + adding > limits.max_batch_backlog:
+    tenant = svc.tenants.name_of_owner(current_owner())
+    waiting = {model: svc.queues.depth(model, tenant, BATCH_PRIORITY) for model in per_model}
+    reserved = svc.pending_batch.reserve_within(
+        tenant, per_model, waiting, limits.max_batch_backlog
+    )
+    if isinstance(reserved, str):
         raise too_many(
-            "queue_full",
-            f"{queued} jobs are queued (batch backlog limit {limits.max_batch_backlog}); "
+            "batch_queue_full",
+            f"model {reserved!r} has no room for {per_model[reserved]} more batch jobs of this "
+            f"key (limits.max_batch_backlog = {limits.max_batch_backlog} per key and model); "
             "retry later",
             BACKLOG_RETRY_AFTER_SECONDS,
         )
+    return reserved
 
 
 @blueprint.get("/v1/batches/<batch_id>")

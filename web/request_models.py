@@ -31,6 +31,7 @@ MAX_COMPLETION_LOGPROBS = 1
 MAX_CHAT_TOP_LOGPROBS = 1
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOKEN_ID = 2**31 - 1
+MAX_CACHE_SALT_CHARS = 256
 # Placeholders until bound to a configuration (RequestModels); never used to validate a request.
 UNBOUND_MAX_TOKENS = 2**31 - 1
 
@@ -82,6 +83,17 @@ class SamplingFields(BaseModel):
     stop_token_ids: Annotated[
         list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] | None,
         Field(max_length=MAX_STOP_TOKEN_IDS, description="vLLM: token ids that end the output"),
+    ] = None
+    cache_salt: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=MAX_CACHE_SALT_CHARS,
+            description=(
+                "vLLM: cached prompt prefixes are shared only with requests of the same salt; "
+                "absent: only with requests of the same API key"
+            ),
+        ),
     ] = None
 
 

@@ -10,6 +10,7 @@ from celery import Celery
 from flask import Flask, current_app
 
 from trickle.config.settings import Settings
+from trickle.jobs import INTERACTIVE_PRIORITY
 from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
@@ -17,6 +18,7 @@ from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
+from web.batch_pending import PendingBatchJobs
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
@@ -43,6 +45,8 @@ class Services:
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
+    # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
+    pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -63,7 +67,11 @@ class Services:
             rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
             queues=queues,
-            admission_depth=AdmissionDepth(queues.depth),
+            # Interactive jobs only: batch work has a bound of its own (limits.max_batch_backlog)
+            # and never closes the interactive queue.
+            admission_depth=AdmissionDepth(
+                lambda model: queues.depth(model, priority=INTERACTIVE_PRIORITY)
+            ),
             tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
             tenants=TenantTable(settings.keys),
         )

@@ -72,6 +72,11 @@ class WebSettings(Section):
     max_wait_seconds: int = 60
     # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
     completion_timeout_seconds: float = 600.0
+    # A streamed OpenAI request with an Idempotency-Key whose client leaves keeps its jobs
+    # running this long, so that its retry re-attaches (replay from the first token, then
+    # follow to the end) instead of finding them canceled. 0: canceled at once, as streams
+    # without a key always are.
+    stream_resume_grace_seconds: float = 30.0
     # HMAC key of the read-only stream tokens in job URLs; empty: one generated and shared
     # through Redis (keys.STREAM_SECRET), so every web process signs alike.
     stream_secret: str = ""
@@ -135,15 +140,17 @@ class LimitSettings(Section):
     result_ttl_seconds: int = 3600
     # A job never picked up (no worker for its model) expires after this.
     queued_ttl_seconds: int = 86_400
-    # Per model: beyond this many waiting jobs, submissions get 429 instead of queueing forever.
+    # Per model: beyond this many waiting interactive jobs, submissions get 429 instead of
+    # queueing forever. Batch jobs wait apart, under max_batch_backlog.
     max_queued_jobs: int = 1000
     # A running job is stopped and failed after this long (from its first start).
     max_job_seconds: float = 600.0
     # POST /v1/batches: requests per batch and size of the JSONL input.
     max_batch_requests: int = 10_000
     max_batch_bytes: int = 16_777_216
-    # Jobs one batch may create (each line makes prompts x n jobs), and the most jobs that may
-    # wait queued (all priorities) for a batch to be accepted: batch work is bounded too.
+    # Jobs one batch may create (each line makes prompts x n jobs), and the most batch jobs
+    # that may wait per model and key (the anonymous and auth.api_keys callers share one):
+    # batch work is bounded apart, so it never closes the interactive queue.
     max_batch_jobs: int = 10_000
     max_batch_backlog: int = 50_000
 
@@ -271,10 +278,14 @@ class ModelSettings(Section):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
     # Common prefixes learned from traffic (prompts sharing at least prefix_min_tokens leading
-    # tokens), cached like static_prompts; each costs 2 x layers x tokens x d_model values of
-    # memory for the life of the engine process. 0 = learn none.
+    # tokens of one API key, or of one cache_salt), cached like static_prompts; the least
+    # recently used go first. 0 = learn none.
     prefix_cache_entries: int = 8
     prefix_min_tokens: int = 64
+    # The memory bound, in tokens (each costs 2 x layers x d_model values): the learned
+    # prefixes together, and what CTranslate2 holds cached over the engine process's life
+    # (configured prompts always). 0: only prefix_cache_entries bounds the table.
+    prefix_cache_tokens: int = 16384
     # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
     add_bos: bool | None = None
     # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's

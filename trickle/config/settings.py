@@ -283,6 +283,8 @@ def _check_engine_knobs(model: ModelSettings) -> None:
         raise ConfigError(f"{where}.prefix_cache_entries must be >= 0 (0 learns no prefix)")
     if model.prefix_min_tokens < 1:
         raise ConfigError(f"{where}.prefix_min_tokens must be >= 1")
+    if model.prefix_cache_tokens < 0:
+        raise ConfigError(f"{where}.prefix_cache_tokens must be >= 0 (0: no token bound)")
     if any(not text.strip() for text in model.static_prompts):
         raise ConfigError(f"{where}.static_prompts: an entry is empty")
     if not model.device_index:

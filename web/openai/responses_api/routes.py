@@ -17,6 +17,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
+from web import stream_hold
 from web.auth import current_owner
 from web.body import read_json_body
 from web.chat_template import ChatTurn
@@ -55,7 +56,10 @@ def create_response() -> Response:
     req = parse_response_request(body, svc.settings, svc.requests.responses)
     record, job = _submit(svc, req, key)
     if req.stream:
-        return _event_stream(svc, record, job, -1, cancel_on_close=not req.background)
+        # A keyed foreground stream whose client leaves gets the grace to re-attach: its
+        # retry replays from the first event (web/stream_hold.py).
+        held = key is not None and not req.background and stream_hold.grace_seconds(svc) > 0
+        return _event_stream(svc, record, job, -1, cancel_on_close=not req.background, held=held)
     if req.background:
         return jsonify(render.response_object(record, job, "queued"))
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
@@ -215,14 +219,20 @@ def _starting_after(raw: str | None) -> int:
 
 
 def _event_stream(
-    svc: Services, record: StoredResponse, job: Job, after: int, cancel_on_close: bool
+    svc: Services,
+    record: StoredResponse,
+    job: Job,
+    after: int,
+    cancel_on_close: bool,
+    held: bool = False,
 ) -> Response:
     first_token = max(after - render.HEAD_EVENTS, -1)
     try:
         follower = JobFollower(svc.store, svc.hub, job.id, first_token, job.owner, False)
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
-    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close))
+    hold = job if held else None
+    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close, hold))
     response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     response.call_on_close(follower.close)
     return response
@@ -234,9 +244,13 @@ def _events(
     follower: JobFollower,
     after: int,
     cancel_on_close: bool,
+    hold: Job | None = None,
 ) -> Iterator[str]:
-    """Every event numbered above ``after``, as it becomes known."""
-    finished = False
+    """Every event numbered above ``after``, as it becomes known; ``hold``: the job of a keyed
+    stream, held for the grace instead of canceled when the client leaves."""
+    finished = left = False
+    if hold is not None:
+        stream_hold.attach(svc, [hold])
     try:
         head = [render.sse(e) for e in render.head_events(record) if e["sequence_number"] > after]
         if head:
@@ -260,8 +274,17 @@ def _events(
     except redis.RedisError as exc:
         log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
         yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+    except GeneratorExit:  # the server closed the body early: the client went away
+        left = True
+        raise
     finally:
-        if cancel_on_close and not finished:
+        if hold is not None:
+            try:
+                stream_hold.detach(svc, [hold], [] if finished else [hold], left)
+            except redis.RedisError as exc:
+                log.warning("response stream %s: could not hold its job: %s", record.id, exc)
+                left = False
+        if cancel_on_close and not finished and not (hold is not None and left):
             _cancel_job(svc, record.job_id, record.model)
 
 
