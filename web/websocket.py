@@ -109,11 +109,12 @@ class BoundedServer(Server):  # type: ignore[misc]
         """The library's event handling, then the bounds: runs in the reader thread after each
         read (at most ``receive_bytes``), so no more than one read's messages are ever held."""
         keep_going: bool = super()._handle_events()
-        dropped = sum(
+        sizes = [
             len(message.encode() if isinstance(message, str) else message)
             for message in self.input_buffer
-        )
+        ]
         self.input_buffer.clear()
+        dropped = sum(sizes)
         self.inbound_bytes += dropped
         if self.closing_since is not None:
             # Closing: the partial message is dropped too, and the linger has its bounds.
@@ -126,7 +127,8 @@ class BoundedServer(Server):  # type: ignore[misc]
             )
         if not keep_going:
             return False
-        if dropped > self.max_message_bytes or self.incoming_message_len > self.max_message_bytes:
+        largest = max(sizes, default=0)
+        if max(largest, self.incoming_message_len) > self.max_message_bytes:
             self._refuse(CloseReason.MESSAGE_TOO_BIG, "message too big")
         elif self.inbound_bytes > self.budget_bytes:
             self._refuse(CloseReason.POLICY_VIOLATION, "this stream takes no input")
