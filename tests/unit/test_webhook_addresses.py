@@ -12,6 +12,8 @@ import socket
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from trickle.config.sections import WebhookSettings
 from trickle.webhooks import (
@@ -67,6 +69,34 @@ def test_the_embedded_ipv4_of_each_form() -> None:
     for text in ("::ffff:127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::1"):
         assert embedded_ipv4(ipaddress.IPv6Address(text)) == [loopback], text
     assert embedded_ipv4(ipaddress.IPv6Address("2606:4700::1111")) == []
+
+
+def ipv6_forms(v4: ipaddress.IPv4Address) -> list[ipaddress.IPv6Address]:
+    """Every way an IPv6 address can carry ``v4``."""
+    value = int(v4)
+    return [
+        ipaddress.IPv6Address((0xFFFF << 32) | value),  # IPv4-mapped
+        ipaddress.IPv6Address((0x64FF9B << 96) | value),  # NAT64
+        ipaddress.IPv6Address((0x64FF9B0001 << 80) | value),  # local-use NAT64
+        ipaddress.IPv6Address((0x2002 << 112) | (value << 80) | 1),  # 6to4
+        ipaddress.IPv6Address(value),  # IPv4-compatible
+    ]
+
+
+INTERNAL_V4 = [
+    ipaddress.IPv4Network(net)
+    for net in ("0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+                "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4")
+]  # fmt: skip
+IPV4 = st.integers(0, 2**32 - 1).map(ipaddress.IPv4Address) | st.sampled_from(INTERNAL_V4).flatmap(
+    lambda net: st.integers(int(net[0]), int(net[-1])).map(ipaddress.IPv4Address)
+)
+
+
+@given(IPV4)
+def test_no_ipv6_form_of_an_internal_ipv4_address_is_public(v4: ipaddress.IPv4Address) -> None:
+    for form in ipv6_forms(v4):
+        assert not is_public(form) or is_public(v4), (v4, form)
 
 
 def resolving_to(monkeypatch: pytest.MonkeyPatch, *answers: list[str]) -> list[str]:
