@@ -17,6 +17,9 @@ import redis
 from trickle import keys
 
 BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
+# A refused line's stored error message is cut here: some messages quote the input (a model
+# name), and the input may be as long as the whole batch allows.
+MAX_ERROR_MESSAGE_CHARS = 500
 
 
 def new_batch_id() -> str:
@@ -30,7 +33,12 @@ def is_batch_id(value: str) -> bool:
 
 @dataclass
 class BatchItem:
-    """One input line: its jobs when valid, else the error it was refused with."""
+    """One input line: its jobs when valid, else the error it was refused with.
+
+    A refused line keeps only what the output file says of it (its ``custom_id`` and error):
+    its body, which may hold a prompt far over the token limit, is dropped at once, so lines no
+    job, backlog or token limit counts cannot fill Redis for the batch's lifetime.
+    """
 
     custom_id: str
     url: str
@@ -39,14 +47,26 @@ class BatchItem:
     error_status: int | None = None
     error: dict[str, Any] | None = None
 
+    def refuse(self, status: int, error: dict[str, Any]) -> None:
+        message = str(error.get("message", ""))
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = message[:MAX_ERROR_MESSAGE_CHARS] + "..."
+        self.error_status, self.error = status, {**error, "message": message}
+        self.body, self.job_ids = {}, []
+
     def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {
+                "custom_id": self.custom_id,
+                "url": self.url,
+                "error_status": self.error_status,
+                "error": self.error,
+            }
         return {
             "custom_id": self.custom_id,
             "url": self.url,
             "body": self.body,
             "job_ids": self.job_ids,
-            "error_status": self.error_status,
-            "error": self.error,
         }
 
     @classmethod
@@ -54,7 +74,7 @@ class BatchItem:
         return cls(
             custom_id=str(data["custom_id"]),
             url=str(data["url"]),
-            body=dict(data["body"]),
+            body=dict(data.get("body") or {}),
             job_ids=[str(job_id) for job_id in data.get("job_ids") or []],
             error_status=data.get("error_status"),
             error=data.get("error"),

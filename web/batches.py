@@ -92,7 +92,7 @@ def _create(
         try:
             item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
         except HttpError as exc:
-            item.error_status, item.error = exc.status, exc.to_dict()["error"]
+            item.refuse(exc.status, exc.to_dict()["error"])
             continue
         item.job_ids = [job.id for job in item_jobs]
         jobs += item_jobs
@@ -154,7 +154,7 @@ def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRe
             if req.stream:
                 raise invalid("body.stream", "batch requests cannot stream")
         except HttpError as exc:
-            item.error_status, item.error = exc.status, exc.to_dict()["error"]
+            item.refuse(exc.status, exc.to_dict()["error"])
             continue
         parsed[index] = req
     return parsed

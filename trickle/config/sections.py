@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, NonNegativeFloat, NonNegativeInt
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+)
 
 
 def _comma_separated(value: Any) -> Any:
@@ -82,6 +88,11 @@ class WebSettings(Section):
     stream_secret: str = ""
     # Origins (scheme://host[:port], or "*") allowed to call /v1 from a browser; empty: none.
     cors_origins: Names = ()
+    # A job's WebSocket takes no input: what a client sends is read and dropped. One message
+    # (all its frames) over ws_max_message_bytes closes the socket with 1009, more than
+    # ws_inbound_budget_bytes in all with 1008, so no client can make the web process hold more.
+    ws_max_message_bytes: PositiveInt = 4096
+    ws_inbound_budget_bytes: PositiveInt = 65536
 
 
 @dataclass(frozen=True)
