@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    create_model,
+)
 
 from trickle.config.settings import Settings
 from web.tools.models import (
@@ -244,6 +252,23 @@ class InputMessage(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
+def _item_type(value: Any) -> str:
+    """An input item's kind: its ``type``, a message when absent (errors then name the
+    fields of the kind that was meant, not those of every kind)."""
+    if isinstance(value, dict):
+        kind = value.get("type")
+        return kind if isinstance(kind, str) else "message"
+    return str(getattr(value, "type", None) or "message")
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
 class TextFormat(BaseModel):
     model_config = STRICT
 
@@ -282,12 +307,7 @@ class ResponseCreateRequest(SamplingFields):
     )
 
     max_tokens: None = Field(None, description="use max_output_tokens")
-    input: (
-        Text
-        | Annotated[
-            list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)
-        ]
-    )
+    input: Text | Annotated[list[InputItem], Field(min_length=1)]
     instructions: Text | None = None
     max_output_tokens: max_tokens_field(UNBOUND_MAX_TOKENS) = None  # type: ignore[valid-type]
     stream: bool | None = None

@@ -212,9 +212,11 @@ def _stream(
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
                 elif isinstance(event, TokenRun) and tools:
-                    generated[index] += len(event)
-                    for chunk in tools[index].feed(event.text):
-                        parts.append(_sse(with_usage(chunk, index)))
+                    # Token by token: a call's arguments stream as the model writes them.
+                    for literal in event.literals:
+                        generated[index] += 1
+                        for chunk in tools[index].feed(json.loads(literal)):
+                            parts.append(_sse(with_usage(chunk, index)))
                 elif isinstance(event, TokenRun) and not per_token:
                     generated[index] += len(event)
                     literal = event.text_literal()
