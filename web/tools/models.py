@@ -10,14 +10,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 MAX_TOOLS = 128
 
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+def _only_a_boolean(value: Any) -> Any:
+    """``0`` equals ``False`` to a ``Literal``; JSON's 0 is no boolean."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("strict must be a boolean")
+    return value
+
+
 Strict = Annotated[
     Literal[False] | None,
+    BeforeValidator(_only_a_boolean),
     Field(description="only false: schemas are not enforced (no constrained decoding yet)"),
 ]
 
