@@ -285,3 +285,30 @@ def test_bad_tools_are_400s_that_name_the_field(
     response = requests.post(f"{tool_stack.web_url}/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_the_openai_clients_stream_helpers_assemble_the_calls(client: openai.OpenAI) -> None:
+    """The client's own accumulators check every event's place (an argument delta before its
+    item was added would raise), and assemble the same answer as the plain request."""
+    with client.chat.completions.stream(
+        model="tools", messages=ASK, tools=[WEATHER], temperature=0
+    ) as stream:
+        completion = stream.get_final_completion()
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    with client.responses.stream(
+        model="tools",
+        input="The weather in two cities?",
+        tools=[RESPONSES_WEATHER, {"type": "function", "name": "get_time"}],  # type: ignore[list-item]
+    ) as events:
+        response = events.get_final_response()
+    assert [item.type for item in response.output] == ["message", "function_call", "function_call"]
+    assert response.output_text == "Checking:"
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_time", {"zone": "CET"}),
+    ]

@@ -48,9 +48,10 @@ class ToolEvents:
 
     def end(self, job: Job) -> list[dict[str, Any]]:
         """What the parser held back, the open items closed, then the final event."""
-        events = self._events(self._parser.finish())
         status = render.status_of(job)
+        # What ends only with the answer (an unclosed call) is incomplete when it was cut.
         closing = "completed" if status == "completed" else "incomplete"
+        events = self._events(self._parser.finish(), closing)
         events += self._close_message(closing)
         for index in list(self._calls):
             events += self._close_call(index, closing)
@@ -62,7 +63,7 @@ class ToolEvents:
     def response(self, job: Job, status: ResponseStatus) -> ResponseObject:
         return render.response_object(self._record, job, status, output=self.items)
 
-    def _events(self, parsed: Iterable[Event]) -> list[dict[str, Any]]:
+    def _events(self, parsed: Iterable[Event], closing: str = "completed") -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for event in parsed:
             if isinstance(event, Text):
@@ -75,7 +76,7 @@ class ToolEvents:
                 item["arguments"] += event.fragment
                 events.append(self._delta_event(item, event.fragment))
             elif isinstance(event, CallEnd):
-                events += self._close_call(event.index, "completed")
+                events += self._close_call(event.index, closing)
         return events
 
     def _text(self, text: str) -> list[dict[str, Any]]:
