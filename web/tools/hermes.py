@@ -27,7 +27,8 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 # The call object's head, up to the arguments object's opening brace (not consumed).
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
-_HELD_TAIL = re.compile(r"[\s}]*\Z")
+# What may close the call object rather than its arguments: held back until the call ends.
+_HELD = frozenset(" \t\r\n}")
 
 
 class HermesParser:
@@ -42,9 +43,11 @@ class HermesParser:
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []
+        searched = 0  # the closing tag cannot begin before this in the body
         if self._body is None:
             self._pending += text
         else:
+            searched = max(len(self._body) - len(CLOSE) + 1, 0)
             self._body += text
         while True:
             if self._body is None:
@@ -59,8 +62,8 @@ class HermesParser:
                 if at:
                     events += self._gate.text(self._pending[:at])
                 self._body, self._pending = self._pending[at + len(OPEN) :], ""
-                self._args_at, self._sent = -1, 0
-            end = self._body.find(CLOSE)
+                self._args_at, self._sent, searched = -1, 0, 0
+            end = self._body.find(CLOSE, searched)
             if end < 0:
                 events += self._progress()
                 return events
@@ -93,14 +96,22 @@ class HermesParser:
                 return []
             self._args_at = head[0]
             events.append(self._start_named(head[1]))
-        body = self._body[: len(self._body) - partial_suffix(self._body, CLOSE)]
-        settled = body[self._args_at :]
-        settled = settled[: _HELD_TAIL.search(settled).start()]  # type: ignore[union-attr]
-        return events + self._arguments(settled)
+        # Settled: up to a partial closing tag and the run of braces and spaces before it. The
+        # text sent so far ends before such a run, so the run never reaches back into it.
+        body = self._body
+        start = self._args_at + self._sent
+        end = len(body) - partial_suffix(body, CLOSE)
+        while end > start and body[end - 1] in _HELD:
+            end -= 1
+        if end <= start:
+            return events
+        self._sent += end - start
+        return [*events, CallArguments(self._calls - 1, body[start:end])]
 
-    def _arguments(self, upto: str) -> list[Event]:
-        fragment = upto[self._sent :]
-        self._sent = len(upto)
+    def _arguments(self, arguments: str) -> list[Event]:
+        """The rest of the call's arguments, once they are all known."""
+        fragment = arguments[self._sent :]
+        self._sent = len(arguments)
         return [CallArguments(self._calls - 1, fragment)] if fragment else []
 
     def _close(self, body: str, unclosed: str | None) -> list[Event]:

@@ -85,7 +85,9 @@ class TextGate:
 
 def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of ``text`` that begins ``tag`` (to hold back)."""
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-length:]):
-            return length
+    at = text.find(tag[0], max(len(text) - len(tag) + 1, 0))
+    while at >= 0:
+        if tag.startswith(text[at:]):
+            return len(text) - at
+        at = text.find(tag[0], at + 1)
     return 0
