@@ -5,6 +5,7 @@ any event replays exactly what followed."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -312,3 +313,42 @@ def test_the_openai_clients_stream_helpers_assemble_the_calls(client: openai.Ope
         ("get_weather", {"city": "Oslo"}),
         ("get_time", {"zone": "CET"}),
     ]
+
+
+def test_an_agent_sdk_runs_a_function_tool_over_the_responses_api(tool_stack: FaultStack) -> None:
+    """OpenAI's Agents SDK, unchanged, streamed and not: the model calls the tool, the SDK runs
+    it and sends the result back, the model answers. Its default ``strict`` tools promise
+    schema-valid arguments, which only constrained decoding keeps: those are a 400 by name."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool(strict_mode=False)
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "sunny, 22C"
+
+    @function_tool
+    def get_time(zone: str) -> str:
+        """The time in a zone."""
+        return "noon"
+
+    async def run() -> tuple[Any, Any, openai.BadRequestError]:
+        client = openai.AsyncOpenAI(base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0)
+        model = OpenAIResponsesModel(model="tools", openai_client=client)
+        agent = Agent(name="weather", instructions="Be brief.", tools=[get_weather], model=model)
+        plain = await Runner.run(agent, "Weather in Paris?")
+        streamed = Runner.run_streamed(agent, "Weather in Paris?")
+        async for _event in streamed.stream_events():
+            pass
+        strict = Agent(name="strict", tools=[get_time], model=model)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await Runner.run(strict, "What time is it?")
+        return plain.final_output, streamed.final_output, refused.value
+
+    plain, streamed, refused = asyncio.run(run())
+    assert plain == streamed == ANSWER_TEXT
+    assert cities == ["Paris", "Paris"]
+    assert isinstance(refused.body, dict) and refused.body["param"] == "tools[0].strict"
