@@ -4,8 +4,11 @@ tag is never text, the name comes once and whole, the arguments come in order.""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from web.tools.calls import ParsedAnswer, call_id, call_item_id, parse_answer
 from web.tools.parser import CallArguments, CallEnd, CallStart, Event, Text
@@ -156,3 +159,64 @@ def test_parse_answer_and_ids_are_stable() -> None:
 def test_unknown_parser_is_refused() -> None:
     with pytest.raises(ValueError, match="tool_call_parser"):
         make_parser("mistral")
+
+
+def test_every_two_cut_points_give_the_same_answer() -> None:
+    expected = answer(run("hermes", [CALL]))
+    for i in range(1, len(CALL)):
+        for j in range(i, len(CALL)):
+            parsed = answer(run("hermes", [CALL[:i], CALL[i:j], CALL[j:]]))
+            assert parsed == expected, (i, j)
+
+
+names = st.from_regex(r"[a-zA-Z0-9_-]{1,12}", fullmatch=True)
+values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+texts = st.text(min_size=1, max_size=20).map(str.strip).filter(lambda t: t and OPEN_TAG not in t)
+OPEN_TAG = "<tool_call>"
+
+
+@given(
+    parts=st.lists(
+        st.one_of(
+            texts.map(lambda t: ("text", t)),
+            st.tuples(names, st.dictionaries(st.text(max_size=6), values, max_size=3)).map(
+                lambda c: ("call", c)
+            ),
+        ),
+        max_size=5,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12),
+    spaced=st.booleans(),
+)
+def test_any_answer_cut_anywhere_reads_as_its_parts(
+    parts: list[tuple[str, Any]], cuts: list[int], spaced: bool
+) -> None:
+    separator = "\n" if spaced else ""
+    pieces, content, calls = [], "", []
+    for kind, part in parts:
+        if kind == "text":
+            pieces.append(part)
+            content += part
+        else:
+            name, arguments = part
+            body = json.dumps({"name": name, "arguments": arguments}, indent=1 if spaced else None)
+            pieces.append(
+                f"{separator}<tool_call>{separator}{body}{separator}</tool_call>{separator}"
+            )
+            calls.append((name, arguments))
+    text = "".join(pieces)
+    points = sorted({c for c in cuts if 0 < c < len(text)})
+    chunks = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+    parsed = answer(run("hermes", chunks))
+    if not calls:  # an answer without calls keeps its text exactly
+        assert parsed.content == text
+        return
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == calls
+    # Whitespace that only separates calls is dropped; texts that follow a call lose their lead.
+    assert parsed.content.replace("\n", "") == content.replace("\n", "")
