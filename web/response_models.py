@@ -56,16 +56,33 @@ class CompletionChoice(TypedDict):
     finish_reason: Literal["stop", "length"] | None
 
 
+class MessageFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: MessageFunction
+
+
 class AssistantMessage(TypedDict):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+
+
+class AssistantToolMessage(AssistantMessage):
+    """An answer that called tools (``content`` null when it wrote nothing else)."""
+
+    tool_calls: list[MessageToolCall]
 
 
 class ChatChoice(TypedDict):
     index: int
-    message: AssistantMessage
+    message: AssistantMessage | AssistantToolMessage
     logprobs: dict[str, Any] | None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class CompletionEnvelope(TypedDict):
@@ -170,6 +187,15 @@ class OutputMessage(TypedDict):
     content: list[OutputText]
 
 
+class OutputFunctionCall(TypedDict):
+    id: str
+    type: Literal["function_call"]
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
@@ -212,7 +238,7 @@ class ResponseObject(TypedDict):
     max_tool_calls: None
     metadata: dict[str, str]
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | OutputFunctionCall]
     parallel_tool_calls: bool
     previous_response_id: str | None
     reasoning: ReasoningConfig

@@ -62,6 +62,10 @@ PUBLISHED_SCHEMAS = {
     *("Response", "ResponseDeleted", "ResponseError", "ResponseUsage", "IncompleteDetails"),
     *("InputTokensDetails", "OutputTokensDetails", "OutputLogprob", "TopLogprob"),
     *("OutputMessage", "OutputText", "ReasoningConfig", "ResponseTextConfig", "ResponseTextFormat"),
+    *("ChatTool", "FunctionDefinition", "ChatNamedToolChoice", "FunctionName", "ChatToolCall"),
+    *("CalledFunction", "FunctionTool", "ResponsesNamedToolChoice", "FunctionCallItem"),
+    *("FunctionCallOutputItem", "AssistantToolMessage", "MessageToolCall", "MessageFunction"),
+    "OutputFunctionCall",
 }
 
 

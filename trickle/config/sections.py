@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BeforeValidator,
@@ -305,6 +305,13 @@ class ModelSettings(Section):
     # Token ids that end generation besides the tokenizer's end token; empty: those of the
     # directory's generation_config.json (eos_token_id).
     eos_token_ids: Numbers = ()
+    # How the web tier finds tool calls in this model's answers (web/tools): "hermes" for
+    # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (what the built-in template asks
+    # for), "json" for an answer that is the call object itself (or a list of them).
+    tool_call_parser: Literal["hermes", "json"] = "hermes"
+    # A template for requests with tools when the model's own cannot render them (it never
+    # reads ``tools``): a Jinja string, or "builtin" for Trickle's. Empty: such requests are a 400.
+    tool_chat_template: str = ""
 
     def tenant_reserve(self, named_keys: bool) -> bool:
         """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)

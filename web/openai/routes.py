@@ -43,6 +43,7 @@ from web.openai.requests import (
     parse_chat_request,
     parse_completion_request,
 )
+from web.openai.tool_chat import ToolChoiceStream
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue_all, prepare_job
@@ -215,6 +216,7 @@ def _stream(
     # Logprobs and continuous usage are per token; otherwise a wake-up's tokens are one chunk.
     per_token = req.logprobs is not None or req.continuous_usage
     templates = [shapes.text_chunk_template(envelope, i, chat) for i in range(len(jobs))]
+    tools = _tool_streams(req, envelope, jobs)
     finished: set[int] = set()
     offsets = [0] * len(jobs)
     generated = [0] * len(jobs)  # per choice, for continuous_usage_stats
@@ -242,6 +244,12 @@ def _stream(
             for index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenRun) and tools:
+                    # Token by token: a call's arguments stream as the model writes them.
+                    for literal in event.literals:
+                        generated[index] += 1
+                        for chunk in tools[index].feed(json.loads(literal)):
+                            parts.append(_sse(with_usage(chunk, index)))
                 elif isinstance(event, TokenRun) and not per_token:
                     generated[index] += len(event)
                     literal = event.text_literal()
@@ -266,7 +274,10 @@ def _stream(
                         return
                     completion_tokens += job.usage.completion_tokens
                     reason = shapes.finish_reason(job)
-                    if chat:
+                    if tools:
+                        *held, last = tools[index].finish(job)
+                        parts.extend(_sse(with_usage(chunk, index)) for chunk in held)
+                    elif chat:
                         last = shapes.chat_chunk(envelope, index, {}, reason)
                     else:
                         last = shapes.completion_chunk(envelope, index, "", reason)
@@ -297,6 +308,21 @@ def _stream(
                 left = False
         if not (held and left):
             _cancel(svc, unfinished)
+
+
+def _tool_streams(
+    req: OpenAIRequest, envelope: shapes.Envelope, jobs: list[Job]
+) -> list[ToolChoiceStream]:
+    """A parser per choice when the answers may hold tool calls; none otherwise."""
+    if req.tools is None:
+        return []
+    streams = []
+    for index, job in enumerate(jobs):
+        parser = req.tools.new_parser()
+        if parser is None:
+            return []
+        streams.append(ToolChoiceStream(envelope, index, job.id, parser))
+    return streams
 
 
 def _token_chunk(

@@ -9,8 +9,10 @@ runs on.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
@@ -20,7 +22,7 @@ from trickle.jobs import Job
 from web import stream_hold
 from web.auth import current_owner
 from web.body import read_json_body
-from web.chat_template import ChatTurn
+from web.chat_template import ChatTurn, TurnCall
 from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import (
     Done,
@@ -33,13 +35,15 @@ from web.follow import (
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
 from web.openai.requests import chat_prompt
-from web.openai.responses_api import render
+from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.request import ResponseRequest, parse_response_request
 from web.response_models import ResponseObject
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
+from web.tools.calls import call_id
+from web.tools.parser import ToolCallParser
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
@@ -78,7 +82,7 @@ def get_response(response_id: str) -> Response:
         return jsonify(_object(svc, record, job))
     after = _starting_after(request.args.get("starting_after"))
     if job.status.is_terminal:
-        last = render.HEAD_EVENTS + svc.responses.token_count(job.id) + render.TAIL_EVENTS - 1
+        last = _last_event(svc, record, job)
         if after > last:
             raise invalid("starting_after", f"starting_after is past the last event ({last})")
     return _event_stream(svc, record, job, after, cancel_on_close=False)
@@ -114,7 +118,8 @@ def _submit(
     if first is None:
         messages = _conversation(svc, req)
         system = [ChatTurn("system", req.instructions)] if req.instructions else []
-        prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
+        turns = [*system, *messages]
+        prompt = chat_prompt(turns, svc.settings, req.model, param="input", tools=req.tools)
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
         admit(svc, [job])
         record = _record(req, job, messages)
@@ -160,6 +165,8 @@ def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> S
         top_logprobs=req.top_logprobs,
         parallel_tool_calls=req.parallel_tool_calls,
         tool_choice=req.tool_choice,
+        tools=req.tool_echo,
+        tool_parser=req.tools.parser if req.tools is not None else None,
     )
 
 
@@ -176,8 +183,20 @@ def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
         raise not_found(f"response {req.previous_response_id!r} has expired", param)
     if not job.status.is_terminal:
         raise invalid(param, f"response {previous.id!r} is still {render.status_of(job)}")
-    answer = ChatTurn("assistant", job.output)
-    return (*previous.messages, answer, *req.messages)
+    return (*previous.messages, _answer_turn(previous, job), *req.messages)
+
+
+def _answer_turn(record: StoredResponse, job: Job) -> ChatTurn:
+    """A finished response's answer as the next turn's assistant message, its calls included."""
+    tools = record.tool_use()
+    answer = tools.parse(job.output) if tools is not None else None
+    if answer is None:
+        return ChatTurn("assistant", job.output)
+    calls = tuple(
+        TurnCall(call_id(job.id, index), call.name, call.arguments)
+        for index, call in enumerate(answer.calls)
+    )
+    return ChatTurn("assistant", answer.content, calls)
 
 
 def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
@@ -193,6 +212,9 @@ def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
 
 
 def _object(svc: Services, record: StoredResponse, job: Job) -> ResponseObject:
+    parser = _parser(record)
+    if parser is not None:
+        return tool_events.read_whole(record, parser, job).response(job, render.status_of(job))
     logprobs = svc.store.tokens(job.id) if record.logprobs and job.status.is_terminal else None
     return render.response_object(record, job, render.status_of(job), logprobs)
 
@@ -218,6 +240,23 @@ def _starting_after(raw: str | None) -> int:
     return after
 
 
+def _parser(record: StoredResponse) -> ToolCallParser | None:
+    tools = record.tool_use()
+    return None if tools is None else tools.new_parser()
+
+
+def _last_event(svc: Services, record: StoredResponse, job: Job) -> int:
+    """The sequence number of a finished response's last event."""
+    parser = _parser(record)
+    if parser is None:
+        return render.HEAD_EVENTS + svc.responses.token_count(job.id) + render.TAIL_EVENTS - 1
+    events = tool_events.ToolEvents(record, parser)
+    for token in svc.store.tokens(job.id):
+        events.token(token.text)
+    events.end(job)
+    return events.sequence - 1
+
+
 def _event_stream(
     svc: Services,
     record: StoredResponse,
@@ -226,7 +265,8 @@ def _event_stream(
     cancel_on_close: bool,
     held: bool = False,
 ) -> Response:
-    first_token = max(after - render.HEAD_EVENTS, -1)
+    # A tool response's events are rebuilt from its first token (tool_events).
+    first_token = max(after - render.HEAD_EVENTS, -1) if record.tool_parser is None else -1
     try:
         follower = JobFollower(svc.store, svc.hub, job.id, first_token, job.owner, False)
     except JobNotFound:
@@ -248,6 +288,10 @@ def _events(
 ) -> Iterator[str]:
     """Every event numbered above ``after``, as it becomes known; ``hold``: the job of a keyed
     stream, held for the grace instead of canceled when the client leaves."""
+    parser = _parser(record)
+    if parser is not None:
+        yield from _tool_events(svc, record, follower, after, cancel_on_close, parser, hold)
+        return
     finished = left = False
     if hold is not None:
         stream_hold.attach(svc, [hold])
@@ -278,14 +322,73 @@ def _events(
         left = True
         raise
     finally:
-        if hold is not None:
-            try:
-                stream_hold.detach(svc, [hold], [] if finished else [hold], left)
-            except redis.RedisError as exc:
-                log.warning("response stream %s: could not hold its job: %s", record.id, exc)
-                left = False
-        if cancel_on_close and not finished and not (hold is not None and left):
-            _cancel_job(svc, record.job_id, record.model)
+        _stream_ended(svc, record, hold, finished, left, cancel_on_close)
+
+
+def _stream_ended(
+    svc: Services,
+    record: StoredResponse,
+    hold: Job | None,
+    finished: bool,
+    left: bool,
+    cancel_on_close: bool,
+) -> None:
+    """A stream's end: a held job is left to its grace, an abandoned one is canceled."""
+    if hold is not None:
+        try:
+            stream_hold.detach(svc, [hold], [] if finished else [hold], left)
+        except redis.RedisError as exc:
+            log.warning("response stream %s: could not hold its job: %s", record.id, exc)
+            left = False
+    if cancel_on_close and not finished and not (hold is not None and left):
+        _cancel_job(svc, record.job_id, record.model)
+
+
+def _tool_events(
+    svc: Services,
+    record: StoredResponse,
+    follower: JobFollower,
+    after: int,
+    cancel_on_close: bool,
+    parser: ToolCallParser,
+    hold: Job | None = None,
+) -> Iterator[str]:
+    """A tool response's events above ``after``: the parser reads every token from the first.
+    ``hold`` as in ``_events``."""
+    finished = left = False
+    if hold is not None:
+        stream_hold.attach(svc, [hold])
+    events = tool_events.ToolEvents(record, parser)
+
+    def newer(made: list[dict[str, Any]]) -> list[str]:
+        return [render.sse(e) for e in made if e["sequence_number"] > after]
+
+    try:
+        head = newer(events.head())
+        if head:
+            yield "".join(head)
+        pace = stream_pace(svc)
+        for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
+            parts: list[str] = []
+            for _index, event in group:
+                if isinstance(event, KeepAlive):
+                    parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenRun):
+                    for literal in event.literals:
+                        parts += newer(events.token(json.loads(literal)))
+                elif isinstance(event, Done):
+                    finished = True
+                    parts += newer(events.end(event.job))
+            if parts:
+                yield "".join(parts)
+    except redis.RedisError as exc:
+        log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
+        yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+    except GeneratorExit:  # the server closed the body early: the client went away
+        left = True
+        raise
+    finally:
+        _stream_ended(svc, record, hold, finished, left, cancel_on_close)
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
