@@ -275,8 +275,8 @@ def _stream(
                     completion_tokens += job.usage.completion_tokens
                     reason = shapes.finish_reason(job)
                     if tools:
-                        *held, last = tools[index].finish(job)
-                        parts.extend(_sse(with_usage(chunk, index)) for chunk in held)
+                        *pending, last = tools[index].finish(job)
+                        parts.extend(_sse(with_usage(chunk, index)) for chunk in pending)
                     elif chat:
                         last = shapes.chat_chunk(envelope, index, {}, reason)
                     else:
