@@ -1,4 +1,5 @@
-"""Optional API keys: with keys configured, every /v1 route wants ``Authorization: Bearer``.
+"""Optional API keys: with keys configured, every /v1 route wants ``Authorization: Bearer`` (or
+``x-api-key``, as Anthropic's clients send it).
 
 Keys are compared as SHA-256 digests in constant time, so a config may hold ``sha256:<hex>``
 digests instead of the keys themselves. Health routes stay open for probes; ``/metrics`` takes
@@ -16,6 +17,8 @@ from trickle.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_
 from web.errors import HttpError
 
 PROTECTED_PREFIX = "/v1/"
+# Anthropic's clients send their key here instead of Authorization.
+API_KEY_HEADER = "x-api-key"
 METRICS_PATH = "/metrics"
 # Matches no key: /metrics with named keys but neither a metrics token nor [auth] api_keys.
 NO_DIGEST = "-"
@@ -91,10 +94,18 @@ def install_auth(
 
 
 def _bearer_digest(accepted: frozenset[str]) -> str:
-    """The digest of the request's bearer token, if it is one of ``accepted`` (else 401)."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise unauthorized("missing API key: send Authorization: Bearer <key>")
+    """The digest of the request's key, if it is one of ``accepted`` (else 401): its bearer
+    token, or without an Authorization header its ``x-api-key`` (what Anthropic's clients
+    send)."""
+    authorization = request.headers.get("Authorization")
+    if authorization is None and API_KEY_HEADER in request.headers:
+        token = request.headers[API_KEY_HEADER]
+    else:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            token = ""
+    if not token.strip():
+        raise unauthorized(f"missing API key: send Authorization: Bearer <key> or {API_KEY_HEADER}")
     digest = key_digest(token.strip())
     if not any(hmac.compare_digest(digest, known) for known in accepted):
         raise unauthorized("invalid API key")
