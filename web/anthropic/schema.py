@@ -27,7 +27,7 @@ def messages_paths() -> Part:
     resume = optional_param(
         "header",
         "Last-Event-ID",
-        {"type": "string", "pattern": "^(-1|[0-9]{1,18})$"},
+        {"type": "string", "pattern": "^(|-1|[0-9]{1,18})$"},
         "with stream: true and the Idempotency-Key of the stream to resume: the events after "
         "this delta id",
     )
@@ -48,7 +48,7 @@ def messages_paths() -> Part:
                 "summary": "Anthropic's Messages API: a message is a Trickle job",
                 "parameters": [version, key, resume],
                 "requestBody": body("MessagesRequest"),
-                "responses": responses({"200": created}, 400, 404, 413, 429, 504, error=ERROR),
+                "responses": responses({"200": created}, 400, 404, 413, 422, 429, 504, error=ERROR),
             }
         },
         "/v1/messages/count_tokens": {
