@@ -397,3 +397,26 @@ def test_the_message_object_says_why_it_ended(
             "cache_read_input_tokens": 0,
         },
     }
+
+
+def test_bodies_outside_the_limits_are_anthropic_errors(client: FlaskClient) -> None:
+    deep = b'{"max_tokens": 1, "messages": ' + b"[" * 40 + b"]" * 40 + b"}"
+    refused(client.post("/v1/messages", data=deep), 400, "invalid_request_error", "body", "32")
+    huge = b'{"max_tokens": 1' + b"0" * 80 + b', "messages": []}'
+    refused(client.post("/v1/messages", data=huge), 400, "invalid_request_error", "64 digits")
+    lone = b'{"max_tokens": 1, "messages": [{"role": "user", "content": "\\ud800"}]}'
+    reply = client.post("/v1/messages", data=lone)
+    refused(reply, 400, "invalid_request_error", "messages[0].content", "surrogate")
+    big = {"max_tokens": 1, "messages": [{"role": "user", "content": "x" * 70_000}]}
+    refused(client.post("/v1/messages", json=big), 413, "request_too_large", "body")
+
+
+def test_streams_leave_no_subscription_behind(app: Flask) -> None:
+    client, hub = app.test_client(), services(app).hub
+    baseline = hub.active_subscriptions
+    body = {"model": "late", "max_tokens": 10, "messages": USER, "stream": True}
+    for headers in ({}, {"Idempotency-Key": uuid.uuid4().hex}):
+        Reader(client, body, headers, stop_after=3).join()  # the client leaves after the head
+    # A response never read at all.
+    client.post("/v1/messages", json=body, buffered=False).close()
+    wait_for(lambda: hub.active_subscriptions == baseline, 10, "the subscriptions to close")
