@@ -80,6 +80,7 @@ def refused(reply: Any, status: int, kind: str, *named: str) -> str:
         ({"messages": []}, ("messages",)),
         ({"tools": [{"name": "f", "input_schema": {}}]}, ("tools",)),
         ({"tool_choice": {"type": "any"}}, ("tool_choice",)),
+        ({"tool_choice": "none"}, ("tool_choice", "auto")),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, ("thinking",)),
         ({"temperature": 1.5}, ("temperature",)),
         ({"stop_sequences": ["a"] * 20}, ("stop_sequences",)),
@@ -127,6 +128,9 @@ def test_other_refusals_keep_their_status_in_anthropics_shape(client: FlaskClien
     resume["Idempotency-Key"] = uuid.uuid4().hex
     reply = client.post("/v1/messages", json=base, headers=resume)
     refused(reply, 400, "invalid_request_error", "Last-Event-ID", "stream")
+    # A key that created nothing has nothing to resume (a new stream would lose tokens 0..3).
+    reply = client.post("/v1/messages", json={**base, "stream": True}, headers=resume)
+    refused(reply, 404, "not_found_error", "Idempotency-Key", "resume")
     # The OpenAI routes keep OpenAI's shape.
     openai = client.post("/v1/chat/completions", json={"messages": 5}).get_json()
     assert set(openai) == {"error"} and openai["error"]["param"] == "messages"

@@ -29,6 +29,7 @@ from web.openai.requests import chat_prompt
 from web.validation import served_model, validate
 
 ROLES = ("user", "assistant")
+NO_TOOL = ("auto", "none")  # the tool choices that call no tool
 VERSION_HEADER = "anthropic-version"
 
 
@@ -101,6 +102,14 @@ def refuse_unsupported(body: Any) -> None:
     """Roles and block types the Messages API has but Trickle does not serve, by name."""
     if not isinstance(body, dict):
         return  # validate() says the body must be an object
+    if body.get("tools") not in (None, []):
+        raise invalid("tools", "tools: tool use is not supported yet (only an empty list)")
+    choice = body.get("tool_choice")
+    if choice is not None and not (isinstance(choice, dict) and choice.get("type") in NO_TOOL):
+        raise invalid(
+            "tool_choice",
+            "tool_choice: only {'type': 'auto'} or {'type': 'none'} (no tools are served)",
+        )
     system = body.get("system")
     if isinstance(system, list):
         _check_blocks(system, "system")

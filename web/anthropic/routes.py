@@ -43,7 +43,7 @@ def create_message() -> Response:
     key = requested_key(body)
     call = parse_messages(body, svc.settings, messages_models(svc.settings).create)
     after = _resume_point(call, key)
-    job = _submit(svc, call, key)
+    job = _submit(svc, call, key, resuming=after >= 0)
     if call.stream:
         return _event_stream(svc, job, call.model, after, cancel_on_close=key is None)
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
@@ -78,9 +78,12 @@ def _resume_point(call: MessagesCall, key: IdempotencyKey | None) -> int:
     return after
 
 
-def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None) -> Job:
-    """The new job, or with an ``Idempotency-Key`` already used, the first request's."""
+def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resuming: bool) -> Job:
+    """The new job, or with an ``Idempotency-Key`` already used, the first request's. A resume
+    whose key created nothing is a 404: a new stream begun after token n would lose 0..n."""
     first = earlier(svc, key)
+    if first is None and resuming:
+        raise not_found(f"no message to resume: this {HEADER} has none (expired?)", HEADER)
     if first is None:
         job = prepare_job(svc, call.model, call.prompt, call.params, key.shard if key else None)
         admit(svc, [job])
