@@ -209,3 +209,12 @@ def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stac
     )
     tokens = [e[2]["text"] for e in sse_events(native.text.splitlines()) if e[1] == "token"]
     assert first[-1][2]["delta"]["text"] + "".join(tokens) == job["output"]
+
+
+def test_the_models_list_is_anthropics_too(client: anthropic.Anthropic) -> None:
+    models = client.models.list()
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late"}
+    assert models.has_more is False and models.first_id == models.data[0].id
+    demo = client.models.retrieve("demo")
+    assert demo.type == "model" and demo.display_name == "demo"
+    assert demo.created_at.tzinfo is not None  # an RFC 3339 time, parsed
