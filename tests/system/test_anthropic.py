@@ -12,10 +12,12 @@ from typing import Any
 import anthropic
 import pytest
 import requests
-from anthropic.types import Message
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
 
 from tests.clients import get_job, poll_until_finished
 
+STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 USER: list[Any] = [{"role": "user", "content": "The socket module"}]
 
 
@@ -184,6 +186,9 @@ def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stac
         "ping",
         "content_block_delta",
     ]
+    for _id, kind, data in first:  # every event as the client's types have it, strictly
+        if kind != "ping":
+            assert STREAM_EVENT.validate_python(data, strict=True).type == kind
     last_id = first[-1][0]
     assert last_id is not None
     job_id = job_of(first[0][2]["message"]["id"])
@@ -203,6 +208,18 @@ def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stac
     job = poll_until_finished(stack_url, job_id)
     assert job["status"] == "succeeded"
     assert first[-1][2]["delta"]["text"] + resumed == job["output"]
+    # After the end, the same resume read raw: every event strictly of the client's types.
+    headers = {"Idempotency-Key": key, "Last-Event-ID": last_id}
+    with requests.post(
+        f"{stack_url}/v1/messages", json=body, headers=headers, stream=True, timeout=60
+    ) as again:
+        events = sse_events(again.iter_lines(decode_unicode=True))
+    assert [e[1] for e in events[-3:]] == ["content_block_stop", "message_delta", "message_stop"]
+    for _id, kind, data in events:
+        if kind != "ping":
+            assert STREAM_EVENT.validate_python(data, strict=True).type == kind
+    deltas = [e[2]["delta"]["text"] for e in events if e[1] == "content_block_delta"]
+    assert "".join(deltas) == resumed
     # Trickle's own events of the same job resume from the same id.
     native = requests.get(
         f"{stack_url}/v1/jobs/{job_id}/events", headers={"Last-Event-ID": last_id}, timeout=60
