@@ -231,6 +231,8 @@ class Job:
     # prompt is tokenized once), and the W3C traceparent of the submitting request ("" untraced).
     prompt_ids: tuple[int, ...] = ()
     trace_context: str = ""
+    # Internal: the stop string that ended it ("" otherwise), which Anthropic's answers name.
+    stop_sequence: str = ""
 
     def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission."""
@@ -326,6 +328,7 @@ class Job:
             webhook_url=fields.get("webhook_url", ""),
             prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
             trace_context=fields.get("traceparent", ""),
+            stop_sequence=fields.get("stop_sequence", ""),
         )
 
 
@@ -339,6 +342,8 @@ class JobResult:
     completion_tokens: int
     completed_at: float
     error: JobError | None = None
+    # The stop string that ended the job ("" for an end token, a length or no stop at all).
+    stop_sequence: str = ""
 
     @classmethod
     def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
@@ -358,6 +363,8 @@ class JobResult:
         }
         if self.error is not None:
             values["error"] = json.dumps(self.error.to_dict())
+        if self.stop_sequence:
+            values["stop_sequence"] = self.stop_sequence
         return values
 
 
@@ -383,6 +390,7 @@ READ_FIELDS = (
     "priority",
     "webhook_url",
     "traceparent",
+    "stop_sequence",
 )
 
 

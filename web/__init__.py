@@ -31,6 +31,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
     from web import batches, health, jobs, metrics, page, scaling, stream, stream_access
+    from web.anthropic import errors as anthropic_errors
+    from web.anthropic import routes as anthropic_routes
     from web.openai import routes as openai_routes
     from web.openai.responses_api import routes as responses_routes
 
@@ -42,6 +44,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_routes.blueprint)
     app.register_blueprint(responses_routes.blueprint)
+    app.register_blueprint(anthropic_routes.blueprint)
     app.register_blueprint(batches.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
@@ -49,5 +52,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)
+    anthropic_errors.install_error_shape(app)
     svc.rate_limiter.install(app)
     return app

@@ -1,5 +1,5 @@
-"""Optional API keys: with keys configured, every route wants ``Authorization: Bearer``
-unless its view says otherwise.
+"""Optional API keys: with keys configured, every route wants ``Authorization: Bearer`` (or
+``x-api-key``, as Anthropic's clients send it) unless its view says otherwise.
 
 What a request may reach is decided by the view it is routed to, never by its path string: a
 path the router maps to a view (``/metrics/``, ``HEAD /metrics``) gets that view's rule. Each
@@ -26,6 +26,8 @@ from flask import Flask, current_app, g, request
 from trickle.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
 from web.errors import HttpError
 
+# Anthropic's clients send their key here instead of Authorization.
+API_KEY_HEADER = "x-api-key"
 # Matches no key: operator views with named keys but neither a metrics token nor api_keys.
 NO_DIGEST = "-"
 
@@ -129,10 +131,18 @@ def install_auth(
 
 
 def _bearer_digest(accepted: frozenset[str]) -> str:
-    """The digest of the request's bearer token, if it is one of ``accepted`` (else 401)."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise unauthorized("missing API key: send Authorization: Bearer <key>")
+    """The digest of the request's key, if it is one of ``accepted`` (else 401): its bearer
+    token, or without an Authorization header its ``x-api-key`` (what Anthropic's clients
+    send)."""
+    authorization = request.headers.get("Authorization")
+    if authorization is None and API_KEY_HEADER in request.headers:
+        token = request.headers[API_KEY_HEADER]
+    else:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer":
+            token = ""
+    if not token.strip():
+        raise unauthorized(f"missing API key: send Authorization: Bearer <key> or {API_KEY_HEADER}")
     digest = key_digest(token.strip())
     if not any(hmac.compare_digest(digest, known) for known in accepted):
         raise unauthorized("invalid API key")

@@ -108,10 +108,16 @@ class ChatCompletion(CompletionEnvelope):
 
 
 class Model(TypedDict):
+    """OpenAI's model object and Anthropic's (``type``, ``display_name``, ``created_at``) in one:
+    each client reads its own fields and ignores the others."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
+    type: Literal["model"]
+    display_name: str
+    created_at: str
     default: bool
     workers: int
     max_context_tokens: int
@@ -120,8 +126,13 @@ class Model(TypedDict):
 
 
 class ModelList(TypedDict):
+    """OpenAI's list, with Anthropic's page fields (one page holds every model)."""
+
     object: Literal["list"]
     data: list[Model]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
 
 
 class RequestCounts(TypedDict):

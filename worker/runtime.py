@@ -289,7 +289,14 @@ class WorkerRuntime:
         else:
             reason = state.finish_reason or FinishReason.LENGTH
             status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
-            result = JobResult(status, state.output, reason, state.count, time.time())
+            result = JobResult(
+                status,
+                state.output,
+                reason,
+                state.count,
+                time.time(),
+                stop_sequence=state.stop_sequence,
+            )
         self._finish(job, claim, result, scheduled, resumed=resumed)
         if job.trace_context and self.tracing.enabled:
             timeline.batch_started = scheduled.batch_started_at

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -44,6 +45,7 @@ from web.openai.requests import (
     parse_completion_request,
 )
 from web.openai.tool_chat import ToolChoiceStream
+from web.response_models import Model, ModelList
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue_all, prepare_job
@@ -51,12 +53,21 @@ from web.submission import admit, cancel_many, enqueue_all, prepare_job
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
 STARTED_AT = int(time.time())
+STARTED_AT_TEXT = datetime.fromtimestamp(STARTED_AT, UTC).isoformat().replace("+00:00", "Z")
 
 
 @blueprint.get("/v1/models")
 def list_models() -> Response:
-    names = services().settings.models
-    return jsonify({"object": "list", "data": [_model_object(name) for name in names]})
+    data = [_model_object(name) for name in services().settings.models]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    listing: ModelList = {
+        "object": "list",
+        "data": data,
+        "has_more": False,
+        "first_id": first,
+        "last_id": last,
+    }
+    return jsonify(listing)
 
 
 @blueprint.get("/v1/models/<path:model_id>")
@@ -66,9 +77,9 @@ def get_model(model_id: str) -> Response:
     return jsonify(_model_object(model_id))
 
 
-def _model_object(name: str) -> dict[str, Any]:
-    """OpenAI's model object, plus what a client needs to fill a form (extra fields are
-    ignored by OpenAI clients)."""
+def _model_object(name: str) -> Model:
+    """OpenAI's model object and Anthropic's, plus what a client needs to fill a form (each
+    client ignores the fields it does not know)."""
     svc = services()
     settings = svc.settings
     ttl = settings.worker.heartbeat_ttl_seconds
@@ -77,6 +88,9 @@ def _model_object(name: str) -> dict[str, Any]:
         "object": "model",
         "created": STARTED_AT,
         "owned_by": "trickle",
+        "type": "model",
+        "display_name": name,
+        "created_at": STARTED_AT_TEXT,
         "default": name == settings.default_model,
         "workers": live_workers(svc.redis, name, ttl, time.time()),
         "max_context_tokens": settings.model(name).max_context_tokens,
