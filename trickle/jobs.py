@@ -225,6 +225,9 @@ class Job:
     # prompt is tokenized once), and the W3C traceparent of the submitting request ("" untraced).
     prompt_ids: tuple[int, ...] = ()
     trace_context: str = ""
+    # How long its result is kept once it ends (0: ``limits.result_ttl_seconds``): a batch's
+    # jobs keep theirs for the batch's window, until its output file is written.
+    result_ttl_seconds: int = 0
 
     def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission."""
@@ -285,6 +288,8 @@ class Job:
             fields["prompt_ids"] = " ".join(map(str, self.prompt_ids))
         if self.trace_context:
             fields["traceparent"] = self.trace_context
+        if self.result_ttl_seconds:
+            fields["result_ttl"] = str(self.result_ttl_seconds)
         return fields
 
     @classmethod
@@ -320,6 +325,7 @@ class Job:
             webhook_url=fields.get("webhook_url", ""),
             prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
             trace_context=fields.get("traceparent", ""),
+            result_ttl_seconds=int(fields.get("result_ttl", 0)),
         )
 
 

@@ -145,7 +145,8 @@ class JobStore:
         """Queue the writes of a new job's record on ``pipe`` (a pipeline or a WriteRecorder)."""
         pipe.hset(keys.job(job.id), mapping=job.to_hash())
         # Long enough to stay queued, then to be read as expired for a result TTL.
-        pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
+        kept = job.result_ttl_seconds or self.result_ttl_seconds
+        pipe.expire(keys.job(job.id), self.queued_ttl_seconds + kept)
         queued = keys.queued_jobs(keys.shard_of(job.id))
         pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
 
