@@ -24,6 +24,9 @@ blueprint = Blueprint("files", __name__)
 
 # A multipart body's own bytes besides the file: boundaries, part headers, ``purpose``.
 FORM_OVERHEAD_BYTES = 65_536
+# werkzeug's decoder holds up to this much of a part it has not framed yet (a file's bytes
+# after its last line break included), besides a text field's value: above its 64 KiB reads.
+FORM_MEMORY_BYTES = 500_000
 MAX_FORM_PARTS = 8
 MAX_LIST_LIMIT = 10_000
 
@@ -77,7 +80,7 @@ def _parse(stream_factory: Any, max_file_bytes: int) -> tuple[Any, Any]:
     request.max_content_length = max_file_bytes + FORM_OVERHEAD_BYTES
     parser = FormDataParser(
         stream_factory,
-        max_form_memory_size=FORM_OVERHEAD_BYTES,
+        max_form_memory_size=FORM_MEMORY_BYTES,
         max_form_parts=MAX_FORM_PARTS,
         silent=False,
     )
