@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import cast
 
 from web.batch_store import FINAL_STAGES, BatchRecord
+from web.response_models import Batch, BatchErrors, BatchStatus
 from web.services import Services
 
 
-def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> dict[str, Any]:
+def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batch:
     """``tally``: the requests' states (pending, completed, failed) of a batch not final yet;
     a final batch's counts are its files' lines."""
     if batch.stage in FINAL_STAGES:
         completed, failed = batch.completed or 0, batch.failed or 0
     else:
         completed, failed = tally["completed"], tally["failed"]
-    status = batch.stage
+    status = cast(BatchStatus, batch.stage)
     if batch.cancelling_at is not None and status in ("validating", "in_progress"):
         status = "cancelling"
     window = svc.settings.files.batch_window_seconds
@@ -24,7 +25,9 @@ def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> dict
         "id": batch.id,
         "object": "batch",
         "endpoint": batch.endpoint,
-        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "errors": cast(BatchErrors, {"object": "list", "data": batch.errors})
+        if batch.errors
+        else None,
         "input_file_id": batch.input_file_id,
         "completion_window": "24h",
         "status": status,

@@ -37,6 +37,7 @@ from web.idempotency import HEADER, Created, earlier, matching, requested_key, t
 from web.key_policy import check_key_policy
 from web.openai.requests import OpenAIRequest
 from web.openai.routes import jobs_for_request
+from web.response_models import Batch
 from web.services import Services, services
 from web.submission import admission_cost, cancel_many, enqueue_many
 
@@ -182,7 +183,7 @@ def list_batches() -> Response:
         if after not in ids:
             raise invalid("after", f"{after!r} is not in this list")
         ids = ids[ids.index(after) + 1 :]
-    objects: list[dict[str, Any]] = []
+    objects: list[Batch] = []
     for batch_id in ids:
         if len(objects) > limit:  # one more than the page tells has_more
             break
@@ -201,7 +202,7 @@ def get_batch(batch_id: str) -> Response:
     return jsonify(_current_object(svc, store, _visible_record(svc, store, batch_id)))
 
 
-def _current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> dict[str, Any]:
+def _current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
     """The batch now: a reading whose process died is resumed, a finished batch finalized."""
     if batch.stage == "validating" and not svc.redis.exists(keys.batch_ingest(batch.id)):
         batch = ingest(svc, store, batch)

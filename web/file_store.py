@@ -14,15 +14,15 @@ import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, cast
 
 import redis
 
 from trickle import keys
+from web.response_models import FileObject, FilePurpose
 
 CHUNK_BYTES = 262_144
 FILE_ID_PATTERN = re.compile(r"file-[0-9a-f]{24}")
-Purpose = Literal["batch", "batch_output", "user_data"]
 UPLOAD_PURPOSES = ("batch", "user_data")
 
 
@@ -47,7 +47,7 @@ class FileRecord:
     purpose: str
     expires_at: int
 
-    def to_object(self) -> dict[str, Any]:
+    def to_object(self) -> FileObject:
         return {
             "id": self.id,
             "object": "file",
@@ -55,7 +55,7 @@ class FileRecord:
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             "filename": self.filename,
-            "purpose": self.purpose,
+            "purpose": cast(FilePurpose, self.purpose),
             "status": "processed",
             "status_details": None,
         }

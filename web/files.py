@@ -7,7 +7,7 @@ the API key that uploaded it: another key's file is a 404, as an unknown one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
@@ -52,16 +52,20 @@ def upload_file() -> Response:
 
     try:
         form, files = _parse(stream_factory, settings.max_file_bytes)
-        upload = files.get("file")
-        if upload is None:
-            raise invalid("file", "a multipart upload needs the file in a field named 'file'")
         purpose = form.get("purpose")
         if purpose not in UPLOAD_PURPOSES:
             raise invalid("purpose", f"purpose must be one of {list(UPLOAD_PURPOSES)}")
-        writer = upload.stream
+        upload = files.get("file")
+        if upload is not None:
+            writer, filename = upload.stream, upload.filename or "file"
+        elif "file" in form:  # a part without a filename arrives as a field (curl -F file=<x)
+            writer, filename = stream_factory(), "file"
+            writer.write(form["file"].encode())
+        else:
+            raise invalid("file", "a multipart upload needs the file in a field named 'file'")
         assert isinstance(writer, FileWriter)
         writer.finish()
-        record = store.record_for(writer, owner, upload.filename or "file", purpose)
+        record = store.record_for(writer, owner, filename, purpose)
         store.commit(record)
     except FileTooLarge as exc:
         _discard(writers)
@@ -89,8 +93,12 @@ def _parse(stream_factory: Any, max_file_bytes: int) -> tuple[Any, Any]:
             request.stream, request.mimetype, request.content_length, request.mimetype_params
         )
     except HTTPException as exc:
-        if exc.code == 413:
-            raise _too_large(max_file_bytes, "the file") from exc
+        if exc.code == 413:  # werkzeug's bounds on the form; a file too large is FileTooLarge
+            raise invalid(
+                "body",
+                f"a multipart upload takes at most {MAX_FORM_PARTS} parts, each field at most "
+                f"{FORM_MEMORY_BYTES} bytes",
+            ) from exc
         raise
     except ValueError as exc:
         raise invalid("file", f"the multipart body cannot be read: {exc}") from exc
@@ -132,7 +140,7 @@ def page_limit(default: int, most: int) -> int:
     return int(raw)
 
 
-def page(objects: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def page(objects: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:
     """OpenAI's cursor page of ``objects`` (in list order): those after the ``after`` id."""
     after = request.args.get("after")
     if after is not None:
@@ -143,9 +151,9 @@ def page(objects: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     return cursor_page(objects[: limit + 1], limit)
 
 
-def cursor_page(objects: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+def cursor_page(objects: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:
     """A page of the first ``limit`` objects; more than that means ``has_more``."""
-    data = objects[:limit]
+    data = list(objects[:limit])
     return {
         "object": "list",
         "data": data,

@@ -181,7 +181,19 @@ def test_bad_uploads_name_the_field_and_store_nothing(
     refused(upload(client, b"x" * (MAX_FILE + 1)), 413, "file")
     refused(client.post("/v1/files", data={"purpose": "batch"}, headers=bearer(FIRST)), 400, "file")
     refused(client.post("/v1/files", json={"purpose": "batch"}, headers=bearer(FIRST)), 400, "file")
+    crowded = {f"extra{i}": "x" for i in range(9)} | {"purpose": "batch"}
+    multipart = "multipart/form-data"
+    crowding = client.post("/v1/files", data=crowded, headers=bearer(FIRST), content_type=multipart)
+    refused(crowding, 400, "body")
     assert client.get("/v1/files", headers=bearer(FIRST)).get_json()["data"] == []
+    # A part without a filename (curl -F file=<x) is a file all the same.
+    plain = client.post(
+        "/v1/files", data={"purpose": "batch", "file": "a\n"}, headers=bearer(FIRST),
+        content_type=multipart,
+    )  # fmt: skip
+    assert plain.status_code == 200, plain.get_data(as_text=True)
+    assert plain.get_json()["bytes"] == 2
+    client.delete(f"/v1/files/{plain.get_json()['id']}", headers=bearer(FIRST))
     # The per-key quota: two files fit, a third does not; another key still has room.
     assert upload(client, b"x" * 200_000).status_code == 200
     assert upload(client, b"x" * 200_000).status_code == 200

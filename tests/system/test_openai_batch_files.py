@@ -18,6 +18,7 @@ import requests
 
 from ops.redis_server import free_port
 from tests import stack
+from trickle.config.settings import PROJECT_ROOT
 
 
 def chat_line(custom_id: str, **body: Any) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def bulk_web(config_path: Path, log_dir: Path) -> Iterator[tuple[str, subprocess
     """A web process of its own, with a model no worker serves: a 10,000-line batch's jobs
     wait in their own queue, out of every other test's way."""
     port = free_port()
-    env = {"TRICKLE__MODELS__BULK__PATH": str(Path(stack.PROJECT_ROOT) / "models" / "demo")}
+    env = {"TRICKLE__MODELS__BULK__PATH": str(PROJECT_ROOT / "models" / "demo")}
     process = stack.start_web(config_path, port, log_dir, env, name="web-bulk")
     yield f"http://127.0.0.1:{port}", process
     stack.stop(process)
