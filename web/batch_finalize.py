@@ -62,7 +62,7 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
             store.update(batch.id, stage="finalizing", finalizing_at=now)
         if expired and batch.cancelling_at is None:
             batch.expired_at = time.time()  # its unfinished lines fail as batch_expired
-            _cancel_pending(svc, store, batch)
+            cancel_pending(svc, store, batch)
         outputs = _write_files(svc, store, batch)
         if batch.cancelling_at is not None:
             batch.stage, batch.cancelled_at = "cancelled", time.time()
@@ -87,9 +87,8 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
     return batch
 
 
-def _cancel_pending(svc: Services, store: BatchStore, batch: BatchRecord) -> None:
-    """The window is over: what has not finished is canceled (its line goes to the error
-    file as ``batch_expired``)."""
+def cancel_pending(svc: Services, store: BatchStore, batch: BatchRecord) -> None:
+    """Cancels every job of the batch not finished yet (cancelled, or past its window)."""
     pending: list[tuple[str, str]] = []
     for _index, item, state in slices(store, batch):
         if state == "pending":

@@ -17,7 +17,7 @@ from typing import Any
 from trickle import keys
 from trickle.jobs import Job
 from web.auth import current_key
-from web.batch_finalize import batch_result_ttl
+from web.batch_finalize import batch_result_ttl, cancel_pending
 from web.batch_requests import failed_item, jobs_for_item, parse_line
 from web.batch_store import BatchItem, BatchRecord, BatchStore
 from web.body import decode_utf8
@@ -68,7 +68,8 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
             latest = store.record(batch.id)
             if latest is None:  # the batch expired meanwhile
                 return
-            if latest.cancelling_at is not None:  # cancelled: the rest is never read
+            if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
+                cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
                 group = []
                 break
     if group:

@@ -23,7 +23,7 @@ from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
 from web.auth import current_key, current_owner
 from web.batch_files import create_file_batch, file_batch_request
-from web.batch_finalize import batch_result_ttl, settle
+from web.batch_finalize import batch_result_ttl, cancel_pending, settle
 from web.batch_ingest import ingest
 from web.batch_objects import batch_object
 from web.batch_output import output_line, slices
@@ -39,7 +39,7 @@ from web.openai.requests import OpenAIRequest
 from web.openai.routes import jobs_for_request
 from web.response_models import Batch
 from web.services import Services, services
-from web.submission import admission_cost, cancel_many, enqueue_many
+from web.submission import admission_cost, enqueue_many
 
 blueprint = Blueprint("batches", __name__)
 
@@ -218,10 +218,7 @@ def cancel_batch(batch_id: str) -> Response:
     if batch.stage in ("validating", "in_progress") and batch.cancelling_at is None:
         batch.cancelling_at = time.time()
         store.mark_cancelled(batch_id, batch.cancelling_at)
-        for _index, item, state in slices(store, batch):
-            if state == "pending":
-                model = str(item.body.get("model", svc.settings.default_model))
-                cancel_many(svc, [(job_id, model) for job_id in item.job_ids])
+        cancel_pending(svc, store, batch)
     return jsonify(_current_object(svc, store, batch))
 
 

@@ -369,3 +369,25 @@ def test_a_jsonl_body_batch_ends_in_files_too(app: Flask, client: FlaskClient) -
         "a", "b"
     ]  # fmt: skip
     assert legacy.headers["X-Batch-Status"] == "completed"
+
+
+def test_a_cancel_while_the_input_is_read_stops_the_reading_and_its_jobs(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    count = batch_ingest.INGEST_LINES * 3
+    file_id = upload(client, jsonl(*(line(f"c{i}") for i in range(count)))).get_json()["id"]
+    real = batch_ingest._write_group
+
+    def cancelled_meanwhile(svc: Any, store: Any, batch: Any, *rest: Any) -> Any:
+        written = real(svc, store, batch, *rest)
+        store.mark_cancelled(batch.id, time.time())  # a cancel from another request
+        return written
+
+    monkeypatch.setattr(batch_ingest, "_write_group", cancelled_meanwhile)
+    batch = create(client, file_id).get_json()
+    assert batch["status"] == "cancelled", batch
+    assert batch["request_counts"] == {
+        "total": batch_ingest.INGEST_LINES, "completed": 0, "failed": batch_ingest.INGEST_LINES
+    }  # fmt: skip
+    jobs = [services(app).store.get(job_id) for job_id in job_ids_of(app, batch["id"])]
+    assert {job.status for job in jobs if job is not None} == {JobStatus.CANCELED}
