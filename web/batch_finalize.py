@@ -15,13 +15,15 @@ import time
 from collections import Counter
 
 from trickle import keys
-from web.batch_output import counts, output_line, slices
+from web.batch_output import counts, finished_slices, output_line, slices
 from web.batch_store import FINAL_STAGES, BatchRecord, BatchStore
 from web.file_store import FileWriter
 from web.services import Services
 from web.submission import cancel_many
 
 FINALIZE_LEASE_SECONDS = 120
+# Lines between two turns of the event loop while the files are written.
+YIELD_EVERY = 25
 
 
 def batch_result_ttl(svc: Services) -> int:
@@ -106,11 +108,13 @@ def _write_files(
     files = svc.files
     output, errors = files.writer(sys.maxsize), files.writer(sys.maxsize)
     written = {id(output): 0, id(errors): 0}
-    for index, item, state in slices(store, batch):
-        line = output_line(svc, batch, index, item, state)
+    for index, item, state, jobs in finished_slices(svc, store, batch):
+        line = output_line(svc, batch, index, item, state, jobs)
         target = output if line["error"] is None else errors
         target.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
         written[id(target)] += 1
+        if index % YIELD_EVERY == 0:
+            time.sleep(0)  # each line is parsed again to render its body: take turns
     ids: list[str | None] = []
     for writer, name in ((output, "output"), (errors, "error")):
         ids.append(_keep(svc, batch, writer, name) if written[id(writer)] else None)

@@ -29,6 +29,8 @@ from web.submission import admission_cost, enqueue_many
 
 INGEST_LINES = 200
 INGEST_LEASE_SECONDS = 30
+# Lines between two turns of the event loop, inside a group.
+YIELD_EVERY = 25
 
 
 def count_lines(svc: Services, file_id: str) -> int:
@@ -110,6 +112,8 @@ def _write_group(
         item, item_jobs = _item(svc, batch, number, raw, seen, jobs_made + len(jobs))
         items.append(item)
         jobs += item_jobs
+        if number % YIELD_EVERY == 0:
+            time.sleep(0)  # a line costs a parse, a template and a tokenization: take turns
     if jobs:
         try:
             svc.rate_limiter.admit(admission_cost(jobs))

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from trickle.jobs import JobStatus
+from trickle.jobs import Job, JobStatus
 from web.batch_requests import result_body
 from web.batch_store import BatchItem, BatchRecord, BatchStore
 from web.services import Services
@@ -44,14 +44,42 @@ def slices(store: BatchStore, batch: BatchRecord) -> Iterator[tuple[int, BatchIt
         time.sleep(0)  # under gevent: let other requests run between slices
 
 
+def finished_slices(
+    svc: Services, store: BatchStore, batch: BatchRecord
+) -> Iterator[tuple[int, BatchItem, str, list[Job]]]:
+    """``slices`` with each finished item's jobs, read in one round trip per slice."""
+    for group in _grouped(slices(store, batch)):
+        wanted = [
+            job_id for _index, item, state in group if state != "pending" for job_id in item.job_ids
+        ]
+        found = dict(zip(wanted, svc.store.finished_many(wanted), strict=True))
+        for index, item, state in group:
+            jobs = [job for job_id in item.job_ids if (job := found.get(job_id)) is not None]
+            yield index, item, state, jobs
+
+
+def _grouped(
+    entries: Iterator[tuple[int, BatchItem, str]],
+) -> Iterator[list[tuple[int, BatchItem, str]]]:
+    group: list[tuple[int, BatchItem, str]] = []
+    for entry in entries:
+        group.append(entry)
+        if len(group) == SLICE:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
 def counts(store: BatchStore, batch: BatchRecord) -> Counter[str]:
     return Counter(state for _index, _item, state in slices(store, batch))
 
 
 def output_line(
-    svc: Services, batch: BatchRecord, index: int, item: BatchItem, state: str
+    svc: Services, batch: BatchRecord, index: int, item: BatchItem, state: str, jobs: list[Job]
 ) -> dict[str, Any]:
-    """OpenAI's output line for a finished item (``state`` not pending)."""
+    """OpenAI's output line for a finished item (``state`` not pending), from its finished
+    ``jobs`` (``finished_slices``)."""
     line: dict[str, Any] = {"id": f"{batch.id}_req_{index}", "custom_id": item.custom_id or None}
     if item.error is not None:
         line["response"] = {"status_code": item.error_status, "body": {"error": item.error}}
@@ -60,8 +88,6 @@ def output_line(
             "message": item.error["message"],
         }
         return line
-    finished = [svc.store.snapshot(job_id, 0) for job_id in item.job_ids]
-    jobs = [(job, events) for job, events in finished if job is not None]
     if state == "completed" and len(jobs) == len(item.job_ids):
         body = result_body(svc, item, int(batch.created_at), jobs)
         line["response"] = {"status_code": 200, "request_id": item.job_ids[0], "body": body}
@@ -72,8 +98,8 @@ def output_line(
     return line
 
 
-def _failure(jobs: list[Any], batch: BatchRecord) -> dict[str, str]:
-    for job, _events in jobs:
+def _failure(jobs: list[Job], batch: BatchRecord) -> dict[str, str]:
+    for job in jobs:
         if job.status is JobStatus.FAILED and job.error is not None:
             return {"code": job.error.type, "message": job.error.message}
     if batch.cancelling_at is not None:

@@ -91,15 +91,17 @@ def jobs_for_item(
     return jobs
 
 
-def result_body(
-    svc: Services, item: BatchItem, created_at: int, finished: list[tuple[Job, list[TokenEvent]]]
-) -> dict[str, Any]:
-    """The body the line's endpoint would have answered, from its finished jobs."""
+def result_body(svc: Services, item: BatchItem, created_at: int, jobs: list[Job]) -> dict[str, Any]:
+    """The body the line's endpoint would have answered, from its finished jobs (their token
+    logs are read only for a request that asked for logprobs)."""
     req = parse_request(svc, item)
     if isinstance(req, ResponseRequest):
-        job, events = finished[0]
+        job = jobs[0]
         record = record_of(req, job, req.messages)
-        logprobs = events if req.logprobs else None
+        logprobs = svc.store.tokens(job.id) if req.logprobs else None
         return dict(render.response_object(record, job, render.status_of(job), logprobs))
     envelope = shapes.Envelope(item.job_ids[0], created_at, req.model, tuple(item.job_ids))
+    finished: list[tuple[Job, list[TokenEvent]]] = [
+        (job, svc.store.tokens(job.id) if req.logprobs is not None else []) for job in jobs
+    ]
     return shapes.result_object(req, envelope, finished)

@@ -26,7 +26,7 @@ from web.batch_files import create_file_batch, file_batch_request
 from web.batch_finalize import batch_result_ttl, cancel_pending, settle
 from web.batch_ingest import ingest
 from web.batch_objects import batch_object
-from web.batch_output import output_line, slices
+from web.batch_output import finished_slices, output_line
 from web.batch_requests import parse_line, parse_request
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, read_body
@@ -232,9 +232,9 @@ def batch_output(batch_id: str) -> Response:
     status = batch_object(svc, found, tally)["status"]
 
     def lines() -> Iterator[str]:
-        for index, item, state in slices(store, found):
+        for index, item, state, jobs in finished_slices(svc, store, found):
             if state != "pending":
-                line = output_line(svc, found, index, item, state)
+                line = output_line(svc, found, index, item, state, jobs)
                 yield json.dumps(line, ensure_ascii=False) + "\n"
 
     response = Response(stream_with_context(lines()), content_type=JSONL)
