@@ -391,3 +391,18 @@ def test_a_cancel_while_the_input_is_read_stops_the_reading_and_its_jobs(
     }  # fmt: skip
     jobs = [services(app).store.get(job_id) for job_id in job_ids_of(app, batch["id"])]
     assert {job.status for job in jobs if job is not None} == {JobStatus.CANCELED}
+
+
+def test_an_idempotency_key_makes_one_file_batch(app: Flask, client: FlaskClient) -> None:
+    file_id = upload(client, jsonl(line("a"), line("b"))).get_json()["id"]
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    headers = {**bearer(FIRST), "Idempotency-Key": f"once-{time.time()}"}
+    first = client.post("/v1/batches", json=body, headers=headers).get_json()
+    again = client.post("/v1/batches", json=body, headers=headers).get_json()
+    assert again["id"] == first["id"] and len(job_ids_of(app, first["id"])) == 2
+    changed = client.post("/v1/batches", json={**body, "metadata": {"x": "y"}}, headers=headers)
+    assert changed.status_code == 422

@@ -145,6 +145,34 @@ def bulk_web(config_path: Path, log_dir: Path) -> Iterator[tuple[str, subprocess
     stack.stop(process)
 
 
+@pytest.mark.timeout(120)
+def test_an_upload_and_a_download_are_never_held_whole(
+    bulk_web: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, process = bulk_web
+    (worker,) = psutil.Process(process.pid).children()
+    data = bytes(range(256)) * (48 * 2**20 // 256)  # 48 MiB
+    requests.get(f"{url}/v1/files", timeout=10)  # the process has served a request first
+    before = worker.memory_info().rss
+    uploaded = requests.post(
+        f"{url}/v1/files", files={"file": ("big.bin", data)}, data={"purpose": "user_data"},
+        timeout=120,
+    )  # fmt: skip
+    assert uploaded.status_code == 200, uploaded.text
+    file_id = uploaded.json()["id"]
+    after_upload = worker.memory_info().rss - before
+    with requests.get(f"{url}/v1/files/{file_id}/content", stream=True, timeout=120) as got:
+        received = b"".join(got.iter_content(2**20))
+    after_download = worker.memory_info().rss - before
+    requests.delete(f"{url}/v1/files/{file_id}", timeout=30)
+    print(
+        f"48 MiB file: the web process grew {after_upload / 2**20:.1f} MiB on upload, "
+        f"{after_download / 2**20:.1f} MiB after the download"
+    )
+    assert received == data
+    assert after_upload < 16 * 2**20 and after_download < 16 * 2**20
+
+
 @pytest.mark.timeout(300)
 def test_a_10000_line_batch_leaves_the_web_process_answering(
     bulk_web: tuple[str, subprocess.Popen[bytes]],
