@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -14,10 +15,12 @@ from typing import Any
 import openai
 import psutil
 import pytest
+import redis
 import requests
 
 from ops.redis_server import free_port
 from tests import stack
+from trickle import keys
 from trickle.config.settings import PROJECT_ROOT
 
 
@@ -216,3 +219,60 @@ def test_a_10000_line_batch_leaves_the_web_process_answering(
     finally:
         cancelled = client.batches.cancel(batch.id)
         assert cancelled.status in ("cancelling", "cancelled")
+
+
+@pytest.mark.timeout(300)
+def test_a_web_process_killed_while_reading_a_batch_loses_no_line_and_doubles_none(
+    bulk_web: tuple[str, subprocess.Popen[bytes]], redis_client: redis.Redis
+) -> None:
+    url, process = bulk_web
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=240)
+    count = 10_000
+    lines: list[dict[str, Any] | str] = [
+        chat_line(f"k{i}", model="bulk", max_tokens=1) for i in range(count)
+    ]
+    uploaded = client.files.create(file=("kill.jsonl", jsonl(lines)), purpose="batch")
+    (worker,) = psutil.Process(process.pid).children()
+
+    def create() -> None:
+        with contextlib.suppress(openai.APIError):  # its process is killed under it
+            client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+
+    threading.Thread(target=create, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while True:  # until part of the input is read
+        listed = requests.get(f"{url}/v1/batches?limit=1", timeout=30).json()["data"]
+        if listed and listed[0]["input_file_id"] == uploaded.id:
+            batch = listed[0]
+            if batch["request_counts"]["total"] >= 1000:
+                break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.05)
+    assert batch["status"] == "validating"
+    worker.kill()  # SIGKILL mid-reading: gunicorn starts another worker
+    print(f"killed with {batch['request_counts']['total']} of {count} lines read")
+    deadline = time.monotonic() + 180
+    while True:  # the next read after the reading's lease lapsed resumes it
+        try:
+            found = requests.get(f"{url}/v1/batches/{batch['id']}", timeout=120).json()
+        except requests.RequestException:
+            found = {"status": "restarting"}
+        if found["status"] != "validating" and found["status"] != "restarting":
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(1)
+    try:
+        assert found["status"] == "in_progress" and found["request_counts"]["total"] == count
+        store = redis_client
+        items = [json.loads(x) for x in store.lrange(keys.batch_items(batch["id"]), 0, -1)]
+        assert [item["custom_id"] for item in items] == [f"k{i}" for i in range(count)]
+        job_ids = [job_id for item in items for job_id in item["job_ids"]]
+        assert len(set(job_ids)) == count
+        pipe = store.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(keys.job(job_id))
+        assert all(pipe.execute())
+    finally:
+        client.batches.cancel(batch["id"])
