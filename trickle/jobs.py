@@ -233,6 +233,9 @@ class Job:
     trace_context: str = ""
     # Internal: the stop string that ended it ("" otherwise), which Anthropic's answers name.
     stop_sequence: str = ""
+    # How long its result is kept once it ends (0: ``limits.result_ttl_seconds``): a batch's
+    # jobs keep theirs for the batch's window, until its output file is written.
+    result_ttl_seconds: int = 0
 
     def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission."""
@@ -293,6 +296,8 @@ class Job:
             fields["prompt_ids"] = " ".join(map(str, self.prompt_ids))
         if self.trace_context:
             fields["traceparent"] = self.trace_context
+        if self.result_ttl_seconds:
+            fields["result_ttl"] = str(self.result_ttl_seconds)
         return fields
 
     @classmethod
@@ -329,6 +334,7 @@ class Job:
             prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
             trace_context=fields.get("traceparent", ""),
             stop_sequence=fields.get("stop_sequence", ""),
+            result_ttl_seconds=int(fields.get("result_ttl", 0)),
         )
 
 

@@ -30,7 +30,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
-    from web import batches, health, jobs, metrics, page, scaling, stream, stream_access
+    from web import batches, files, health, jobs, metrics, page, scaling, stream, stream_access
     from web.anthropic import errors as anthropic_errors
     from web.anthropic import routes as anthropic_routes
     from web.openai import routes as openai_routes
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(responses_routes.blueprint)
     app.register_blueprint(anthropic_routes.blueprint)
     app.register_blueprint(batches.blueprint)
+    app.register_blueprint(files.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(scaling.blueprint)

@@ -16,8 +16,8 @@ from trickle.config.settings import Settings
 from web.anthropic import models as anthropic_models
 from web.anthropic.schema import ERROR as ANTHROPIC_ERROR
 from web.anthropic.schema import messages_paths
+from web.api_schema_files import batch_paths, file_paths
 from web.openapi_parts import (
-    JSONL,
     SSE,
     SSE_EVENT_SCHEMA,
     Part,
@@ -52,6 +52,8 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
             **_openai_paths(),
             **_responses_paths(),
             **messages_paths(),
+            **batch_paths(),
+            **file_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
@@ -169,12 +171,6 @@ def _openai_paths() -> Part:
         description = "The result, or with stream: true an SSE stream of chunks ending with "
         return {"200": reply(description + "data: [DONE]", json_or_events(schema))}
 
-    batch_id = path_param("batch_id")
-    batch_links = links(
-        "batch_id", "$response.body#/id", "getBatch", "getBatchOutput", "cancelBatch"
-    )
-    the_batch = {"200": json_ok("The batch", ref("Batch"))}
-    output = reply("One JSON object per line", {JSONL: {"schema": {"type": "string"}}})
     return {
         "/v1/models": {
             "get": {
@@ -195,51 +191,6 @@ def _openai_paths() -> Part:
                 "summary": "OpenAI-compatible text completion; each choice is a Trickle job",
                 "requestBody": body("CompletionRequest"),
                 "responses": responses(generated("Completion"), 400, 404, 413, 429, 504),
-            }
-        },
-        "/v1/batches": {
-            "post": {
-                "operationId": "createBatch",
-                "summary": "OpenAI Batch input (JSONL lines with custom_id, method, url, body), "
-                "as the request body or an uploaded file; runs at batch priority",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        JSONL: {"schema": {"type": "string"}},
-                        "multipart/form-data": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["file"],
-                                "properties": {"file": {"type": "string", "format": "binary"}},
-                            }
-                        },
-                    },
-                },
-                "responses": responses(
-                    {"200": json_ok("The batch", ref("Batch"), batch_links)}, 400, 413, 429
-                ),
-            }
-        },
-        "/v1/batches/{batch_id}": {
-            "get": {
-                "operationId": "getBatch",
-                "parameters": [batch_id],
-                "responses": responses(the_batch, 404),
-            }
-        },
-        "/v1/batches/{batch_id}/cancel": {
-            "post": {
-                "operationId": "cancelBatch",
-                "parameters": [batch_id],
-                "responses": responses(the_batch, 404),
-            }
-        },
-        "/v1/batches/{batch_id}/output": {
-            "get": {
-                "operationId": "getBatchOutput",
-                "summary": "OpenAI Batch output JSONL for the requests finished so far",
-                "parameters": [batch_id],
-                "responses": responses({"200": output}, 404),
             }
         },
         "/v1/chat/completions": {

@@ -141,16 +141,93 @@ class RequestCounts(TypedDict):
     failed: int
 
 
+BatchStatus = Literal[
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+
+
+class BatchError(TypedDict):
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(TypedDict):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
 class Batch(TypedDict):
+    """OpenAI's batch object, plus ``output_url`` (the output so far, as JSONL)."""
+
     id: str
     object: Literal["batch"]
     endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str | None
     completion_window: str
-    status: Literal["in_progress", "completed", "cancelling", "cancelled"]
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
     created_at: int
+    in_progress_at: int | None
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
     cancelled_at: int | None
     request_counts: RequestCounts
+    metadata: dict[str, str] | None
     output_url: str
+
+
+class BatchList(TypedDict):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+FilePurpose = Literal["batch", "batch_output", "user_data"]
+
+
+class FileObject(TypedDict):
+    """OpenAI's file object."""
+
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: FilePurpose
+    status: Literal["processed"]
+    status_details: None
+
+
+class FileList(TypedDict):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(TypedDict):
+    id: str
+    object: Literal["file"]
+    deleted: bool
 
 
 class InputTokensDetails(TypedDict):
@@ -274,7 +351,7 @@ class ResponseDeleted(TypedDict):
 
 # Schemas published under another name than their class's: a component's name is API (clients
 # generate types from it), so a class renamed in Python keeps the name it was published under.
-PUBLISHED_NAMES = {"CompletionUsage": "Usage"}
+PUBLISHED_NAMES = {"CompletionUsage": "Usage", "FileObject": "File"}
 
 RESPONSE_MODELS: dict[str, Any] = {
     "Job": JobWithUrls,
@@ -284,6 +361,10 @@ RESPONSE_MODELS: dict[str, Any] = {
     "Model": Model,
     "ModelList": ModelList,
     "Batch": Batch,
+    "BatchList": BatchList,
+    "File": FileObject,
+    "FileList": FileList,
+    "FileDeleted": FileDeleted,
     "Response": ResponseObject,
     "ResponseDeleted": ResponseDeleted,
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from celery import Celery
@@ -19,6 +20,7 @@ from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
 from web.batch_pending import PendingBatchJobs
+from web.file_store import FileStore
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
@@ -49,6 +51,7 @@ class Services:
     pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
+    _binary_redis: Any = None  # redis.Redis answering bytes, once files are used
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -79,10 +82,13 @@ class Services:
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
         self.hub.close()
-        self.redis.close()
-        pool = getattr(self.redis, "connection_pool", None)  # a cluster client has one per node
-        if pool is not None:
-            pool.disconnect()
+        for client in (self.redis, self._binary_redis):
+            if client is None:
+                continue
+            client.close()
+            pool = getattr(client, "connection_pool", None)  # a cluster client: one per node
+            if pool is not None:
+                pool.disconnect()
 
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""
@@ -97,6 +103,16 @@ class Services:
         """Stored Responses API responses; a record lives as long as its job can."""
         limits = self.settings.limits
         return ResponseStore(self.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
+
+    @property
+    def files(self) -> FileStore:
+        """Stored files, over a client that answers bytes (a file is not text), opened on
+        first use: a process nobody uploads to never opens its pool."""
+        with self._lock:
+            if self._binary_redis is None:
+                self._binary_redis = connect_pooled(self.settings.redis, binary=True)
+            client = self._binary_redis
+        return FileStore(client, self.settings.files.retention_seconds)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that

@@ -63,6 +63,7 @@ PUBLISHED_SCHEMAS = {
     *("ParamsObject", "UsageObject", "Error", "ErrorDetail"),
     *("Completion", "CompletionChoice", "ChatCompletion", "ChatChoice", "AssistantMessage"),
     *("Usage", "Model", "ModelList", "Batch", "RequestCounts"),
+    *("BatchList", "BatchError", "BatchErrors", "File", "FileList", "FileDeleted"),
     *("Response", "ResponseDeleted", "ResponseError", "ResponseUsage", "IncompleteDetails"),
     *("InputTokensDetails", "OutputTokensDetails", "OutputLogprob", "TopLogprob"),
     *("OutputMessage", "OutputText", "ReasoningConfig", "ResponseTextConfig", "ResponseTextFormat"),

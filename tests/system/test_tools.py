@@ -336,16 +336,21 @@ def test_an_agent_sdk_runs_a_function_tool_over_the_responses_api(tool_stack: Fa
         return "noon"
 
     async def run() -> tuple[Any, Any, openai.BadRequestError]:
-        client = openai.AsyncOpenAI(base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0)
-        model = OpenAIResponsesModel(model="tools", openai_client=client)
-        agent = Agent(name="weather", instructions="Be brief.", tools=[get_weather], model=model)
-        plain = await Runner.run(agent, "Weather in Paris?")
-        streamed = Runner.run_streamed(agent, "Weather in Paris?")
-        async for _event in streamed.stream_events():
-            pass
-        strict = Agent(name="strict", tools=[get_time], model=model)
-        with pytest.raises(openai.BadRequestError) as refused:
-            await Runner.run(strict, "What time is it?")
+        # Closed inside the loop: its pooled connections must not outlive the loop they use.
+        async with openai.AsyncOpenAI(
+            base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0
+        ) as client:
+            model = OpenAIResponsesModel(model="tools", openai_client=client)
+            agent = Agent(
+                name="weather", instructions="Be brief.", tools=[get_weather], model=model
+            )
+            plain = await Runner.run(agent, "Weather in Paris?")
+            streamed = Runner.run_streamed(agent, "Weather in Paris?")
+            async for _event in streamed.stream_events():
+                pass
+            strict = Agent(name="strict", tools=[get_time], model=model)
+            with pytest.raises(openai.BadRequestError) as refused:
+                await Runner.run(strict, "What time is it?")
         return plain.final_output, streamed.final_output, refused.value
 
     plain, streamed, refused = asyncio.run(run())

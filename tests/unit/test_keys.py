@@ -28,6 +28,13 @@ def test_exact_key_strings() -> None:
     assert keys.metric_histogram("ttft") == "trickle:metrics:hist:ttft"
     assert keys.batch("batch_1") == "trickle:batch:{batch_1}"
     assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
+    assert keys.batch_ingest("batch_1") == "trickle:batch:{batch_1}:ingest"
+    assert keys.batch_finalize("batch_1") == "trickle:batch:{batch_1}:finalize"
+    assert keys.batches_of("k") == "trickle:batches:{k}"
+    assert keys.batches_of("") == "trickle:batches:{open}"
+    assert keys.file("file-1") == "trickle:file:{file-1}"
+    assert keys.file_chunks("file-1") == "trickle:file:{file-1}:chunks"
+    assert keys.files_of("k") == "trickle:files:{k}"
     assert keys.STREAM_SECRET == "trickle:stream-secret"
     assert keys.response("resp_1") == "trickle:response:{resp_1}"
     assert keys.idempotency("", "abc") == (

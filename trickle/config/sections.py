@@ -167,6 +167,20 @@ class LimitSettings(Section):
 
 
 @dataclass(frozen=True)
+class FileSettings(Section):
+    """``/v1/files``: stored in the job store's Redis (the one store the stack has), so every
+    byte counts against its memory; these bound it per file and per key."""
+
+    max_file_bytes: int = 67_108_864
+    max_bytes_per_key: int = 268_435_456
+    # An uploaded file, and a batch's output and error files, are deleted after this long.
+    retention_seconds: int = 604_800
+    # How long a batch's finished requests keep their results (and the batch its record) for
+    # its output files, however long ``limits.result_ttl_seconds`` is: its completion window.
+    batch_window_seconds: int = 86_400
+
+
+@dataclass(frozen=True)
 class RateLimitSettings(Section):
     # Per API key (per client address without keys) and per minute; 0 disables a limit.
     requests_per_minute: int = 0

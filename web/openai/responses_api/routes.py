@@ -116,13 +116,13 @@ def _submit(
     ``Idempotency-Key`` already used, the first request's response instead."""
     first = earlier(svc, key)
     if first is None:
-        messages = _conversation(svc, req)
+        messages = conversation(svc, req)
         system = [ChatTurn("system", req.instructions)] if req.instructions else []
         turns = [*system, *messages]
         prompt = chat_prompt(turns, svc.settings, req.model, param="input", tools=req.tools)
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
         admit(svc, [job])
-        record = _record(req, job, messages)
+        record = record_of(req, job, messages)
         if req.store:
             svc.responses.save(record)
         try:
@@ -145,7 +145,7 @@ def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
     return record, job
 
 
-def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
+def record_of(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
     return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
@@ -170,7 +170,7 @@ def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> S
     )
 
 
-def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
+def conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
     """The previous response's conversation and answer, then this request's input."""
     if req.previous_response_id is None:
         return req.messages
