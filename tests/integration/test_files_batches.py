@@ -112,7 +112,7 @@ def run_jobs(app: Flask, job_ids: list[str], text: str = "ok") -> None:
 
 def job_ids_of(app: Flask, batch_id: str) -> list[str]:
     entries = services(app).redis.lrange(keys.batch_items(batch_id), 0, -1)
-    return [job_id for entry in entries for job_id in json.loads(entry)["job_ids"]]
+    return [job_id for entry in entries for job_id in json.loads(entry).get("job_ids", [])]
 
 
 def content(client: FlaskClient, file_id: str) -> list[dict[str, Any]]:
