@@ -240,10 +240,13 @@ class BatchScheduler:
         ids, streamed first), with ``joiners`` (taken off the queue by the caller); ``split``:
         the survivors are shared with an idle lane instead; ``long``: the caller priced the
         catch-up past the stall budget (once per job at most). A restart already due takes
-        these along. From any thread; False (nothing changed) if the batch already ended."""
+        these along; a row that has finished meanwhile is not resumed. From any thread; False
+        (nothing changed) if the batch already ended, or joiners are offered to a split."""
         with self._cond:
             if not any(running is batch for running in self._running):
                 return False
+            if batch.split and joiners:
+                return False  # its survivors go to two lanes: no joiner has a place
             for job, where in rows:
                 batch.forced[id(job)] = where.forced
             batch.joiners.extend(joiners)
