@@ -16,6 +16,14 @@ first token is untouched. The interval grows with the number of jobs flushed tog
 messages under ``max_messages_per_second``, up to ``max_interval_seconds``: under load the
 serving path's CPU goes to the engine instead of to messages, while a lone stream keeps the
 floor's smoothness.
+
+The publisher keeps every token it sent for a job until the job's final state is stored. Redis
+can acknowledge writes and then lose them (a crash before its append-only file reached the disk,
+an automatic failover): the job's replay log is then shorter than the tokens sent. The scripts
+notice (an append whose first index is past the log's end, a final state whose count is), refuse
+and say the log's length; the publisher sends the missing tokens again, under the same fence, and
+only then the final state, so no reader ever gets a job's end before all of its tokens. A flush
+that lands costs nothing more: the tokens are kept by reference, one list append per job.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import redis
 
 from trickle.events import TokenEvent
 from trickle.jobs import JobResult
-from trickle.store.job_store import JobStore, StepAppend
+from trickle.store.job_store import JobStore, StepAppend, finish_outcome
 
 if TYPE_CHECKING:
     from trickle.config.sections import WorkerSettings
@@ -61,12 +69,22 @@ class StepItem(NamedTuple):
     urgent: bool  # a job's first tokens among them: the flush goes at once
 
 
+class Forget(NamedTuple):
+    """A job that ended without a final state from this worker (its lease lost, handed back):
+    the tokens kept for it go."""
+
+    job_id: str
+
+
 @dataclass(frozen=True)
 class FinishItem:
     job_id: str
     fence: str
     result: JobResult
     persisted: threading.Event = field(default_factory=threading.Event)
+
+
+Item = StepItem | FinishItem | Forget
 
 
 class TokenPublisher:
@@ -88,12 +106,15 @@ class TokenPublisher:
         self._last_flush = float("-inf")  # the last flush of every held job (a paced one)
         # Tokens drained but not yet sent, by job (in order): they wait for the paced flush.
         self._held: dict[str, list[TokenItem]] = {}
+        # Every token sent, by job, flush by flush, until its final state is stored: what a
+        # log that lost its newest entries gets again.
+        self._sent: dict[str, list[list[TokenItem]]] = {}
         # Set by whoever queues a first token, an end or the stop: a paced wait ends early.
         self._urgent = threading.Event()
         self._on_cancel_requested = on_cancel_requested
         self._on_lease_lost = on_lease_lost
         self._on_first_published = on_first_published
-        self._queue: queue.SimpleQueue[StepItem | FinishItem | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
         self._thread.start()
@@ -142,6 +163,10 @@ class TokenPublisher:
         self._urgent.set()
         return item.persisted
 
+    def forget(self, job_id: str) -> None:
+        """A job ended without a final state from this worker: drop what is kept for it."""
+        self._queue.put(Forget(job_id))
+
     def close(self) -> None:
         self._queue.put(None)
         self._urgent.set()
@@ -161,17 +186,21 @@ class TokenPublisher:
             finishes = [item for item in items if isinstance(item, FinishItem)]
             if tokens or finishes:
                 self._flush(tokens, finishes)
+            for item in items:
+                if isinstance(item, Forget):
+                    self._held.pop(item.job_id, None)
+                    self._sent.pop(item.job_id, None)
 
-    def _drain(self) -> tuple[list[StepItem | FinishItem], bool]:
+    def _drain(self) -> tuple[list[Item], bool]:
         """What was queued by the time a flush is due: the paced moment, or at once for a first
         token or an end. True once the stop was queued (everything held then goes out)."""
-        items: list[StepItem | FinishItem] = []
+        items: list[Item] = []
         if not self._held:
             first = self._queue.get()  # nothing held: sleep until something comes
             if first is None:
                 return items, True
             items.append(first)
-        if not any(isinstance(item, FinishItem) or item.urgent for item in items):
+        if not any(_urgent(item) for item in items):
             pause = self._last_flush + self._interval - time.monotonic()
             if pause > 0:
                 # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
@@ -187,9 +216,7 @@ class TokenPublisher:
             items.append(item)
         return items, False
 
-    def _release(
-        self, jobs: set[str] | None, items: list[StepItem | FinishItem]
-    ) -> list[list[TokenItem]]:
+    def _release(self, jobs: set[str] | None, items: list[Item]) -> list[list[TokenItem]]:
         """Hold the new tokens, then take out those of ``jobs`` (every job: None): each job's
         tokens in order, one list per job."""
         held = self._held
@@ -208,33 +235,91 @@ class TokenPublisher:
         return [held.pop(job_id) for job_id in jobs if job_id in held]
 
     def _flush(self, tokens: list[list[TokenItem]], finishes: list[FinishItem]) -> None:
+        sent = self._sent
+        for job_tokens in tokens:
+            job_id = job_tokens[0].event.job_id
+            if job_id in sent:
+                sent[job_id].append(job_tokens)
+            else:
+                sent[job_id] = [job_tokens]
         appends = [_append_of(job_tokens) for job_tokens in tokens]
+        while appends or finishes:  # more than one round only where Redis lost tokens
+            appends, finishes = self._send(appends, finishes)
+
+    def _send(
+        self, appends: list[StepAppend], finishes: list[FinishItem]
+    ) -> tuple[list[StepAppend], list[FinishItem]]:
+        """One round trip; returns the tokens to send again where a job's log lost some, and
+        the final states held back until they are there."""
         calls = 0
+        logged = [self._sent_count(item.job_id) for item in finishes]
 
         def build(pipe: Any) -> None:
             nonlocal calls
             if appends:
                 calls = self._store.queue_step(pipe, appends)
-            for item in finishes:
-                self._store.queue_finish(pipe, item.job_id, item.fence, item.result)
+            for item, least in zip(finishes, logged, strict=True):
+                self._store.queue_finish(pipe, item.job_id, item.fence, item.result, least)
 
         replies = self._execute_with_retry(build)
         self.round_trips += 1
+        short: dict[str, int] = {}
         if appends:
             outcome = self._store.step_outcome(appends, *replies[:calls])
             for job_id in outcome.cancel_requested:
                 self._on_cancel_requested(job_id)
             for job_id in outcome.fenced_out:
+                self._sent.pop(job_id, None)
                 self._on_lease_lost(job_id)
+            short.update(outcome.short_logs)
             if self._on_first_published is not None:
                 stored = time.time()
                 for append in appends:
                     if append.first_token_at is not None:
                         self._on_first_published(append.job_id, stored)
-        for item, stored in zip(finishes, replies[calls:], strict=True):
-            if not stored:
-                log.warning("final state of %s not stored: this worker lost its lease", item.job_id)
-            item.persisted.set()
+        held_back: list[FinishItem] = []
+        for item, reply in zip(finishes, replies[calls:], strict=True):
+            outcome_of_finish = finish_outcome(reply)
+            if isinstance(outcome_of_finish, bool):
+                if not outcome_of_finish:
+                    log.warning(
+                        "final state of %s not stored: this worker lost its lease", item.job_id
+                    )
+                self._sent.pop(item.job_id, None)
+                item.persisted.set()
+            else:
+                short[item.job_id] = min(
+                    short.get(item.job_id, outcome_of_finish), outcome_of_finish
+                )
+                held_back.append(item)
+        repairs = [
+            repair for job_id, length in short.items() if (repair := self._repair(job_id, length))
+        ]
+        return repairs, held_back
+
+    def _sent_count(self, job_id: str) -> int:
+        """The log length a job's final state needs: one past the last token sent (0: none)."""
+        sent = self._sent.get(job_id)
+        return sent[-1][-1].event.index + 1 if sent else 0
+
+    def _repair(self, job_id: str, length: int) -> StepAppend | None:
+        """The tokens a job's log lost, from ``length`` on, to send again (None: it lost some
+        this worker never sent, of an earlier run: the job stops, and its lease's lapse
+        resumes it from the log as after a crash; its final state no longer waits)."""
+        sent = self._sent.get(job_id)
+        tokens = [token for chunk in sent or () for token in chunk if token.event.index >= length]
+        if not sent or not tokens or sent[0][0].event.index > length:
+            log.error("job %s: its replay log lost tokens this worker cannot restore", job_id)
+            self._sent.pop(job_id, None)
+            self._on_lease_lost(job_id)
+            return None
+        log.warning(
+            "job %s: the replay log lost tokens %d to %d (Redis lost writes); sending them again",
+            job_id,
+            length,
+            tokens[-1].event.index,
+        )
+        return StepAppend(job_id, tokens[0].fence, [token.event for token in tokens])
 
     def _execute_with_retry(self, build: Callable[[Any], None]) -> list[Any]:
         """Redis being away must not lose tokens: retry the same flush until it lands."""
@@ -255,13 +340,18 @@ class TokenPublisher:
                 attempt += 1
 
 
-def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
+def _urgent(item: Item) -> bool:
+    """An item whose flush goes at once: an end, or a step with a job's first tokens."""
+    return isinstance(item, FinishItem) or (isinstance(item, StepItem) and item.urgent)
+
+
+def _urgent_jobs(items: list[Item]) -> set[str]:
     """Jobs whose tokens must go out now: a first token among them, or their end."""
     jobs: set[str] = set()
     for item in items:
         if isinstance(item, FinishItem):
             jobs.add(item.job_id)
-        elif item.urgent:
+        elif isinstance(item, StepItem) and item.urgent:
             jobs.update(
                 token.event.job_id
                 for token in item.tokens

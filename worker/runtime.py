@@ -281,6 +281,7 @@ class WorkerRuntime:
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
+            self.publisher.forget(job.id)
             return
         if scheduled.error is not None or state.error is not None:
             error = state.error or JobError("engine_error", str(scheduled.error))

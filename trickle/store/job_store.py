@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -55,6 +55,9 @@ class StepAppend:
 class StepOutcome:
     fenced_out: list[str]  # jobs whose lease this worker no longer holds
     cancel_requested: list[str]
+    # Jobs whose replay log is shorter than their appends' first index, with its length: Redis
+    # lost its newest entries (a restart without its last writes), nothing was appended.
+    short_logs: dict[str, int] = field(default_factory=dict)
 
 
 class JobStore:
@@ -333,16 +336,23 @@ class JobStore:
         groups = _by_shard(appends) if self.cluster else [list(appends)]
         fenced_out: list[str] = []
         cancel_requested: list[str] = []
+        short_logs: dict[str, int] = {}
         for group, reply in zip(groups, replies, strict=True):
             for position in reply:
+                if isinstance(position, list):  # {i, the log's length}
+                    short_logs[group[int(position[0]) - 1].job_id] = int(position[1])
+                    continue
                 append = group[abs(int(position)) - 1]
                 (fenced_out if int(position) < 0 else cancel_requested).append(append.job_id)
-        return StepOutcome(fenced_out=fenced_out, cancel_requested=cancel_requested)
+        return StepOutcome(fenced_out, cancel_requested, short_logs)
 
-    def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
-        """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
+    def queue_finish(
+        self, pipe: Any, job_id: str, fence: str, result: JobResult, logged: int = 0
+    ) -> None:
+        """Add a job's final state to ``pipe``, if this worker holds the lease and the replay
+        log has ``logged`` entries (the tokens the worker sent; see ``finish_outcome``)."""
         publish = self._runner.publish
-        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, RECORD_MESSAGE]
+        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, RECORD_MESSAGE, logged]
         for name, value in result.to_hash().items():
             args += [name, value]
         self._runner.queue_script(
@@ -360,12 +370,20 @@ class JobStore:
             args,
         )
 
-    def finish(self, job_id: str, fence: str, result: JobResult) -> bool:
+    def finish(self, job_id: str, fence: str, result: JobResult, logged: int = 0) -> bool:
         """Store a final state outside the token path (failures before generation)."""
-        (stored,) = self._runner.execute(
-            lambda pipe: self.queue_finish(pipe, job_id, fence, result)
+        (reply,) = self._runner.execute(
+            lambda pipe: self.queue_finish(pipe, job_id, fence, result, logged)
         )
-        return bool(stored)
+        return finish_outcome(reply) is True
+
+
+def finish_outcome(reply: Any) -> bool | int:
+    """A ``queue_finish`` reply: True stored, False not this worker's lease, or the replay
+    log's length when it is shorter than the tokens the worker sent (nothing stored)."""
+    if isinstance(reply, list):
+        return int(reply[0])
+    return bool(reply)
 
 
 def _cancel_outcome(reply: str) -> CancelOutcome:

@@ -1,0 +1,113 @@
+"""A Redis crash that loses its last writes never costs a stream its tail (issue 44).
+
+Redis acknowledges a write before its append-only file has it on disk (``appendfsync
+everysec``; under a slow disk even the ``write`` is put off for up to two seconds), so a crash
+can restart it without its last second. Here that loss is made exact: Redis runs without
+persistence, a ``SAVE`` marks what the restarted server will hold, tokens go on streaming, then
+Redis is SIGKILLed and started again from that snapshot. The job's replay log is now shorter than
+what readers already saw, while its worker, which never stopped generating, finishes the job
+during the outage. A reader resuming past the shortened log (SSE ``Last-Event-ID``, WebSocket
+``after``) must get every remaining token, then ``done``, and the streamed text must be the
+stored output; without the worker restoring the lost tokens before storing the final state,
+these readers got ``done`` at once with every token after the snapshot missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.clients import StreamResult, read_sse, read_ws, submit
+from tests.faultstack import FaultStack, build_fault_stack, build_slow_model, wait_for
+from trickle import keys
+
+pytestmark = pytest.mark.timeout(180)
+
+TOKENS = 500
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
+    root = tmp_path_factory.mktemp("lost-writes")
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
+    )
+    stack = build_fault_stack(
+        root,
+        # The slow model as the default one: /readyz waits for its worker.
+        models_toml=f'[models.demo]\npath = "{slow}"\ninter_threads = 1\n',
+        settings_toml=(
+            # A lease far longer than the outage: the job stays its worker's throughout.
+            "[worker]\nlease_seconds = 60\nrecovery_interval_seconds = 0.5\n"
+            "heartbeat_seconds = 0.5\n"
+            "[limits]\nmax_tokens_ceiling = 2000\n"
+            "[web]\nkeepalive_seconds = 1.0\n"
+        ),
+        append_only=False,  # what survives the kill is exactly the SAVE
+    )
+    stack.worker("lossy", ("demo",))
+    yield stack
+    stack.close()
+
+
+def ready(base: str) -> bool:
+    try:
+        return requests.get(f"{base}/readyz", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_a_reader_resuming_after_lost_writes_gets_every_token_before_done(
+    lossy: FaultStack,
+) -> None:
+    base = lossy.web_url
+    wait_for(lambda: ready(base), 60, "ready", interval=0.2)
+    body = {"prompt": "The value", "max_tokens": TOKENS, "ignore_eos": True}
+    job = submit(base, {**body, "temperature": 0})
+    log_key = keys.job_tokens(job["id"])
+    with lossy.client() as client:
+        wait_for(lambda: client.llen(log_key) >= 50, 60, "the job streaming")
+        began, first = time.monotonic(), client.llen(log_key)
+        client.save()  # the restarted Redis holds this: what follows is lost
+        kept = client.llen(log_key)
+        wait_for(lambda: client.llen(log_key) >= kept + 150, 60, "tokens after the snapshot")
+        seen = client.lrange(log_key, 0, -1)  # what a reader had streamed when Redis died
+        rate = (len(seen) - first) / (time.monotonic() - began)
+        assert client.hget(keys.job(job["id"]), "status") == "running"
+    os.kill(lossy.redis_process.pid, signal.SIGKILL)
+    lossy.redis_process.wait()
+    # The worker goes on generating and ends the job meanwhile (its flushes retry).
+    time.sleep(min(2.0 * (TOKENS - len(seen)) / rate + 1.0, 60.0))
+    lossy.start_redis(append_only=False)
+    with lossy.client() as client:
+        assert client.llen(log_key) < len(seen), "the restarted Redis lost no tokens"
+    wait_for(lambda: ready(base), 60, "ready after the restart", interval=0.2)
+
+    last = len(seen) - 1
+    prefix = "".join(json.loads(entry)["text"] for entry in seen)
+    sse = read_sse(base, job["id"], headers={"Last-Event-ID": str(last)}, timeout=90)
+    ws = read_ws(base, job["id"], query=f"?after={last}", timeout=90)
+    whole = read_sse(base, job["id"], timeout=90)
+    print(f"kept {kept} of {len(seen)} seen tokens; {rate:.0f} tokens/s")
+    for stream in (sse, ws):
+        assert_rest(stream, last + 1, prefix)
+    assert whole.indexes == list(range(TOKENS)) and whole.text == prefix + sse.text
+    done = sse.done
+    assert done is not None
+    assert done["attempts"] == 1  # the worker kept its lease: nothing was generated twice
+
+
+def assert_rest(stream: StreamResult, first: int, prefix: str) -> None:
+    """Every token from ``first`` on, then ``done`` with the whole text as its output."""
+    assert stream.done is not None, stream.error
+    assert stream.done["status"] == "succeeded"
+    assert stream.done["usage"]["completion_tokens"] == TOKENS
+    assert stream.indexes == list(range(first, TOKENS)), "done before every token"
+    assert prefix + stream.text == stream.done["output"]
