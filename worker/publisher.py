@@ -319,7 +319,7 @@ class TokenPublisher:
             length,
             tokens[-1].event.index,
         )
-        return StepAppend(job_id, tokens[0].fence, [token.event for token in tokens])
+        return _append_of(tokens)  # with its first token's time, if that was lost too
 
     def _execute_with_retry(self, build: Callable[[Any], None]) -> list[Any]:
         """Redis being away must not lose tokens: retry the same flush until it lands."""

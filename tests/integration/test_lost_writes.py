@@ -30,6 +30,7 @@ from worker.publisher import TokenItem, TokenPublisher
 
 TOKENS = 12
 KEPT = 4  # the log's length after the lost writes
+FIRST_TOKEN_AT = 1_700_000_000.5
 
 
 @pytest.fixture
@@ -54,14 +55,18 @@ class Worker:
         """Tokens ``first`` to ``last`` (inclusive), one decoding step each."""
         for index in range(first, last + 1):
             event = TokenEvent(self.job.id, index, f"<{index}>", -0.5)
-            self.publisher.publish_step((TokenItem(event, self.fence),))
+            first_token_at = FIRST_TOKEN_AT if index == 0 else None
+            self.publisher.publish_step((TokenItem(event, self.fence, first_token_at),))
 
     def logged(self) -> int:
         return int(self.store.redis.llen(keys.job_tokens(self.job.id)))
 
     def lose_writes_after(self, kept: int) -> None:
         """What a crash without the last writes leaves: a shorter log and output, same lease."""
-        self.store.redis.ltrim(keys.job_tokens(self.job.id), 0, kept - 1)
+        if kept:
+            self.store.redis.ltrim(keys.job_tokens(self.job.id), 0, kept - 1)
+        else:
+            self.store.redis.delete(keys.job_tokens(self.job.id))
         text = "".join(f"<{index}>" for index in range(kept))
         self.store.redis.set(keys.job_output(self.job.id), text)
 
@@ -137,3 +142,18 @@ def test_tokens_this_worker_never_sent_stop_the_job_instead(worker: Worker) -> N
     worker.publish(KEPT, KEPT + 1)  # a resumed run's first tokens, past an empty log
     wait_for(lambda: worker.lost == [worker.job.id], 10, "the job stopped")
     assert worker.logged() == 0
+
+
+def test_a_job_that_lost_every_token_gets_them_and_its_first_token_time_back(
+    worker: Worker,
+) -> None:
+    """The lost second held the job's first flush: the record's first-token time goes too."""
+    worker.publish(0, 5)
+    wait_for(lambda: worker.logged() == 6, 10, "the first tokens logged")
+    worker.lose_writes_after(0)
+    worker.store.redis.hdel(keys.job(worker.job.id), "first_token_at")
+    worker.publish(6, TOKENS - 1)
+    worker.finish()
+    assert worker.log_indexes() == list(range(TOKENS))
+    job = worker.store.get(worker.job.id)
+    assert job is not None and job.first_token_at == FIRST_TOKEN_AT

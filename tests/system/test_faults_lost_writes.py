@@ -18,17 +18,18 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.clients import StreamResult, read_sse, read_ws, submit
+from tests.clients import StreamResult, poll_until_finished, read_sse, read_ws, submit
 from tests.faultstack import FaultStack, build_fault_stack, build_slow_model, wait_for
 from trickle import keys
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(120)
 
 TOKENS = 500
 
@@ -44,8 +45,9 @@ def lossy(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Ite
         # The slow model as the default one: /readyz waits for its worker.
         models_toml=f'[models.demo]\npath = "{slow}"\ninter_threads = 1\n',
         settings_toml=(
-            # A lease far longer than the outage: the job stays its worker's throughout.
-            "[worker]\nlease_seconds = 60\nrecovery_interval_seconds = 0.5\n"
+            # A lease longer than the first test's outage (the job stays its worker's), short
+            # enough that a lost final state's lease lapses within the last test.
+            "[worker]\nlease_seconds = 15\nrecovery_interval_seconds = 0.5\n"
             "heartbeat_seconds = 0.5\n"
             "[limits]\nmax_tokens_ceiling = 2000\n"
             "[web]\nkeepalive_seconds = 1.0\n"
@@ -84,7 +86,7 @@ def test_a_reader_resuming_after_lost_writes_gets_every_token_before_done(
     os.kill(lossy.redis_process.pid, signal.SIGKILL)
     lossy.redis_process.wait()
     # The worker goes on generating and ends the job meanwhile (its flushes retry).
-    time.sleep(min(2.0 * (TOKENS - len(seen)) / rate + 1.0, 60.0))
+    time.sleep(min(2.0 * (TOKENS - len(seen)) / rate + 1.0, 10.0))
     lossy.start_redis(append_only=False)
     with lossy.client() as client:
         assert client.llen(log_key) < len(seen), "the restarted Redis lost no tokens"
@@ -111,3 +113,59 @@ def assert_rest(stream: StreamResult, first: int, prefix: str) -> None:
     assert stream.done["usage"]["completion_tokens"] == TOKENS
     assert stream.indexes == list(range(first, TOKENS)), "done before every token"
     assert prefix + stream.text == stream.done["output"]
+
+
+def crash_back_to_the_save(stack: FaultStack) -> None:
+    """SIGKILL Redis and start it again from its last SAVE: what follows the SAVE is lost."""
+    os.kill(stack.redis_process.pid, signal.SIGKILL)
+    stack.redis_process.wait()
+    stack.start_redis(append_only=False)
+    wait_for(lambda: ready(stack.web_url), 60, "ready after the restart", interval=0.2)
+
+
+def test_a_lost_job_and_its_idempotency_key_go_together(lossy: FaultStack) -> None:
+    """A POST answered in the lost second: its record, its task and its key were written in one
+    script, so they are lost together (a GET answers 404, the loss ``appendfsync always``
+    prevents), and the client's retry with the same key creates the job once, which runs."""
+    base = lossy.web_url
+    wait_for(lambda: ready(base), 60, "ready", interval=0.2)
+    with lossy.client() as client:
+        client.save()
+    key = f"lost-{uuid.uuid4()}"
+    body = {"prompt": "The", "max_tokens": 8}
+    first = requests.post(
+        f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": key}, timeout=30
+    )
+    assert first.status_code == 202, first.text
+    crash_back_to_the_save(lossy)
+    assert requests.get(f"{base}/v1/jobs/{first.json()['id']}", timeout=10).status_code == 404
+    again = requests.post(
+        f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": key}, timeout=30
+    )
+    assert again.status_code == 202 and again.json()["id"] != first.json()["id"]
+    replay = requests.post(
+        f"{base}/v1/jobs", json=body, headers={"Idempotency-Key": key}, timeout=30
+    )
+    assert replay.json()["id"] == again.json()["id"]  # one job for the key from now on
+    assert poll_until_finished(base, again.json()["id"], timeout=60)["status"] == "succeeded"
+
+
+def test_a_lost_final_state_is_recovered_from_the_log(lossy: FaultStack) -> None:
+    """The job ended in the lost second: Redis comes back with it running under the lease of a
+    worker that has moved on. The lease lapses, the sweep requeues it, a worker resumes after
+    the logged tokens and stores it again; a reader gets every token once, then ``done``."""
+    base = lossy.web_url
+    wait_for(lambda: ready(base), 60, "ready", interval=0.2)
+    job = submit(base, {"prompt": "The value", "max_tokens": 60, "ignore_eos": True})
+    log_key = keys.job_tokens(job["id"])
+    with lossy.client() as client:
+        wait_for(lambda: client.llen(log_key) >= 5, 60, "the job streaming")
+        client.save()
+        wait_for(lambda: client.hget(keys.job(job["id"]), "status") == "succeeded", 60, "the end")
+    crash_back_to_the_save(lossy)
+    with lossy.client() as client:
+        assert client.hget(keys.job(job["id"]), "status") == "running"
+    stream = read_sse(base, job["id"], timeout=90)
+    assert stream.done is not None and stream.done["status"] == "succeeded", stream.error
+    assert stream.indexes == list(range(60)) and stream.text == stream.done["output"]
+    assert stream.done["attempts"] == 2
