@@ -2,12 +2,12 @@
 
 Streams follow their jobs over SSE and, like a browser's EventSource, reconnect with
 ``Last-Event-ID`` after each error event or 503; POSTs carry an ``Idempotency-Key`` and are
-retried until they are answered. Redis runs as ``make up`` runs it (AOF, ``appendfsync
-everysec``) and is restarted from its append-only file after each kill. Afterwards: every job
-succeeded, every stream is exact (each index once, in order, its text the stored output), and
-each key made one job. Kept short (a few hundred tokens per job, two one-second outages) so it
-runs with the rest of the system tier; ``test_faults_lost_writes`` is the kill that loses the
-last writes, made exact.
+retried until they are answered. Redis runs with AOF, fsynced as ``make up`` does by default
+(``everysec``) and as the safe choice (``always``), and is restarted from its append-only file
+after each kill. Afterwards: every job succeeded, every stream is exact (each index once, in
+order, its text the stored output), and each key made one job. Kept short (a thousand tokens per
+job, two one-second outages) so it runs with the rest of the system tier;
+``test_faults_lost_writes`` is the kill that loses the last writes, made exact.
 """
 
 from __future__ import annotations
@@ -36,9 +36,14 @@ TOKENS = 1000
 KILLS = 2
 
 
-@pytest.fixture(scope="module")
-def chaos(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    root = tmp_path_factory.mktemp("chaos")
+@pytest.fixture(scope="module", params=["everysec", "always"])
+def chaos(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_model_dir: Path,
+) -> Iterator[FaultStack]:
+    """The stack, its Redis fsyncing its AOF as ``make up``'s default and as the safe choice."""
+    root = tmp_path_factory.mktemp(f"chaos-{request.param}")
     slow = build_slow_model(
         root, demo_model_dir / "tokenizer.model", d_model=256, num_layers=4, ffn_dim=768
     )
@@ -52,6 +57,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Ite
             "[web]\nkeepalive_seconds = 1.0\n"
         ),
         append_only=True,
+        redis_args=("--appendfsync", request.param),
     )
     stack.worker("chaos", ("demo",))
     yield stack
