@@ -17,13 +17,11 @@ messages under ``max_messages_per_second``, up to ``max_interval_seconds``: unde
 serving path's CPU goes to the engine instead of to messages, while a lone stream keeps the
 floor's smoothness.
 
-The publisher keeps every token it sent for a job until the job's final state is stored. Redis
-can acknowledge writes and then lose them (a crash before its append-only file reached the disk,
-an automatic failover): the job's replay log is then shorter than the tokens sent. The scripts
-notice (an append whose first index is past the log's end, a final state whose count is), refuse
-and say the log's length; the publisher sends the missing tokens again, under the same fence, and
-only then the final state, so no reader ever gets a job's end before all of its tokens. A flush
-that lands costs nothing more: the tokens are kept by reference, one list append per job.
+Redis can acknowledge writes and then lose them (a crash before its append-only file had them):
+a job's replay log shorter than the tokens sent, or a final state gone. The publisher keeps what
+it sent (``kept_tokens``), restores a log its scripts find short before the next tokens or the
+job's end, and sends the final states stored lately again when Redis restarted, so no reader
+ever gets a job's end before all of its tokens.
 """
 
 from __future__ import annotations
@@ -33,14 +31,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from trickle.events import TokenEvent
 from trickle.jobs import JobResult
 from trickle.store.job_store import JobStore, StepAppend, finish_outcome
+from worker.kept_tokens import KeptTokens
+from worker.publish_items import FinishItem, Forget, Item, Recheck, StepItem, TokenItem
 
 if TYPE_CHECKING:
     from trickle.config.sections import WorkerSettings
@@ -52,39 +51,6 @@ MAX_ITEMS_PER_FLUSH = 4096
 # first token is what a reader feels.
 UNPACED_TOKENS = 2
 RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
-
-
-class TokenItem(NamedTuple):
-    """One token on its way out (a named tuple: one is built per token on the engine thread)."""
-
-    event: TokenEvent
-    fence: str  # the lease this worker holds on the job: writes without it are refused
-    first_token_at: float | None = None
-
-
-class StepItem(NamedTuple):
-    """Every token one decoding step produced across a batch: published together."""
-
-    tokens: tuple[TokenItem, ...]
-    urgent: bool  # a job's first tokens among them: the flush goes at once
-
-
-class Forget(NamedTuple):
-    """A job that ended without a final state from this worker (its lease lost, handed back):
-    the tokens kept for it go."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
-class FinishItem:
-    job_id: str
-    fence: str
-    result: JobResult
-    persisted: threading.Event = field(default_factory=threading.Event)
-
-
-Item = StepItem | FinishItem | Forget
 
 
 class TokenPublisher:
@@ -106,9 +72,9 @@ class TokenPublisher:
         self._last_flush = float("-inf")  # the last flush of every held job (a paced one)
         # Tokens drained but not yet sent, by job (in order): they wait for the paced flush.
         self._held: dict[str, list[TokenItem]] = {}
-        # Every token sent, by job, flush by flush, until its final state is stored: what a
-        # log that lost its newest entries gets again.
-        self._sent: dict[str, list[list[TokenItem]]] = {}
+        # Every token sent, until its final state is stored and a while after: what Redis
+        # losing its last writes takes is sent again from there.
+        self._kept = KeptTokens()
         # Set by whoever queues a first token, an end or the stop: a paced wait ends early.
         self._urgent = threading.Event()
         self._on_cancel_requested = on_cancel_requested
@@ -167,6 +133,11 @@ class TokenPublisher:
         """A job ended without a final state from this worker: drop what is kept for it."""
         self._queue.put(Forget(job_id))
 
+    def recheck_finished(self) -> None:
+        """Redis restarted (another run_id): the final states stored lately may be lost."""
+        self._queue.put(Recheck())
+        self._urgent.set()
+
     def close(self) -> None:
         self._queue.put(None)
         self._urgent.set()
@@ -184,12 +155,18 @@ class TokenPublisher:
             else:
                 tokens = self._release(_urgent_jobs(items), items)
             finishes = [item for item in items if isinstance(item, FinishItem)]
+            self._kept.expire(now)
+            if any(isinstance(item, Recheck) for item in items):
+                finishes += [
+                    FinishItem(item.job_id, item.fence, item.result)
+                    for item in self._kept.finished_again()
+                ]
             if tokens or finishes:
                 self._flush(tokens, finishes)
             for item in items:
                 if isinstance(item, Forget):
                     self._held.pop(item.job_id, None)
-                    self._sent.pop(item.job_id, None)
+                    self._kept.drop(item.job_id)
 
     def _drain(self) -> tuple[list[Item], bool]:
         """What was queued by the time a flush is due: the paced moment, or at once for a first
@@ -235,13 +212,7 @@ class TokenPublisher:
         return [held.pop(job_id) for job_id in jobs if job_id in held]
 
     def _flush(self, tokens: list[list[TokenItem]], finishes: list[FinishItem]) -> None:
-        sent = self._sent
-        for job_tokens in tokens:
-            job_id = job_tokens[0].event.job_id
-            if job_id in sent:
-                sent[job_id].append(job_tokens)
-            else:
-                sent[job_id] = [job_tokens]
+        self._kept.add(tokens)
         appends = [_append_of(job_tokens) for job_tokens in tokens]
         while appends or finishes:  # more than one round only where Redis lost tokens
             appends, finishes = self._send(appends, finishes)
@@ -252,7 +223,7 @@ class TokenPublisher:
         """One round trip; returns the tokens to send again where a job's log lost some, and
         the final states held back until they are there."""
         calls = 0
-        logged = [self._sent_count(item.job_id) for item in finishes]
+        logged = [self._kept.count(item.job_id) for item in finishes]
 
         def build(pipe: Any) -> None:
             nonlocal calls
@@ -269,7 +240,7 @@ class TokenPublisher:
             for job_id in outcome.cancel_requested:
                 self._on_cancel_requested(job_id)
             for job_id in outcome.fenced_out:
-                self._sent.pop(job_id, None)
+                self._kept.drop(job_id)
                 self._on_lease_lost(job_id)
             short.update(outcome.short_logs)
             if self._on_first_published is not None:
@@ -281,11 +252,7 @@ class TokenPublisher:
         for item, reply in zip(finishes, replies[calls:], strict=True):
             outcome_of_finish = finish_outcome(reply)
             if isinstance(outcome_of_finish, bool):
-                if not outcome_of_finish:
-                    log.warning(
-                        "final state of %s not stored: this worker lost its lease", item.job_id
-                    )
-                self._sent.pop(item.job_id, None)
+                self._kept.stored(item, outcome_of_finish, time.monotonic())
                 item.persisted.set()
             else:
                 short[item.job_id] = min(
@@ -297,28 +264,14 @@ class TokenPublisher:
         ]
         return repairs, held_back
 
-    def _sent_count(self, job_id: str) -> int:
-        """The log length a job's final state needs: one past the last token sent (0: none)."""
-        sent = self._sent.get(job_id)
-        return sent[-1][-1].event.index + 1 if sent else 0
-
     def _repair(self, job_id: str, length: int) -> StepAppend | None:
-        """The tokens a job's log lost, from ``length`` on, to send again (None: it lost some
-        this worker never sent, of an earlier run: the job stops, and its lease's lapse
-        resumes it from the log as after a crash; its final state no longer waits)."""
-        sent = self._sent.get(job_id)
-        tokens = [token for chunk in sent or () for token in chunk if token.event.index >= length]
-        if not sent or not tokens or sent[0][0].event.index > length:
-            log.error("job %s: its replay log lost tokens this worker cannot restore", job_id)
-            self._sent.pop(job_id, None)
+        """The tokens a job's log lost, from ``length`` on, to send again. None where it lost
+        some this worker never sent: the job stops, its lease's lapse resumes it from the log as
+        after a crash, and its final state no longer waits for them."""
+        tokens = self._kept.missing(job_id, length)
+        if tokens is None:
             self._on_lease_lost(job_id)
             return None
-        log.warning(
-            "job %s: the replay log lost tokens %d to %d (Redis lost writes); sending them again",
-            job_id,
-            length,
-            tokens[-1].event.index,
-        )
         return _append_of(tokens)  # with its first token's time, if that was lost too
 
     def _execute_with_retry(self, build: Callable[[Any], None]) -> list[Any]:

@@ -113,6 +113,7 @@ class WorkerRuntime:
             self.slot_usage,
             self.requeue,
             queue_depth or (lambda model: 0),
+            self.publisher.recheck_finished,
         )
         self.maintenance = Maintenance(self.duties)
 

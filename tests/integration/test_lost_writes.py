@@ -26,7 +26,8 @@ from trickle.events import JobMessage, TokenEvent, TokenRun
 from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
 from trickle.store.job_store import JobStore
 from web.follow import Done, JobFollower
-from worker.publisher import TokenItem, TokenPublisher
+from worker.publish_items import TokenItem
+from worker.publisher import TokenPublisher
 
 TOKENS = 12
 KEPT = 4  # the log's length after the lost writes
@@ -157,3 +158,32 @@ def test_a_job_that_lost_every_token_gets_them_and_its_first_token_time_back(
     assert worker.log_indexes() == list(range(TOKENS))
     job = worker.store.get(worker.job.id)
     assert job is not None and job.first_token_at == FIRST_TOKEN_AT
+
+
+def test_a_lost_final_state_is_stored_again_when_redis_restarted(worker: Worker) -> None:
+    """Redis acknowledged the final state, then came back without it (and without the last
+    tokens): the job is running under this worker's lease again. The heartbeat's news that
+    Redis restarted sends the kept final state again, its tokens restored first."""
+    worker.publish(0, TOKENS - 1)
+    worker.finish()
+    client = worker.store.redis
+    client.hset(keys.job(worker.job.id), mapping={"status": "running", "owner": worker.fence})
+    client.set(keys.job_lease(worker.job.id), worker.fence, px=60_000)
+    worker.lose_writes_after(KEPT)
+    published = Published(client, worker.job.id)
+    worker.publisher.recheck_finished()
+    messages = published.take(3)
+    assert worker.log_indexes() == list(range(TOKENS))
+    assert record_logged(messages, published.done) == TOKENS
+    job = worker.store.get(worker.job.id)
+    assert job is not None and job.status is JobStatus.SUCCEEDED and job.attempts == 1
+
+
+def test_a_recheck_of_a_final_state_that_survived_writes_nothing(worker: Worker) -> None:
+    worker.publish(0, TOKENS - 1)
+    worker.finish()
+    before = worker.store.get(worker.job.id)
+    published = Published(worker.store.redis, worker.job.id)
+    worker.publisher.recheck_finished()
+    assert published.take(1) == []  # no second record: its fence no longer matches
+    assert worker.store.get(worker.job.id) == before
