@@ -7,9 +7,9 @@ persistence, a ``SAVE`` marks what the restarted server will hold, tokens go on 
 Redis is SIGKILLed and started again from that snapshot. The job's replay log is now shorter than
 what readers already saw, while its worker, which never stopped generating, finishes the job
 during the outage. A reader resuming past the shortened log (SSE ``Last-Event-ID``, WebSocket
-``after``) must get every remaining token, then ``done``, and the streamed text must be the
-stored output; without the worker restoring the lost tokens before storing the final state,
-these readers got ``done`` at once with every token after the snapshot missing.
+``after``, Responses ``starting_after``) must get every remaining token, then its end, and the
+streamed text must be the stored output; without the worker restoring the lost tokens before
+storing the final state, these readers got ``done`` at once with every later token missing.
 """
 
 from __future__ import annotations
@@ -27,11 +27,21 @@ import requests
 
 from tests.clients import StreamResult, poll_until_finished, read_sse, read_ws, submit
 from tests.faultstack import FaultStack, build_fault_stack, build_slow_model, wait_for
+from tests.system.test_responses import raw_events
 from trickle import keys
 
 pytestmark = pytest.mark.timeout(120)
 
 TOKENS = 500
+RESPONSE = {
+    "model": "demo",
+    "input": "The value",
+    "max_output_tokens": TOKENS,
+    "temperature": 0,
+    "background": True,
+    "ignore_eos": True,
+}
+DELTA = "response.output_text.delta"
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +81,11 @@ def test_a_reader_resuming_after_lost_writes_gets_every_token_before_done(
 ) -> None:
     base = lossy.web_url
     wait_for(lambda: ready(base), 60, "ready", interval=0.2)
-    body = {"prompt": "The value", "max_tokens": TOKENS, "ignore_eos": True}
-    job = submit(base, {**body, "temperature": 0})
+    # A background response: one job that native streams and a Responses stream both read.
+    created = requests.post(f"{base}/v1/responses", json=RESPONSE, timeout=30)
+    assert created.status_code == 200, created.text
+    response_id = created.json()["id"]
+    job = {"id": "job_" + response_id[len("resp_") :]}
     log_key = keys.job_tokens(job["id"])
     with lossy.client() as client:
         wait_for(lambda: client.llen(log_key) >= 50, 60, "the job streaming")
@@ -101,6 +114,13 @@ def test_a_reader_resuming_after_lost_writes_gets_every_token_before_done(
     for stream in (sse, ws):
         assert_rest(stream, last + 1, prefix)
     assert whole.indexes == list(range(TOKENS)) and whole.text == prefix + sse.text
+    # Responses: the whole event stream, and one resumed (starting_after) past the kept log.
+    events = raw_events(base, response_id)
+    assert events[-1]["type"] == "response.incomplete"  # max_output_tokens reached
+    assert "".join(e["delta"] for e in events if e["type"] == DELTA) == whole.text
+    first_delta = next(i for i, e in enumerate(events) if e["type"] == DELTA)
+    after = events[first_delta + last]["sequence_number"]
+    assert raw_events(base, response_id, after=after) == events[after + 1 :]
     done = sse.done
     assert done is not None
     assert done["attempts"] == 1  # the worker kept its lease: nothing was generated twice
