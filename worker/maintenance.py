@@ -138,7 +138,13 @@ class Maintenance:
             pipe.execute()
             return
         pipe.info("server")
-        run_id = str(pipe.execute()[-1].get("run_id", ""))
+        *written, info = pipe.execute(raise_on_error=False)
+        for reply in written:
+            if isinstance(reply, Exception):
+                raise reply
+        if not isinstance(info, dict):  # INFO refused (an ACL): no restarts noticed, no noise
+            return
+        run_id = str(info.get("run_id", ""))
         if self._run_id and run_id != self._run_id:
             log.warning("Redis restarted (run_id %s, was %s)", run_id, self._run_id)
             runtime.redis_restarted()
