@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -30,6 +29,9 @@ from trickle.jobs import (
     hash_fields,
     is_job_id,
 )
+from trickle.store.flush_records import StepAppend as StepAppend
+from trickle.store.flush_records import StepOutcome as StepOutcome
+from trickle.store.flush_records import finish_outcome as finish_outcome
 from trickle.store.leases import Leases
 from trickle.store.script_runner import ScriptRunner, WriteRecorder, ending_keys
 
@@ -39,25 +41,6 @@ class CancelOutcome(str, Enum):
     CANCELED = "canceled"  # it was still queued: canceled on the spot
     REQUESTED = "requested"  # it is running: the worker stops it at its next flush
     ALREADY_FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class StepAppend:
-    """One job's share of a publisher flush."""
-
-    job_id: str
-    fence: str
-    events: Sequence[TokenEvent]
-    first_token_at: float | None = None
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    fenced_out: list[str]  # jobs whose lease this worker no longer holds
-    cancel_requested: list[str]
-    # Jobs whose replay log is shorter than their appends' first index, with its length: Redis
-    # lost its newest entries (a restart without its last writes), nothing was appended.
-    short_logs: dict[str, int] = field(default_factory=dict)
 
 
 class JobStore:
@@ -390,14 +373,6 @@ class JobStore:
             lambda pipe: self.queue_finish(pipe, job_id, fence, result, logged)
         )
         return finish_outcome(reply) is True
-
-
-def finish_outcome(reply: Any) -> bool | int:
-    """A ``queue_finish`` reply: True stored, False not this worker's lease, or the replay
-    log's length when it is shorter than the tokens the worker sent (nothing stored)."""
-    if isinstance(reply, list):
-        return int(reply[0])
-    return bool(reply)
 
 
 def _cancel_outcome(reply: str) -> CancelOutcome:
