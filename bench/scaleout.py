@@ -54,7 +54,8 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
     from trickle.events import TokenEvent
     from trickle.jobs import FinishReason, JobResult, JobStatus
     from trickle.store.job_store import JobStore
-    from worker.publisher import TokenItem, TokenPublisher
+    from worker.publish_items import TokenItem
+    from worker.publisher import TokenPublisher
 
     store = JobStore(_client(url), 600, 600)
     fences = {

@@ -101,7 +101,8 @@ def embedded_redis(settings: Settings, data_dir: Path) -> Child | str:
         return f"port {port} is taken; set TRICKLE_REDIS_URL or free it"
 
     def launch() -> Process:
-        return start_redis(port, data_dir / "redis", new_session=True)
+        fsync = ("--appendfsync", settings.redis.appendfsync)
+        return start_redis(port, data_dir / "redis", extra_args=fsync, new_session=True)
 
     return Child("redis", "redis", launch, port=port, essential=True)
 

@@ -28,6 +28,7 @@ class FaultStack:
     web_url: str = ""
     web_process: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    redis_args: tuple[str, ...] = ()  # given to redis-server at every start
 
     @property
     def redis_url(self) -> str:
@@ -47,7 +48,9 @@ class FaultStack:
         stop_redis(self.redis_process)
 
     def start_redis(self, append_only: bool) -> None:
-        self.redis_process = start_redis(self.redis_port, self.redis_dir, append_only=append_only)
+        self.redis_process = start_redis(
+            self.redis_port, self.redis_dir, append_only=append_only, extra_args=self.redis_args
+        )
 
     def stop_workers(self) -> None:
         for process in self.workers:
@@ -64,11 +67,15 @@ class FaultStack:
 
 
 def build_fault_stack(
-    root: Path, models_toml: str, settings_toml: str, append_only: bool = False
+    root: Path,
+    models_toml: str,
+    settings_toml: str,
+    append_only: bool = False,
+    redis_args: tuple[str, ...] = (),
 ) -> FaultStack:
     port = free_port()
     redis_dir = root / "redis"
-    process = start_redis(port, redis_dir, append_only=append_only)
+    process = start_redis(port, redis_dir, append_only=append_only, extra_args=redis_args)
     config = root / "faults.toml"
     config.write_text(
         f'default_model = "demo"\n[redis]\nurl = "redis://127.0.0.1:{port}/0"\n'
@@ -76,7 +83,7 @@ def build_fault_stack(
     )
     log_dir = root / "logs"
     log_dir.mkdir()
-    faults = FaultStack(config, port, redis_dir, log_dir, process)
+    faults = FaultStack(config, port, redis_dir, log_dir, process, redis_args=redis_args)
     web_port = free_port()
     try:
         faults.web_process = stack.start_web(config, web_port, log_dir)

@@ -50,6 +50,8 @@ class WorkerDuties:
     slot_usage: Callable[[], dict[str, tuple[int, int]]]
     requeue: Callable[[str], str]  # job id -> its model, after putting it back on its queue
     queue_depth: Callable[[str], int]  # model -> tasks waiting in its queue (the broker's)
+    # Called when Redis answers with another run_id: it restarted, and may have lost writes.
+    redis_restarted: Callable[[], None] = lambda: None
 
     @property
     def lease_ms(self) -> int:
@@ -70,6 +72,7 @@ class Maintenance:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trickle-maintenance", daemon=True)
         self._next: dict[str, float] = {}
+        self._run_id = ""  # the Redis server's, as the last heartbeat found it
 
     def start(self) -> None:
         try:
@@ -131,7 +134,21 @@ class Maintenance:
         ttl = runtime.settings.worker.heartbeat_ttl_seconds
         usage, idle_since = runtime.slot_usage(), runtime.in_flight.idle_since()
         capacity.publish_slots(pipe, runtime.node_name, usage, idle_since, ttl)
-        pipe.execute()
+        if runtime.store.cluster:  # a cluster's nodes each have their own run_id
+            pipe.execute()
+            return
+        pipe.info("server")
+        *written, info = pipe.execute(raise_on_error=False)
+        for reply in written:
+            if isinstance(reply, Exception):
+                raise reply
+        if not isinstance(info, dict):  # INFO refused (an ACL): no restarts noticed, no noise
+            return
+        run_id = str(info.get("run_id", ""))
+        if self._run_id and run_id != self._run_id:
+            log.warning("Redis restarted (run_id %s, was %s)", run_id, self._run_id)
+            runtime.redis_restarted()
+        self._run_id = run_id
 
     def renew_leases(self) -> None:
         runtime = self._runtime

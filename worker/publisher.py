@@ -16,6 +16,12 @@ first token is untouched. The interval grows with the number of jobs flushed tog
 messages under ``max_messages_per_second``, up to ``max_interval_seconds``: under load the
 serving path's CPU goes to the engine instead of to messages, while a lone stream keeps the
 floor's smoothness.
+
+Redis can acknowledge writes and then lose them (a crash before its append-only file had them):
+a job's replay log shorter than the tokens sent, or a final state gone. The publisher keeps what
+it sent (``kept_tokens``), restores a log its scripts find short before the next tokens or the
+job's end, and sends the final states stored lately again when Redis restarted, so no reader
+ever gets a job's end before all of its tokens.
 """
 
 from __future__ import annotations
@@ -25,14 +31,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import redis
 
-from trickle.events import TokenEvent
 from trickle.jobs import JobResult
-from trickle.store.job_store import JobStore, StepAppend
+from trickle.store.job_store import JobStore, StepAppend, finish_outcome
+from worker.kept_tokens import KeptTokens
+from worker.publish_items import FinishItem, Forget, Item, Recheck, StepItem, TokenItem
 
 if TYPE_CHECKING:
     from trickle.config.sections import WorkerSettings
@@ -44,29 +51,6 @@ MAX_ITEMS_PER_FLUSH = 4096
 # first token is what a reader feels.
 UNPACED_TOKENS = 2
 RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
-
-
-class TokenItem(NamedTuple):
-    """One token on its way out (a named tuple: one is built per token on the engine thread)."""
-
-    event: TokenEvent
-    fence: str  # the lease this worker holds on the job: writes without it are refused
-    first_token_at: float | None = None
-
-
-class StepItem(NamedTuple):
-    """Every token one decoding step produced across a batch: published together."""
-
-    tokens: tuple[TokenItem, ...]
-    urgent: bool  # a job's first tokens among them: the flush goes at once
-
-
-@dataclass(frozen=True)
-class FinishItem:
-    job_id: str
-    fence: str
-    result: JobResult
-    persisted: threading.Event = field(default_factory=threading.Event)
 
 
 class TokenPublisher:
@@ -88,12 +72,15 @@ class TokenPublisher:
         self._last_flush = float("-inf")  # the last flush of every held job (a paced one)
         # Tokens drained but not yet sent, by job (in order): they wait for the paced flush.
         self._held: dict[str, list[TokenItem]] = {}
+        # Every token sent, until its final state is stored and a while after: what Redis
+        # losing its last writes takes is sent again from there.
+        self._kept = KeptTokens()
         # Set by whoever queues a first token, an end or the stop: a paced wait ends early.
         self._urgent = threading.Event()
         self._on_cancel_requested = on_cancel_requested
         self._on_lease_lost = on_lease_lost
         self._on_first_published = on_first_published
-        self._queue: queue.SimpleQueue[StepItem | FinishItem | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="trickle-publisher", daemon=True)
         self.round_trips = 0
         self._thread.start()
@@ -142,6 +129,15 @@ class TokenPublisher:
         self._urgent.set()
         return item.persisted
 
+    def forget(self, job_id: str) -> None:
+        """A job ended without a final state from this worker: drop what is kept for it."""
+        self._queue.put(Forget(job_id))
+
+    def recheck_finished(self) -> None:
+        """Redis restarted (another run_id): the final states stored lately may be lost."""
+        self._queue.put(Recheck())
+        self._urgent.set()
+
     def close(self) -> None:
         self._queue.put(None)
         self._urgent.set()
@@ -159,19 +155,29 @@ class TokenPublisher:
             else:
                 tokens = self._release(_urgent_jobs(items), items)
             finishes = [item for item in items if isinstance(item, FinishItem)]
+            self._kept.expire(now)
+            if any(isinstance(item, Recheck) for item in items):
+                finishes += [
+                    FinishItem(item.job_id, item.fence, item.result)
+                    for item in self._kept.finished_again()
+                ]
             if tokens or finishes:
                 self._flush(tokens, finishes)
+            for item in items:
+                if isinstance(item, Forget):
+                    self._held.pop(item.job_id, None)
+                    self._kept.drop(item.job_id)
 
-    def _drain(self) -> tuple[list[StepItem | FinishItem], bool]:
+    def _drain(self) -> tuple[list[Item], bool]:
         """What was queued by the time a flush is due: the paced moment, or at once for a first
         token or an end. True once the stop was queued (everything held then goes out)."""
-        items: list[StepItem | FinishItem] = []
+        items: list[Item] = []
         if not self._held:
             first = self._queue.get()  # nothing held: sleep until something comes
             if first is None:
                 return items, True
             items.append(first)
-        if not any(isinstance(item, FinishItem) or item.urgent for item in items):
+        if not any(_urgent(item) for item in items):
             pause = self._last_flush + self._interval - time.monotonic()
             if pause > 0:
                 # Steps queue up meanwhile without waking this thread (no GIL hand-off per step).
@@ -187,9 +193,7 @@ class TokenPublisher:
             items.append(item)
         return items, False
 
-    def _release(
-        self, jobs: set[str] | None, items: list[StepItem | FinishItem]
-    ) -> list[list[TokenItem]]:
+    def _release(self, jobs: set[str] | None, items: list[Item]) -> list[list[TokenItem]]:
         """Hold the new tokens, then take out those of ``jobs`` (every job: None): each job's
         tokens in order, one list per job."""
         held = self._held
@@ -208,33 +212,67 @@ class TokenPublisher:
         return [held.pop(job_id) for job_id in jobs if job_id in held]
 
     def _flush(self, tokens: list[list[TokenItem]], finishes: list[FinishItem]) -> None:
+        self._kept.add(tokens)
         appends = [_append_of(job_tokens) for job_tokens in tokens]
+        while appends or finishes:  # more than one round only where Redis lost tokens
+            appends, finishes = self._send(appends, finishes)
+
+    def _send(
+        self, appends: list[StepAppend], finishes: list[FinishItem]
+    ) -> tuple[list[StepAppend], list[FinishItem]]:
+        """One round trip; returns the tokens to send again where a job's log lost some, and
+        the final states held back until they are there."""
         calls = 0
+        logged = [self._kept.count(item.job_id) for item in finishes]
 
         def build(pipe: Any) -> None:
             nonlocal calls
             if appends:
                 calls = self._store.queue_step(pipe, appends)
-            for item in finishes:
-                self._store.queue_finish(pipe, item.job_id, item.fence, item.result)
+            for item, least in zip(finishes, logged, strict=True):
+                self._store.queue_finish(pipe, item.job_id, item.fence, item.result, least)
 
         replies = self._execute_with_retry(build)
         self.round_trips += 1
+        short: dict[str, int] = {}
         if appends:
             outcome = self._store.step_outcome(appends, *replies[:calls])
             for job_id in outcome.cancel_requested:
                 self._on_cancel_requested(job_id)
             for job_id in outcome.fenced_out:
+                self._kept.drop(job_id)
                 self._on_lease_lost(job_id)
+            short.update(outcome.short_logs)
             if self._on_first_published is not None:
                 stored = time.time()
                 for append in appends:
                     if append.first_token_at is not None:
                         self._on_first_published(append.job_id, stored)
-        for item, stored in zip(finishes, replies[calls:], strict=True):
-            if not stored:
-                log.warning("final state of %s not stored: this worker lost its lease", item.job_id)
-            item.persisted.set()
+        held_back: list[FinishItem] = []
+        for item, reply in zip(finishes, replies[calls:], strict=True):
+            outcome_of_finish = finish_outcome(reply)
+            if isinstance(outcome_of_finish, bool):
+                self._kept.stored(item, outcome_of_finish, time.monotonic())
+                item.persisted.set()
+            else:
+                short[item.job_id] = min(
+                    short.get(item.job_id, outcome_of_finish), outcome_of_finish
+                )
+                held_back.append(item)
+        repairs = [
+            repair for job_id, length in short.items() if (repair := self._repair(job_id, length))
+        ]
+        return repairs, held_back
+
+    def _repair(self, job_id: str, length: int) -> StepAppend | None:
+        """The tokens a job's log lost, from ``length`` on, to send again. None where it lost
+        some this worker never sent: the job stops, its lease's lapse resumes it from the log as
+        after a crash, and its final state no longer waits for them."""
+        tokens = self._kept.missing(job_id, length)
+        if tokens is None:
+            self._on_lease_lost(job_id)
+            return None
+        return _append_of(tokens)  # with its first token's time, if that was lost too
 
     def _execute_with_retry(self, build: Callable[[Any], None]) -> list[Any]:
         """Redis being away must not lose tokens: retry the same flush until it lands."""
@@ -255,13 +293,18 @@ class TokenPublisher:
                 attempt += 1
 
 
-def _urgent_jobs(items: list[StepItem | FinishItem]) -> set[str]:
+def _urgent(item: Item) -> bool:
+    """An item whose flush goes at once: an end, or a step with a job's first tokens."""
+    return isinstance(item, FinishItem) or (isinstance(item, StepItem) and item.urgent)
+
+
+def _urgent_jobs(items: list[Item]) -> set[str]:
     """Jobs whose tokens must go out now: a first token among them, or their end."""
     jobs: set[str] = set()
     for item in items:
         if isinstance(item, FinishItem):
             jobs.add(item.job_id)
-        elif item.urgent:
+        elif isinstance(item, StepItem) and item.urgent:
             jobs.update(
                 token.event.job_id
                 for token in item.tokens

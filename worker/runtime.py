@@ -114,6 +114,7 @@ class WorkerRuntime:
             self.slot_usage,
             self.requeue,
             queue_depth or (lambda model: 0),
+            self.publisher.recheck_finished,
         )
         self.maintenance = Maintenance(self.duties)
 
@@ -282,6 +283,7 @@ class WorkerRuntime:
         state = scheduled.state
         if scheduled.handed_back or state.error is LEASE_LOST:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
+            self.publisher.forget(job.id)
             return
         if scheduled.error is not None or state.error is not None:
             error = state.error or JobError("engine_error", str(scheduled.error))

@@ -17,7 +17,7 @@ from tests.faultstack import wait_for
 from trickle import keys
 from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
-from trickle.store.job_store import JobStore, StepAppend, StepOutcome
+from trickle.store.job_store import JobStore, StepAppend, StepOutcome, finish_outcome
 from trickle.store.leases import Claim
 
 
@@ -134,14 +134,35 @@ def test_a_stale_append_past_the_end_of_the_log_is_refused(store: JobStore) -> N
     assert log(store, job.id) == [0, 1]
 
 
-def test_an_append_that_would_leave_a_gap_is_refused(store: JobStore) -> None:
-    # Position in the log is the token index: entries 5.. cannot follow entry 1.
+def test_an_append_that_would_leave_a_gap_is_refused_and_names_the_logs_length(
+    store: JobStore,
+) -> None:
+    # Position in the log is the token index: entries 5.. cannot follow entry 1. The lease
+    # holder is told the log's length (Redis lost entries it had acknowledged: it sends them).
     job = new_job(store)
     claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
     assert append(store, [StepAppend(job.id, claim.fence, events(job.id, 0, 2))]).fenced_out == []
     gap = StepAppend(job.id, claim.fence, events(job.id, 5, 2))
-    assert append(store, [gap]).fenced_out == [job.id]
+    outcome = append(store, [gap])
+    assert outcome.fenced_out == [] and outcome.short_logs == {job.id: 2}
     assert log(store, job.id) == [0, 1]
+    # Not this worker's lease: fenced out, its log's length is none of its business.
+    forged = append(store, [StepAppend(job.id, "a:9", events(job.id, 5, 2))])
+    assert forged.fenced_out == [job.id] and forged.short_logs == {}
+
+
+def test_a_final_state_waits_for_the_tokens_its_worker_sent(store: JobStore) -> None:
+    job = new_job(store)
+    claim = store.leases.claim(job.id, "a", time.time(), lease_ms=60_000, max_attempts=5)
+    append(store, [StepAppend(job.id, claim.fence, events(job.id, 0, 2))])
+    pipe = store.redis.pipeline(transaction=False)
+    store.queue_finish(pipe, job.id, claim.fence, result("<0><1><2>", 3), logged=3)
+    (reply,) = pipe.execute()
+    assert finish_outcome(reply) == 2  # the log's length; nothing stored
+    assert store.status(job.id) is JobStatus.RUNNING
+    append(store, [StepAppend(job.id, claim.fence, events(job.id, 2, 1))])
+    assert store.finish(job.id, claim.fence, result("<0><1><2>", 3), logged=3)
+    assert store.status(job.id) is JobStatus.SUCCEEDED
 
 
 def test_a_stalled_workers_final_write_cannot_land(store: JobStore) -> None:

@@ -20,7 +20,8 @@ from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
 from trickle.store.job_store import JobStore
 from web.hub import Signal, TokenHub
-from worker.publisher import TokenItem, TokenPublisher
+from worker.publish_items import TokenItem
+from worker.publisher import TokenPublisher
 
 
 @pytest.fixture

@@ -48,6 +48,11 @@ class RedisSettings(Section):
     socket_timeout_seconds: float = 5.0
     # Per process: requests wait for a free connection rather than opening one each.
     max_connections: int = 64
+    # The embedded Redis's (``trickle up``) append-only file: "everysec" can lose the last
+    # second of acknowledged writes in a crash (tokens lost there are restored by their worker;
+    # jobs accepted there are gone), "always" loses nothing at an fsync per write. See
+    # docs/guarantees.md, Persistence.
+    appendfsync: Literal["always", "everysec", "no"] = "everysec"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -30,6 +29,9 @@ from trickle.jobs import (
     hash_fields,
     is_job_id,
 )
+from trickle.store.flush_records import StepAppend as StepAppend
+from trickle.store.flush_records import StepOutcome as StepOutcome
+from trickle.store.flush_records import finish_outcome as finish_outcome
 from trickle.store.leases import Leases
 from trickle.store.script_runner import ScriptRunner, WriteRecorder, ending_keys
 
@@ -39,22 +41,6 @@ class CancelOutcome(str, Enum):
     CANCELED = "canceled"  # it was still queued: canceled on the spot
     REQUESTED = "requested"  # it is running: the worker stops it at its next flush
     ALREADY_FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class StepAppend:
-    """One job's share of a publisher flush."""
-
-    job_id: str
-    fence: str
-    events: Sequence[TokenEvent]
-    first_token_at: float | None = None
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    fenced_out: list[str]  # jobs whose lease this worker no longer holds
-    cancel_requested: list[str]
 
 
 class JobStore:
@@ -347,16 +333,23 @@ class JobStore:
         groups = _by_shard(appends) if self.cluster else [list(appends)]
         fenced_out: list[str] = []
         cancel_requested: list[str] = []
+        short_logs: dict[str, int] = {}
         for group, reply in zip(groups, replies, strict=True):
             for position in reply:
+                if isinstance(position, list):  # {i, the log's length}
+                    short_logs[group[int(position[0]) - 1].job_id] = int(position[1])
+                    continue
                 append = group[abs(int(position)) - 1]
                 (fenced_out if int(position) < 0 else cancel_requested).append(append.job_id)
-        return StepOutcome(fenced_out=fenced_out, cancel_requested=cancel_requested)
+        return StepOutcome(fenced_out, cancel_requested, short_logs)
 
-    def queue_finish(self, pipe: Any, job_id: str, fence: str, result: JobResult) -> None:
-        """Add a job's final state to ``pipe``; ignored unless this worker holds the lease."""
+    def queue_finish(
+        self, pipe: Any, job_id: str, fence: str, result: JobResult, logged: int = 0
+    ) -> None:
+        """Add a job's final state to ``pipe``, if this worker holds the lease and the replay
+        log has ``logged`` entries (the tokens the worker sent; see ``finish_outcome``)."""
         publish = self._runner.publish
-        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, RECORD_MESSAGE]
+        args: list[Any] = [job_id, fence, self.result_ttl_seconds, publish, RECORD_MESSAGE, logged]
         for name, value in result.to_hash().items():
             args += [name, value]
         self._runner.queue_script(
@@ -374,12 +367,12 @@ class JobStore:
             args,
         )
 
-    def finish(self, job_id: str, fence: str, result: JobResult) -> bool:
+    def finish(self, job_id: str, fence: str, result: JobResult, logged: int = 0) -> bool:
         """Store a final state outside the token path (failures before generation)."""
-        (stored,) = self._runner.execute(
-            lambda pipe: self.queue_finish(pipe, job_id, fence, result)
+        (reply,) = self._runner.execute(
+            lambda pipe: self.queue_finish(pipe, job_id, fence, result, logged)
         )
-        return bool(stored)
+        return finish_outcome(reply) is True
 
 
 def _cancel_outcome(reply: str) -> CancelOutcome:

@@ -177,16 +177,19 @@ return 1
 )
 
 # One flush of token events, fenced per job: only the lease holder may append. Entries already
-# in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless;
-# entries that would leave a gap (log position must equal token index) are refused like a lost
-# fence. Each accepted job's text is appended to its output so far, and its tokens go out on its
-# own channel (nobody subscribed: Redis drops the message, nothing leaves the server).
+# in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless.
+# Entries that would leave a gap (log position must equal token index) are refused and the log's
+# length is returned: the log lost its newest entries (a Redis that restarted without its last
+# writes, a failover that lost them), and the worker, which holds every token it sent, sends
+# them again from there. Each accepted job's text is appended to its output so far, and its
+# tokens go out on its own channel (nobody subscribed: Redis drops the message).
 # KEYS: per job i: job hash, tokens list, lease, output, events channel
 # ARGV[1] = publish command; ARGV[2] = number of jobs; then per job: fence, first_token_at
 #           ('' if none), index of the first entry, k, k log entries, the text of the k entries,
 #           the job's channel message
 # Returns only the exceptions, so a normal step's reply is an empty list: -i for a job fenced
-# out (its lease is not this worker's), +i for a job whose cancel was requested.
+# out (its lease is not this worker's), +i for a job whose cancel was requested, {i, length} for
+# a job whose log is shorter than its entries' first index.
 APPEND_STEP = """
 local publish = ARGV[1]
 local jobs = tonumber(ARGV[2])
@@ -199,8 +202,13 @@ for i = 1, jobs do
   local first_index = tonumber(ARGV[a + 2])
   local k = tonumber(ARGV[a + 3])
   a = a + 4
-  local present = redis.call('LLEN', KEYS[base + 2]) - first_index
-  if redis.call('GET', KEYS[base + 3]) == fence and present >= 0 then
+  local logged = redis.call('LLEN', KEYS[base + 2])
+  local present = logged - first_index
+  if redis.call('GET', KEYS[base + 3]) ~= fence then
+    table.insert(result, -i)
+  elseif present < 0 then
+    table.insert(result, {i, logged})
+  else
     if present < k then
       -- One RPUSH per job (pieces of 1,000: unpack's limit is about 8,000 values).
       for j = present, k - 1, 1000 do
@@ -218,8 +226,6 @@ for i = 1, jobs do
       redis.call('HSET', KEYS[base + 1], 'first_token_at', first)
     end
     redis.call(publish, KEYS[base + 5], ARGV[a + k + 1])
-  else
-    table.insert(result, -i)
   end
   if redis.call('HGET', KEYS[base + 1], 'cancel_requested') == '1' then
     table.insert(result, i)
@@ -231,15 +237,20 @@ return result
 
 # Store a job's final state, fenced, and announce it with the record just stored (the log's
 # length, then READ_FIELDS; ``trickle.events.RECORD_MESSAGE``): readers that heard every token end
-# on it, where each read the job again (a round trip per stream and two per waiter).
+# on it, where each read the job again (a round trip per stream and two per waiter). Never while
+# the log is shorter than the tokens the worker sent (ARGV[6]): a reader would end without the
+# ones Redis lost; the reply is then {length} and the worker repairs the log first.
 # KEYS: job, tokens, lease, running, output, events, done
-# ARGV: id, fence, result_ttl, publish, record message prefix, then field/value pairs
+# ARGV: id, fence, result_ttl, publish, record message prefix, the log's least length, then
+#       field/value pairs. Returns 1 (stored), 0 (not this worker's lease) or {log length}.
 FINISH = (
     _ENDING
     + """
 if redis.call('GET', KEYS[3]) ~= ARGV[2] then return 0 end
+local logged = redis.call('LLEN', KEYS[2])
+if logged < tonumber(ARGV[6]) then return {logged} end
 local fields = {}
-for i = 6, #ARGV do table.insert(fields, ARGV[i]) end
+for i = 7, #ARGV do table.insert(fields, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HDEL', KEYS[1], 'owner')
 local ttl = kept(KEYS[1], ARGV[3])
@@ -251,7 +262,7 @@ redis.call('ZREM', KEYS[4], ARGV[1])
 local record = redis.call('HMGET', KEYS[1], """
     + _READ_FIELDS_LUA
     + """)
-table.insert(record, 1, redis.call('LLEN', KEYS[2]))
+table.insert(record, 1, logged)
 announce(ARGV[4], KEYS[6], KEYS[7], ARGV[5] .. cjson.encode(record))
 return 1
 """

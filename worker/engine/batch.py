@@ -19,7 +19,7 @@ from trickle.jobs import FinishReason, JobError
 from worker.engine import EngineRequest, StepClock
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
-from worker.publisher import TokenItem
+from worker.publish_items import TokenItem
 
 log = logging.getLogger(__name__)
 
