@@ -44,7 +44,8 @@ from trickle.config.settings import PROJECT_ROOT
 from trickle.store.job_store import JobStore
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler
-from worker.publisher import TokenItem, TokenPublisher
+from worker.publish_items import TokenItem
+from worker.publisher import TokenPublisher
 
 
 class TokenTimes:

@@ -26,7 +26,7 @@ from trickle.events import TokenEvent
 from worker.engine.batch import RunningBatch, StepSink
 from worker.engine.policy import batches_with, restart_fill
 from worker.engine.scheduled import ScheduledJob
-from worker.publisher import TokenItem
+from worker.publish_items import TokenItem
 
 
 @dataclass(frozen=True)
