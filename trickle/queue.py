@@ -128,7 +128,7 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
     models = list(models)
-    tenant_queues = TenantQueues(models, settings.keys)
+    tenant_queues = TenantQueues(models, settings.tenants)
     names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
     visibility = settings.worker.visibility_timeout_seconds
     transport: dict[str, Any] = {
@@ -262,18 +262,23 @@ class QueueReader:
         self._store = store
 
     def depth(self, model: str, tenant: str | None = None) -> int:
-        """Jobs waiting for the model: all of them, or only ``tenant``'s."""
+        """Jobs waiting for the model: all of them (every key's queues), or only ``tenant``'s."""
         queues = tenant_queues(self._app)
         names = queues.of_model(model) if tenant is None else queues.of_tenant(model, tenant)
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
-            # Declaring with the same arguments is idempotent and answers the count, on kombu's
-            # Redis transport as on RabbitMQ (a passive declaration would fail for a queue that
-            # no worker has declared yet).
+            channel = conn.default_channel
+            if not is_amqp(self._app.conf.broker_url or ""):
+                # Every queue's every priority step in one round trip: a deployment of hundreds
+                # of keys has hundreds of queues per model (a declaration each was a round trip
+                # each, on every reading of the autoscaler and the queue-full check).
+                return _lengths(channel, names, channel.priority_steps)
+            # RabbitMQ: declaring with the same arguments is idempotent and answers the count
+            # (a passive declaration would fail for a queue that no worker has declared yet).
             total = 0
             for name in names:
                 queue = self._app.amqp.queues[name]
-                total += int(queue.bind(conn.default_channel).queue_declare().message_count)
+                total += int(queue.bind(channel).queue_declare().message_count)
             return total
 
     def batch_depth(self, model: str) -> int:
@@ -284,12 +289,7 @@ class QueueReader:
         names = tenant_queues(self._app).of_model(model)
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
-            channel = conn.default_channel
-            with channel.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-                for name in names:
-                    pipe.llen(channel._q_for_pri(name, BATCH_PRIORITY))
-                return sum(int(size) for size in pipe.execute())
+            return _lengths(conn.default_channel, names, (BATCH_PRIORITY,))
 
     def oldest_queued_seconds(self, model: str, now: float) -> float:
         """Age of the model's oldest queued job, from the queued index (by deadline)."""
@@ -303,3 +303,13 @@ class QueueReader:
             if found_model == model and created is not None:
                 return max(now - float(created), 0.0)
         return 0.0
+
+
+def _lengths(channel: Any, names: Iterable[str], priorities: Iterable[int]) -> int:
+    """Messages in kombu's Redis lists of ``names`` at ``priorities``, in one round trip."""
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            for priority in priorities:
+                pipe.llen(channel._q_for_pri(name, priority))
+        return sum(int(size) for size in pipe.execute())

@@ -65,7 +65,7 @@ class Services:
             queues=queues,
             admission_depth=AdmissionDepth(queues.depth),
             tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
-            tenants=TenantTable(settings.keys),
+            tenants=TenantTable(settings.tenants),
         )
 
     def close(self) -> None:

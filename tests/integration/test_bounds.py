@@ -18,6 +18,7 @@ from tests.metrics_text import parse_samples
 from trickle import keys
 from trickle.config.sections import AuthSettings, LimitSettings, RateLimitSettings
 from trickle.config.settings import Settings
+from trickle.queue import tenant_queues
 from web.services import services
 
 LIMIT = 6
@@ -48,10 +49,11 @@ def client(
     app = make_app(bounded_settings)
 
     def empty() -> None:
-        queue = keys.model_queue("bound")
         celery = services(app).celery
         with celery.connection_for_write() as conn:
-            celery.amqp.queues[queue].bind(conn.default_channel).purge()
+            # Each key's jobs wait on its own queue (every key is a tenant).
+            for queue in tenant_queues(celery).of_model("bound"):
+                celery.amqp.queues[queue].bind(conn.default_channel).purge()
 
     empty()
     yield app.test_client()
