@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,7 +64,11 @@ class FaultStack:
 
 
 def build_fault_stack(
-    root: Path, models_toml: str, settings_toml: str, append_only: bool = False
+    root: Path,
+    models_toml: str,
+    settings_toml: str,
+    append_only: bool = False,
+    web_env: Mapping[str, str] | None = None,
 ) -> FaultStack:
     port = free_port()
     redis_dir = root / "redis"
@@ -79,7 +83,7 @@ def build_fault_stack(
     faults = FaultStack(config, port, redis_dir, log_dir, process)
     web_port = free_port()
     try:
-        faults.web_process = stack.start_web(config, web_port, log_dir)
+        faults.web_process = stack.start_web(config, web_port, log_dir, extra_env=web_env)
     except Exception:
         stop_redis(process)
         raise

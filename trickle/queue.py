@@ -128,7 +128,10 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
     models = list(models)
-    tenant_queues = TenantQueues(models, settings.tenants)
+    # One key alone keeps the model's queue (a named key's table still gives it its own).
+    tenant_queues = TenantQueues(
+        models, settings.tenants if settings.shares_slots else settings.keys
+    )
     names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
     visibility = settings.worker.visibility_timeout_seconds
     transport: dict[str, Any] = {

@@ -8,7 +8,7 @@ import pytest
 
 from trickle import keys
 from trickle.config.settings import ConfigError, Settings, settings_from_dict
-from trickle.queue import TenantQueues
+from trickle.queue import TenantQueues, make_celery, tenant_queues
 from trickle.tenants import DEFAULT_TENANT, TenantTable
 
 MODELS = {"demo": {"path": "/m/demo"}, "big": {"path": "/m/big"}}
@@ -140,6 +140,9 @@ def test_without_keys_every_caller_is_the_one_default_tenant() -> None:
     ]
     one = with_keys({}, auth={"api_keys": ["only"]})
     assert len(one.tenants) == 1 and not one.shares_slots  # one key is served as one tenant
+    assert tenant_queues(make_celery(one, one.models)).of_model("demo") == ["trickle.demo"]
+    two = with_keys({}, auth={"api_keys": ["one", "two"]})
+    assert len(tenant_queues(make_celery(two, two.models)).of_model("demo")) == 3
 
 
 def test_a_named_key_may_not_take_a_plain_keys_tenant_name() -> None:

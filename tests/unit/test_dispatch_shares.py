@@ -1,0 +1,83 @@
+"""The dispatcher's token shares: a key served more than ``lag`` tokens beyond another key at
+work waits (held, unacked, its queues paused) while the other key's jobs start; it goes on once
+that key caught up or left, and nothing fails."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.unit.test_dispatch_caps import FakeCaps, FakeRequest, wait
+from worker.dispatch import JobDispatcher, QueueSwitches
+from worker.token_shares import TokenShares
+from worker.vtc import VirtualTokenCounter
+
+
+@dataclass
+class Params:
+    max_tokens: int
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+
+
+@dataclass
+class FakeJob:
+    params: Params
+    usage: Usage = field(default_factory=lambda: Usage(0))
+
+
+@dataclass
+class FakeClaim:
+    job: FakeJob
+    claimed: bool = True
+    logged_tokens: int = 0
+
+
+MAX_TOKENS = {"a1": 100, "a2": 100, "a3": 100, "b1": 10, "b2": 10}
+
+
+def test_a_key_ahead_of_its_token_share_waits_for_the_key_behind() -> None:
+    started: list[str] = []
+    ends = {job_id: threading.Event() for job_id in MAX_TOKENS}
+
+    def run_job(job_id: str, claim: Any) -> None:
+        started.append(job_id)
+        ends[job_id].wait(5)
+
+    def claims(job_ids: list[str]) -> list[FakeClaim]:
+        return [FakeClaim(FakeJob(Params(MAX_TOKENS[job_id]))) for job_id in job_ids]
+
+    shares = TokenShares(VirtualTokenCounter(lag_tokens=100))
+    switches = FakeCaps()  # only its pause/resume/hold recorders
+    dispatcher = JobDispatcher(run_job, claims, slots=8, shares=shares)
+    dispatcher.switches = QueueSwitches(switches.pause, switches.resume, switches.hold)
+    dispatcher.start()
+    requests = {job_id: FakeRequest(job_id) for job_id in MAX_TOKENS}
+
+    def submit(job_id: str) -> None:
+        dispatcher.submit(lambda r=requests[job_id]: r, job_id[0])  # type: ignore[misc]
+
+    submit("a1")  # a alone: 200 weighted tokens
+    wait(lambda: started == ["a1"], "a1 starts")
+    submit("b1")  # b starts level with a (200), then 20 more
+    wait(lambda: "b1" in started, "b1 starts")
+    submit("a2")  # a: 200, 20 behind b: it starts (400)
+    wait(lambda: "a2" in started, "a2 starts")
+    submit("a3")  # a: 400, 180 ahead of b: it waits
+    submit("b2")
+    wait(lambda: "b2" in started, "b2 starts while a3 waits")
+    assert "a3" not in started
+    assert switches.switches == ["pause a"] and switches.held == 1
+    assert shares.counter.counter("a") == 400 and shares.counter.counter("b") == 240
+    ends["b1"].set()
+    ends["b2"].set()  # b leaves: nobody to wait for
+    wait(lambda: "a3" in started, "a3 starts once b has no work here")
+    for event in ends.values():
+        event.set()
+    assert dispatcher.join(5)
+    assert switches.switches == ["pause a", "resume a"] and switches.held == 0
+    assert all(request.acked for request in requests.values())
