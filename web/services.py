@@ -45,7 +45,11 @@ class Services:
     tracing: Tracing = field(default_factory=Tracing.disabled)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # ``threading.Lock`` looked up when a Services is built, not when this module is imported:
+    # gunicorn's config imports ``web`` before gevent patches ``threading``, and a real lock
+    # held across ``stream_tokens``' Redis read blocked the whole process (every greenlet, the
+    # holder too) when two requests asked for their first stream URL at once.
+    _lock: threading.Lock = field(default_factory=lambda: threading.Lock())
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
