@@ -232,16 +232,15 @@ class JobDispatcher:
             return set(job_ids)
 
     def _rivals(self, tenant: str) -> list[str]:
-        """The other keys at work here that could take a slot ``tenant`` leaves: none of
-        their jobs held, and below ``key_slots``."""
+        """The other keys at work here, whose jobs take the engine rows ``tenant``'s job would
+        (a key held at ``key_slots`` has that many jobs here, enough to fill the lanes), except
+        a key held at its ``max_running_jobs``: waiting for it could leave rows idle."""
+        capped = self.caps.capped if self.caps is not None else (lambda _: False)
         with self._lock:
             return [
                 other
                 for other, count in self._per_key.items()
-                if count > 0
-                and other != tenant
-                and other not in self._held
-                and not (self.key_slots and count >= self.key_slots)
+                if count > 0 and other != tenant and not (other in self._held and capped(other))
             ]
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:

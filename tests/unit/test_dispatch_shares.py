@@ -37,7 +37,7 @@ class FakeClaim:
     logged_tokens: int = 0
 
 
-MAX_TOKENS = {"a1": 100, "a2": 100, "a3": 100, "b1": 10, "b2": 10}
+MAX_TOKENS = {"a1": 100, "a2": 100, "a3": 100, "b1": 10, "b2": 10, "b3": 10, "b4": 10}
 
 
 def test_a_key_ahead_of_its_token_share_waits_for_the_key_behind() -> None:
@@ -80,4 +80,43 @@ def test_a_key_ahead_of_its_token_share_waits_for_the_key_behind() -> None:
         event.set()
     assert dispatcher.join(5)
     assert switches.switches == ["pause a", "resume a"] and switches.held == 0
+    assert all(requests[job_id].acked for job_id in started)
+
+
+def test_a_key_held_at_its_slots_still_holds_back_a_key_ahead_of_it() -> None:
+    """B has as many jobs here as ``key_slots`` (its next one held): those fill the rows A's job
+    would take, so A, ahead of B, still waits (leaving B out as a held key let A in)."""
+    started: list[str] = []
+    ends = {job_id: threading.Event() for job_id in MAX_TOKENS}
+
+    def run_job(job_id: str, claim: Any) -> None:
+        started.append(job_id)
+        ends[job_id].wait(5)
+
+    def claims(job_ids: list[str]) -> list[FakeClaim]:
+        return [FakeClaim(FakeJob(Params(MAX_TOKENS[job_id]))) for job_id in job_ids]
+
+    shares = TokenShares(VirtualTokenCounter(lag_tokens=100))
+    switches = FakeCaps()
+    dispatcher = JobDispatcher(run_job, claims, slots=8, key_slots=3, shares=shares)
+    dispatcher.switches = QueueSwitches(switches.pause, switches.resume, switches.hold)
+    dispatcher.start()
+    requests = {job_id: FakeRequest(job_id) for job_id in MAX_TOKENS}
+    for job_id in ("a1", "b1", "a2", "b2", "b3"):
+        dispatcher.submit(lambda r=requests[job_id]: r, job_id[0])  # type: ignore[misc]
+        wait(lambda job_id=job_id: job_id in started, f"{job_id} starts")  # type: ignore[misc]
+    # a: 400 (2 jobs of its 3 slots), b: 260 and at its 3 slots: b's fourth job is held, then
+    # a3 (a 140 ahead) too.
+    dispatcher.submit(lambda: requests["b4"], "b")  # type: ignore[arg-type, return-value]
+    wait(lambda: switches.held == 1, "b4 held at b's key_slots")
+    dispatcher.submit(lambda: requests["a3"], "a")  # type: ignore[arg-type, return-value]
+    wait(lambda: switches.held == 2, "a3 held behind b")
+    assert "a3" not in started
+    ends["b1"].set()
+    wait(lambda: "b4" in started, "b4 takes b1's slot")
+    assert "a3" not in started
+    for event in ends.values():
+        event.set()
+    wait(lambda: "a3" in started, "a3 starts once b has no work here")
+    assert dispatcher.join(5)
     assert all(request.acked for request in requests.values())
