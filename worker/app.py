@@ -88,8 +88,17 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         lane_slots, reserve_slots = worker_slots(settings)
         shares = None
         if settings.shares_slots and settings.worker.share_lag_tokens > 0:
+            served = settings.served_models()
+
+            def backlog(tenant: str) -> bool:
+                try:
+                    return any(queues.depth(model, tenant) for model in served)
+                except Exception:  # the broker away: wait for nobody
+                    log.warning("key %s: queue depth unreadable", tenant, exc_info=True)
+                    return False
+
             shares = TokenShares(
-                VirtualTokenCounter(settings.worker.share_lag_tokens, tenants.weight)
+                VirtualTokenCounter(settings.worker.share_lag_tokens, tenants.weight), backlog
             )
         self.dispatcher = JobDispatcher(
             runtime.run_job,

@@ -217,7 +217,7 @@ class JobDispatcher:
 
     def _admissible(self, tenant: str, job_ids: list[str]) -> set[str]:
         """Of a key's waiting jobs (in order), those that may start now."""
-        if self.shares is not None and self.shares.must_wait(tenant, self._rivals(tenant)):
+        if self.shares is not None and self.shares.must_wait(tenant, *self._rivals(tenant)):
             return set()
         if self.key_slots:
             with self._lock:
@@ -231,17 +231,19 @@ class JobDispatcher:
             log.exception("key %s: running-job cap unreadable; its jobs start", tenant)
             return set(job_ids)
 
-    def _rivals(self, tenant: str) -> list[str]:
-        """The other keys at work here, whose jobs take the engine rows ``tenant``'s job would
-        (a key held at ``key_slots`` has that many jobs here, enough to fill the lanes), except
-        a key held at its ``max_running_jobs``: waiting for it could leave rows idle."""
+    def _rivals(self, tenant: str) -> tuple[list[str], set[str]]:
+        """The other keys at work here that could take the engine rows ``tenant``'s job would,
+        and those of them with jobs held here. A key held at its ``max_running_jobs`` is no
+        rival (waiting for it could leave rows idle); one held at ``key_slots`` is (its jobs
+        here fill the lanes)."""
         capped = self.caps.capped if self.caps is not None else (lambda _: False)
         with self._lock:
-            return [
+            rivals = [
                 other
                 for other, count in self._per_key.items()
                 if count > 0 and other != tenant and not (other in self._held and capped(other))
             ]
+        return rivals, set(self._held)
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         try:

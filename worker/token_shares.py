@@ -2,14 +2,20 @@
 
 A job is charged when this worker claims it, at its prompt plus ``max_tokens`` (what it may
 still cost: a long job counts as long from its start, not only once it has run), and the
-charge is corrected when it ends to the tokens it was served. Which keys are at work, and which
-could take a freed slot, is the dispatcher's to say (its keys' running and held jobs).
+charge is corrected when it ends to the tokens it was served. Which keys are at work here is
+the dispatcher's to say (their running and held jobs).
+
+A key ahead of its share waits only for a key that wants more than it has: one with jobs held
+here, or with jobs waiting in its queues (``backlog``, a broker read made only when a key is
+that far ahead). A key at work with one short job and nothing queued holds nobody back, so a
+flood beside a light key keeps every row busy (work-conserving, as the paper's VTC, which
+serves the least-served key *with queued requests*).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from worker.vtc import VirtualTokenCounter, job_cost
@@ -37,8 +43,12 @@ def _served(claim: Any, estimate: float) -> float:
 class TokenShares:
     """Token counters of the keys with work on this worker; thread-safe."""
 
-    def __init__(self, counter: VirtualTokenCounter):
+    def __init__(
+        self, counter: VirtualTokenCounter, backlog: Callable[[str], bool] = lambda _: True
+    ):
+        """``backlog``: whether a key has jobs waiting in its queues (for any served model)."""
         self.counter = counter
+        self._backlog = backlog
         self._charged: dict[str, tuple[str, float]] = {}  # job id -> (its key, its charge)
         self._lock = threading.Lock()
 
@@ -49,11 +59,12 @@ class TokenShares:
             with self._lock:
                 self.counter.activate(tenant, at_work)
 
-    def must_wait(self, tenant: str, rivals: Iterable[str]) -> bool:
-        """Whether ``tenant``'s next job waits for the least-served of ``rivals`` (the other
-        keys at work here that could take a free slot)."""
+    def must_wait(self, tenant: str, rivals: Iterable[str], held: Collection[str] = ()) -> bool:
+        """Whether ``tenant``'s next job waits: a key of ``rivals`` (others at work here) is
+        served ``lag_tokens`` less and wants more (its jobs ``held`` here, or a backlog)."""
         with self._lock:
-            return self.counter.ahead(tenant, rivals)
+            behind = [rival for rival in rivals if self.counter.ahead(tenant, [rival])]
+        return any(rival in held or self._backlog(rival) for rival in behind)
 
     def order(self, tenants: Iterable[str]) -> list[str]:
         with self._lock:

@@ -37,7 +37,7 @@ class FakeClaim:
     logged_tokens: int = 0
 
 
-MAX_TOKENS = {"a1": 100, "a2": 100, "a3": 100, "b1": 10, "b2": 10, "b3": 10, "b4": 10}
+MAX_TOKENS = {"a1": 100, "a2": 100, "a3": 100, "b1": 10, "b2": 10, "b3": 10, "b4": 10, "a4": 100}
 
 
 def test_a_key_ahead_of_its_token_share_waits_for_the_key_behind() -> None:
@@ -119,4 +119,38 @@ def test_a_key_held_at_its_slots_still_holds_back_a_key_ahead_of_it() -> None:
         event.set()
     wait(lambda: "a3" in started, "a3 starts once b has no work here")
     assert dispatcher.join(5)
-    assert all(request.acked for request in requests.values())
+    assert all(requests[job_id].acked for job_id in started)
+
+
+def test_a_key_with_nothing_more_to_run_holds_nobody_back() -> None:
+    """B has one job at work and nothing queued: A, far ahead, still starts (its rows would
+    idle otherwise); once B has a backlog, A waits for it."""
+    started: list[str] = []
+    ends = {job_id: threading.Event() for job_id in MAX_TOKENS}
+    backlog = {"b": False}
+
+    def run_job(job_id: str, claim: Any) -> None:
+        started.append(job_id)
+        ends[job_id].wait(5)
+
+    def claims(job_ids: list[str]) -> list[FakeClaim]:
+        return [FakeClaim(FakeJob(Params(MAX_TOKENS[job_id]))) for job_id in job_ids]
+
+    shares = TokenShares(VirtualTokenCounter(lag_tokens=100), lambda tenant: backlog[tenant])
+    switches = FakeCaps()
+    dispatcher = JobDispatcher(run_job, claims, slots=8, shares=shares)
+    dispatcher.switches = QueueSwitches(switches.pause, switches.resume, switches.hold)
+    dispatcher.start()
+    requests = {job_id: FakeRequest(job_id) for job_id in MAX_TOKENS}
+    for job_id in ("a1", "b1", "a2", "a3"):  # a3: a 180 ahead of b, whose queue is empty
+        dispatcher.submit(lambda r=requests[job_id]: r, job_id[0])  # type: ignore[misc]
+        wait(lambda job_id=job_id: job_id in started, f"{job_id} starts")  # type: ignore[misc]
+    backlog["b"] = True
+    dispatcher.submit(lambda: requests["a4"], "a")  # type: ignore[arg-type, return-value]
+    wait(lambda: switches.held == 1, "a's next job waits for b's backlog")
+    assert "a4" not in started
+    for event in ends.values():
+        event.set()
+    wait(lambda: "a4" in started, "a4 starts once b has no work here")
+    assert dispatcher.join(5)
+    assert all(requests[job_id].acked for job_id in started)
