@@ -17,8 +17,9 @@ Priority is Celery's own, per broker:
   serves higher numbers first, so the Trickle priority is sent inverted (``broker_priority``).
   Quorum queues have no priorities before RabbitMQ 4.0 (Debian 12 ships 3.10).
 
-Fair shares between named keys (``[keys.<name>]``) come from queues too: each key has its own
-queue per model (``weight`` of them), and every worker consumes them all. On Redis kombu's
+Fair shares between keys come from queues too: with two keys or more (named ``[keys.<name>]``
+or ``[auth] api_keys``, trickle/tenants.py) each key has its own queue per model (``weight`` of
+them), and every worker consumes them all. On Redis kombu's
 ``queue_order_strategy = "round_robin"`` rotates the queue it just took from to the end of the
 next BRPOP's list, within each priority step: a key's backlog delays another key's job by at
 most one fetch (one freed slot) per worker, whatever its length, and a key of weight w, with w
@@ -26,8 +27,9 @@ queues, gets w turns per round. A worker prefetches no more than its slots (acks
 the job ends), so fetch order is run order. On RabbitMQ a worker consumes its queues on one
 channel with a prefetch window; the broker sends from whichever queue has messages as the
 window frees, with no promise of turns between queues (in practice it alternates), and a
-message's priority orders only its own queue. Anonymous callers and ``[auth] api_keys`` keep
-the model's one queue, so the single-tenant path is what it was.
+message's priority orders only its own queue. Anonymous callers (no keys), and one key alone,
+keep the model's one queue, so the single-tenant path is what it was. Turns count jobs; the
+workers count tokens too (worker/vtc.py).
 
 Either way the engine's scheduler puts interactive jobs first in its next batch.
 
@@ -83,7 +85,7 @@ def _queue(name: str, amqp: bool) -> Queue:
 
 class TenantQueues:
     """The Celery queues of each model: its own (the default tenant's) and one per weight unit
-    of each named key allowed on it. A key's jobs are spread over its queues in turn."""
+    of each key allowed on it. A key's jobs are spread over its queues in turn."""
 
     def __init__(self, models: Iterable[str], named: Mapping[str, KeySettings]):
         self._queues: dict[tuple[str, str], list[str]] = {}
@@ -123,7 +125,7 @@ class TenantQueues:
 
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
-    """The Celery app on ``settings.broker_url``, with one queue per model (per named key and
+    """The Celery app on ``settings.broker_url``, with one queue per model (per key and
     model, too; see TenantQueues) and the webhooks'."""
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
@@ -142,10 +144,10 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "unacked_restore_interval": max(1, min(10, visibility // 3)),
         "unacked_restore_throttle": 1,
         "priority_steps": list(PRIORITY_STEPS),
-        # Turns between queues (named keys' fair shares); priority steps still come first.
+        # Turns between queues (keys' fair shares); priority steps still come first.
         "queue_order_strategy": "round_robin",
         # Messages waiting behind a BRPOP come in one round trip (trickle/store/redis_transport.py),
-        # except where named keys' queues take turns.
+        # except where keys' queues take turns.
         redis_transport.DRAIN_OPTION: (
             DRAIN_MAX if len(tenant_queues.names()) == len(models) else 0
         ),
@@ -208,7 +210,7 @@ def enqueue_generation(
     tenant: str = DEFAULT_TENANT,
     declare: bool = True,
 ) -> None:
-    """Publish the job's task on its model's queue (its key's, for a named key). Many sends in
+    """Publish the job's task on its model's queue (its key's, with two keys or more). Many sends in
     a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each.
 
     ``declare=False`` skips kombu's declaration of the queue: on kombu's Redis transport a task
