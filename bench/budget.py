@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import models
 from bench.engine_limit import load_generator, stream_once
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import HOST, Stack
-from bench.stats import percentile, summary
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import HOST, Stack
+from bench.harness.stats import percentile, summary
 from tests.otlp_sink import ReceivedSpan, SpanSink
 from trickle.config.sections import available_cores
 from trickle.config.settings import PROJECT_ROOT

@@ -1,7 +1,7 @@
 """What a delivered token costs the serving path, per process, during a burst.
 
     .venv/bin/python -m bench.burst_cost [--model demo] [--clients 16] [--max-tokens 512]
-        [--bursts 3] [--api job,ws,openai] [--profile-dir DIR]
+        [--bursts 3] [--api job,ws,openai,messages] [--profile-dir DIR]
 
 Starts the stack as ``bench.load`` does and, for each API in turn (native SSE, WebSocket,
 streamed OpenAI chat) on the same stack, sends ``--clients`` streaming requests within 50 ms
@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import models
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.profiling import profiled
+from bench.harness.stack import Stack, cpu_of, process_groups, us_per_token
 from bench.load import engine_burst, run_burst
-from bench.log import progress
-from bench.params import RunParams
-from bench.profiling import profiled
-from bench.stack import Stack, cpu_of, process_groups, us_per_token
 from trickle.config.settings import PROJECT_ROOT
 
 
@@ -48,7 +48,8 @@ def measure_burst(
     )
     wall = time.monotonic() - wall_start
     after = cpu_of(groups)
-    tokens = args.clients * args.max_tokens - row["errors"] * args.max_tokens
+    # What the clients counted: a Messages stream may end before max_tokens (no ignore_eos).
+    tokens = row["tokens"]
     cost = {name: (after[name] - before[name]) for name in groups}
     row["cpu_s"] = {k: round(v, 3) for k, v in cost.items()}
     row["us_per_token"] = us_per_token(cost, tokens)
@@ -91,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--bursts", type=int, default=3)
-    parser.add_argument("--api", default="job,ws,openai", help="job (SSE), ws, openai (chat)")
+    parser.add_argument(
+        "--api", default="job,ws,openai", help="job (SSE), ws, openai (chat), messages (Anthropic)"
+    )
     parser.add_argument("--window-ms", type=float, default=50.0)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the stack")
     parser.add_argument("--profile-dir", type=Path, default=None)

@@ -29,12 +29,12 @@ from typing import Any
 
 import redis
 
-from bench import models
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import Stack
+from bench.harness.stats import percentile
 from bench.load import Connections, _exchange
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import Stack
-from bench.stats import percentile
 from trickle import keys
 from trickle.config.settings import PROJECT_ROOT
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import redis
 
-from bench.log import progress
-from bench.models import prepare
+from bench.harness.log import progress
+from bench.harness.models import prepare
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
 from trickle.config.sections import ModelSettings

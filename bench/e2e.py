@@ -15,10 +15,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.httpio import SseEvent, follow_sse, parse_sse_block, request
-from bench.log import progress
-from bench.stack import CpuMeter
-from bench.stats import summary
+from bench.harness.httpio import SseEvent, follow_sse, parse_sse_block, request
+from bench.harness.log import progress
+from bench.harness.stack import CpuMeter
+from bench.harness.stats import summary
 
 STREAM_TIMEOUT_SECONDS = 600.0
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import ctranslate2
 
-from bench.log import progress
-from bench.models import PreparedModel
-from bench.params import RunParams
-from bench.stats import median, summary
+from bench.harness.log import progress
+from bench.harness.models import PreparedModel
+from bench.harness.params import RunParams
+from bench.harness.stats import median, summary
 from worker.engine.model_hints import resolve_compute_type
 
 

@@ -4,8 +4,8 @@ For each M, on a freshly started web process:
 
 1. submit ``jobs`` long jobs while no worker serves the model, so they wait in the queue;
 2. measure the web worker's RSS and Redis's client count (the baseline), then connect M readers
-   (``bench.fanout_client``, another process) spread over those jobs, so that every reader sees
-   every token live from index 0;
+   (``bench.harness.fanout_client``, another process) spread over those jobs, so that every
+   reader sees every token live from index 0;
 3. measure RSS, Redis clients and ``/healthz`` latency with M idle streams open;
 4. start a worker: the jobs run; over a ``window`` of seconds measure the tokens delivered to all
    readers and the tokens the jobs generated (their replay logs' lengths), then RSS, Redis
@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
-from bench.httpio import post_json, probe
-from bench.log import progress
+from bench.harness.httpio import post_json, probe
+from bench.harness.log import progress
+from bench.harness.stack import HOST, CpuMeter, Stack, rss_kib
+from bench.harness.stats import summary
 from bench.roundtrips import command_calls
-from bench.stack import HOST, CpuMeter, Stack, rss_kib
-from bench.stats import summary
 from trickle import keys
 from trickle.config.settings import PROJECT_ROOT
 
@@ -43,7 +43,8 @@ class ClientProcess:
 
     def __init__(self, port: int, jobs: list[str], readers: int, log: IO[bytes]):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.fanout_client", "--host", HOST, "--port", str(port),
+            [sys.executable, "-m", "bench.harness.fanout_client",
+             "--host", HOST, "--port", str(port),
              "--jobs", ",".join(jobs), "--readers", str(readers)],
             cwd=PROJECT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
         )  # fmt: skip

@@ -33,11 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench import models
-from bench.log import progress
-from bench.params import RunParams
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import BIN, HOST, Stack, child_pids, cpu_of, process_groups
 from bench.request_cost import PROMPT, follow_stream, post_job
-from bench.stack import BIN, HOST, Stack, child_pids, cpu_of, process_groups
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.settings import PROJECT_ROOT
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from bench import models
+from bench.harness import models
 from bench.scheduler_burst import claimed_job
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.sections import ModelSettings

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import models
 from bench.engine_limit import load_generator
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import HOST, Stack, cpu_of, process_groups, us_per_token
-from bench.stats import percentile
-from bench.ws import follow_job_ws
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import HOST, Stack, cpu_of, process_groups, us_per_token
+from bench.harness.stats import percentile
+from bench.harness.ws import follow_job_ws
 from trickle.config.settings import PROJECT_ROOT
 
 SLO_TTFT_MS = 250.0
@@ -163,6 +163,32 @@ async def openai_request(conns: Connections, model: str, max_tokens: int) -> Req
     return _finished(result, start, status)
 
 
+async def messages_request(conns: Connections, model: str, max_tokens: int) -> RequestResult:
+    """A streamed Anthropic message (no ignore_eos there: a stream may end before max_tokens,
+    and its tokens are what message_delta's usage counts)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": models.PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 1.0,
+    }
+    start = time.perf_counter()
+    status, lines = await _exchange(conns, "POST", "/v1/messages", body)
+    result = RequestResult(ok=status == 200)
+    async for line in lines:
+        if not line.startswith("data: "):
+            continue
+        event = json.loads(line[6:])
+        if event["type"] == "content_block_delta" and event["delta"]["text"]:
+            result.arrivals.append(time.perf_counter())
+        elif event["type"] == "message_delta":
+            result.tokens = event["usage"]["output_tokens"]
+        elif event["type"] == "error":
+            result.ok, result.error = False, json.dumps(event["error"])[:200]
+    return _finished(result, start, status)
+
+
 async def job_request(
     conns: Connections, model: str, max_tokens: int, over_websocket: bool = False
 ) -> RequestResult:
@@ -204,9 +230,10 @@ Sender = Callable[[Connections, str, int], Coroutine[Any, Any, RequestResult]]
 
 
 def sender(api: str) -> Sender:
-    """The client of one API: ``openai`` (streamed chat), ``ws`` (a job over WebSocket), or
-    anything else: a job over SSE."""
-    return {"openai": openai_request, "ws": ws_request}.get(api, job_request)
+    """The client of one API: ``openai`` (streamed chat), ``messages`` (a streamed Anthropic
+    message), ``ws`` (a job over WebSocket), or anything else: a job over SSE."""
+    senders = {"openai": openai_request, "messages": messages_request, "ws": ws_request}
+    return senders.get(api, job_request)
 
 
 def _finished(result: RequestResult, start: float, status: int) -> RequestResult:
@@ -304,6 +331,7 @@ async def run_burst(
             "p99": percentile([gap * 1000 for r in ok for gap in r.itls_s], 99),
         },
         "aggregate_tokens_per_s": tokens / (max(ends) - min(firsts)) if ok else 0.0,
+        "tokens": tokens,
         "wall_s": time.perf_counter() - began,
     }
     progress(f"burst {api} x{clients}: {row}")

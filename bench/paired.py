@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from bench import e2e, engine_limit
-from bench.log import progress
-from bench.models import PreparedModel
-from bench.params import RunParams
-from bench.stats import median, summary
+from bench.harness.log import progress
+from bench.harness.models import PreparedModel
+from bench.harness.params import RunParams
+from bench.harness.stats import median, summary
 
 
 def measure(

@@ -6,8 +6,8 @@ The real stack (own Redis, one Celery worker, gunicorn). Each of ``--jobs`` clie
 greedy ``ignore_eos`` job, then GETs it with ``Prefer: wait=30`` until it is finished; no client
 opens a stream. Egress is Redis's ``total_net_output_bytes`` over the run (every client: web,
 worker, Celery, this script's own INFO calls), divided by the tokens the jobs generated; the
-stack reaches Redis through a byte-counting proxy (``bench.redis_meter``), which splits it by
-command. Tokens
+stack reaches Redis through a byte-counting proxy (``bench.harness.redis_meter``), which splits it
+by command. Tokens
 nobody streams should never leave Redis: what remains is the job objects, the queue and the
 worker's own round trips.
 """
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import models
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import HOST, Stack
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import HOST, Stack
 
 
 def poll_one(port: int, body: dict[str, Any], results: list[dict[str, Any]]) -> None:

@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import models
 from bench.engine_limit import load_generator
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import Stack
+from bench.harness.stats import percentile
 from bench.load import Connections, _exchange
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import Stack
-from bench.stats import percentile
 from trickle.config.settings import PROJECT_ROOT
 from trickle.tokenizer import Tokenizer
 

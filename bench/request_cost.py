@@ -33,11 +33,11 @@ from typing import Any
 
 import redis
 
-from bench import models
-from bench.log import progress
-from bench.params import RunParams
-from bench.profiling import profiled
-from bench.stack import HOST, Stack, cpu_of, process_groups, schedstat_of, schedstat_paths
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.profiling import profiled
+from bench.harness.stack import HOST, Stack, cpu_of, process_groups, schedstat_of, schedstat_paths
 from trickle import keys
 from trickle.config.settings import PROJECT_ROOT
 

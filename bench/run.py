@@ -23,11 +23,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from bench import e2e, engine_limit, fanout, models, paired, report, roundtrips
-from bench.log import progress
-from bench.params import RunParams
-from bench.stack import HOST, Stack, raise_open_files_limit, unbatched_name
-from bench.sysinfo import machine_info
+from bench import e2e, engine_limit, fanout, paired, roundtrips
+from bench.harness import models, report
+from bench.harness.log import progress
+from bench.harness.params import RunParams
+from bench.harness.stack import HOST, Stack, raise_open_files_limit, unbatched_name
+from bench.harness.sysinfo import machine_info
 from trickle.config.settings import PROJECT_ROOT
 
 DEFAULT_OUT = PROJECT_ROOT / "bench" / "results"

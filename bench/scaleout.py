@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.stats import percentile
+from bench.harness.stats import percentile
 from ops.redis_server import free_port, start_redis, stop_redis
 
 

@@ -27,10 +27,10 @@ from typing import Any
 
 import redis
 
-from bench import models
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.params import RunParams
 from bench.load import engine_burst
-from bench.log import progress
-from bench.params import RunParams
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.sections import ModelSettings, WorkerSettings
 from trickle.config.settings import PROJECT_ROOT

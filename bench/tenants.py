@@ -27,8 +27,8 @@ from typing import Any
 import redis
 import requests
 
-from bench.stack import BIN, HOST, stop_process
-from bench.stats import percentile, ratio
+from bench.harness.stack import BIN, HOST, stop_process
+from bench.harness.stats import percentile, ratio
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
 from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT

@@ -74,7 +74,7 @@ def run_client_command(args: argparse.Namespace) -> int:
                 client, args.prompt, args.model, args.max_tokens, args.temperature, args.stream
             )
         if args.command == "jobs":
-            return commands.get_job(client, args.job_id)
+            return commands.print_job(client, args.job_id)
         return commands.submit_batch(client, args.file, args.wait, args.output)
     except (ApiError, OSError) as exc:
         print(f"trickle: {exc}", file=sys.stderr)

@@ -65,7 +65,7 @@ def generate(
     return 0 if job["status"] == "succeeded" else 1
 
 
-def get_job(client: TrickleClient, job_id: str, out: TextIO = sys.stdout) -> int:
+def print_job(client: TrickleClient, job_id: str, out: TextIO = sys.stdout) -> int:
     out.write(json.dumps(client.get_job(job_id), indent=2) + "\n")
     return 0
 

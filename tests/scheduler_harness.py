@@ -13,7 +13,7 @@ from trickle.config.sections import ModelSettings
 from trickle.jobs import GenerationParams, Job, new_job_id
 from trickle.store.job_store import JobStore
 from worker.engine import Engine
-from worker.engine.prefix import PrefixTable
+from worker.engine.prefix import PrefixTable, cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
 from worker.publisher import TokenPublisher
@@ -84,17 +84,22 @@ class Harness:
             overflow=overflow_lanes > 0,
         )
 
-    def job(self, prompt: str, **params: object) -> ScheduledJob:
-        """A job stored and claimed as a worker would, so its writes carry a real fence."""
+    def job(self, prompt: str, owner: str = "", **params: object) -> ScheduledJob:
+        """A job stored and claimed as a worker would, so its writes carry a real fence;
+        ``owner``: the API key digest it comes from (its prefix cache partition)."""
         options = GenerationParams(**params)  # type: ignore[arg-type]
         job = Job(new_job_id(), self.engine.settings.name, prompt, options, created_at=time.time())
+        job.owner = owner
         self.store.create(job)
         claim = self.store.leases.claim(
             job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3
         )
         assert claim.claimed
         ids = self.engine.tokenizer.encode(prompt)
-        return make_scheduled_job(self.engine, job.id, ids, options, claim.fence)
+        partition = cache_partition(owner, options.cache_salt)
+        return make_scheduled_job(
+            self.engine, job.id, ids, options, claim.fence, cache_partition=partition
+        )
 
     def runner_then_newcomer(
         self, runner: ScheduledJob, newcomer: ScheduledJob, after_tokens: int, timeout: float

@@ -113,19 +113,19 @@ def read_load(
         model=model,
         depth=queues.depth(model),
         oldest_queued_seconds=queues.oldest_queued_seconds(model, now),
-        workers=worker_slots(client, model, now - heartbeat_ttl),
+        workers=live_worker_slots(client, model, now - heartbeat_ttl),
         batch_depth=queues.batch_depth(model) if batch else 0,
     )
 
 
-def worker_slots(client: redis.Redis, model: str, fresh_since: float) -> list[WorkerSlots]:
+def live_worker_slots(client: redis.Redis, model: str, fresh_since: float) -> list[WorkerSlots]:
     """Slots of every worker that heartbeated for the model since ``fresh_since``."""
     nodes = [str(n) for n in client.zrangebyscore(keys.model_workers(model), fresh_since, "+inf")]
     if not nodes:
         return []
     pipe = client.pipeline(transaction=False)
     for node in nodes:
-        pipe.hmget(keys.worker_slots(node), [model, IDLE_SINCE_FIELD])
+        pipe.hmget(keys.worker_slots_key(node), [model, IDLE_SINCE_FIELD])
     slots = []
     for node, (value, idle_since) in zip(nodes, pipe.execute(), strict=True):
         busy, _, total = str(value or "0/0").partition("/")
@@ -141,7 +141,7 @@ def publish_slots(
     ttl: float,
 ) -> None:
     """Queue the write of one worker's (busy, total) slots per model onto a heartbeat pipeline."""
-    name = keys.worker_slots(node)
+    name = keys.worker_slots_key(node)
     fields: dict[Any, Any] = {model: f"{busy}/{total}" for model, (busy, total) in slots.items()}
     fields[IDLE_SINCE_FIELD] = repr(idle_since)
     pipe.hset(name, mapping=fields)

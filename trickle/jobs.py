@@ -76,6 +76,9 @@ class GenerationParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0  # vLLM's: the end token cannot come before this many tokens
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: these ids end the job too (never emitted)
+    # vLLM's: jobs share cached prompt prefixes only with jobs of the same salt; "": only with
+    # jobs of the same API key (worker/engine/prefix.py).
+    cache_salt: str = ""
 
     @property
     def is_greedy(self) -> bool:
@@ -94,6 +97,7 @@ class GenerationParams:
             "repetition_penalty": self.repetition_penalty,
             "min_tokens": self.min_tokens,
             "stop_token_ids": list(self.stop_token_ids),
+            "cache_salt": self.cache_salt or None,
         }
 
     @classmethod
@@ -109,6 +113,7 @@ class GenerationParams:
             repetition_penalty=float(data.get("repetition_penalty", 1.0)),
             min_tokens=int(data.get("min_tokens", 0)),
             stop_token_ids=tuple(int(i) for i in data.get("stop_token_ids") or ()),
+            cache_salt=str(data.get("cache_salt") or ""),
         )
 
 
@@ -140,6 +145,7 @@ class ParamsObject(TypedDict):
     repetition_penalty: float
     min_tokens: int
     stop_token_ids: list[int]
+    cache_salt: str | None
 
 
 class JobObject(TypedDict):
@@ -225,6 +231,11 @@ class Job:
     # prompt is tokenized once), and the W3C traceparent of the submitting request ("" untraced).
     prompt_ids: tuple[int, ...] = ()
     trace_context: str = ""
+    # Internal: the stop string that ended it ("" otherwise), which Anthropic's answers name.
+    stop_sequence: str = ""
+    # How long its result is kept once it ends (0: ``limits.result_ttl_seconds``): a batch's
+    # jobs keep theirs for the batch's window, until its output file is written.
+    result_ttl_seconds: int = 0
 
     def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission."""
@@ -285,6 +296,8 @@ class Job:
             fields["prompt_ids"] = " ".join(map(str, self.prompt_ids))
         if self.trace_context:
             fields["traceparent"] = self.trace_context
+        if self.result_ttl_seconds:
+            fields["result_ttl"] = str(self.result_ttl_seconds)
         return fields
 
     @classmethod
@@ -320,6 +333,8 @@ class Job:
             webhook_url=fields.get("webhook_url", ""),
             prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
             trace_context=fields.get("traceparent", ""),
+            stop_sequence=fields.get("stop_sequence", ""),
+            result_ttl_seconds=int(fields.get("result_ttl", 0)),
         )
 
 
@@ -333,6 +348,8 @@ class JobResult:
     completion_tokens: int
     completed_at: float
     error: JobError | None = None
+    # The stop string that ended the job ("" for an end token, a length or no stop at all).
+    stop_sequence: str = ""
 
     @classmethod
     def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
@@ -352,6 +369,8 @@ class JobResult:
         }
         if self.error is not None:
             values["error"] = json.dumps(self.error.to_dict())
+        if self.stop_sequence:
+            values["stop_sequence"] = self.stop_sequence
         return values
 
 
@@ -377,6 +396,7 @@ READ_FIELDS = (
     "priority",
     "webhook_url",
     "traceparent",
+    "stop_sequence",
 )
 
 

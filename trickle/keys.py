@@ -68,6 +68,13 @@ def job_republished(job_id: str) -> str:
     return f"{job(job_id)}:republished"
 
 
+def job_readers(job_id: str) -> str:
+    """Hash: how many streamed requests with an Idempotency-Key read the job now ("attached")
+    and when the last one's client left ("left_at"), which starts the grace a retry has to
+    re-attach before the job is canceled (web/stream_hold.py)."""
+    return f"{job(job_id)}:readers"
+
+
 # Token plane: two channels per job, published to from inside the job's Lua scripts. A web
 # process subscribes to a job's channel only while one of its own readers follows the job, so
 # it never receives (let alone decodes) tokens nobody there reads, and a channel without
@@ -138,6 +145,39 @@ def batch_items(batch_id: str) -> str:
     return f"{batch(batch_id)}:items"
 
 
+def batch_ingest(batch_id: str) -> str:
+    """String (with a TTL) naming the web process reading a file batch's input into jobs: while
+    it lives nobody else does; once it lapses (that process died) the next read resumes."""
+    return f"{batch(batch_id)}:ingest"
+
+
+def batch_finalize(batch_id: str) -> str:
+    """String (with a TTL) held while one web process writes a finished batch's output files."""
+    return f"{batch(batch_id)}:finalize"
+
+
+def batches_of(owner: str) -> str:
+    """Sorted set of an owner's batch ids by creation time (``GET /v1/batches`` pages it);
+    ``owner`` is the API key's digest, "" without keys."""
+    return f"{PREFIX}:batches:{{{owner or 'open'}}}"
+
+
+def file(file_id: str) -> str:
+    """Hash of a stored file's object: owner, bytes, filename, purpose, times."""
+    return f"{PREFIX}:file:{{{file_id}}}"
+
+
+def file_chunks(file_id: str) -> str:
+    """List of a file's bytes in fixed-size chunks, in order (read and written a chunk at a
+    time, so neither an upload nor a download holds the whole file)."""
+    return f"{file(file_id)}:chunks"
+
+
+def files_of(owner: str) -> str:
+    """Sorted set of an owner's file ids by creation time: listing and the per-key quota."""
+    return f"{PREFIX}:files:{{{owner or 'open'}}}"
+
+
 def idempotency_shard(scope: str, key: str) -> int:
     """The shard an idempotency key lives in; the jobs its request creates are drawn there, so
     the key and their records are written in one script on one slot (see ``idempotency``)."""
@@ -183,7 +223,7 @@ def model_workers(model: str) -> str:
     return f"{PREFIX}:workers:{model}"
 
 
-def worker_slots(node: str) -> str:
+def worker_slots_key(node: str) -> str:
     """Hash of one worker's slots per model ("<busy>/<total>"); expires with its heartbeat."""
     return f"{PREFIX}:worker:{node}:slots"
 

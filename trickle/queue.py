@@ -266,10 +266,14 @@ class QueueReader:
         self._app = app
         self._store = store
 
-    def depth(self, model: str, tenant: str | None = None) -> int:
-        """Jobs waiting for the model: all of them (every key's queues), or only ``tenant``'s."""
+    def depth(self, model: str, tenant: str | None = None, priority: int | None = None) -> int:
+        """Jobs waiting for the model: all of them, or only ``tenant``'s; with ``priority``,
+        only the jobs of that priority step (on Redis; RabbitMQ counts no priority apart, so
+        there every priority counts)."""
         queues = tenant_queues(self._app)
         names = queues.of_model(model) if tenant is None else queues.of_tenant(model, tenant)
+        if priority is not None and not is_amqp(self._app.conf.broker_url or ""):
+            return self._step_depth(names, priority)
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
             channel = conn.default_channel
@@ -291,10 +295,13 @@ class QueueReader:
         each queue's batch priority step; RabbitMQ counts no priority apart, so 0 there."""
         if is_amqp(self._app.conf.broker_url or ""):
             return 0
-        names = tenant_queues(self._app).of_model(model)
+        return self._step_depth(tenant_queues(self._app).of_model(model), BATCH_PRIORITY)
+
+    def _step_depth(self, names: Iterable[str], priority: int) -> int:
+        """On kombu's Redis transport, the summed length of one priority step's lists."""
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
-            return _lengths(conn.default_channel, names, (BATCH_PRIORITY,))
+            return _lengths(conn.default_channel, names, (priority,))
 
     def oldest_queued_seconds(self, model: str, now: float) -> float:
         """Age of the model's oldest queued job, from the queued index (by deadline)."""

@@ -2,8 +2,10 @@
 
 Only hosts named in ``webhooks.allowed_hosts`` are ever contacted (checked when the job is
 submitted and again when sending), and only at a public address unless
-``webhooks.allow_private_addresses`` says otherwise (checked when sending, on the address the
-connection then uses); redirects are not followed, and every request carries
+``webhooks.allow_private_addresses`` says otherwise: the name is resolved when the connection
+is made, inside the connection's own connect step, and the address checked is the one
+connected to. An IPv6 address that carries an IPv4 one (IPv4-mapped, NAT64, 6to4, Teredo) is
+judged by that IPv4 address too; redirects are not followed, and every request carries
 ``X-Trickle-Signature: sha256=<hex>``, an HMAC of "<timestamp>.<body>" with ``webhooks.secret``,
 so a receiver can check it came from this deployment and is fresh.
 """
@@ -27,6 +29,13 @@ from trickle.joblog import log_job_event
 from trickle.store.job_store import JobStore
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+# NAT64's well-known prefix (RFC 6052): a gateway connects to the IPv4 address in the low 32
+# bits, so 64:ff9b::7f00:1 reaches 127.0.0.1 on the gateway's side.
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+# Never a public endpoint: local-use NAT64 (RFC 8215, an operator's own translation, embedding
+# anywhere in the address) and IPv4-compatible addresses (RFC 4291, deprecated; ::127.0.0.1).
+NEVER_PUBLIC = (ipaddress.IPv6Network("64:ff9b:1::/48"), ipaddress.IPv6Network("::/96"))
 
 
 class WebhookRejected(ValueError):
@@ -68,10 +77,12 @@ def check_webhook_url(url: str, settings: WebhookSettings) -> str:
 
 def resolve_address(host: str, port: int, settings: WebhookSettings) -> str:
     """The address to connect to: an allowed name must not lead to an internal address
-    (loopback, private, link-local, multicast, reserved) unless the operator allows it.
+    (loopback, private, link-local, multicast, reserved, or an IPv6 form of one) unless the
+    operator allows it.
 
-    The delivery connects to exactly the address checked here, so a name that changes what it
-    resolves to between check and connect (DNS rebinding) gains nothing.
+    The delivery calls this from the connection's connect step and connects to exactly the
+    address returned, so a name that changes what it resolves to between check and connect
+    (DNS rebinding) gains nothing.
     """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -80,7 +91,7 @@ def resolve_address(host: str, port: int, settings: WebhookSettings) -> str:
     refused = ""
     for info in infos:
         address = _address(str(info[4][0]))
-        if settings.allow_private_addresses or (address.is_global and not address.is_multicast):
+        if settings.allow_private_addresses or is_public(address):
             return str(address)
         refused = refused or str(address)
     raise WebhookRejected(
@@ -89,11 +100,33 @@ def resolve_address(host: str, port: int, settings: WebhookSettings) -> str:
     )
 
 
-def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+def _address(text: str) -> IPAddress:
     address = ipaddress.ip_address(text.split("%", 1)[0])
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        return address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback
+        return address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback, and connects as IPv4
     return address
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, which some translator or tunnel reaches."""
+    found = [v4 for v4 in (address.ipv4_mapped, address.sixtofour) if v4 is not None]
+    if address.teredo is not None:
+        found.extend(address.teredo)  # (server, client)
+    if address in NAT64:
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF))
+    return found
+
+
+def is_public(address: IPAddress) -> bool:
+    """A globally reachable unicast address that leads to no internal IPv4 one."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return is_public(address.ipv4_mapped)  # it is that IPv4 address
+        if any(address in network for network in NEVER_PUBLIC):
+            return False
+        if not all(is_public(v4) for v4 in embedded_ipv4(address)):
+            return False
+    return address.is_global and not address.is_multicast
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -101,10 +134,14 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
     return "sha256=" + digest.hexdigest()
 
 
-def _connect_to(
-    address: str, target: tuple[str, int], timeout: Any = None, source: Any = None
+def _checked_connection(
+    settings: WebhookSettings, target: tuple[str, int], timeout: Any = None, source: Any = None
 ) -> socket.socket:
-    return socket.create_connection((address, target[1]), timeout, source)
+    """http.client's connect step: resolve the name now, check the address, connect to it
+    (Host, SNI and the certificate still use the name)."""
+    host, port = target
+    address = resolve_address(host, port, settings)
+    return socket.create_connection((address, port), timeout, source)
 
 
 def deliver(url: str, payload: Mapping[str, Any], settings: WebhookSettings) -> int:
@@ -126,10 +163,8 @@ def deliver(url: str, payload: Mapping[str, Any], settings: WebhookSettings) -> 
     )
     host = parts.hostname or ""
     port = parts.port or DEFAULT_PORTS[parts.scheme]
-    address = resolve_address(host, port, settings)
     connection = connection_class(host, port, timeout=settings.timeout_seconds)
-    # Connect to the address just checked; Host, SNI and the certificate still use the name.
-    connection._create_connection = functools.partial(_connect_to, address)  # type: ignore[attr-defined]
+    connection._create_connection = functools.partial(_checked_connection, settings)  # type: ignore[attr-defined]
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query

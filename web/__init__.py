@@ -26,12 +26,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.url_map.merge_slashes = False
     app.url_map.strict_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
-    app.config["SOCK_SERVER_OPTIONS"] = {"ping_interval": settings.web.keepalive_seconds}
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
 
-    from web import batches, health, jobs, metrics, page, scaling, stream, stream_access
+    from web import batches, files, health, jobs, metrics, page, scaling, stream, stream_access
+    from web.anthropic import errors as anthropic_errors
+    from web.anthropic import routes as anthropic_routes
     from web.openai import routes as openai_routes
     from web.openai.responses_api import routes as responses_routes
 
@@ -43,12 +44,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(jobs.blueprint)
     app.register_blueprint(openai_routes.blueprint)
     app.register_blueprint(responses_routes.blueprint)
+    app.register_blueprint(anthropic_routes.blueprint)
     app.register_blueprint(batches.blueprint)
+    app.register_blueprint(files.blueprint)
     app.register_blueprint(health.blueprint)
     app.register_blueprint(metrics.blueprint)
     app.register_blueprint(scaling.blueprint)
     app.register_blueprint(page.blueprint)
     stream.register(app)
     register_error_handlers(app)
+    anthropic_errors.install_error_shape(app)
     svc.rate_limiter.install(app)
     return app

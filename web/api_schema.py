@@ -9,31 +9,32 @@ job-events operation, since OpenAPI cannot express it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from trickle.config.settings import Settings
+from web.anthropic import models as anthropic_models
+from web.anthropic.schema import ERROR as ANTHROPIC_ERROR
+from web.anthropic.schema import messages_paths
+from web.api_schema_files import batch_paths, file_paths
+from web.openapi_parts import (
+    SSE,
+    SSE_EVENT_SCHEMA,
+    Part,
+    body,
+    json_ok,
+    json_or_events,
+    links,
+    optional_param,
+    path_param,
+    ref,
+    reply,
+    responses,
+)
 from web.request_models import RequestModels
 from web.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
 
-JSON = "application/json"
-SSE = "text/event-stream"
-JSONL = "application/jsonl"
 REF_TEMPLATE = "#/components/schemas/{model}"
-Part = dict[str, Any]  # an object of the document
-
-# One Server-Sent Event as a client parses it; ``data`` holds JSON (or [DONE]).
-SSE_EVENT_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "event": {"type": "string"},
-        "data": {"type": "string"},
-        "id": {"type": "string"},
-        "retry": {"type": "integer"},
-    },
-}
 
 
 def openapi_document(settings: Settings, models: RequestModels | None = None) -> Part:
@@ -50,6 +51,9 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
             **_job_paths(settings.web.max_wait_seconds),
             **_openai_paths(),
             **_responses_paths(),
+            **messages_paths(),
+            **batch_paths(),
+            **file_paths(),
             "/healthz": {
                 "get": {
                     "operationId": "healthz",
@@ -71,8 +75,14 @@ def openapi_document(settings: Settings, models: RequestModels | None = None) ->
             },
         },
         "components": {
-            "schemas": {**component_schemas(models), "SseEvent": SSE_EVENT_SCHEMA},
-            "responses": {"Error": json_ok("Error", ref("Error"))},
+            "schemas": {
+                **component_schemas(models, anthropic_models.messages_models(settings).all()),
+                "SseEvent": SSE_EVENT_SCHEMA,
+            },
+            "responses": {
+                "Error": json_ok("Error", ref("Error")),
+                ANTHROPIC_ERROR: json_ok("Error", ref(ANTHROPIC_ERROR)),
+            },
         },
     }
 
@@ -161,12 +171,6 @@ def _openai_paths() -> Part:
         description = "The result, or with stream: true an SSE stream of chunks ending with "
         return {"200": reply(description + "data: [DONE]", json_or_events(schema))}
 
-    batch_id = path_param("batch_id")
-    batch_links = links(
-        "batch_id", "$response.body#/id", "getBatch", "getBatchOutput", "cancelBatch"
-    )
-    the_batch = {"200": json_ok("The batch", ref("Batch"))}
-    output = reply("One JSON object per line", {JSONL: {"schema": {"type": "string"}}})
     return {
         "/v1/models": {
             "get": {
@@ -187,51 +191,6 @@ def _openai_paths() -> Part:
                 "summary": "OpenAI-compatible text completion; each choice is a Trickle job",
                 "requestBody": body("CompletionRequest"),
                 "responses": responses(generated("Completion"), 400, 404, 413, 429, 504),
-            }
-        },
-        "/v1/batches": {
-            "post": {
-                "operationId": "createBatch",
-                "summary": "OpenAI Batch input (JSONL lines with custom_id, method, url, body), "
-                "as the request body or an uploaded file; runs at batch priority",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        JSONL: {"schema": {"type": "string"}},
-                        "multipart/form-data": {
-                            "schema": {
-                                "type": "object",
-                                "required": ["file"],
-                                "properties": {"file": {"type": "string", "format": "binary"}},
-                            }
-                        },
-                    },
-                },
-                "responses": responses(
-                    {"200": json_ok("The batch", ref("Batch"), batch_links)}, 400, 413, 429
-                ),
-            }
-        },
-        "/v1/batches/{batch_id}": {
-            "get": {
-                "operationId": "getBatch",
-                "parameters": [batch_id],
-                "responses": responses(the_batch, 404),
-            }
-        },
-        "/v1/batches/{batch_id}/cancel": {
-            "post": {
-                "operationId": "cancelBatch",
-                "parameters": [batch_id],
-                "responses": responses(the_batch, 404),
-            }
-        },
-        "/v1/batches/{batch_id}/output": {
-            "get": {
-                "operationId": "getBatchOutput",
-                "summary": "OpenAI Batch output JSONL for the requests finished so far",
-                "parameters": [batch_id],
-                "responses": responses({"200": output}, 404),
             }
         },
         "/v1/chat/completions": {
@@ -307,76 +266,17 @@ def _responses_paths() -> Part:
     }
 
 
-def ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def responses(ok: dict[str, Part], *errors: int) -> Part:
-    """Success responses plus the error statuses an operation can return (all JSON errors).
-
-    401 (API keys configured) and 503 (Redis unavailable) can come from every /v1 operation.
-    """
-    described = dict(ok)
-    for status in sorted({*errors, 401, 503}):
-        described[str(status)] = {"$ref": "#/components/responses/Error"}
-    return described
-
-
-def body(schema: str) -> Part:
-    return {"required": True, "content": {JSON: {"schema": ref(schema)}}}
-
-
-def reply(description: str, content: Part, links_: Part | None = None) -> Part:
-    """One response, with the OpenAPI ``links`` a stateful fuzzer follows from it."""
-    described: Part = {"description": description, "content": content}
-    if links_ is not None:
-        described["links"] = links_
-    return described
-
-
-def json_ok(description: str, schema: Part, links_: Part | None = None) -> Part:
-    return reply(description, {JSON: {"schema": schema}}, links_)
-
-
-def json_or_events(schema: str) -> Part:
-    """The object as JSON, or (``stream: true``) the Server-Sent Events that build it."""
-    return {JSON: {"schema": ref(schema)}, SSE: {"schema": ref("SseEvent")}}
-
-
-def path_param(name: str) -> Part:
-    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-def optional_param(where: str, name: str, schema: Part, description: str | None = None) -> Part:
-    """An optional ``query`` or ``header`` parameter."""
-    param: Part = {"name": name, "in": where, "required": False}
-    if description is not None:
-        param["description"] = description
-    param["schema"] = schema
-    return param
-
-
-def links(parameter: str, expression: str, *operations: str) -> Part:
-    """OpenAPI links to ``operations``, their ``parameter`` taken from ``expression``."""
-    return {
-        operation[0].upper() + operation[1:]: {
-            "operationId": operation,
-            "parameters": {parameter: expression},
-        }
-        for operation in operations
-    }
-
-
-def component_schemas(models: RequestModels) -> Part:
+def component_schemas(models: RequestModels, more: tuple[type[BaseModel], ...] = ()) -> Part:
     """Request schemas (as validated) and response schemas (as serialized), with every nested
-    model hoisted into ``components/schemas``."""
+    model hoisted into ``components/schemas``; ``more``: other routes' request models (the
+    Messages API's)."""
     _, requests = models_json_schema(
-        [(model, "validation") for model in models.all()],
+        [(model, "validation") for model in (*models.all(), *more)],
         ref_template=REF_TEMPLATE,
         schema_generator=PublishedNames,
     )
     schemas: Part = dict(requests.get("$defs", {}))
-    for name, shape in RESPONSE_MODELS.items():
+    for name, shape in {**RESPONSE_MODELS, **anthropic_models.RESPONSE_MODELS}.items():
         schema = TypeAdapter(shape).json_schema(
             mode="serialization", ref_template=REF_TEMPLATE, schema_generator=PublishedNames
         )

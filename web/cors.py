@@ -21,7 +21,10 @@ from flask import Flask, Response, request
 CORS_PREFIX = "/v1/"
 WILDCARD = "*"
 ALLOWED_METHODS = "GET, POST, OPTIONS"
-ALLOWED_HEADERS = "Authorization, Content-Type, Last-Event-ID, Prefer, Accept, Idempotency-Key"
+ALLOWED_HEADERS = (
+    "Authorization, Content-Type, Last-Event-ID, Prefer, Accept, Idempotency-Key, "
+    "x-api-key, anthropic-version"
+)
 # Response headers a script may read besides the CORS-safelisted ones.
 EXPOSED_HEADERS = (
     "Location, Retry-After, WWW-Authenticate, X-Batch-Status, Trickle-Wait-Interrupted"

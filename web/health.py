@@ -10,6 +10,7 @@ from flask import Blueprint, Response, jsonify
 from trickle import keys
 from trickle.capacity import live_workers
 from web.api_schema import openapi_document
+from web.auth import open_route
 from web.services import services
 
 blueprint = Blueprint("health", __name__)
@@ -17,12 +18,14 @@ blueprint = Blueprint("health", __name__)
 
 @blueprint.get("/healthz")
 @blueprint.get("/health")  # vLLM's and TGI's name, which load tools (GuideLLM) probe first
+@open_route
 def healthz() -> Response:
     """The process answers; says nothing about Redis or workers."""
     return jsonify({"status": "ok"})
 
 
 @blueprint.get("/readyz")
+@open_route
 def readyz() -> Response:
     """Ready when Redis answers and a live worker consumes the default model's queue, or when
     an autoscaler will start one for the first job (zero workers is then a ready state)."""
@@ -49,6 +52,7 @@ def _not_ready(reason: str) -> Response:
 
 
 @blueprint.get("/openapi.json")
+@open_route
 def openapi() -> Response:
     svc = services()
     return jsonify(openapi_document(svc.settings, svc.requests))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from trickle.jobs import Job
+from trickle.jobs import BATCH_PRIORITY, Job
 from trickle.tenants import KeySettings
 from web.errors import HttpError, too_many
 from web.services import Services
@@ -21,7 +21,8 @@ def forbidden(code: str, message: str, param: str) -> HttpError:
 
 
 def check_key_policy(svc: Services, key: KeySettings | None, jobs: list[Job]) -> None:
-    """403 for a model or priority the key may not use, 429 past its max_queued_jobs."""
+    """403 for a model or priority the key may not use, 429 past its max_queued_jobs (per
+    model and priority: interactive and batch jobs each have that many places)."""
     if key is None or not jobs:
         return
     per_model = Counter(job.model for job in jobs)
@@ -44,12 +45,14 @@ def check_key_policy(svc: Services, key: KeySettings | None, jobs: list[Job]) ->
             "priority",
         )
     if key.max_queued_jobs:
-        for model, adding in per_model.items():
-            waiting = svc.queues.depth(model, key.name)
+        # Per priority: the key's batch backlog does not close its own interactive queue.
+        for (model, priority), adding in Counter((j.model, j.priority) for j in jobs).items():
+            waiting = svc.queues.depth(model, key.name, priority)
             if waiting + adding > key.max_queued_jobs:
+                kind = "batch" if priority >= BATCH_PRIORITY else "interactive"
                 raise too_many(
                     "key_queue_full",
-                    f"key {key.name!r} has {waiting} jobs waiting for model {model!r} "
+                    f"key {key.name!r} has {waiting} {kind} jobs waiting for model {model!r} "
                     f"(keys.{key.name}.max_queued_jobs = {key.max_queued_jobs}); retry later",
                     KEY_QUEUE_FULL_RETRY_AFTER_SECONDS,
                 )

@@ -21,12 +21,14 @@ from trickle import keys
 from trickle.capacity import read_load
 from trickle.telemetry.metric_defs import COUNTERS, HISTOGRAMS, Histogram
 from trickle.telemetry.metrics import parse_labels
+from web.auth import operator_route
 from web.services import Services, services
 
 blueprint = Blueprint("metrics", __name__)
 
 
 @blueprint.get("/metrics")
+@operator_route
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DeploymentCollector(services()))

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from flask import Blueprint, Response, send_from_directory
 
+from web.auth import open_route
+
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 blueprint = Blueprint("page", __name__)
@@ -22,11 +24,13 @@ def _no_cache(response: Response) -> Response:
 
 
 @blueprint.get("/")
+@open_route
 def index() -> Response:
     return _no_cache(send_from_directory(STATIC_DIR, "index.html"))
 
 
 @blueprint.get("/static/<path:filename>")
+@open_route
 def static_file(filename: str) -> Response:
     # send_from_directory refuses paths that leave STATIC_DIR (404), so "../" cannot escape.
     return _no_cache(send_from_directory(STATIC_DIR, filename))

@@ -33,7 +33,7 @@ from limits import RateLimitItem, RateLimitItemPerMinute
 from trickle import keys
 from trickle.config.sections import RateLimitSettings
 from trickle.config.settings import Settings
-from web.auth import PROTECTED_PREFIX, current_key, current_owner, stream_grant
+from web.auth import current_key, current_owner, route_access, stream_grant
 from web.errors import too_many
 
 KINDS = ("requests", "tokens")
@@ -131,7 +131,7 @@ class RateLimiter:
             strategy.hit(item, limits.subject, kind, cost=costs[kind])
 
     def add_headers(self, response: Response) -> Response:
-        if not request.path.startswith(PROTECTED_PREFIX) or stream_grant():
+        if route_access() != "api" or stream_grant():
             return response
         if response.status_code == 401:
             return response  # refused before its key was known: nobody's budget

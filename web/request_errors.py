@@ -19,8 +19,8 @@ ONLY_VALUES = {
     "frequency_penalty": "accepts only 0 (use repetition_penalty)",
     "presence_penalty": "accepts only 0 (use repetition_penalty)",
     "logit_bias": "is not supported: only an empty object is accepted",
-    "tools": "(function calling) is not supported: only an empty list is accepted",
-    "tool_choice": "(function calling) is not supported: only 'none' is accepted",
+    "strict": "accepts only false: schemas are not enforced (constrained decoding is not "
+    "supported yet)",
     "suffix": "is not supported: only an empty string is accepted",
     "response_format": "accepts only {'type': 'text'}",
     "top_logprobs": "accepts only 0 or 1: the engine reports the sampled token's "
@@ -33,6 +33,7 @@ SHAPES = {
     "stop": "a string or a list of strings",
     "prompt": "a string or a list of strings (token-id prompts are not supported)",
     "content": "a string or a list of text parts",
+    "tool_choice": "'none', 'auto', 'required' or a named function",
 }
 
 

@@ -11,9 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    create_model,
+)
 
 from trickle.config.settings import Settings
+from web.tools.models import (
+    ChatToolCall,
+    ChatToolChoice,
+    ChatTools,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    ResponsesToolChoice,
+    ResponsesTools,
+)
 
 MAX_SEED = 2**63 - 1
 # CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
@@ -31,6 +48,7 @@ MAX_COMPLETION_LOGPROBS = 1
 MAX_CHAT_TOP_LOGPROBS = 1
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOKEN_ID = 2**31 - 1
+MAX_CACHE_SALT_CHARS = 256
 # Placeholders until bound to a configuration (RequestModels); never used to validate a request.
 UNBOUND_MAX_TOKENS = 2**31 - 1
 
@@ -82,6 +100,17 @@ class SamplingFields(BaseModel):
     stop_token_ids: Annotated[
         list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] | None,
         Field(max_length=MAX_STOP_TOKEN_IDS, description="vLLM: token ids that end the output"),
+    ] = None
+    cache_salt: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=MAX_CACHE_SALT_CHARS,
+            description=(
+                "vLLM: cached prompt prefixes are shared only with requests of the same salt; "
+                "absent: only with requests of the same API key"
+            ),
+        ),
     ] = None
 
 
@@ -168,9 +197,11 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = Field(None, description="null only for assistant")
     name: str | None = None
+    tool_calls: list[ChatToolCall] | None = Field(None, description="only for assistant")
+    tool_call_id: str | None = Field(None, description="the call a tool message answers")
 
 
 class ResponseFormat(BaseModel):
@@ -202,10 +233,10 @@ class ChatCompletionRequest(OpenAIFields):
     logprobs: bool | None = None
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_CHAT_TOP_LOGPROBS)] = None
     response_format: ResponseFormat | None = None
-    tools: Annotated[list[dict[str, Any]] | None, Field(max_length=0)] = Field(
-        None, description="function calling is not supported: only an empty list"
+    tools: ChatTools | None = Field(None, description="function tools")
+    tool_choice: ChatToolChoice | None = Field(
+        None, description="none or auto ('required' and named functions are refused)"
     )
-    tool_choice: Literal["none"] | None = None
     parallel_tool_calls: bool | None = None
 
 
@@ -231,6 +262,23 @@ class InputMessage(BaseModel):
     content: Text | list[InputText]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def _item_type(value: Any) -> str:
+    """An input item's kind: its ``type``, a message when absent (errors then name the
+    fields of the kind that was meant, not those of every kind)."""
+    if isinstance(value, dict):
+        kind = value.get("type")
+        return kind if isinstance(kind, str) else "message"
+    return str(getattr(value, "type", None) or "message")
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
 
 
 class TextFormat(BaseModel):
@@ -271,7 +319,7 @@ class ResponseCreateRequest(SamplingFields):
     )
 
     max_tokens: None = Field(None, description="use max_output_tokens")
-    input: Text | Annotated[list[InputMessage], Field(min_length=1)]
+    input: Text | Annotated[list[InputItem], Field(min_length=1)]
     instructions: Text | None = None
     max_output_tokens: max_tokens_field(UNBOUND_MAX_TOKENS) = None  # type: ignore[valid-type]
     stream: bool | None = None
@@ -286,10 +334,10 @@ class ResponseCreateRequest(SamplingFields):
     include: list[Literal["message.output_text.logprobs"]] | None = None
     top_logprobs: Annotated[int | None, Field(ge=0, le=MAX_CHAT_TOP_LOGPROBS)] = None
     parallel_tool_calls: bool | None = None
-    tools: Annotated[list[dict[str, Any]] | None, Field(max_length=0)] = Field(
-        None, description="function calling is not supported: only an empty list"
+    tools: ResponsesTools | None = Field(None, description="function tools")
+    tool_choice: ResponsesToolChoice | None = Field(
+        None, description="none or auto ('required' and named functions are refused)"
     )
-    tool_choice: Literal["none", "auto"] | None = None
     text: TextConfig | None = None
     reasoning: None = Field(None, description="not supported")
     truncation: Literal["disabled"] | None = None

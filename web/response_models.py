@@ -56,16 +56,33 @@ class CompletionChoice(TypedDict):
     finish_reason: Literal["stop", "length"] | None
 
 
+class MessageFunction(TypedDict):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(TypedDict):
+    id: str
+    type: Literal["function"]
+    function: MessageFunction
+
+
 class AssistantMessage(TypedDict):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+
+
+class AssistantToolMessage(AssistantMessage):
+    """An answer that called tools (``content`` null when it wrote nothing else)."""
+
+    tool_calls: list[MessageToolCall]
 
 
 class ChatChoice(TypedDict):
     index: int
-    message: AssistantMessage
+    message: AssistantMessage | AssistantToolMessage
     logprobs: dict[str, Any] | None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
 
 
 class CompletionEnvelope(TypedDict):
@@ -91,10 +108,16 @@ class ChatCompletion(CompletionEnvelope):
 
 
 class Model(TypedDict):
+    """OpenAI's model object and Anthropic's (``type``, ``display_name``, ``created_at``) in one:
+    each client reads its own fields and ignores the others."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
+    type: Literal["model"]
+    display_name: str
+    created_at: str
     default: bool
     workers: int
     max_context_tokens: int
@@ -103,8 +126,13 @@ class Model(TypedDict):
 
 
 class ModelList(TypedDict):
+    """OpenAI's list, with Anthropic's page fields (one page holds every model)."""
+
     object: Literal["list"]
     data: list[Model]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
 
 
 class RequestCounts(TypedDict):
@@ -113,16 +141,93 @@ class RequestCounts(TypedDict):
     failed: int
 
 
+BatchStatus = Literal[
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
+
+
+class BatchError(TypedDict):
+    code: str
+    message: str
+    param: str | None
+    line: int | None
+
+
+class BatchErrors(TypedDict):
+    object: Literal["list"]
+    data: list[BatchError]
+
+
 class Batch(TypedDict):
+    """OpenAI's batch object, plus ``output_url`` (the output so far, as JSONL)."""
+
     id: str
     object: Literal["batch"]
     endpoint: str
+    errors: BatchErrors | None
+    input_file_id: str | None
     completion_window: str
-    status: Literal["in_progress", "completed", "cancelling", "cancelled"]
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
     created_at: int
+    in_progress_at: int | None
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
     cancelled_at: int | None
     request_counts: RequestCounts
+    metadata: dict[str, str] | None
     output_url: str
+
+
+class BatchList(TypedDict):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+FilePurpose = Literal["batch", "batch_output", "user_data"]
+
+
+class FileObject(TypedDict):
+    """OpenAI's file object."""
+
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: FilePurpose
+    status: Literal["processed"]
+    status_details: None
+
+
+class FileList(TypedDict):
+    object: Literal["list"]
+    data: list[FileObject]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+class FileDeleted(TypedDict):
+    id: str
+    object: Literal["file"]
+    deleted: bool
 
 
 class InputTokensDetails(TypedDict):
@@ -170,6 +275,15 @@ class OutputMessage(TypedDict):
     content: list[OutputText]
 
 
+class OutputFunctionCall(TypedDict):
+    id: str
+    type: Literal["function_call"]
+    status: ItemStatus
+    call_id: str
+    name: str
+    arguments: str
+
+
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
@@ -212,7 +326,7 @@ class ResponseObject(TypedDict):
     max_tool_calls: None
     metadata: dict[str, str]
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | OutputFunctionCall]
     parallel_tool_calls: bool
     previous_response_id: str | None
     reasoning: ReasoningConfig
@@ -237,7 +351,7 @@ class ResponseDeleted(TypedDict):
 
 # Schemas published under another name than their class's: a component's name is API (clients
 # generate types from it), so a class renamed in Python keeps the name it was published under.
-PUBLISHED_NAMES = {"CompletionUsage": "Usage"}
+PUBLISHED_NAMES = {"CompletionUsage": "Usage", "FileObject": "File"}
 
 RESPONSE_MODELS: dict[str, Any] = {
     "Job": JobWithUrls,
@@ -247,6 +361,10 @@ RESPONSE_MODELS: dict[str, Any] = {
     "Model": Model,
     "ModelList": ModelList,
     "Batch": Batch,
+    "BatchList": BatchList,
+    "File": FileObject,
+    "FileList": FileList,
+    "FileDeleted": FileDeleted,
     "Response": ResponseObject,
     "ResponseDeleted": ResponseDeleted,
 }

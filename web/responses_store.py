@@ -17,7 +17,8 @@ from typing import Any, Literal
 import redis
 
 from trickle import keys
-from web.chat_template import ChatTurn
+from web.chat_template import ChatTurn, TurnCall
+from web.tools.definitions import ToolUse
 
 RESPONSE_ID_PATTERN = re.compile(r"resp_[0-9a-f]{32}")
 
@@ -60,22 +61,52 @@ class StoredResponse:
     top_logprobs: int = 0
     parallel_tool_calls: bool = True
     tool_choice: Literal["none", "auto"] = "auto"
+    # The function tools as the object echoes them, and the parser that reads the answer
+    # (None: no tools, or tool_choice none).
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_parser: str | None = None
 
     @property
     def item_id(self) -> str:
         """The id of its one output message."""
         return "msg_" + self.id.removeprefix("resp_")
 
+    def tool_use(self) -> ToolUse | None:
+        """The tools as the template and the parser take them (None: the answer is text)."""
+        if not self.tools:
+            return None
+        definitions = tuple(
+            {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+            for tool in self.tools
+        )
+        return ToolUse(definitions, self.tool_parser, None if self.parallel_tool_calls else 1)
+
     def to_json(self) -> str:
         data = asdict(self)
-        data["messages"] = [[m.role, m.content] for m in self.messages]
+        data["messages"] = [_turn_json(m) for m in self.messages]
         return json.dumps(data, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, raw: str) -> StoredResponse:
         data: dict[str, Any] = json.loads(raw)
-        data["messages"] = tuple(ChatTurn(role, content) for role, content in data["messages"])
+        data["messages"] = tuple(_turn(item) for item in data["messages"])
+        data["tools"] = tuple(data.get("tools", ()))
         return cls(**data)
+
+
+def _turn_json(turn: ChatTurn) -> list[Any]:
+    """``[role, content]``, with the turn's calls and the call it answers when it has them."""
+    if not turn.tool_calls and turn.tool_call_id is None:
+        return [turn.role, turn.content]
+    calls = [[c.id, c.name, c.arguments] for c in turn.tool_calls]
+    return [turn.role, turn.content, calls, turn.tool_call_id]
+
+
+def _turn(item: list[Any]) -> ChatTurn:
+    if len(item) == 2:
+        return ChatTurn(item[0], item[1])
+    role, content, calls, answered = item
+    return ChatTurn(role, content, tuple(TurnCall(*call) for call in calls), answered)
 
 
 class ResponseStore:

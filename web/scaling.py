@@ -3,7 +3,8 @@ an external-metrics adapter) needs to size a model's worker pool, as one JSON ob
 
 ``demand_slots`` (running plus waiting jobs, every priority) over ``slots_per_worker`` is the
 worker count; KEDA computes exactly that with ``valueLocation: demand_slots`` and
-``targetValue`` set to ``slots_per_worker``. Open like /metrics: it says nothing about any job.
+``targetValue`` set to ``slots_per_worker``. An operator view like /metrics (``web.auth``):
+with keys configured the scaler sends the metrics token (KEDA's ``authModes: bearer``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from flask import Blueprint, Response, jsonify
 
 from trickle.capacity import read_load, slots_per_worker
+from web.auth import operator_route
 from web.errors import not_found
 from web.services import services
 
@@ -20,6 +22,7 @@ blueprint = Blueprint("scaling", __name__)
 
 
 @blueprint.get("/scaling/<model>")
+@operator_route
 def scaling(model: str) -> Response:
     svc = services()
     if model not in svc.settings.models:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from celery import Celery
 from flask import Flask, current_app
 
 from trickle.config.settings import Settings
+from trickle.jobs import INTERACTIVE_PRIORITY
 from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
@@ -17,6 +19,8 @@ from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
+from web.batch_pending import PendingBatchJobs
+from web.file_store import FileStore
 from web.hub import TokenHub
 from web.ratelimit import RateLimiter
 from web.request_models import RequestModels
@@ -43,8 +47,11 @@ class Services:
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
+    # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
+    pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
+    _binary_redis: Any = None  # redis.Redis answering bytes, once files are used
     # ``threading.Lock`` looked up when a Services is built, not when this module is imported:
     # gunicorn's config imports ``web`` before gevent patches ``threading``, and a real lock
     # held across ``stream_tokens``' Redis read blocked the whole process (every greenlet, the
@@ -67,7 +74,11 @@ class Services:
             rate_limiter=RateLimiter(settings),
             requests=RequestModels.bound_to(settings),
             queues=queues,
-            admission_depth=AdmissionDepth(queues.depth),
+            # Interactive jobs only: batch work has a bound of its own (limits.max_batch_backlog)
+            # and never closes the interactive queue.
+            admission_depth=AdmissionDepth(
+                lambda model: queues.depth(model, priority=INTERACTIVE_PRIORITY)
+            ),
             tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
             tenants=TenantTable(settings.tenants),
         )
@@ -75,10 +86,13 @@ class Services:
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
         self.hub.close()
-        self.redis.close()
-        pool = getattr(self.redis, "connection_pool", None)  # a cluster client has one per node
-        if pool is not None:
-            pool.disconnect()
+        for client in (self.redis, self._binary_redis):
+            if client is None:
+                continue
+            client.close()
+            pool = getattr(client, "connection_pool", None)  # a cluster client: one per node
+            if pool is not None:
+                pool.disconnect()
 
     def tokenizer(self, model: str) -> Tokenizer:
         """The model's tokenizer, loaded on first use (for prompt limits; no CTranslate2 here)."""
@@ -93,6 +107,16 @@ class Services:
         """Stored Responses API responses; a record lives as long as its job can."""
         limits = self.settings.limits
         return ResponseStore(self.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
+
+    @property
+    def files(self) -> FileStore:
+        """Stored files, over a client that answers bytes (a file is not text), opened on
+        first use: a process nobody uploads to never opens its pool."""
+        with self._lock:
+            if self._binary_redis is None:
+                self._binary_redis = connect_pooled(self.settings.redis, binary=True)
+            client = self._binary_redis
+        return FileStore(client, self.settings.files.retention_seconds)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that

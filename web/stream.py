@@ -14,7 +14,6 @@ from typing import Any
 
 import redis
 from flask import Flask, Response, request, stream_with_context
-from flask_sock import Sock
 from simple_websocket import ConnectionClosed
 
 from trickle.events import TokenRun
@@ -24,6 +23,7 @@ from web.errors import HttpError, not_found
 from web.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
 from web.services import Services, services
 from web.validation import parse_after
+from web.websocket import BoundedServer, websocket_view
 
 log = logging.getLogger(__name__)
 
@@ -173,33 +173,40 @@ class FirstDelivery:
 
 def register(app: Flask) -> None:
     app.add_url_rule("/v1/jobs/<job_id>/events", "job_events", sse_events, methods=["GET"])
-    sock = Sock(app)
+    # websocket=True: the rule matches only upgrade requests (werkzeug answers others 400).
+    app.add_url_rule(
+        "/v1/jobs/<job_id>/ws", "job_ws", websocket_view(job_ws), methods=["GET"], websocket=True
+    )
 
-    @sock.route("/v1/jobs/<job_id>/ws")
-    def job_ws(ws: Any, job_id: str) -> None:
-        """After the upgrade nothing may answer in HTTP: every failure is an ``error`` event
-        and a close code (4xxx for the client's mistakes), and a client leaving is no error."""
-        follower = open_ws_follower(ws, job_id)
-        if follower is None:
-            return
-        svc = services()
-        chunks = follower.chunks(svc.settings.web.keepalive_seconds, stream_pace(svc))
-        delivery = FirstDelivery(follower, "websocket")
-        try:
-            for chunk in chunks:
-                delivery.starting(chunk)
-                frames = [frame for event in chunk if (frame := ws_frame(event)) is not None]
-                for frame in frames:
-                    ws.send(frame)
-                delivery.written()
-            ws.close(reason=1000, message="done")
-        except redis.RedisError as exc:
-            close_with_error(ws, unavailable_error(exc), WS_CLOSE_UNAVAILABLE, "redis unavailable")
-        except (ConnectionClosed, OSError) as exc:
-            log.info("websocket reader of %s left: %s", job_id, type(exc).__name__)
-        finally:
-            chunks.close()
-            follower.close()  # drop the hub subscription even when the client vanished
+
+def job_ws(ws: BoundedServer, job_id: str) -> None:
+    """After the upgrade nothing may answer in HTTP: every failure is an ``error`` event
+    and a close code (4xxx for the client's mistakes), and a client leaving is no error."""
+    follower = open_ws_follower(ws, job_id)
+    if follower is None:
+        return
+    svc = services()
+    chunks = follower.chunks(svc.settings.web.keepalive_seconds, stream_pace(svc))
+    delivery = FirstDelivery(follower, "websocket")
+    try:
+        for chunk in chunks:
+            if not ws.is_open:
+                # The client left or was refused: a keep-alive writes nothing, so without this
+                # a job that never moves would hold its reader (and subscription) for good.
+                raise ConnectionClosed(ws.close_reason, ws.close_message)
+            delivery.starting(chunk)
+            frames = [frame for event in chunk if (frame := ws_frame(event)) is not None]
+            for frame in frames:
+                ws.send(frame)
+            delivery.written()
+        ws.close(reason=1000, message="done")
+    except redis.RedisError as exc:
+        close_with_error(ws, unavailable_error(exc), WS_CLOSE_UNAVAILABLE, "redis unavailable")
+    except (ConnectionClosed, OSError) as exc:
+        log.info("websocket reader of %s left: %s", job_id, type(exc).__name__)
+    finally:
+        chunks.close()
+        follower.close()  # drop the hub subscription even when the client vanished
 
 
 def open_ws_follower(ws: Any, job_id: str) -> JobFollower | None:

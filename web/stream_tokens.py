@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 import secrets
 
 import redis
@@ -20,6 +21,9 @@ from trickle import keys
 
 # Longest expiry accepted (digits): bounds the work a forged token can ask for.
 MAX_EXPIRY_DIGITS = 12
+# ASCII digits only: str.isdigit() and int() also take "²" or "٣", which int() then refuses or
+# reads as another number than the one signed.
+EXPIRY = re.compile(rf"[0-9]{{1,{MAX_EXPIRY_DIGITS}}}")
 
 
 class StreamTokens:
@@ -35,7 +39,7 @@ class StreamTokens:
         """True for a token issued for this job that has not expired; False for anything else
         (tampered, expired, another job's, not a token at all)."""
         expiry, dot, signature = token.partition(".")
-        if not dot or not expiry.isdigit() or len(expiry) > MAX_EXPIRY_DIGITS:
+        if not dot or EXPIRY.fullmatch(expiry) is None:
             return False
         expected = self._signature(job_id, int(expiry))
         # Compare even when expired, so timing tells nothing about which check failed.

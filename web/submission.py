@@ -77,13 +77,17 @@ def admit(svc: Services, jobs: list[Job]) -> None:
 
 
 def check_queue_capacity(svc: Services, model: str, adding: int = 1) -> None:
-    """429 once a model's queue holds max_queued_jobs: better a retry than an endless wait."""
+    """429 once a model's interactive queue holds max_queued_jobs: better a retry than an
+    endless wait. Batch jobs wait apart (``limits.max_batch_backlog``) and never count here.
+    The answer names the limit, never the depth: that is every tenant's work, not the
+    caller's."""
     limit = svc.settings.limits.max_queued_jobs
     waiting = svc.admission_depth.waiting(model, limit, adding)
     if waiting + adding > limit:
         raise too_many(
             "queue_full",
-            f"model {model!r} has {waiting} jobs waiting (limit {limit}); retry later",
+            f"model {model!r} has no room for {adding} more interactive job(s) "
+            f"(limits.max_queued_jobs = {limit}); retry later",
             QUEUE_FULL_RETRY_AFTER_SECONDS,
         )
 
@@ -181,19 +185,25 @@ def _record(
     return None if raw is None else matching(key, raw)
 
 
-def enqueue_many(svc: Services, jobs: list[Job], recorded: bool = False) -> None:
+def enqueue_many(
+    svc: Services,
+    jobs: list[Job],
+    recorded: bool = False,
+    on_sent: Callable[[], None] | None = None,
+) -> None:
     """``enqueue`` for a batch's jobs: every record at once (one round trip; ``recorded``: the
     caller wrote them already), then the ids to the queues in the background, so thousands of
     jobs are accepted in about a second.
 
     Until its task is sent a job reads ``queued`` like any other. Should the broker fail or
     this process die first, the workers' sweep publishes the jobs not yet sent again
-    (``worker.republish_after_seconds``): late, but never lost.
+    (``worker.republish_after_seconds``): late, but never lost. ``on_sent`` is called once
+    the fan-out ends (every message sent, or the broker failed).
     """
     if not recorded:
         svc.store.create_many(jobs)
     threading.Thread(
-        target=_send_all, args=(svc, jobs), name="trickle-batch-fanout", daemon=True
+        target=_send_all, args=(svc, jobs, on_sent), name="trickle-batch-fanout", daemon=True
     ).start()
 
 
@@ -218,9 +228,12 @@ def _publish(
             sent.append(job)
 
 
-def _send_all(svc: Services, jobs: list[Job]) -> None:
+def _send_all(svc: Services, jobs: list[Job], on_sent: Callable[[], None] | None) -> None:
     sent: list[Job] = []
     try:
         _publish(svc, jobs, sent)
     except Exception:  # the edge of a background thread: nobody else would see it
         log.exception("batch fan-out stopped after %d of %d jobs", len(sent), len(jobs))
+    finally:
+        if on_sent is not None:
+            on_sent()

@@ -97,6 +97,7 @@ def generation_params(
         ),
         min_tokens=min_tokens,
         stop_token_ids=tuple(request.stop_token_ids or ()),
+        cache_salt=request.cache_salt or "",
     )
 
 

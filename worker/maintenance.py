@@ -92,7 +92,7 @@ class Maintenance:
         try:
             for name in runtime.models:
                 runtime.redis.zrem(keys.model_workers(name), runtime.node_name)
-            runtime.redis.delete(keys.worker_slots(runtime.node_name))
+            runtime.redis.delete(keys.worker_slots_key(runtime.node_name))
         except redis.RedisError:
             log.warning("could not withdraw heartbeat for %s", runtime.node_name)
 

@@ -31,6 +31,7 @@ from trickle.tenants import TenantTable, tenant_label
 from worker.accounting import account_finished
 from worker.coldstart import ColdStart
 from worker.engine import Engine
+from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
@@ -288,7 +289,14 @@ class WorkerRuntime:
         else:
             reason = state.finish_reason or FinishReason.LENGTH
             status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
-            result = JobResult(status, state.output, reason, state.count, time.time())
+            result = JobResult(
+                status,
+                state.output,
+                reason,
+                state.count,
+                time.time(),
+                stop_sequence=state.stop_sequence,
+            )
         self._finish(job, claim, result, scheduled, resumed=resumed)
         if job.trace_context and self.tracing.enabled:
             timeline.batch_started = scheduled.batch_started_at
@@ -351,6 +359,7 @@ class WorkerRuntime:
             deadline,
             job.priority,
             self.tenants.name_of_owner(job.owner),
+            cache_partition(job.owner, job.params.cache_salt),
         )
         if resume.count >= job.params.max_tokens:
             # It died after its last token but before storing the result: finish it now.

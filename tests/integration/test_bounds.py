@@ -18,7 +18,9 @@ from tests.metrics_text import parse_samples
 from trickle import keys
 from trickle.config.sections import AuthSettings, LimitSettings, RateLimitSettings
 from trickle.config.settings import Settings
+from trickle.jobs import BATCH_PRIORITY
 from trickle.queue import tenant_queues
+from trickle.tenants import build_keys
 from web.services import services
 
 LIMIT = 6
@@ -65,16 +67,17 @@ def submit(client: FlaskClient, key: str = FIRST) -> int:
     return client.post("/v1/jobs", json=body, headers=bearer(key)).status_code
 
 
+def batch_body(custom_id: str = "b-0") -> dict[str, object]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": "bound", "prompt": "x", "max_tokens": 1},
+    }
+
+
 def create_batch(client: FlaskClient, key: str, count: int) -> dict[str, object]:
-    lines = [
-        {
-            "custom_id": f"b-{i}",
-            "method": "POST",
-            "url": "/v1/completions",
-            "body": {"model": "bound", "prompt": "x", "max_tokens": 1},
-        }
-        for i in range(count)
-    ]
+    lines = [batch_body(f"b-{i}") for i in range(count)]
     created = client.post(
         "/v1/batches",
         data="".join(json.dumps(line) + "\n" for line in lines),
@@ -89,23 +92,69 @@ def test_the_queue_takes_exactly_max_queued_jobs_then_429(client: FlaskClient) -
     refused = client.post("/v1/jobs", json={"prompt": "x", "model": "bound"}, headers=bearer(FIRST))
     assert refused.status_code == 429
     assert refused.get_json()["error"]["code"] == "queue_full"
-    assert f"{LIMIT} jobs waiting (limit {LIMIT})" in refused.get_json()["error"]["message"]
+    assert f"limits.max_queued_jobs = {LIMIT}" in refused.get_json()["error"]["message"]
     assert int(refused.headers["Retry-After"]) > 0
 
 
-def test_batch_priority_jobs_count_against_the_bound(
+def test_batch_jobs_never_close_the_interactive_queue(
     client: FlaskClient, redis_client: redis.Redis
 ) -> None:
-    # Batch-priority messages wait at a priority of their own: they still count.
-    create_batch(client, FIRST, 2)
+    # One key's batch, larger than the whole interactive bound, waits at a priority of its own.
+    create_batch(client, FIRST, 3 * LIMIT)
     queues = services(client.application).queues
-    # A batch's queue sends run in the background once it is accepted: wait for both.
-    wait_for(lambda: queues.depth("bound") == 2, 10, "the batch's two messages")
-    assert [submit(client) for _ in range(LIMIT - 2)] == [202] * (LIMIT - 2)
-    assert queues.depth("bound") == LIMIT
-    assert submit(client) == 429
+    # A batch's queue sends run in the background once it is accepted: wait for them all.
+    wait_for(lambda: queues.depth("bound") == 3 * LIMIT, 10, "the batch's messages")
+    # Another key still finds every interactive place free, and only those.
+    assert [submit(client, SECOND) for _ in range(LIMIT)] == [202] * LIMIT
+    body = {"prompt": "x", "model": "bound"}
+    refused = client.post("/v1/jobs", json=body, headers=bearer(SECOND))
+    assert refused.status_code == 429
+    message = refused.get_json()["error"]["message"]
+    # The refusal names the caller's limit, not the depth of everyone's work.
+    assert f"limits.max_queued_jobs = {LIMIT}" in message
+    assert str(4 * LIMIT) not in message and str(3 * LIMIT) not in message
     metrics = client.get("/metrics", headers=bearer(FIRST)).get_data(as_text=True)
-    assert parse_samples(metrics)['trickle_queue_depth{model="bound"}'] == LIMIT
+    assert parse_samples(metrics)['trickle_queue_depth{model="bound"}'] == 4 * LIMIT
+
+
+def test_the_batch_backlog_is_per_key(
+    bounded_settings: Settings, make_app: Callable[[Settings], Flask]
+) -> None:
+    suffix = uuid.uuid4().hex[:8]  # names of its own: their queues start empty
+    first, second = f"batch-a-{suffix}", f"batch-b-{suffix}"
+    tables = {first: {"key": f"key-{first}"}, second: {"key": f"key-{second}"}}
+    app = make_app(
+        dataclasses.replace(
+            bounded_settings,
+            keys=build_keys(tables),
+            limits=dataclasses.replace(bounded_settings.limits, max_batch_backlog=3),
+        )
+    )
+    client = app.test_client()
+    queues = services(app).queues
+    # Places another batch of this process holds while its messages are still being sent
+    # count as taken: the broker does not see them yet.
+    held = services(app).pending_batch.reserve_within(first, {"bound": 2}, {"bound": 0}, 3)
+    assert not isinstance(held, str)
+    lines = "".join(json.dumps(batch_body(f"b-{i}")) + "\n" for i in range(2))
+    headers = {**bearer(f"key-{first}"), "Content-Type": "application/jsonl"}
+    assert client.post("/v1/batches", data=lines, headers=headers).status_code == 429
+    held.release()
+    create_batch(client, f"key-{first}", 3)
+    wait_for(lambda: queues.depth("bound", first, BATCH_PRIORITY) == 3, 10, "the batch's messages")
+    refused = client.post(
+        "/v1/batches",
+        data=json.dumps(batch_body()) + "\n",
+        headers={**bearer(f"key-{first}"), "Content-Type": "application/jsonl"},
+    )
+    assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 0
+    error = refused.get_json()["error"]
+    assert error["code"] == "batch_queue_full"
+    assert "limits.max_batch_backlog = 3" in error["message"]
+    # The other key's batches and every key's interactive work still get in.
+    create_batch(client, f"key-{second}", 3)
+    assert submit(client, f"key-{first}") == 202
+    assert submit(client, f"key-{second}") == 202
 
 
 def test_a_request_for_several_jobs_needs_room_for_all(client: FlaskClient) -> None:

@@ -63,22 +63,30 @@ def test_depth_and_oldest_age_count_every_priority(
     assert queues.depth("late") == 0
     assert queues.oldest_queued_seconds("late", time.time()) == 0.0
     assert queues.batch_depth("demo") == 2
+    assert queues.depth("demo", priority=INTERACTIVE_PRIORITY) == 3
+    assert queues.depth("demo", priority=BATCH_PRIORITY) == 2
     assert (
         capacity.read_load(private_redis, "demo", 10.0, time.time(), queues, True).batch_depth == 2
     )
 
 
-def test_the_queue_bound_counts_batch_jobs(
+def test_the_queue_bound_counts_interactive_jobs_only(
     private_settings: Settings, private_redis: redis.Redis, make_app: Callable[[Settings], Flask]
 ) -> None:
     limits = dataclasses.replace(private_settings.limits, max_queued_jobs=3)
     app = make_app(dataclasses.replace(private_settings, limits=limits))
-    for n in range(3):
+    for n in range(5):
         enqueue(private_redis, private_settings, f"job_b{n}", BATCH_PRIORITY, age=1.0)
+    # Five batch jobs wait, more than the bound: an interactive job still gets in.
+    assert app.test_client().post("/v1/jobs", json={"prompt": "The"}).status_code == 202
+    for n in range(2):
+        enqueue(private_redis, private_settings, f"job_i{n}", INTERACTIVE_PRIORITY, age=1.0)
     response = app.test_client().post("/v1/jobs", json={"prompt": "The"})
     assert response.status_code == 429
-    assert response.get_json()["error"]["code"] == "queue_full"
-    assert "3 jobs waiting" in response.get_json()["error"]["message"]
+    error = response.get_json()["error"]
+    assert error["code"] == "queue_full"
+    assert "limits.max_queued_jobs = 3" in error["message"]
+    assert "8" not in error["message"]  # the depth of every tenant's work is nobody's business
 
 
 def test_worker_slots_come_from_live_heartbeats(private_redis: redis.Redis) -> None:
@@ -89,8 +97,8 @@ def test_worker_slots_come_from_live_heartbeats(private_redis: redis.Redis) -> N
     capacity.publish_slots(pipe, "worker-5100@h", {"demo": (3, 16)}, 0.0, 10.0)
     capacity.publish_slots(pipe, "worker-5101@h", {"demo": (0, 16)}, now - 70, 10.0)
     pipe.execute()
-    assert 0 < private_redis.pttl(keys.worker_slots("worker-5100@h")) <= 10_000
-    (live,) = capacity.worker_slots(private_redis, "demo", now - 10)
+    assert 0 < private_redis.pttl(keys.worker_slots_key("worker-5100@h")) <= 10_000
+    (live,) = capacity.live_worker_slots(private_redis, "demo", now - 10)
     assert live == WorkerSlots("worker-5100@h", 3, 16, 0.0)
 
 

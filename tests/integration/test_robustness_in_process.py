@@ -15,10 +15,10 @@ from flask.testing import FlaskClient
 
 from ops.redis_server import free_port
 from tests.clients import batch_line, jsonl
-from trickle import keys
 from trickle.config.sections import AuthSettings, WebhookSettings
 from trickle.config.settings import Settings
-from trickle.jobs import new_job_id
+from trickle.jobs import BATCH_PRIORITY, new_job_id
+from trickle.tenants import DEFAULT_TENANT
 from trickle.webhooks import WebhookRejected, check_webhook_url, deliver, resolve_address
 from web.services import services
 
@@ -74,12 +74,12 @@ def test_batch_jobs_and_backlog_are_bounded(
     lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
     error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
     assert error["param"] == "input" and "1280 jobs" in error["message"]
-    queued = sum(redis_client.zcard(keys.queued_jobs(s)) for s in range(keys.SHARDS))
-    limits = dataclasses.replace(settings.limits, max_batch_backlog=queued + 1)
+    waiting = services(client.application).queues.depth("demo", DEFAULT_TENANT, BATCH_PRIORITY)
+    limits = dataclasses.replace(settings.limits, max_batch_backlog=waiting + 1)
     client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
     response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))
     assert response.status_code == 429 and response.headers["Retry-After"]
-    assert response.get_json()["error"]["code"] == "queue_full"
+    assert response.get_json()["error"]["code"] == "batch_queue_full"
 
 
 def test_webhook_hosts_resolving_to_internal_addresses_are_refused_at_delivery() -> None:

@@ -47,6 +47,9 @@ def client(app: Flask) -> Iterator[FlaskClient]:
         ({"prompt": "hi", "ignore_eos": "yes"}, 400, "ignore_eos"),
         ({"prompt": "hi", "model": 7}, 400, "model"),
         ({"prompt": "hi", "model": "gpt-17"}, 404, "model"),
+        ({"prompt": "hi", "cache_salt": ""}, 400, "cache_salt"),
+        ({"prompt": "hi", "cache_salt": "s" * 257}, 400, "cache_salt"),
+        ({"prompt": "hi", "cache_salt": 7}, 400, "cache_salt"),
         ({"prompt": "hi", "max_token": 5}, 400, "max_token"),
         ({"prompt": "word " * 400}, 400, "prompt"),
         ({"prompt": "hi", "model": "tiny-llama", "max_tokens": 1024}, 400, "max_tokens"),
@@ -171,3 +174,14 @@ def test_an_allowed_webhook_url_is_kept_and_an_absent_one_is_empty(
     stored = redis_client.hget(keys.job(with_hook.get_json()["id"]), "webhook_url")
     assert stored == url
     assert redis_client.hget(keys.job(without.get_json()["id"]), "webhook_url") is None
+
+
+def test_a_cache_salt_is_kept_with_the_job(client: FlaskClient) -> None:
+    salted = client.post("/v1/jobs", json={"prompt": "hi", "cache_salt": "s" * 256})
+    plain = client.post("/v1/jobs", json={"prompt": "hi"})
+    assert salted.status_code == plain.status_code == 202
+    assert salted.get_json()["params"]["cache_salt"] == "s" * 256
+    assert plain.get_json()["params"]["cache_salt"] is None
+    chat = {"messages": [{"role": "user", "content": "hi"}], "cache_salt": ["x"]}
+    refused = client.post("/v1/chat/completions", json=chat)
+    assert refused.status_code == 400 and refused.get_json()["error"]["param"] == "cache_salt"

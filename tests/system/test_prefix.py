@@ -1,6 +1,7 @@
-"""Shared prefixes: which prefix a prompt has (pure logic), and on the real engine that a
-prefix run as CTranslate2's cached static prompt changes no greedy output and is a hit for
-every batch after the first.
+"""Shared prefixes: which prefix a prompt has (pure logic; eviction and partitions are in
+tests/unit/test_prefix_table.py), and on the real engine that a prefix run as CTranslate2's
+cached static prompt changes no greedy output, is a hit for every batch after the first, and
+never for another API key's first.
 
 The engine checks use float32 models (the demo model and the random Llama-style one): on this
 CPU, int8 rounding already depends on how a prompt is split between prefill and the decoding
@@ -9,6 +10,7 @@ loop (a job batched beside a shorter prompt), so no batching change is bit-exact
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -18,6 +20,7 @@ import redis
 from tests.scheduler_harness import Harness, solo_outputs
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import ConfigError, settings_from_dict
+from trickle.tokenizer import Tokenizer
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
 
@@ -50,21 +53,12 @@ def test_a_prefix_always_leaves_the_engine_a_start_token() -> None:
     assert table.prefix_for(list(learned)) != learned  # never a whole prompt
 
 
-def test_learned_prefixes_are_bounded_and_configured_ones_always_kept() -> None:
-    configured = ids(30, 500)
-    table = PrefixTable([configured], max_entries=1, min_tokens=8)
-    kept = tuple(configured[: len(configured) - BOUNDARY_MARGIN])
-    assert table.prefix_for([*configured, 7]) == kept
-    for start in (1000, 2000):
-        table.prefix_for([*ids(20, start), 1])
-        table.prefix_for([*ids(20, start), 2])
-    assert len(table.entries()) == 2  # the configured one and the first learned one only
-    assert table.prefix_for([*ids(20, 2000), 3]) == ()  # full: not learned
-    assert PrefixTable((), 0, 8).prefix_for([*configured, 7]) == ()  # 0: sharing is off
-
-
 def test_the_prefix_knobs_are_validated_by_name(tmp_path: Path) -> None:
-    for key, value in (("prefix_cache_entries", -1), ("prefix_min_tokens", 0)):
+    for key, value in (
+        ("prefix_cache_entries", -1),
+        ("prefix_min_tokens", 0),
+        ("prefix_cache_tokens", -1),
+    ):
         table = {"path": str(tmp_path), key: value}
         with pytest.raises(ConfigError, match=re.escape(f"models.m.{key}")):
             settings_from_dict({"models": {"m": table}, "default_model": "m"})
@@ -140,3 +134,68 @@ def test_chats_sharing_a_system_prompt_batch_together_and_count_their_hits(
     assert [job.prefix_hit for job in jobs] == [None, False, True, True, True]
     assert list(harness.scheduler.batch_sizes)[-1] == 3  # one prefix, one batch
     assert [job.state.output for job in jobs] == solo_outputs(llama_engine, private_redis, specs)
+
+
+def test_another_keys_chat_never_starts_from_a_keys_cached_prefix(
+    llama_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """Key A's chats learn and cache their system prompt; key B's chats with the same one
+    find nothing of A's: B learns it from its own prompts, and B's first batch with it computes
+    it (a miss, as timing would show) before B's next one hits."""
+    specs: list[dict[str, object]] = [
+        {"prompt": f"Be fair. {SYSTEM}\nUser: {user}\nAssistant:", "max_tokens": 12}
+        for user in ("Hi", "What is a socket", "Name a prime") * 2  # the same chats from A, B
+    ]
+    for spec in specs:
+        spec.update(ignore_eos=True, temperature=0.0)
+    owners = ["digest-a"] * 3 + ["digest-b"] * 3
+    table = PrefixTable((), max_entries=4, min_tokens=32)
+    harness = Harness(llama_engine, private_redis, 8, wait_ms=50, prefixes=table)
+    try:
+        jobs = [
+            harness.run([harness.job(owner=owner, **spec)])[0]  # type: ignore[arg-type]
+            for owner, spec in zip(owners, specs, strict=True)
+        ]
+    finally:
+        harness.close()
+    assert [job.prefix_hit for job in jobs] == [None, False, True, None, False, True]
+    a_prefix, b_prefix = jobs[2].request.prefix, jobs[5].request.prefix
+    assert a_prefix == b_prefix  # the same ids, cached once by CTranslate2...
+    assert jobs[2].request.cache_partition != jobs[5].request.cache_partition  # ...kept apart
+    assert [job.state.output for job in jobs] == solo_outputs(llama_engine, private_redis, specs)
+
+
+def test_an_idle_engine_recycles_to_free_what_the_table_evicted(demo_model_dir: Path) -> None:
+    """CTranslate2 never drops a cached state: once the budget is spent, a new prefix runs
+    computed per batch; when the table has evicted enough of what is held, the next batch that
+    finds the engine idle starts a new engine process, and the new prefix is cached."""
+    encode = Tokenizer.for_model(ModelSettings(name="demo", path=str(demo_model_dir))).encode
+    first, second = (
+        encode(f"{opening} {SYSTEM}\nUser: hi") for opening in ("Be fair.", "Be kind.")
+    )
+    prefixes = [tuple(prompt[: len(prompt) - 8]) for prompt in (first, second)]
+    budget = len(prefixes[0]) + len(prefixes[1]) - 1  # room for one of the two
+    settings = ModelSettings(
+        name="demo", path=str(demo_model_dir), device="cpu", prefix_cache_tokens=budget
+    )
+    engine = Engine(settings)
+    try:
+        runs = [
+            [EngineRequest(prompt, 8, GREEDY, prefix=prefix, cache_partition="key:a")]
+            for prompt, prefix in zip((first, second), prefixes, strict=True)
+        ]
+        expected = [generated(engine, [dataclasses.replace(r[0], prefix=())]) for r in runs]
+        assert generated(engine, runs[0]) == expected[0]
+        assert engine.prefix_cached(prefixes[0], "key:a")
+        process = engine.process_id
+        assert generated(engine, runs[1]) == expected[1]  # no room: computed, not cached
+        assert not engine.prefix_cached(prefixes[1], "key:a")
+        engine.forget_prefix(prefixes[0])  # the table evicted the first one
+        assert generated(engine, runs[1]) == expected[1]  # still no room: a recycle is due
+        assert engine.process_id == process
+        assert generated(engine, runs[1]) == expected[1]  # idle: a new process, room again
+        assert engine.process_id != process
+        assert engine.prefix_cached(prefixes[1], "key:a")
+        assert not engine.prefix_cached(prefixes[0], "key:a")
+    finally:
+        engine.close()

@@ -62,7 +62,7 @@ def test_every_operation_survives_fuzzing(fuzz_stack: FaultStack, tmp_path: Path
     )  # fmt: skip
     summary = result.stdout[-4000:]
     assert result.returncode == 0, summary + result.stderr[-2000:]
-    assert "Tested: 18" in summary  # every operation of the document was exercised
+    assert "Tested: 26" in summary  # every operation of the document was exercised
     assert "Stateful" in summary  # sequences along the links ran too
     web_log = (fuzz_stack.log_dir / "web.log").read_text("utf-8", "replace")
     assert "Traceback" not in web_log and "unhandled error" not in web_log

@@ -81,6 +81,11 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("[worker]\ngil_switch_interval_ms = -1\n", {}, "worker.gil_switch_interval_ms"),
         ("", {"TRICKLE__WORKER__PUBLISH_MAX_INTERVAL_MS": "-5"}, "worker.publish_max_interval_ms"),
         ("", {"TRICKLE__MODELS__DEMO__OVERFLOW_LANES": "-1"}, "models.demo.overflow_lanes"),
+        (
+            "",
+            {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},
+            "models.demo.tool_call_parser",
+        ),
     ],
 )
 def test_bad_configuration_names_the_key(

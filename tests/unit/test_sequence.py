@@ -146,3 +146,15 @@ def test_every_end_id_ends_the_job_and_none_is_emitted() -> None:
             (2, ""),
         ]
         assert state.finish_reason is FinishReason.STOP and state.output == "ab"
+
+
+def test_the_stop_string_that_ended_it_is_kept() -> None:
+    state = make(stop=("!", "END"))
+    run(state, "abENDx!")
+    assert state.finish_reason is FinishReason.STOP and state.stop_sequence == "END"
+    completed_by_flush = make(max_new_tokens=5, stop=("cd",))
+    run(completed_by_flush, "abcd")
+    assert completed_by_flush.stop_sequence == "cd"
+    for other in (make(max_new_tokens=2, stop=("z",)), make(stop=("z",))):
+        run(other, "abc", eos=True)
+        assert other.stop_sequence == ""

@@ -77,12 +77,12 @@ def test_checks_are_exact_values() -> None:
     matcher = StopMatcher(["xyz"])
     assert matcher.feed("ab") == StopCheck("ab", False)
     assert matcher.feed("x") == StopCheck("", False)
-    assert matcher.feed("yz!") == StopCheck("", True)
+    assert matcher.feed("yz!") == StopCheck("", True, "xyz")
 
 
 def test_a_stop_at_the_very_start_releases_nothing() -> None:
-    assert StopMatcher(["ab"]).feed("abc") == StopCheck("", True)
-    assert StopMatcher(["b", "a"]).feed("ab") == StopCheck("", True)
+    assert StopMatcher(["ab"]).feed("abc") == StopCheck("", True, "ab")
+    assert StopMatcher(["b", "a"]).feed("ab") == StopCheck("", True, "a")
 
 
 def test_after_a_match_or_a_flush_nothing_stays_held() -> None:
@@ -91,7 +91,7 @@ def test_after_a_match_or_a_flush_nothing_stays_held() -> None:
     assert matcher.flush() == "E"
     assert matcher.flush() == ""
     assert matcher.feed("xEN") == StopCheck("x", False)
-    assert matcher.feed("D") == StopCheck("", True)
+    assert matcher.feed("D") == StopCheck("", True, "END")
     assert matcher.flush() == ""
     assert matcher.feed("abc") == StopCheck("abc", False)
 
@@ -104,5 +104,14 @@ def test_a_buffer_shorter_than_the_stop_is_held_whole() -> None:
 
 
 def test_the_first_occurrence_of_a_stop_cuts_the_text() -> None:
-    assert StopMatcher(["b"]).feed("abab") == StopCheck("a", True)
-    assert StopMatcher(["zz", "b"]).feed("abzzb") == StopCheck("a", True)
+    assert StopMatcher(["b"]).feed("abab") == StopCheck("a", True, "b")
+    assert StopMatcher(["zz", "b"]).feed("abzzb") == StopCheck("a", True, "b")
+
+
+def test_the_matched_stop_is_named_and_the_earliest_wins() -> None:
+    matcher = StopMatcher(["LATE", "END", "EN"])
+    assert matcher.feed("a LA") == StopCheck("a ", False)
+    assert matcher.feed("TE and END") == StopCheck("", True, "LATE")
+    # At one position the first listed wins ("END" before "EN").
+    assert StopMatcher(["END", "EN"]).feed("xEND") == StopCheck("x", True, "END")
+    assert StopMatcher(["EN", "END"]).feed("xEND") == StopCheck("x", True, "EN")

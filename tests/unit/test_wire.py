@@ -19,6 +19,7 @@ from trickle.events import (
     encode_text,
     token_message,
 )
+from trickle.jobs import READ_FIELDS
 from web.openai import responses as shapes
 from web.stream import tokens_sse, ws_frame
 
@@ -105,13 +106,13 @@ def test_a_record_message_that_cannot_be_read_is_a_bare_done() -> None:
     """A done message whose record is malformed, short or names no job still ends the job's
     readers; they read the job instead (the listener decoding it must not stop)."""
     running = ["job_1", "demo", '{"max_tokens": 1, "temperature": 0, "top_k": 1, "top_p": 1}']
-    running += ["running"] + [False] * 14
+    running += ["running"] + [False] * (len(READ_FIELDS) - 4)
     for payload in (
         "D",
         "Dnot json",
         "D[3]",
         'D[2, "x"]',
-        "D[1" + ", false" * 18 + "]",
+        "D[1" + ", false" * (len(READ_FIELDS) - 1) + "]",  # one field short
         "D" + json.dumps([0, *running]),  # not finished: readers must read on
     ):
         message = JobMessage.decode(payload)

@@ -12,9 +12,15 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, NonNegativeFloat, NonNegativeInt
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveInt,
+)
 
 
 def _comma_separated(value: Any) -> Any:
@@ -72,11 +78,21 @@ class WebSettings(Section):
     max_wait_seconds: int = 60
     # Non-streaming OpenAI requests give up (504, jobs canceled) after this long.
     completion_timeout_seconds: float = 600.0
+    # A streamed OpenAI request with an Idempotency-Key whose client leaves keeps its jobs
+    # running this long, so that its retry re-attaches (replay from the first token, then
+    # follow to the end) instead of finding them canceled. 0: canceled at once, as streams
+    # without a key always are.
+    stream_resume_grace_seconds: float = 30.0
     # HMAC key of the read-only stream tokens in job URLs; empty: one generated and shared
     # through Redis (keys.STREAM_SECRET), so every web process signs alike.
     stream_secret: str = ""
     # Origins (scheme://host[:port], or "*") allowed to call /v1 from a browser; empty: none.
     cors_origins: Names = ()
+    # A job's WebSocket takes no input: what a client sends is read and dropped. One message
+    # (all its frames) over ws_max_message_bytes closes the socket with 1009, more than
+    # ws_inbound_budget_bytes in all with 1008, so no client can make the web process hold more.
+    ws_max_message_bytes: PositiveInt = 4096
+    ws_inbound_budget_bytes: PositiveInt = 65536
 
 
 @dataclass(frozen=True)
@@ -140,17 +156,33 @@ class LimitSettings(Section):
     result_ttl_seconds: int = 3600
     # A job never picked up (no worker for its model) expires after this.
     queued_ttl_seconds: int = 86_400
-    # Per model: beyond this many waiting jobs, submissions get 429 instead of queueing forever.
+    # Per model: beyond this many waiting interactive jobs, submissions get 429 instead of
+    # queueing forever. Batch jobs wait apart, under max_batch_backlog.
     max_queued_jobs: int = 1000
     # A running job is stopped and failed after this long (from its first start).
     max_job_seconds: float = 600.0
     # POST /v1/batches: requests per batch and size of the JSONL input.
     max_batch_requests: int = 10_000
     max_batch_bytes: int = 16_777_216
-    # Jobs one batch may create (each line makes prompts x n jobs), and the most jobs that may
-    # wait queued (all priorities) for a batch to be accepted: batch work is bounded too.
+    # Jobs one batch may create (each line makes prompts x n jobs), and the most batch jobs
+    # that may wait per model and key (the anonymous and auth.api_keys callers share one):
+    # batch work is bounded apart, so it never closes the interactive queue.
     max_batch_jobs: int = 10_000
     max_batch_backlog: int = 50_000
+
+
+@dataclass(frozen=True)
+class FileSettings(Section):
+    """``/v1/files``: stored in the job store's Redis (the one store the stack has), so every
+    byte counts against its memory; these bound it per file and per key."""
+
+    max_file_bytes: int = 67_108_864
+    max_bytes_per_key: int = 268_435_456
+    # An uploaded file, and a batch's output and error files, are deleted after this long.
+    retention_seconds: int = 604_800
+    # How long a batch's finished requests keep their results (and the batch its record) for
+    # its output files, however long ``limits.result_ttl_seconds`` is: its completion window.
+    batch_window_seconds: int = 86_400
 
 
 @dataclass(frozen=True)
@@ -276,10 +308,14 @@ class ModelSettings(Section):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
     # Common prefixes learned from traffic (prompts sharing at least prefix_min_tokens leading
-    # tokens), cached like static_prompts; each costs 2 x layers x tokens x d_model values of
-    # memory for the life of the engine process. 0 = learn none.
+    # tokens of one API key, or of one cache_salt), cached like static_prompts; the least
+    # recently used go first. 0 = learn none.
     prefix_cache_entries: int = 8
     prefix_min_tokens: int = 64
+    # The memory bound, in tokens (each costs 2 x layers x d_model values): the learned
+    # prefixes together, and what CTranslate2 holds cached over the engine process's life
+    # (configured prompts always). 0: only prefix_cache_entries bounds the table.
+    prefix_cache_tokens: int = 16384
     # Unset: the model directory's tokenizer_config.json (add_bos_token), else True.
     add_bos: bool | None = None
     # Jinja template turning chat messages into a prompt; empty: tokenizer_config.json's
@@ -288,6 +324,13 @@ class ModelSettings(Section):
     # Token ids that end generation besides the tokenizer's end token; empty: those of the
     # directory's generation_config.json (eos_token_id).
     eos_token_ids: Numbers = ()
+    # How the web tier finds tool calls in this model's answers (web/tools): "hermes" for
+    # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (what the built-in template asks
+    # for), "json" for an answer that is the call object itself (or a list of them).
+    tool_call_parser: Literal["hermes", "json"] = "hermes"
+    # A template for requests with tools when the model's own cannot render them (it never
+    # reads ``tools``): a Jinja string, or "builtin" for Trickle's. Empty: such requests are a 400.
+    tool_chat_template: str = ""
 
     def tenant_reserve(self, shared: bool) -> bool:
         """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)

@@ -27,6 +27,7 @@ from trickle.config.sections import (
     AuthSettings,
     AutoscaleSettings,
     BrokerSettings,
+    FileSettings,
     LimitSettings,
     ModelSettings,
     RateLimitSettings,
@@ -67,6 +68,7 @@ class Settings:
     web: WebSettings = field(default_factory=WebSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    files: FileSettings = field(default_factory=FileSettings)
     auth: AuthSettings = field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = field(default_factory=RateLimitSettings)
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
@@ -116,6 +118,7 @@ class _Layers(BaseSettings):
     web: WebSettings = Field(default_factory=WebSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     limits: LimitSettings = Field(default_factory=LimitSettings)
+    files: FileSettings = Field(default_factory=FileSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
@@ -297,6 +300,8 @@ def _check_engine_knobs(model: ModelSettings) -> None:
         raise ConfigError(f"{where}.prefix_cache_entries must be >= 0 (0 learns no prefix)")
     if model.prefix_min_tokens < 1:
         raise ConfigError(f"{where}.prefix_min_tokens must be >= 1")
+    if model.prefix_cache_tokens < 0:
+        raise ConfigError(f"{where}.prefix_cache_tokens must be >= 0 (0: no token bound)")
     if any(not text.strip() for text in model.static_prompts):
         raise ConfigError(f"{where}.static_prompts: an entry is empty")
     if not model.device_index:

@@ -145,7 +145,8 @@ class JobStore:
         """Queue the writes of a new job's record on ``pipe`` (a pipeline or a WriteRecorder)."""
         pipe.hset(keys.job(job.id), mapping=job.to_hash())
         # Long enough to stay queued, then to be read as expired for a result TTL.
-        pipe.expire(keys.job(job.id), self.queued_ttl_seconds + self.result_ttl_seconds)
+        kept = job.result_ttl_seconds or self.result_ttl_seconds
+        pipe.expire(keys.job(job.id), self.queued_ttl_seconds + kept)
         queued = keys.queued_jobs(keys.shard_of(job.id))
         pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
 
@@ -175,6 +176,19 @@ class JobStore:
             return None
         status, owner = self.redis.hmget(keys.job(job_id), ["status", "owner_key"])
         return None if status is None else str(owner or "")
+
+    def finished_many(self, job_ids: Sequence[str]) -> list[Job | None]:
+        """Finished jobs' records in one round trip (a batch's output reads thousands); a job
+        that is gone or not finished is None."""
+        pipe = self._runner.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(keys.job(job_id), READ_FIELDS)
+        found: list[Job | None] = []
+        for values in pipe.execute() if job_ids else []:
+            fields = hash_fields(READ_FIELDS, values)
+            job = Job.from_hash(fields) if "id" in fields else None
+            found.append(job if job is not None and job.status.is_terminal else None)
+        return found
 
     def snapshot(self, job_id: str, from_index: int) -> tuple[Job | None, list[TokenEvent]]:
         """The job (as ``get``) and its tokens from ``from_index`` on, read atomically."""

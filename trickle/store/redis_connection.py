@@ -31,10 +31,11 @@ HEALTH_CHECK_SECONDS = 30
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def client_options(settings: RedisSettings) -> dict[str, Any]:
-    """Text replies, bounded waits, and a ping before reusing a connection idle for long."""
+def client_options(settings: RedisSettings, binary: bool = False) -> dict[str, Any]:
+    """Text replies (bytes with ``binary``: stored files), bounded waits, and a ping before
+    reusing a connection idle for long."""
     return {
-        "decode_responses": True,
+        "decode_responses": not binary,
         "socket_timeout": settings.socket_timeout_seconds,
         "socket_connect_timeout": settings.socket_timeout_seconds,
         "health_check_interval": HEALTH_CHECK_SECONDS,
@@ -47,12 +48,12 @@ def connect(settings: RedisSettings) -> Any:
     return _connect(settings.url, client_options(settings))
 
 
-def connect_pooled(settings: RedisSettings) -> Any:
+def connect_pooled(settings: RedisSettings, binary: bool = False) -> Any:
     """A client over a blocking pool: requests wait for a free connection instead of opening
     one each, so a web process's connections stay capped however many streams are open (per
     node, on a cluster)."""
     if is_cluster_url(settings.url):
-        options = {**client_options(settings), "max_connections": settings.max_connections}
+        options = {**client_options(settings, binary), "max_connections": settings.max_connections}
         return _connect(settings.url, options)
     extra: dict[str, Any] = {}
     if urlsplit(settings.url).scheme == "redis":
@@ -61,7 +62,7 @@ def connect_pooled(settings: RedisSettings) -> Any:
         settings.url,
         max_connections=settings.max_connections,
         timeout=settings.socket_timeout_seconds,
-        **client_options(settings),
+        **client_options(settings, binary),
         **extra,
     )
     return redis.Redis(connection_pool=pool)

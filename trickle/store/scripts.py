@@ -17,9 +17,14 @@ _READ_FIELDS_LUA = ", ".join(f"'{name}'" for name in READ_FIELDS)
 # A job that ends without its worker's FINISH (canceled while queued, poisoned, recovered as
 # canceled, expired): the text streamed so far becomes its output, so stream and result agree;
 # then its done message goes to stream readers and waiters.
+# kept(job, ttl): the job's own result TTL (``Job.result_ttl_seconds``) or the default;
 # settle(job, tokens, output, ttl); announce(publish, events channel, done channel, message)
 _ENDING = """
+local function kept(job, ttl)
+  return redis.call('HGET', job, 'result_ttl') or ttl
+end
 local function settle(job, tokens, output, ttl)
+  ttl = kept(job, ttl)
   local text = redis.call('GET', output)
   if text then redis.call('HSET', job, 'output', text) end
   redis.call('HSET', job, 'completion_tokens', redis.call('LLEN', tokens))
@@ -237,8 +242,9 @@ local fields = {}
 for i = 6, #ARGV do table.insert(fields, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HDEL', KEYS[1], 'owner')
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+local ttl = kept(KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
 redis.call('DEL', KEYS[3])
 redis.call('DEL', KEYS[5])
 redis.call('ZREM', KEYS[4], ARGV[1])

@@ -7,6 +7,7 @@ their no-op value and refused otherwise, with a 400 naming them; what the schema
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 from trickle.config.settings import ConfigError, Settings
 from trickle.jobs import GenerationParams
 from trickle.model_files import model_profile
-from web.chat_template import ChatTurn, render_chat
+from web.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTurn, TurnCall, reads_tools, render_chat
 from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields
+from web.tools.definitions import ToolUse, chat_tools
 from web.validation import generation_params, served_model, validate
 
 
@@ -37,6 +39,7 @@ class OpenAIRequest:
     continuous_usage: bool  # vLLM's continuous_usage_stats: usage in every chunk
     logprobs: int | None  # None: no logprobs; otherwise how many alternatives were asked for
     echo: bool
+    tools: ToolUse | None = None  # a chat with tools: its answers are parsed for calls
 
     @property
     def choices(self) -> int:
@@ -70,31 +73,66 @@ def parse_chat_request(
     max_tokens = request.max_completion_tokens
     params = generation_params(request, settings, max_tokens or request.max_tokens)
     messages = [_message(item, index) for index, item in enumerate(request.messages)]
-    prompt = chat_prompt(messages, settings, served)
-    return _request(RequestKind.CHAT, request, settings, (prompt,), params, logprobs)
+    parser = settings.model(served).tool_call_parser
+    tools = chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)
+    if tools is not None and tools.parser is not None and logprobs is not None:
+        raise invalid("logprobs", "logprobs together with tools is not supported")
+    prompt = chat_prompt(messages, settings, served, tools=tools)
+    parsed = _request(RequestKind.CHAT, request, settings, (prompt,), params, logprobs)
+    return dataclasses.replace(parsed, tools=tools)
 
 
 def chat_prompt(
-    messages: list[ChatTurn], settings: Settings, model: str, param: str = "messages"
+    messages: list[ChatTurn],
+    settings: Settings,
+    model: str,
+    param: str = "messages",
+    tools: ToolUse | None = None,
 ) -> str:
-    """The conversation through the model's template, with its own start and end tokens."""
+    """The conversation (and tools) through the model's template, with its own start and end
+    tokens. A template that never reads ``tools`` would drop them: that is a 400 unless the
+    model's configuration names a fallback (``tool_chat_template``)."""
+    model_settings = settings.model(model)
     try:
-        profile = model_profile(settings.model(model))
+        profile = model_profile(model_settings)
     except ConfigError as exc:  # the model directory's files are broken: not the client's fault
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
+    template = profile.chat_template
+    if tools is not None and not reads_tools(template):
+        fallback = model_settings.tool_chat_template
+        if not fallback:
+            raise invalid(
+                "tools",
+                f"model {model!r}'s chat template cannot render tools (it never reads "
+                f"'tools'); its configuration may name one that can: tool_chat_template",
+            )
+        template = DEFAULT_CHAT_TEMPLATE if fallback == "builtin" else fallback
+    definitions = list(tools.definitions) if tools is not None else None
     return render_chat(
-        messages, profile.chat_template, profile.bos_token, profile.eos_token, param=param
+        messages, template, profile.bos_token, profile.eos_token, param=param, tools=definitions
     )
 
 
 def _message(item: ChatMessage, index: int) -> ChatTurn:
     content = item.content
+    at = f"messages[{index}]"
     if content is None:
         if item.role != "assistant":
-            raise invalid(f"messages[{index}].content", "content is required for this role")
+            raise invalid(f"{at}.content", "content is required for this role")
         content = ""
+    if item.tool_calls is not None and item.role != "assistant":
+        raise invalid(f"{at}.tool_calls", "only an assistant message carries tool_calls")
+    if item.role == "tool" and item.tool_call_id is None:
+        raise invalid(f"{at}.tool_call_id", "a tool message needs the tool_call_id it answers")
+    if item.role != "tool" and item.tool_call_id is not None:
+        raise invalid(f"{at}.tool_call_id", "only a tool message carries tool_call_id")
     text = content if isinstance(content, str) else "".join(part.text for part in content)
-    return ChatTurn("system" if item.role == "developer" else item.role, text)
+    calls = tuple(
+        TurnCall(call.id, call.function.name, call.function.arguments)
+        for call in item.tool_calls or ()
+    )
+    role = "system" if item.role == "developer" else item.role
+    return ChatTurn(role, text, calls, item.tool_call_id)
 
 
 def _request(

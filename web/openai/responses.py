@@ -10,6 +10,7 @@ from typing import Any
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job
 from web.openai.requests import OpenAIRequest, RequestKind
+from web.tools.calls import ParsedAnswer, call_id
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,31 @@ class Envelope:
 def finish_reason(job: Job) -> str:
     # OpenAI knows only stop and length; a job canceled through /cancel ended at our request.
     return "length" if job.finish_reason is FinishReason.LENGTH else "stop"
+
+
+def tool_finish_reason(job: Job, answer: ParsedAnswer) -> str:
+    """``tool_calls`` when the answer called a tool and was not cut short."""
+    if answer.calls and job.finish_reason is not FinishReason.LENGTH:
+        return "tool_calls"
+    return finish_reason(job)
+
+
+def tool_message(job: Job, answer: ParsedAnswer) -> dict[str, Any]:
+    """The assistant message of a finished answer (without calls: exactly a plain one)."""
+    if not answer.calls:
+        return {"role": "assistant", "content": answer.content}
+    return {
+        "role": "assistant",
+        "content": answer.content or None,
+        "tool_calls": [
+            {
+                "id": call_id(job.id, index),
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for index, call in enumerate(answer.calls)
+        ],
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -189,6 +215,10 @@ def _choice(
     wants_logprobs = req.logprobs is not None
     if req.kind is RequestKind.CHAT:
         logprobs = chat_logprobs(events, req.logprobs or 0) if wants_logprobs else None
+        answer = req.tools.parse(job.output) if req.tools is not None else None
+        if answer is not None:
+            choice = chat_choice(index, job.output, tool_finish_reason(job, answer), logprobs)
+            return {**choice, "message": tool_message(job, answer)}
         return chat_choice(index, job.output, reason, logprobs)
     text = (prompt if req.echo else "") + job.output
     logprobs = completion_logprobs(events, 0) if wants_logprobs else None

@@ -2,7 +2,10 @@
 
 ``/v1/completions`` and ``/v1/chat/completions`` create one job per (prompt, n) choice, so the
 workers, token stream and result store are exactly those of ``/v1/jobs`` and each job is visible
-at ``/v1/jobs/<id>``. Streams are SSE ``data:`` lines; a client that disconnects cancels its jobs.
+at ``/v1/jobs/<id>``. Streams are SSE ``data:`` lines; a client that disconnects cancels its jobs,
+after a grace for its retry to re-attach when the request carries an Idempotency-Key
+(web/stream_hold.py). A canceled job is never reported complete: its retry is a 409 and its
+stream ends with an error event, never ``finish_reason: "stop"``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -20,6 +24,7 @@ from flask import Blueprint, Response, jsonify, stream_with_context
 from trickle.capacity import live_workers
 from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
+from web import stream_hold
 from web.body import read_json_body
 from web.errors import HttpError, not_found, unavailable
 from web.follow import (
@@ -31,7 +36,7 @@ from web.follow import (
     open_followers,
     wait_for_job,
 )
-from web.idempotency import IdempotencyKey, earlier, requested_key
+from web.idempotency import HEADER, IdempotencyKey, earlier, requested_key
 from web.openai import responses as shapes
 from web.openai.requests import (
     OpenAIRequest,
@@ -39,6 +44,8 @@ from web.openai.requests import (
     parse_chat_request,
     parse_completion_request,
 )
+from web.openai.tool_chat import ToolChoiceStream
+from web.response_models import Model, ModelList
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue_all, prepare_job
@@ -46,12 +53,21 @@ from web.submission import admit, cancel_many, enqueue_all, prepare_job
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
 STARTED_AT = int(time.time())
+STARTED_AT_TEXT = datetime.fromtimestamp(STARTED_AT, UTC).isoformat().replace("+00:00", "Z")
 
 
 @blueprint.get("/v1/models")
 def list_models() -> Response:
-    names = services().settings.models
-    return jsonify({"object": "list", "data": [_model_object(name) for name in names]})
+    data = [_model_object(name) for name in services().settings.models]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    listing: ModelList = {
+        "object": "list",
+        "data": data,
+        "has_more": False,
+        "first_id": first,
+        "last_id": last,
+    }
+    return jsonify(listing)
 
 
 @blueprint.get("/v1/models/<path:model_id>")
@@ -61,9 +77,9 @@ def get_model(model_id: str) -> Response:
     return jsonify(_model_object(model_id))
 
 
-def _model_object(name: str) -> dict[str, Any]:
-    """OpenAI's model object, plus what a client needs to fill a form (extra fields are
-    ignored by OpenAI clients)."""
+def _model_object(name: str) -> Model:
+    """OpenAI's model object and Anthropic's, plus what a client needs to fill a form (each
+    client ignores the fields it does not know)."""
     svc = services()
     settings = svc.settings
     ttl = settings.worker.heartbeat_ttl_seconds
@@ -72,6 +88,9 @@ def _model_object(name: str) -> dict[str, Any]:
         "object": "model",
         "created": STARTED_AT,
         "owned_by": "trickle",
+        "type": "model",
+        "display_name": name,
+        "created_at": STARTED_AT_TEXT,
         "default": name == settings.default_model,
         "workers": live_workers(svc.redis, name, ttl, time.time()),
         "max_context_tokens": settings.model(name).max_context_tokens,
@@ -106,7 +125,8 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         owner = jobs[0].owner
         # Chunks carry no status: no Status events, and no queue position read per stream.
         followers = open_followers(svc.store, svc.hub, [job.id for job in jobs], owner, False)
-        body = stream_with_context(_stream(svc, req, jobs, followers, envelope))
+        held = key is not None and stream_hold.grace_seconds(svc) > 0
+        body = stream_with_context(_stream(svc, req, jobs, followers, envelope, held))
         response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
         response.call_on_close(lambda: close_all(followers))
         return response
@@ -134,7 +154,26 @@ def _create_jobs(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) 
     found = [svc.store.get(job_id) for job_id in first.job_ids]
     if not all(found):
         raise not_found("the jobs of this Idempotency-Key have expired", "Idempotency-Key")
-    return [job for job in found if job is not None]
+    jobs = [job for job in found if job is not None]
+    canceled = [job.id for job in jobs if job.status is JobStatus.CANCELED]
+    if canceled:
+        raise request_canceled(canceled)
+    return jobs
+
+
+def request_canceled(job_ids: list[str], param: str | None = HEADER) -> HttpError:
+    """The request's jobs were canceled (its client left and no retry came within
+    ``web.stream_resume_grace_seconds``, or someone canceled them): their output is cut, so
+    neither the request nor its retry may report it as a finished answer."""
+    return HttpError(
+        409,
+        "invalid_request_error",
+        f"the request was canceled before it finished ({', '.join(job_ids)}); its output is "
+        f"incomplete. A retry with the same {HEADER} gets this answer too: send it with a new "
+        "key (or none) to run it again",
+        param,
+        code="request_canceled",
+    )
 
 
 def jobs_for_request(
@@ -168,6 +207,9 @@ def _complete(
         if done.status is JobStatus.FAILED:
             _cancel(svc, jobs)
             raise _generation_failed(done)
+        if done.status is JobStatus.CANCELED:
+            _cancel(svc, jobs)
+            raise request_canceled([done.id], None)
         # The replay log only for logprobs: the finished job already holds its output.
         events = svc.store.tokens(job.id) if req.logprobs is not None else []
         finished.append((done, events))
@@ -180,11 +222,15 @@ def _stream(
     jobs: list[Job],
     followers: list[JobFollower],
     envelope: shapes.Envelope,
+    held: bool = False,
 ) -> Iterator[str]:
+    """``held``: the request carries an Idempotency-Key, so a client that leaves gets the
+    grace to re-attach before its jobs are canceled (web/stream_hold.py)."""
     chat = req.kind is RequestKind.CHAT
     # Logprobs and continuous usage are per token; otherwise a wake-up's tokens are one chunk.
     per_token = req.logprobs is not None or req.continuous_usage
     templates = [shapes.text_chunk_template(envelope, i, chat) for i in range(len(jobs))]
+    tools = _tool_streams(req, envelope, jobs)
     finished: set[int] = set()
     offsets = [0] * len(jobs)
     generated = [0] * len(jobs)  # per choice, for continuous_usage_stats
@@ -196,6 +242,9 @@ def _stream(
             chunk["usage"] = shapes.usage(jobs[index].usage.prompt_tokens, generated[index])
         return chunk
 
+    left = False  # the client went away (not: the stream ended on its own)
+    if held:
+        stream_hold.attach(svc, jobs)
     try:
         for index, prompt in enumerate(shapes.choice_prompts(req)):
             if chat:
@@ -209,6 +258,12 @@ def _stream(
             for index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenRun) and tools:
+                    # Token by token: a call's arguments stream as the model writes them.
+                    for literal in event.literals:
+                        generated[index] += 1
+                        for chunk in tools[index].feed(json.loads(literal)):
+                            parts.append(_sse(with_usage(chunk, index)))
                 elif isinstance(event, TokenRun) and not per_token:
                     generated[index] += len(event)
                     literal = event.text_literal()
@@ -223,13 +278,20 @@ def _stream(
                 elif isinstance(event, Done):
                     finished.add(index)
                     job = event.job
-                    if job.status is JobStatus.FAILED:
-                        parts.append(_sse(_generation_failed(job).to_dict()))
+                    if job.status in (JobStatus.FAILED, JobStatus.CANCELED):
+                        if job.status is JobStatus.FAILED:
+                            error = _generation_failed(job)
+                        else:
+                            error = request_canceled([job.id], None)
+                        parts.append(_sse(error.to_dict()))
                         yield "".join(parts)
                         return
                     completion_tokens += job.usage.completion_tokens
                     reason = shapes.finish_reason(job)
-                    if chat:
+                    if tools:
+                        *pending, last = tools[index].finish(job)
+                        parts.extend(_sse(with_usage(chunk, index)) for chunk in pending)
+                    elif chat:
                         last = shapes.chat_chunk(envelope, index, {}, reason)
                     else:
                         last = shapes.completion_chunk(envelope, index, "", reason)
@@ -245,12 +307,36 @@ def _stream(
         log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
         yield _sse(created_unavailable(jobs, exc).to_dict())
     except GeneratorExit:  # the server closed the body early: the client went away
-        log.info("completion stream %s: the client left; canceling its jobs", envelope.id)
+        left = True
+        log.info("completion stream %s: the client left", envelope.id)
         raise
     finally:
-        # The client went away (or generation failed): stop what still runs (a flush and a step).
+        # The client went away (or generation failed): stop what still runs (a flush and a
+        # step); a keyed request's client that left first gets the grace to come back.
         unfinished = [job for index, job in enumerate(jobs) if index not in finished]
-        _cancel(svc, unfinished)
+        if held:
+            try:
+                stream_hold.detach(svc, jobs, unfinished, left)
+            except redis.RedisError as exc:
+                log.warning("completion stream %s: could not hold its jobs: %s", envelope.id, exc)
+                left = False
+        if not (held and left):
+            _cancel(svc, unfinished)
+
+
+def _tool_streams(
+    req: OpenAIRequest, envelope: shapes.Envelope, jobs: list[Job]
+) -> list[ToolChoiceStream]:
+    """A parser per choice when the answers may hold tool calls; none otherwise."""
+    if req.tools is None:
+        return []
+    streams = []
+    for index, job in enumerate(jobs):
+        parser = req.tools.new_parser()
+        if parser is None:
+            return []
+        streams.append(ToolChoiceStream(envelope, index, job.id, parser))
+    return streams
 
 
 def _token_chunk(

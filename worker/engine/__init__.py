@@ -29,6 +29,8 @@ from trickle.config.sections import ModelSettings, available_cores
 from trickle.jobs import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.flags import create_flags
+from worker.engine.prefix import SHARED
+from worker.engine.prefix_cache import PrefixCacheState
 from worker.engine.process import BatchCommand, EngineReady, serve
 
 log = logging.getLogger(__name__)
@@ -80,6 +82,10 @@ class EngineRequest:
     # The leading ids of prompt_ids that are a shared prefix (worker.engine.prefix): the engine
     # runs them as CTranslate2's cached static prompt. Every request of a batch has the same.
     prefix: tuple[int, ...] = ()
+    # Whose cached prefixes it may use (worker.engine.prefix.cache_partition: its API key's or
+    # its cache_salt's); once it has a prefix, that prefix's partition (``SHARED`` for a
+    # configured one). Every request of a batch with a prefix has the same.
+    cache_partition: str = ""
 
 
 # (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.
@@ -135,13 +141,14 @@ class Engine:
         self._batch_ids = itertools.count()
         self._lock = threading.Lock()
         self._restart_lock = threading.Lock()
+        self._in_flight = 0  # batches between _enter and _leave (under the restart lock)
+        self._recycle_wanted = False
         self._broken = False  # a lane's pipe broke: the process is dead or dying
         self._generation = 0
         self.device = "cpu"
         self.warm_step_seconds: dict[int, float] = {}  # step time by batch size, from warm-up
         self.prefill_seconds_per_token = 0.0  # one prompt token's share of a forward pass
-        # Static prompts the engine process has cached: a later batch with one is a hit.
-        self._cached_prefixes: set[tuple[int, ...]] = set()
+        self._cache = PrefixCacheState(model.prefix_cache_tokens)
         self._start()
 
     def _start(self) -> None:
@@ -161,7 +168,7 @@ class Engine:
         self._generation += 1
         ours: list[Lane] = []
         theirs: list[tuple[Connection, Connection]] = []
-        self._cached_prefixes = set()  # a new process starts with CTranslate2's cache empty
+        self._cache = self._cache.emptied()  # a new process starts with CTranslate2's empty
         for _ in range(self._process_settings.lanes):
             commands_out, commands_in = context.Pipe(duplex=False)
             events_out, events_in = context.Pipe(duplex=False)
@@ -196,16 +203,46 @@ class Engine:
         self.warm_step_seconds = ready.step_seconds
         self.prefill_seconds_per_token = ready.prefill_seconds_per_token
 
-    def _ensure_running(self) -> None:
+    def _enter(self) -> None:
+        """Before a batch: start a new engine process if this one died, or if its prefix
+        cache is spent on prefixes the table evicted and no batch runs (CTranslate2 frees a
+        cached state only with its process); then count the batch in."""
         with self._restart_lock:
-            if self._process.is_alive() and not self._broken:
-                return
-            log.error("engine process for %s died; starting a new one", self.settings.name)
-            self._process.kill()  # a pipe broke first: make sure, and reap it
-            self._process.join(timeout=10)
-            self._close_lanes()
-            self._broken = False
-            self._start()
+            if self._recycle_wanted and self._in_flight == 0:
+                log.info("engine process for %s: recycled to free evicted prefixes", self.name)
+                self._recycle_wanted = False
+                self._restart()
+            elif not self._process.is_alive() or self._broken:
+                log.error("engine process for %s died; starting a new one", self.name)
+                self._restart()
+            self._in_flight += 1
+
+    def _leave(self) -> None:
+        with self._restart_lock:
+            self._in_flight -= 1
+
+    def _restart(self) -> None:
+        self._process.kill()  # dead or idle: make sure, and reap it
+        self._process.join(timeout=10)
+        self._close_lanes()
+        self._broken = False
+        self._start()
+
+    @property
+    def name(self) -> str:
+        return self.settings.name
+
+    @property
+    def process_id(self) -> int | None:
+        """The engine process's pid: a new one after a restart or a recycle."""
+        pid: int | None = self._process.pid
+        return pid
+
+    def forget_prefix(self, prefix: tuple[int, ...]) -> None:
+        """The prefix table evicted ``prefix`` (in every partition): its cached state, if any,
+        is dead weight until the engine process is recycled."""
+        with self._lock:
+            self._cache.forget(prefix)
 
     def _close_lanes(self) -> None:
         for lane in self._all_lanes:
@@ -236,10 +273,11 @@ class Engine:
         ends = frozenset() if params.ignore_eos else self.end_ids
         return ends | frozenset(params.stop_token_ids)
 
-    def prefix_cached(self, prefix: tuple[int, ...]) -> bool:
-        """Whether a batch with this static prompt starts from CTranslate2's cached state."""
+    def prefix_cached(self, prefix: tuple[int, ...], partition: str = SHARED) -> bool:
+        """Whether a batch of ``partition`` with this static prompt starts from CTranslate2's
+        cached state."""
         with self._lock:
-            return prefix in self._cached_prefixes
+            return self._cache.warm(partition, prefix)
 
     def generate(
         self,
@@ -258,17 +296,38 @@ class Engine:
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
         prefix = requests[0].prefix
-        if any(request.prefix != prefix for request in requests):
-            raise ValueError("a batch must share one static prompt")
+        partition = requests[0].cache_partition
+        if any(r.prefix != prefix or (prefix and r.cache_partition != partition) for r in requests):
+            raise ValueError("a batch must share one static prompt and its partition")
         if any(len(request.prompt_ids) <= len(prefix) for request in requests):
             raise ValueError("a prompt must be longer than its shared prefix")
-        self._ensure_running()
+        self._enter()
+        try:
+            self._run(requests, on_step, clock, prefix, partition)
+        finally:
+            self._leave()
+
+    def _run(
+        self,
+        requests: Sequence[EngineRequest],
+        on_step: StepCallback,
+        clock: StepClock | None,
+        prefix: tuple[int, ...],
+        partition: str,
+    ) -> None:
+        sampling = requests[0].sampling
+        seed = requests[0].seed
+        with self._lock:
+            use_cache = bool(prefix) and self._cache.may_use(partition, prefix)
+            if prefix and not use_cache and self._cache.wants_recycle(partition, prefix):
+                self._recycle_wanted = True  # at the next batch that finds the engine idle
         slots = self._take_slots(len(requests))
         batch_id = next(self._batch_ids)
         command = BatchCommand(
             batch_id=batch_id,
             prompts=[self.tokenizer.to_pieces(list(r.prompt_ids[len(prefix) :])) for r in requests],
             static_prompt=self.tokenizer.to_pieces(list(prefix)) if prefix else None,
+            cache_static_prompt=use_cache,
             max_new_tokens=[r.max_new_tokens for r in requests],
             slots=slots,
             temperature=sampling.temperature,
@@ -291,7 +350,7 @@ class Engine:
                         raise EngineError(message[2])
                     if prefix:
                         with self._lock:
-                            self._cached_prefixes.add(prefix)
+                            self._cache.ran(partition, prefix, use_cache)
                     return
                 for started_at, tokens in message[2]:
                     if clock is not None:

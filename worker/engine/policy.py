@@ -209,13 +209,15 @@ def restartable(request: EngineRequest) -> bool:
 
 def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
     """Whether ``job`` may share a batch with ``first``: one sampling configuration and one
-    shared prefix (CTranslate2's static prompt is the whole batch's), and never a seed."""
+    shared prefix of one partition (CTranslate2's static prompt is the whole batch's, and
+    whether it starts from the cached state is the partition's), and never a seed."""
     request = job.request
     return (
         request.seed is None
         and first.seed is None
         and request.sampling == first.sampling
         and request.prefix == first.prefix
+        and (not request.prefix or request.cache_partition == first.cache_partition)
     )
 
 

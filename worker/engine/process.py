@@ -105,6 +105,9 @@ class BatchCommand:
     # Pieces every prompt of the batch starts with (``prompts`` hold the rest): CTranslate2
     # prefills them once and caches the state for the next batch with the same ones.
     static_prompt: list[str] | None = None
+    # Whether CTranslate2 may start from its cached state of ``static_prompt`` (and save it):
+    # False computes it for this batch alone (another partition's state, or past the budget).
+    cache_static_prompt: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -304,7 +307,7 @@ class EngineRunner:
             end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=command.min_tokens,
             static_prompt=command.static_prompt,
-            cache_static_prompt=True,
+            cache_static_prompt=command.cache_static_prompt,
             callback=callback,
         )
 

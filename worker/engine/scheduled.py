@@ -80,8 +80,10 @@ def make_scheduled_job(
     deadline: float | None = None,
     priority: int = 0,
     tenant: str = "",
+    cache_partition: str = "",
 ) -> ScheduledJob:
-    """Engine request plus per-job state; ``prompt_ids`` include any resumed text."""
+    """Engine request plus per-job state; ``prompt_ids`` include any resumed text;
+    ``cache_partition``: whose cached prefixes it may use (worker.engine.prefix)."""
     state = SequenceState(
         engine.tokenizer,
         prompt_ids,
@@ -95,5 +97,5 @@ def make_scheduled_job(
     seed = None if params.is_greedy else params.seed
     remaining = params.max_tokens - resume.count
     sampling = SamplingKey.from_params(params, generated=resume.count)
-    request = EngineRequest(prompt_ids, remaining, sampling, seed)
+    request = EngineRequest(prompt_ids, remaining, sampling, seed, cache_partition=cache_partition)
     return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)

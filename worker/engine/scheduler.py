@@ -174,9 +174,13 @@ class BatchScheduler:
     def submit(self, job: ScheduledJob) -> None:
         with self._cond:
             if job.request.seed is None and not job.request.prefix:
-                prefix = self._prefixes.prefix_for(job.request.prompt_ids)
-                if prefix:
-                    job.request = dataclasses.replace(job.request, prefix=prefix)
+                found = self._prefixes.match(job.request.prompt_ids, job.request.cache_partition)
+                for evicted in self._prefixes.take_evicted():
+                    self._engine.forget_prefix(evicted)
+                if found.prefix:
+                    job.request = dataclasses.replace(
+                        job.request, prefix=found.prefix, cache_partition=found.partition
+                    )
             self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
             self._pending.append(job)
             self._rebalance()
@@ -386,7 +390,10 @@ class BatchScheduler:
             if job.batch_started_at is None:
                 job.batch_started_at = started
                 if job.request.prefix:
-                    job.prefix_hit = self._engine.prefix_cached(job.request.prefix)
+                    request = job.request
+                    job.prefix_hit = self._engine.prefix_cached(
+                        request.prefix, request.cache_partition
+                    )
         if self._on_batch is not None:
             self._on_batch(len(batch))
         requests = [job.current_request() for job in batch]

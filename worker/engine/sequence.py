@@ -43,6 +43,7 @@ class SequenceState:
         self._parts: list[str] = [resumed_text] if resumed_text else []
         self.count = resumed_count
         self.finish_reason: FinishReason | None = None
+        self.stop_sequence = ""  # the stop string that ended it, if one did
         self.error: JobError | None = None
         # Set from other threads (a cancel, a deadline, a lost lease); read on the engine thread.
         self._stop_reason: FinishReason | None = None
@@ -81,6 +82,7 @@ class SequenceState:
             check = self._stops.feed(self._detok.add(token_id))
             text = check.released
             reason = FinishReason.STOP if check.stopped else None
+            self._note_stop(check.stop)
             if reason is None and (is_last or self.count >= self._max_new_tokens):
                 text += self._release_rest()
                 reason = self.finish_reason or FinishReason.LENGTH
@@ -98,6 +100,12 @@ class SequenceState:
         """Flush the detokenizer through the stop matcher; a stop found here still ends as stop."""
         check = self._stops.feed(self._detok.flush())
         if check.stopped:
+            self._note_stop(check.stop)
             self.finish_reason = FinishReason.STOP
             return check.released
         return check.released + self._stops.flush()
+
+    def _note_stop(self, stop: str) -> None:
+        """Remember the stop string that ends the job (the first to end it, only)."""
+        if stop and self.finish_reason is None:
+            self.stop_sequence = stop

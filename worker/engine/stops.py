@@ -14,6 +14,8 @@ from dataclasses import dataclass
 class StopCheck:
     released: str
     stopped: bool
+    # The stop string that matched ("" when none did): Anthropic's answers name it.
+    stop: str = ""
 
 
 class StopMatcher:
@@ -29,7 +31,8 @@ class StopMatcher:
         match = _earliest_match(buffer, self._stops)
         if match is not None:
             self._held = ""
-            return StopCheck(buffer[:match], True)
+            position, stop = match
+            return StopCheck(buffer[:position], True, stop)
         hold = _longest_partial_suffix(buffer, self._stops)
         self._held = buffer[len(buffer) - hold :] if hold else ""
         return StopCheck(buffer[: len(buffer) - hold], False)
@@ -40,9 +43,10 @@ class StopMatcher:
         return held
 
 
-def _earliest_match(buffer: str, stops: Sequence[str]) -> int | None:
-    positions = [pos for pos in (buffer.find(stop) for stop in stops) if pos >= 0]
-    return min(positions) if positions else None
+def _earliest_match(buffer: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """Where the earliest stop starts, and which (the first listed wins a tie)."""
+    found = [(pos, stop) for stop in stops if (pos := buffer.find(stop)) >= 0]
+    return min(found, key=lambda match: match[0]) if found else None
 
 
 def _longest_partial_suffix(buffer: str, stops: Sequence[str]) -> int:

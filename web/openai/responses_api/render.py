@@ -66,16 +66,20 @@ def response_object(
     job: Job | None,
     status: ResponseStatus,
     logprobs: Sequence[TokenEvent] | None = None,
+    output: Sequence[Any] | None = None,
 ) -> ResponseObject:
     """The response object; ``job`` None (or not started) has no output yet. ``logprobs``:
-    the job's tokens, when the record asked for them."""
-    output: list[OutputMessage] = []
+    the job's tokens, when the record asked for them. ``output``: the items of an answer read
+    for tool calls (``tool_events``), instead of one message of the job's text."""
+    items: list[Any] = []
     usage: ResponseUsage | None = None
     completed_at: int | None = None
     error: ResponseError | None = None
     incomplete: IncompleteDetails | None = None
     if job is not None and status != "queued":
-        output = [message_item(record, job.output, _item_status(status), logprobs)]
+        items = [message_item(record, job.output, _item_status(status), logprobs)]
+        if output is not None:
+            items = list(output)
     if job is not None and job.status.is_terminal:
         usage = usage_of(job)
         completed_at = int(job.completed_at or job.created_at)
@@ -98,7 +102,7 @@ def response_object(
         "max_tool_calls": None,
         "metadata": record.metadata,
         "model": record.model,
-        "output": output,
+        "output": items,
         "parallel_tool_calls": record.parallel_tool_calls,
         "previous_response_id": record.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
@@ -107,7 +111,7 @@ def response_object(
         "temperature": record.temperature,
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tool_choice": record.tool_choice,
-        "tools": [],
+        "tools": list(record.tools),
         "top_logprobs": record.top_logprobs,
         "top_p": record.top_p,
         "truncation": "disabled",

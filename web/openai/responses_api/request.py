@@ -1,20 +1,24 @@
 """``POST /v1/responses`` bodies: the pydantic model (validation and OpenAPI schema) and its
 translation into a conversation and generation parameters.
 
-Fields Trickle cannot honour (tools, structured output, reasoning) are accepted only with their
-no-op value and refused by name otherwise, as on the other OpenAI routes.
+Fields Trickle cannot honour (structured output, reasoning, tool choices that need constrained
+decoding) are accepted only with their no-op value and refused by name otherwise, as on the
+other OpenAI routes. Function tools, ``function_call`` and ``function_call_output`` items are
+the conversation's tool calls and results (``web.tools``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from trickle.config.settings import Settings
 from trickle.jobs import GenerationParams
-from web.chat_template import ChatTurn
+from web.chat_template import ChatTurn, TurnCall
 from web.errors import invalid
 from web.request_models import InputMessage, ResponseCreateRequest
+from web.tools.definitions import Choice, ToolUse, choice_name, responses_tools
+from web.tools.models import FunctionCallItem, FunctionCallOutputItem
 from web.validation import generation_params, served_model, validate
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -38,7 +42,10 @@ class ResponseRequest:
     logprobs: bool
     top_logprobs: int
     parallel_tool_calls: bool
-    tool_choice: Literal["none", "auto"]
+    tool_choice: Choice
+    tools: ToolUse | None = None
+    # The tools as the response object echoes them (the request's, defaults filled in).
+    tool_echo: tuple[dict[str, Any], ...] = ()
 
 
 def parse_response_request(
@@ -54,8 +61,13 @@ def parse_response_request(
     logprobs = LOGPROBS_INCLUDE in (request.include or [])
     if request.top_logprobs and not logprobs:
         raise invalid("top_logprobs", f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]")
+    model_name = served_model(request.model, settings)
+    parser = settings.model(model_name).tool_call_parser
+    tools = responses_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)
+    if tools is not None and tools.parser is not None and logprobs:
+        raise invalid("include", "output_text logprobs together with tools are not supported")
     return ResponseRequest(
-        model=served_model(request.model, settings),
+        model=model_name,
         messages=_messages(request.input),
         instructions=request.instructions,
         params=generation_params(request, settings, request.max_output_tokens),
@@ -70,16 +82,37 @@ def parse_response_request(
         parallel_tool_calls=(
             True if request.parallel_tool_calls is None else request.parallel_tool_calls
         ),
-        tool_choice=request.tool_choice or "auto",
+        tool_choice=choice_name(tools) if tools is not None else _plain(request.tool_choice),
+        tools=tools,
+        tool_echo=tuple({**tool.model_dump(), "strict": False} for tool in request.tools or ()),
     )
 
 
-def _messages(items: str | list[InputMessage]) -> tuple[ChatTurn, ...]:
+def _plain(choice: object) -> Choice:
+    """The echoed ``tool_choice`` of a request without tools."""
+    return "none" if choice == "none" else "auto"
+
+
+def _messages(
+    items: str | list[InputMessage | FunctionCallItem | FunctionCallOutputItem],
+) -> tuple[ChatTurn, ...]:
+    """The input as turns: a ``function_call`` joins the assistant turn before it (or starts
+    one), a ``function_call_output`` is a ``tool`` turn."""
     if isinstance(items, str):
         return (ChatTurn("user", items),)
-    messages = []
+    messages: list[ChatTurn] = []
     for item in items:
-        content = item.content
-        text = content if isinstance(content, str) else "".join(part.text for part in content)
-        messages.append(ChatTurn("system" if item.role == "developer" else item.role, text))
+        if isinstance(item, FunctionCallItem):
+            call = TurnCall(item.call_id, item.name, item.arguments)
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = ChatTurn("assistant", last.content, (*last.tool_calls, call))
+            else:
+                messages.append(ChatTurn("assistant", "", (call,)))
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append(ChatTurn("tool", item.output, tool_call_id=item.call_id))
+        else:
+            content = item.content
+            text = content if isinstance(content, str) else "".join(p.text for p in content)
+            messages.append(ChatTurn("system" if item.role == "developer" else item.role, text))
     return tuple(messages)

@@ -9,17 +9,20 @@ runs on.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
+from web import stream_hold
 from web.auth import current_owner
 from web.body import read_json_body
-from web.chat_template import ChatTurn
+from web.chat_template import ChatTurn, TurnCall
 from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import (
     Done,
@@ -32,13 +35,15 @@ from web.follow import (
 )
 from web.idempotency import IdempotencyKey, earlier, requested_key
 from web.openai.requests import chat_prompt
-from web.openai.responses_api import render
+from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.request import ResponseRequest, parse_response_request
 from web.response_models import ResponseObject
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
+from web.tools.calls import call_id
+from web.tools.parser import ToolCallParser
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
@@ -55,7 +60,10 @@ def create_response() -> Response:
     req = parse_response_request(body, svc.settings, svc.requests.responses)
     record, job = _submit(svc, req, key)
     if req.stream:
-        return _event_stream(svc, record, job, -1, cancel_on_close=not req.background)
+        # A keyed foreground stream whose client leaves gets the grace to re-attach: its
+        # retry replays from the first event (web/stream_hold.py).
+        held = key is not None and not req.background and stream_hold.grace_seconds(svc) > 0
+        return _event_stream(svc, record, job, -1, cancel_on_close=not req.background, held=held)
     if req.background:
         return jsonify(render.response_object(record, job, "queued"))
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
@@ -74,7 +82,7 @@ def get_response(response_id: str) -> Response:
         return jsonify(_object(svc, record, job))
     after = _starting_after(request.args.get("starting_after"))
     if job.status.is_terminal:
-        last = render.HEAD_EVENTS + svc.responses.token_count(job.id) + render.TAIL_EVENTS - 1
+        last = _last_event(svc, record, job)
         if after > last:
             raise invalid("starting_after", f"starting_after is past the last event ({last})")
     return _event_stream(svc, record, job, after, cancel_on_close=False)
@@ -108,12 +116,13 @@ def _submit(
     ``Idempotency-Key`` already used, the first request's response instead."""
     first = earlier(svc, key)
     if first is None:
-        messages = _conversation(svc, req)
+        messages = conversation(svc, req)
         system = [ChatTurn("system", req.instructions)] if req.instructions else []
-        prompt = chat_prompt([*system, *messages], svc.settings, req.model, param="input")
+        turns = [*system, *messages]
+        prompt = chat_prompt(turns, svc.settings, req.model, param="input", tools=req.tools)
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
         admit(svc, [job])
-        record = _record(req, job, messages)
+        record = record_of(req, job, messages)
         if req.store:
             svc.responses.save(record)
         try:
@@ -136,7 +145,7 @@ def _created_earlier(svc: Services, job_id: str) -> tuple[StoredResponse, Job]:
     return record, job
 
 
-def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
+def record_of(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> StoredResponse:
     return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
@@ -156,10 +165,12 @@ def _record(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) -> S
         top_logprobs=req.top_logprobs,
         parallel_tool_calls=req.parallel_tool_calls,
         tool_choice=req.tool_choice,
+        tools=req.tool_echo,
+        tool_parser=req.tools.parser if req.tools is not None else None,
     )
 
 
-def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
+def conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
     """The previous response's conversation and answer, then this request's input."""
     if req.previous_response_id is None:
         return req.messages
@@ -172,8 +183,20 @@ def _conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
         raise not_found(f"response {req.previous_response_id!r} has expired", param)
     if not job.status.is_terminal:
         raise invalid(param, f"response {previous.id!r} is still {render.status_of(job)}")
-    answer = ChatTurn("assistant", job.output)
-    return (*previous.messages, answer, *req.messages)
+    return (*previous.messages, _answer_turn(previous, job), *req.messages)
+
+
+def _answer_turn(record: StoredResponse, job: Job) -> ChatTurn:
+    """A finished response's answer as the next turn's assistant message, its calls included."""
+    tools = record.tool_use()
+    answer = tools.parse(job.output) if tools is not None else None
+    if answer is None:
+        return ChatTurn("assistant", job.output)
+    calls = tuple(
+        TurnCall(call_id(job.id, index), call.name, call.arguments)
+        for index, call in enumerate(answer.calls)
+    )
+    return ChatTurn("assistant", answer.content, calls)
 
 
 def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
@@ -189,6 +212,9 @@ def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
 
 
 def _object(svc: Services, record: StoredResponse, job: Job) -> ResponseObject:
+    parser = _parser(record)
+    if parser is not None:
+        return tool_events.read_whole(record, parser, job).response(job, render.status_of(job))
     logprobs = svc.store.tokens(job.id) if record.logprobs and job.status.is_terminal else None
     return render.response_object(record, job, render.status_of(job), logprobs)
 
@@ -214,15 +240,39 @@ def _starting_after(raw: str | None) -> int:
     return after
 
 
+def _parser(record: StoredResponse) -> ToolCallParser | None:
+    tools = record.tool_use()
+    return None if tools is None else tools.new_parser()
+
+
+def _last_event(svc: Services, record: StoredResponse, job: Job) -> int:
+    """The sequence number of a finished response's last event."""
+    parser = _parser(record)
+    if parser is None:
+        return render.HEAD_EVENTS + svc.responses.token_count(job.id) + render.TAIL_EVENTS - 1
+    events = tool_events.ToolEvents(record, parser)
+    for token in svc.store.tokens(job.id):
+        events.token(token.text)
+    events.end(job)
+    return events.sequence - 1
+
+
 def _event_stream(
-    svc: Services, record: StoredResponse, job: Job, after: int, cancel_on_close: bool
+    svc: Services,
+    record: StoredResponse,
+    job: Job,
+    after: int,
+    cancel_on_close: bool,
+    held: bool = False,
 ) -> Response:
-    first_token = max(after - render.HEAD_EVENTS, -1)
+    # A tool response's events are rebuilt from its first token (tool_events).
+    first_token = max(after - render.HEAD_EVENTS, -1) if record.tool_parser is None else -1
     try:
         follower = JobFollower(svc.store, svc.hub, job.id, first_token, job.owner, False)
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
-    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close))
+    hold = job if held else None
+    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close, hold))
     response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     response.call_on_close(follower.close)
     return response
@@ -234,9 +284,17 @@ def _events(
     follower: JobFollower,
     after: int,
     cancel_on_close: bool,
+    hold: Job | None = None,
 ) -> Iterator[str]:
-    """Every event numbered above ``after``, as it becomes known."""
-    finished = False
+    """Every event numbered above ``after``, as it becomes known; ``hold``: the job of a keyed
+    stream, held for the grace instead of canceled when the client leaves."""
+    parser = _parser(record)
+    if parser is not None:
+        yield from _tool_events(svc, record, follower, after, cancel_on_close, parser, hold)
+        return
+    finished = left = False
+    if hold is not None:
+        stream_hold.attach(svc, [hold])
     try:
         head = [render.sse(e) for e in render.head_events(record) if e["sequence_number"] > after]
         if head:
@@ -260,9 +318,77 @@ def _events(
     except redis.RedisError as exc:
         log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
         yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+    except GeneratorExit:  # the server closed the body early: the client went away
+        left = True
+        raise
     finally:
-        if cancel_on_close and not finished:
-            _cancel_job(svc, record.job_id, record.model)
+        _stream_ended(svc, record, hold, finished, left, cancel_on_close)
+
+
+def _stream_ended(
+    svc: Services,
+    record: StoredResponse,
+    hold: Job | None,
+    finished: bool,
+    left: bool,
+    cancel_on_close: bool,
+) -> None:
+    """A stream's end: a held job is left to its grace, an abandoned one is canceled."""
+    if hold is not None:
+        try:
+            stream_hold.detach(svc, [hold], [] if finished else [hold], left)
+        except redis.RedisError as exc:
+            log.warning("response stream %s: could not hold its job: %s", record.id, exc)
+            left = False
+    if cancel_on_close and not finished and not (hold is not None and left):
+        _cancel_job(svc, record.job_id, record.model)
+
+
+def _tool_events(
+    svc: Services,
+    record: StoredResponse,
+    follower: JobFollower,
+    after: int,
+    cancel_on_close: bool,
+    parser: ToolCallParser,
+    hold: Job | None = None,
+) -> Iterator[str]:
+    """A tool response's events above ``after``: the parser reads every token from the first.
+    ``hold`` as in ``_events``."""
+    finished = left = False
+    if hold is not None:
+        stream_hold.attach(svc, [hold])
+    events = tool_events.ToolEvents(record, parser)
+
+    def newer(made: list[dict[str, Any]]) -> list[str]:
+        return [render.sse(e) for e in made if e["sequence_number"] > after]
+
+    try:
+        head = newer(events.head())
+        if head:
+            yield "".join(head)
+        pace = stream_pace(svc)
+        for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
+            parts: list[str] = []
+            for _index, event in group:
+                if isinstance(event, KeepAlive):
+                    parts.append(": keep-alive\n\n")
+                elif isinstance(event, TokenRun):
+                    for literal in event.literals:
+                        parts += newer(events.token(json.loads(literal)))
+                elif isinstance(event, Done):
+                    finished = True
+                    parts += newer(events.end(event.job))
+            if parts:
+                yield "".join(parts)
+    except redis.RedisError as exc:
+        log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
+        yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+    except GeneratorExit:  # the server closed the body early: the client went away
+        left = True
+        raise
+    finally:
+        _stream_ended(svc, record, hold, finished, left, cancel_on_close)
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:

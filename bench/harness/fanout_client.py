@@ -1,10 +1,10 @@
 """Fan-out readers: thousands of SSE streams in one asyncio process, as light as possible.
 
-Run by ``bench.fanout`` as ``python -m bench.fanout_client``, in its own process so that its CPU
-and file descriptors are not the server's. Each reader is a raw ``asyncio.Protocol`` that counts
-``event: token`` lines in the bytes it receives (no JSON, no dechunking: every SSE event is one
-HTTP chunk, so a pattern is never cut by chunk framing, and a 12-byte tail covers reads that cut
-it). Commands arrive one per line on stdin (``snapshot``, ``stop``), answers are JSON lines.
+Run by ``bench.fanout`` as ``python -m bench.harness.fanout_client``, in its own process so that
+its CPU and file descriptors are not the server's. Each reader is a raw ``asyncio.Protocol`` that
+counts ``event: token`` lines in the bytes it receives (no JSON, no dechunking: every SSE event is
+one HTTP chunk, so a pattern is never cut by chunk framing, and a 12-byte tail covers reads that
+cut it). Commands arrive one per line on stdin (``snapshot``, ``stop``), answers are JSON lines.
 """
 
 from __future__ import annotations

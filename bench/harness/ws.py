@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from bench.stack import HOST
+from bench.harness.stack import HOST
 
 OPCODE_TEXT, OPCODE_CLOSE = 0x1, 0x8
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.stats import difference, ratio
+from bench.harness.stats import difference, ratio
 
 NOTES = """\
 What each figure includes:

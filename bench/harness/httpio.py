@@ -3,7 +3,7 @@
 Light enough to hold thousands of SSE streams in one process: no HTTP library, no per-event
 allocations beyond what the measurement needs. ``SseStream`` parses a response fully (status,
 chunked framing, SSE events, with an arrival time per event); the fan-out readers use their own
-even lighter counter (``bench.fanout_client``).
+even lighter counter (``bench.harness.fanout_client``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The benchmarks' shared harness: stack, models, clients, statistics, reports."""

@@ -1,0 +1,359 @@
+"""Function calling end to end: a real worker serves a model that calls tools on cue
+(``tests.tool_model``), and the official ``openai`` client runs its tool loops against it on
+chat completions and the Responses API, streamed and not; a Responses stream resumed after
+any event replays exactly what followed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import requests
+
+from tests.faultstack import FaultStack, build_fault_stack
+from tests.tool_model import ANSWER_TEXT, TEMPLATE, build_tool_model
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME: Any = {
+    "type": "function",
+    "function": {"name": "get_time", "parameters": {"type": "object"}},
+}
+RESPONSES_WEATHER: Any = {"type": "function", **WEATHER["function"]}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = build_tool_model(
+        tmp_path_factory.mktemp("tool-model"), demo_model_dir / "tokenizer.model"
+    )
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tool_stack(
+    tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, tool_model: Path
+) -> Iterator[FaultStack]:
+    stack = build_fault_stack(
+        tmp_path_factory.mktemp("tool-stack"),
+        models_toml=(
+            f'[models.demo]\npath = "{demo_model_dir}"\n'
+            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n'
+        ),
+        settings_toml="[limits]\nmax_tokens_ceiling = 64\ndefault_max_tokens = 32\n",
+    )
+    stack.worker("tools", ("tools", "demo"))
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def client(tool_stack: FaultStack) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0)
+
+
+def test_the_openai_clients_chat_tool_loop(client: openai.OpenAI, tool_stack: FaultStack) -> None:
+    messages: list[Any] = list(ASK)
+    first = client.chat.completions.create(
+        model="tools",
+        messages=messages,
+        tools=[WEATHER],
+        temperature=0,
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    # The job keeps the model's raw text: the calls are read from it on the web side.
+    job_id = (first.model_extra or {})["job_ids"][0]
+    job = requests.get(f"{tool_stack.web_url}/v1/jobs/{job_id}", timeout=10).json()
+    assert job["output"].startswith("<tool_call>") and "get_weather" in job["output"]
+
+    messages.append(choice.message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 22C"})
+    final = client.chat.completions.create(
+        model="tools",
+        messages=messages,
+        tools=[WEATHER],
+        temperature=0,
+    )
+    assert final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.content == ANSWER_TEXT
+    assert not final.choices[0].message.tool_calls
+
+
+def stream_chat(client: openai.OpenAI, **args: Any) -> tuple[str, dict[int, dict[str, Any]], Any]:
+    """The streamed content, the calls by index (name, id, argument fragments), the reason."""
+    content = ""
+    calls: dict[int, dict[str, Any]] = {}
+    reason = None
+    for chunk in client.chat.completions.create(model="tools", stream=True, **args):
+        for choice in chunk.choices:
+            delta = choice.delta
+            assert "<" not in (delta.content or "")  # never a tag, whole or partial, as text
+            content += delta.content or ""
+            for call in delta.tool_calls or []:
+                seen = calls.setdefault(call.index, {"names": [], "ids": [], "fragments": []})
+                if call.function and call.function.name:
+                    seen["names"].append(call.function.name)
+                if call.id:
+                    seen["ids"].append(call.id)
+                if call.function and call.function.arguments:
+                    seen["fragments"].append(call.function.arguments)
+            reason = choice.finish_reason or reason
+    return content, calls, reason
+
+
+def test_a_streamed_call_sends_its_name_once_then_argument_fragments(client: openai.OpenAI) -> None:
+    args: Any = {"messages": ASK, "tools": [WEATHER], "temperature": 0}
+    content, calls, reason = stream_chat(client, **args)
+    whole = client.chat.completions.create(model="tools", **args).choices[0]
+    assert (content, reason) == ("", "tool_calls")
+    assert list(calls) == [0]
+    assert calls[0]["names"] == ["get_weather"] and len(calls[0]["ids"]) == 1
+    # The tag and the name were cut across tokens: the arguments come in several fragments.
+    assert len(calls[0]["fragments"]) > 1
+    arguments = "".join(calls[0]["fragments"])
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert whole.message.tool_calls[0].function.arguments == arguments
+
+
+def test_two_calls_with_text_streamed_and_not(client: openai.OpenAI) -> None:
+    args: Any = {
+        "messages": [{"role": "user", "content": "The weather in two cities?"}],
+        "tools": [WEATHER, TIME],
+    }
+    whole = client.chat.completions.create(model="tools", **args).choices[0]
+    assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking:"
+    names = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+    assert names == [("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "CET"})]
+    content, calls, reason = stream_chat(client, **args)
+    assert (content, reason, sorted(calls)) == ("Checking:", "tool_calls", [0, 1])
+    assert [calls[i]["names"] for i in (0, 1)] == [["get_weather"], ["get_time"]]
+    ids = [*calls[0]["ids"], *calls[1]["ids"]]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+    single = client.chat.completions.create(model="tools", parallel_tool_calls=False, **args)
+    assert [c.function.name for c in single.choices[0].message.tool_calls] == ["get_weather"]
+
+
+def test_tool_choice_none_leaves_the_answer_as_text(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model="tools",
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="none",
+    ).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls
+    assert str(answer.message.content).startswith("<tool_call>")
+
+
+def test_the_demo_model_takes_tools_through_the_built_in_template(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model="demo",
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=8,
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.usage is not None and answer.usage.prompt_tokens > 40  # the tool is in it
+
+
+def test_the_openai_clients_responses_tool_loop(client: openai.OpenAI) -> None:
+    first = client.responses.create(
+        model="tools", input="Weather in Paris?", tools=[RESPONSES_WEATHER]
+    )
+    assert first.status == "completed"
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.call_id.startswith("call_") and str(call.id).startswith("fc_")
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    assert [getattr(tool, "name", None) for tool in first.tools] == ["get_weather"]
+    final = client.responses.create(
+        model="tools",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[RESPONSES_WEATHER],
+    )
+    assert final.status == "completed" and final.output_text == ANSWER_TEXT
+    # The whole conversation sent again instead of previous_response_id gives the same answer.
+    again = client.responses.create(
+        model="tools",
+        input=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+        tools=[RESPONSES_WEATHER],
+    )
+    assert again.output_text == ANSWER_TEXT
+
+
+def sse_events(response: requests.Response) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith(b"data: ")]
+
+
+def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> None:
+    base = tool_stack.web_url
+    body: dict[str, Any] = {
+        "model": "tools",
+        "input": "The weather in two cities?",
+        "tools": [RESPONSES_WEATHER, {"type": "function", "name": "get_time"}],
+        "stream": True,
+        "background": True,
+    }
+    with requests.post(f"{base}/v1/responses", json=body, stream=True, timeout=60) as response:
+        assert response.status_code == 200, response.text
+        events = sse_events(response)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == [
+        "message",
+        "function_call",
+        "function_call",
+    ]
+    assert final["output"][0]["content"][0]["text"] == "Checking:"
+    for index, item in enumerate(final["output"][1:], start=1):
+        deltas = [
+            e["delta"]
+            for e in events
+            if e["type"] == "response.function_call_arguments.delta" and e["output_index"] == index
+        ]
+        (done,) = [
+            e
+            for e in events
+            if e["type"] == "response.function_call_arguments.done" and e["output_index"] == index
+        ]
+        assert "".join(deltas) == done["arguments"] == item["arguments"]
+    stored = requests.get(f"{base}/v1/responses/{final['id']}", timeout=10).json()
+    assert stored["output"] == final["output"]
+    for after in range(len(events)):
+        url = f"{base}/v1/responses/{final['id']}?stream=true&starting_after={after}"
+        with requests.get(url, stream=True, timeout=60) as replay:
+            assert sse_events(replay) == events[after + 1 :], after
+    past = requests.get(
+        f"{base}/v1/responses/{final['id']}?stream=true&starting_after={len(events)}", timeout=10
+    )
+    assert past.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("change", "param"),
+    [
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools[0].function.name",
+        ),
+        ({"tool_choice": {"type": "function", "function": {"name": "absent"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {"tools": [{**WEATHER, "function": {**WEATHER["function"], "strict": True}}]},
+            "tools[0].function.strict",
+        ),
+    ],
+)
+def test_bad_tools_are_400s_that_name_the_field(
+    tool_stack: FaultStack, change: dict[str, Any], param: str
+) -> None:
+    body = {"model": "tools", "messages": ASK, "tools": [WEATHER], **change}
+    response = requests.post(f"{tool_stack.web_url}/v1/chat/completions", json=body, timeout=10)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_the_openai_clients_stream_helpers_assemble_the_calls(client: openai.OpenAI) -> None:
+    """The client's own accumulators check every event's place (an argument delta before its
+    item was added would raise), and assemble the same answer as the plain request."""
+    with client.chat.completions.stream(
+        model="tools", messages=ASK, tools=[WEATHER], temperature=0
+    ) as stream:
+        completion = stream.get_final_completion()
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    with client.responses.stream(
+        model="tools",
+        input="The weather in two cities?",
+        tools=[RESPONSES_WEATHER, {"type": "function", "name": "get_time"}],  # type: ignore[list-item]
+    ) as events:
+        response = events.get_final_response()
+    assert [item.type for item in response.output] == ["message", "function_call", "function_call"]
+    assert response.output_text == "Checking:"
+    calls = [item for item in response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("get_time", {"zone": "CET"}),
+    ]
+
+
+def test_an_agent_sdk_runs_a_function_tool_over_the_responses_api(tool_stack: FaultStack) -> None:
+    """OpenAI's Agents SDK, unchanged, streamed and not: the model calls the tool, the SDK runs
+    it and sends the result back, the model answers. Its default ``strict`` tools promise
+    schema-valid arguments, which only constrained decoding keeps: those are a 400 by name."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool(strict_mode=False)
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        cities.append(city)
+        return "sunny, 22C"
+
+    @function_tool
+    def get_time(zone: str) -> str:
+        """The time in a zone."""
+        return "noon"
+
+    async def run() -> tuple[Any, Any, openai.BadRequestError]:
+        # Closed inside the loop: its pooled connections must not outlive the loop they use.
+        async with openai.AsyncOpenAI(
+            base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0
+        ) as client:
+            model = OpenAIResponsesModel(model="tools", openai_client=client)
+            agent = Agent(
+                name="weather", instructions="Be brief.", tools=[get_weather], model=model
+            )
+            plain = await Runner.run(agent, "Weather in Paris?")
+            streamed = Runner.run_streamed(agent, "Weather in Paris?")
+            async for _event in streamed.stream_events():
+                pass
+            strict = Agent(name="strict", tools=[get_time], model=model)
+            with pytest.raises(openai.BadRequestError) as refused:
+                await Runner.run(strict, "What time is it?")
+        return plain.final_output, streamed.final_output, refused.value
+
+    plain, streamed, refused = asyncio.run(run())
+    assert plain == streamed == ANSWER_TEXT
+    assert cities == ["Paris", "Paris"]
+    assert isinstance(refused.body, dict) and refused.body["param"] == "tools[0].strict"

@@ -1,0 +1,110 @@
+"""The message object and the stream's events, from a job: Anthropic's documented shapes.
+
+A stream is ``message_start``, ``content_block_start`` (one text block), ``ping``, one
+``content_block_delta`` per wake-up's tokens, ``content_block_stop``, ``message_delta`` (the
+stop reason and the usage), ``message_stop``; a quiet spell sends ``ping``. Every delta carries
+an SSE ``id``: the index of its last token, which is what ``Last-Event-ID`` resumes after.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trickle.events import encode_text
+from trickle.jobs import FinishReason, Job
+from web.anthropic.models import (
+    AnthropicError,
+    AnthropicUsage,
+    MessageObject,
+    StopReason,
+)
+
+MESSAGE_PREFIX = "msg_"
+JOB_PREFIX = "job_"
+PING = 'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def message_id(job_id: str) -> str:
+    """The message a job answers: ``job_<hex>`` is ``msg_<hex>``."""
+    return MESSAGE_PREFIX + job_id.removeprefix(JOB_PREFIX)
+
+
+def stop_reason(job: Job) -> StopReason:
+    if job.finish_reason is FinishReason.LENGTH:
+        return "max_tokens"
+    # A job canceled through /v1/jobs/<id>/cancel ended at its owner's request: a turn's end.
+    return "stop_sequence" if job.stop_sequence else "end_turn"
+
+
+def usage(job: Job, output_tokens: int | None = None) -> AnthropicUsage:
+    return {
+        "input_tokens": job.usage.prompt_tokens,
+        "output_tokens": job.usage.completion_tokens if output_tokens is None else output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def message_object(job: Job, model: str, finished: bool = True) -> MessageObject:
+    """The message of a finished job; ``finished=False``: the empty one a stream starts with."""
+    return {
+        "id": message_id(job.id),
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": job.output}] if finished else [],
+        "model": model,
+        "stop_reason": stop_reason(job) if finished else None,
+        "stop_sequence": (job.stop_sequence or None) if finished else None,
+        "usage": usage(job, None if finished else 0),
+    }
+
+
+def sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+def head(job: Job, model: str) -> str:
+    """The events before the first token."""
+    start = {"type": "message_start", "message": message_object(job, model, finished=False)}
+    block = {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    return sse(start) + sse(block) + PING
+
+
+def tail(job: Job) -> str:
+    """The events after the last token of a finished job."""
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop_reason(job), "stop_sequence": job.stop_sequence or None},
+        "usage": usage(job),
+    }
+    return (
+        sse({"type": "content_block_stop", "index": 0}) + sse(delta) + sse({"type": "message_stop"})
+    )
+
+
+def error_event(error: AnthropicError) -> str:
+    return sse(dict(error))
+
+
+# Stands for a delta's text while its template is rendered (as in web.openai.responses: no
+# token's literal can hold a NUL written this way).
+_TEXT = "\x00text\x00"
+
+
+class DeltaTemplate:
+    """A text delta event rendered once per stream with its id and text left open: a wake-up's
+    tokens are one event, their joined literal written between fixed pieces (no dict built or
+    JSON encoded per event)."""
+
+    def __init__(self) -> None:
+        event = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}
+        event["delta"]["text"] = _TEXT  # type: ignore[index]
+        self._before, self._after = sse(event).split(encode_text(_TEXT))
+
+    def render(self, last_index: int, text_literal: str) -> str:
+        return f"id: {last_index}\n{self._before}{text_literal}{self._after}"

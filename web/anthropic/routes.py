@@ -1,0 +1,155 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: Anthropic's Messages API.
+
+A message is one job, created and streamed as the OpenAI routes' are. A stream whose client
+leaves cancels its job, unless the request carried an ``Idempotency-Key``: then the job runs on,
+and the same request with the same key and ``Last-Event-ID: <n>`` (a delta's ``id``) resumes the
+stream after token n, from the job's token log (or ``GET /v1/jobs/job_<hex>/events`` does, in
+Trickle's own events).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import redis
+from flask import Blueprint, Response, jsonify, request, stream_with_context
+
+from trickle.events import TokenRun
+from trickle.jobs import Job, JobStatus
+from web.anthropic import render
+from web.anthropic.errors import anthropic_error, from_http_error
+from web.anthropic.models import messages_models
+from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
+from web.body import read_json_body
+from web.errors import HttpError, invalid, not_found, unavailable
+from web.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
+from web.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.services import Services, services
+from web.stream import SSE_HEADERS, stream_pace
+from web.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
+from web.validation import parse_after
+
+log = logging.getLogger(__name__)
+blueprint = Blueprint("anthropic", __name__)
+RESUME_HEADER = "Last-Event-ID"
+
+
+@blueprint.post("/v1/messages")
+def create_message() -> Response:
+    svc = services()
+    check_version()
+    body = read_json_body()
+    key = requested_key(body)
+    call = parse_messages(body, svc.settings, messages_models(svc.settings).create)
+    after = _resume_point(call, key)
+    job = _submit(svc, call, key, resuming=after >= 0)
+    if call.stream:
+        return _event_stream(svc, job, call.model, after, cancel_on_close=key is None)
+    done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
+    if done is None or not done.status.is_terminal:
+        _cancel(svc, job)
+        raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
+    if done.status is JobStatus.FAILED:
+        raise _failed(done)
+    return jsonify(render.message_object(done, call.model))
+
+
+@blueprint.post("/v1/messages/count_tokens")
+def count_tokens() -> Response:
+    svc = services()
+    check_version()
+    body = read_json_body()
+    model, prompt = parse_count(body, svc.settings, messages_models(svc.settings).count_tokens)
+    return jsonify({"input_tokens": len(tokenize_prompt(svc, model, prompt))})
+
+
+def _resume_point(call: MessagesCall, key: IdempotencyKey | None) -> int:
+    """The token a resumed stream starts after (-1: a new stream from its start)."""
+    after = parse_after(request.headers.get(RESUME_HEADER), RESUME_HEADER)
+    if after >= 0 and not call.stream:
+        raise invalid(RESUME_HEADER, f"{RESUME_HEADER} resumes a stream: it needs stream: true")
+    if after >= 0 and key is None:
+        raise invalid(
+            RESUME_HEADER,
+            f"{RESUME_HEADER} resumes the stream of an earlier request: send "
+            f"that request again with its {HEADER}",
+        )
+    return after
+
+
+def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resuming: bool) -> Job:
+    """The new job, or with an ``Idempotency-Key`` already used, the first request's. A resume
+    whose key created nothing is a 404: a new stream begun after token n would lose 0..n."""
+    first = earlier(svc, key)
+    if first is None and resuming:
+        raise not_found(f"no message to resume: this {HEADER} has none (expired?)", HEADER)
+    if first is None:
+        job = prepare_job(svc, call.model, call.prompt, call.params, key.shard if key else None)
+        admit(svc, [job])
+        first = enqueue(svc, job, key)
+        if first is None:
+            return job
+    found = svc.store.get(first.job_ids[0])
+    if found is None:
+        raise not_found(f"the message of this {HEADER} has expired", HEADER)
+    return found
+
+
+def _event_stream(
+    svc: Services, job: Job, model: str, after: int, cancel_on_close: bool
+) -> Response:
+    try:
+        follower = JobFollower(svc.store, svc.hub, job.id, after, job.owner, False)
+    except JobNotFound:
+        raise not_found(f"message {render.message_id(job.id)!r} has expired", HEADER) from None
+    body = stream_with_context(_events(svc, job, model, follower, cancel_on_close))
+    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+    response.call_on_close(follower.close)
+    return response
+
+
+def _events(
+    svc: Services, job: Job, model: str, follower: JobFollower, cancel_on_close: bool
+) -> Iterator[str]:
+    finished = False
+    try:
+        yield render.head(job, model)
+        template = render.DeltaTemplate()
+        pace = stream_pace(svc)
+        for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
+            parts: list[str] = []  # one write per wake-up, however many tokens it brought
+            for _index, event in group:
+                if isinstance(event, KeepAlive):
+                    parts.append(render.PING)
+                elif isinstance(event, TokenRun):
+                    literal = event.text_literal()
+                    if literal != '""':  # held text (a partial character) is no delta
+                        parts.append(template.render(event.end - 1, literal))
+                elif isinstance(event, Done):
+                    finished = True
+                    if event.job.status is JobStatus.FAILED:
+                        parts.append(render.error_event(from_http_error(_failed(event.job))))
+                    else:
+                        parts.append(render.tail(event.job))
+            if parts:
+                yield "".join(parts)
+    except redis.RedisError as exc:
+        log.warning("message stream %s ended: redis unavailable: %s", job.id, exc)
+        error = unavailable(f"job store (Redis) unavailable: {exc}")
+        yield render.error_event(anthropic_error(error.status, error.message))
+    finally:
+        if cancel_on_close and not finished:
+            _cancel(svc, job)
+
+
+def _failed(job: Job) -> HttpError:
+    detail = job.error.message if job.error else "unknown error"
+    return HttpError(500, "api_error", f"generation failed: {detail}", code="generation_failed")
+
+
+def _cancel(svc: Services, job: Job) -> None:
+    try:
+        cancel_many(svc, [(job.id, job.model)])
+    except redis.RedisError as exc:
+        log.warning("could not cancel job %s: %s", job.id, exc)
