@@ -111,6 +111,10 @@ class TenantQueues:
     def of_tenant(self, model: str, tenant: str) -> list[str]:
         return self._queues.get((model, tenant)) or [keys.model_queue(model)]
 
+    def has(self, model: str, tenant: str) -> bool:
+        """Whether the tenant has queues of its own for the model."""
+        return (model, tenant) in self._queues
+
     def of_key(self, tenant: str) -> list[str]:
         """Every queue of the tenant (all models)."""
         return [name for name, found in self._tenant_of.items() if found == tenant]

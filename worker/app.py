@@ -23,7 +23,13 @@ from celery import Celery, bootsteps
 from trickle.capacity import slots_per_worker
 from trickle.config.settings import Settings, load_settings
 from trickle.heap import freeze_startup_heap
-from trickle.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
+from trickle.queue import (
+    QueueReader,
+    enqueue_generation,
+    enqueue_webhook,
+    make_celery,
+    tenant_queues,
+)
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect
 from trickle.telemetry.tracing import Tracing
@@ -89,10 +95,13 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         shares = None
         if settings.shares_slots and settings.worker.share_lag_tokens > 0:
             served = settings.served_models()
+            own = tenant_queues(producer)
 
             def backlog(tenant: str) -> bool:
                 try:
-                    return any(queues.depth(model, tenant) for model in served)
+                    return any(
+                        queues.depth(model, tenant) for model in served if own.has(model, tenant)
+                    )
                 except Exception:  # the broker away: wait for nobody
                     log.warning("key %s: queue depth unreadable", tenant, exc_info=True)
                     return False

@@ -158,3 +158,9 @@ def test_two_hundred_plain_keys_are_two_hundred_queues_per_model() -> None:
     queues = TenantQueues(settings.models, settings.tenants)
     assert len(settings.tenants) == 200
     assert len(queues.of_model("demo")) == 201  # and the model's own, for jobs of no key
+
+
+def test_a_key_has_queues_only_on_its_allowed_models() -> None:
+    settings = with_keys({"a": {"key": "ka", "allowed_models": ["big"]}, "b": {"key": "kb"}})
+    queues = TenantQueues(settings.models, settings.tenants)
+    assert queues.has("big", "a") and not queues.has("demo", "a") and queues.has("demo", "b")
