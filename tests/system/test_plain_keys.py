@@ -126,8 +126,7 @@ def crowd(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Ite
         models_toml=f'[models.demo]\npath = "{demo_model_dir}"\n{SMALL_MODEL}',
         settings_toml=f"[auth]\napi_keys = [{listed}]\n",
     )
-    stack.worker("crowd", ("demo",))
-    yield stack
+    yield stack  # its worker starts in the test, once the jobs are queued
     stack.close()
 
 
@@ -135,18 +134,25 @@ def test_two_hundred_plain_keys_each_have_a_queue_and_their_jobs_all_run(
     crowd: FaultStack,
 ) -> None:
     chosen = [*CROWD[::20], CROWD[-1]]  # 11 keys from the first to the last
-    started = time.monotonic()
     jobs = {key: [post(crowd, key, max_tokens=8) for _ in range(2)] for key in chosen}
     every = [job for pair_of_jobs in jobs.values() for job in pair_of_jobs]
-    wait_for(lambda: set(statuses(crowd, every)) == {"succeeded"}, 90, "every key's jobs")
-    took = time.monotonic() - started
-    print(f"200 keys: {len(every)} jobs of {len(chosen)} keys done in {took:.2f} s")
     client = crowd.client()
     try:
-        # Each key's jobs went through its own queue, now empty; no job waits on the model's.
+        # No worker yet: each key's two jobs wait on its own queue, none on the model's.
+        for key in chosen:
+            assert client.llen(keys.tenant_queue("demo", tenant_name(key))) == 2, key
+        assert client.llen(keys.model_queue("demo")) == 0
+        # One worker consumes all 201 queues of the model (and the webhooks').
+        started = time.monotonic()
+        crowd.worker("crowd", ("demo",))
+        wait_for(lambda: set(statuses(crowd, every)) == {"succeeded"}, 90, "every key's jobs")
+        took = time.monotonic() - started
+        print(
+            f"200 keys: a worker started and ran {len(every)} jobs of {len(chosen)} keys "
+            f"in {took:.2f} s"
+        )
         for key in chosen:
             assert client.llen(keys.tenant_queue("demo", tenant_name(key))) == 0
-        assert client.llen(keys.model_queue("demo")) == 0
     finally:
         client.close()
     labels = [
