@@ -57,6 +57,14 @@ CHOICES: dict[str, ModelChoice] = {
         LlamaShape(512, 8, 8, 1376, 8000, "int8"),
         "random Llama-style, d_model 512, 8 layers, 8 heads, ffn 1376, vocab 8000, int8",
     ),
+    # The issue 41 class of model: a 128-token job runs about 1 s alone on a CPU core, so a
+    # newcomer that waits for a lane to free waits about that long.
+    "46m": ModelChoice(
+        "46m",
+        "bench-46m",
+        LlamaShape(640, 7, 10, 1728, 8000, "int8"),
+        "random Llama-style, d_model 640, 7 layers, 10 heads, ffn 1728, vocab 8000, int8",
+    ),
     "gpt2": ModelChoice(
         "gpt2",
         "bench-gpt2",

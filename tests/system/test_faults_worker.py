@@ -59,6 +59,10 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
         models_toml=(
             f'[models.demo]\npath = "{demo_model_dir}"\n'
             f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+            # One lane, no spare one: a newcomer beside a running job is admitted only by
+            # restarting that job's batch (a long join, its pause well under the wait).
+            f'[models.onelane]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+            "inter_threads = 1\noverflow_lanes = 0\n"
             f'[models.nobody]\npath = "{demo_model_dir}"\n'
         ),
         settings_toml=(
@@ -100,6 +104,33 @@ def test_killed_worker_job_resumes_on_another_without_gap(faults: FaultStack) ->
     # The client saw one pause: the lease lapsing plus a sweep, then the resumed stream.
     gaps = [b - a for a, b in zip(stream.arrivals, stream.arrivals[1:], strict=False)]
     assert max(gaps) < LEASE_SECONDS + SWEEP_SECONDS + 3.0
+
+
+def test_a_newcomer_admitted_by_a_restart_resumes_with_its_batch_after_a_crash(
+    faults: FaultStack,
+) -> None:
+    """A newcomer joins the only lane's running batch by a restart (no lane is free), then the
+    worker dies: both jobs resume on another worker from what they had streamed, each stream
+    gapless, each as long as asked."""
+    first = faults.worker("join-a", ("onelane",))
+    runner = submit(faults.web_url, {"prompt": "The", **LONG, "model": "onelane"})
+    runner_reader, runner_results = stream_in_background(faults.web_url, runner["id"], timeout=90)
+    wait_for(lambda: tokens_streamed(faults.web_url, runner["id"]) >= 60, 30, "the runner's tokens")
+    newcomer = submit(
+        faults.web_url, {"prompt": "A socket", **LONG, "model": "onelane", "max_tokens": 300}
+    )
+    reader, results = stream_in_background(faults.web_url, newcomer["id"], timeout=90)
+    wait_for(lambda: tokens_streamed(faults.web_url, newcomer["id"]) >= 20, 30, "its first tokens")
+    assert tokens_streamed(faults.web_url, runner["id"]) < 1500  # admitted beside it: a restart
+    faults.worker("join-b", ("onelane",))
+    os.kill(first.pid, signal.SIGKILL)
+    runner_reader.join(90)
+    reader.join(90)
+    for (stream,), length in ((runner_results, 1500), (results, 300)):
+        assert_gapless(stream)
+        assert stream.done is not None and stream.done["status"] == "succeeded"
+        assert stream.done["attempts"] == 2
+        assert len(stream.tokens) == length
 
 
 def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(

@@ -136,6 +136,22 @@ def test_overflow_waits_for_a_batch_before_its_first_step(holder: Holder) -> Non
     assert not policy().overflow(lanes, now=0.0)
 
 
+def test_overflow_stays_shut_when_another_lane_would_stretch_steps_past_the_budget(
+    holder: Holder,
+) -> None:
+    """The lanes' measured steps take 100 ms (a saturated device): one lane more would add
+    about 100 / 2 = 50 ms to every running step, past the 40 ms pause budget; at 60 ms a step
+    it adds 30 ms, within it; with two overflow lanes already busy, 100 / 4 = 25 ms."""
+    lanes = [running([job(holder, 30)], steps=30), running([job(holder, 35)], steps=35)]
+    for batch in lanes:
+        batch.step_seconds = 0.1
+    assert not policy().overflow(lanes, now=0.0)
+    assert policy().overflow(lanes, now=0.0, spares_busy=2)
+    for batch in lanes:
+        batch.step_seconds = 0.06
+    assert policy().overflow(lanes, now=0.0)
+
+
 def test_overflow_is_off_with_restarts_off(holder: Holder) -> None:
     rules = RestartRules(16)  # max_stall 0: the scheduler never moves a job
     lanes = [running([job(holder, 30)], steps=30)]

@@ -300,10 +300,11 @@ class ModelSettings(Section):
     tenant_reserve_lane: bool = True
     # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
     # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
-    # that would otherwise wait for a batch to end (worker/engine/scheduler.py). They are never
-    # given a split's half, so one is free for the next such job; on a CPU they share the
-    # cores while they run. 0 = none.
-    overflow_lanes: NonNegativeInt = 1
+    # that would otherwise wait for a batch to end (worker/engine/scheduler.py), while one more
+    # lane stretches the running steps by at most that budget. They are never given a split's
+    # half, so one is free for the next such job; on a CPU they share the cores while they run.
+    # Three: a Poisson clump of arrivals outnumbered one (docs/performance.md). 0 = none.
+    overflow_lanes: NonNegativeInt = 3
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()

@@ -40,6 +40,8 @@ class RunningBatch:
     split: bool = False
     # Waiting jobs given to this batch's restart: they run with its survivors, on its lane.
     joiners: list[ScheduledJob] = field(default_factory=list)
+    # Ids forced on rows (by id(job)) before they go on (worker/engine/restart.py, RowResume).
+    forced: dict[int, tuple[int, ...]] = field(default_factory=dict)
     long: bool = False  # its restart pauses its streams past rebatch_max_stall_ms
     # On the reserve lane (worker/engine/fair_share.py): its steps share the cores with the
     # other lanes', so they do not price the model's step times.

@@ -115,16 +115,31 @@ class RestartPolicy:
             return None
         return best[2]
 
-    def overflow(self, running: Sequence[RunningBatch], now: float) -> bool:
+    def overflow(self, running: Sequence[RunningBatch], now: float, spares_busy: int = 0) -> bool:
         """Whether a waiting job that no batch takes with a short pause starts on an idle
-        overflow lane (``running``: every ordinary lane's batch): the soonest to end still has
-        more than one pause budget to run, and none is before its first step (one that is
-        takes joiners in a few ms, or ends a restart that just took them)."""
+        overflow lane (``running``: every ordinary lane's batch; ``spares_busy``: overflow
+        lanes already running one). Three conditions:
+
+        - the soonest batch to end still has more than one pause budget to run (else the
+          newcomer's wait for it is no longer than a join's pause);
+        - none is before its first step (one that is takes joiners in a few ms, or ends a
+          restart that just took them);
+        - the lane's cost to the running streams stays within the pause budget: one more
+          lane sharing a saturated device stretches each running step by about
+          ``step / lanes`` (the slowest batch's measured recent step time, shared out evenly
+          over the lanes running plus this one), every step while both run. A join would
+          instead pause them once by its whole catch-up, and waiting costs the newcomer the
+          soonest batch's remaining run. Past the budget the device is too busy for another
+          lane to help: the join rule (a long pause once per job) or the wait decides."""
         if not running or self.rules.max_stall <= 0:
             return False
         if any(batch.steps == 0 for batch in running):
             return False
-        return min(batch.seconds_left(now) for batch in running) > self.rules.max_stall
+        if min(batch.seconds_left(now) for batch in running) <= self.rules.max_stall:
+            return False
+        lanes = len(running) + spares_busy
+        slowest = max(batch.recent_step_seconds(now) for batch in running)
+        return slowest / lanes <= self.rules.max_stall
 
     def split(self, running: Sequence[RunningBatch], now: float) -> Split | None:
         """The batch to share with an idle lane (nothing is waiting), if one is worth it."""

@@ -8,13 +8,11 @@ jobs between them: on a CPU each lane is a core's worth of threads, and two half
 cores finish well before one whole batch on one. Per-job limits (max tokens, stop strings,
 cancellation) are enforced in the callback, which stops only its own sequence.
 
-CTranslate2 cannot add a sequence to a running batch, so the scheduler moves work between
-batches by *restarting* them (``worker.engine.policy`` decides when): a newcomer that finds
-every lane busy joins a young batch, and a lane that falls idle while another runs several
-sequences takes half of them. A restarted sequence continues from its prompt plus what it has
-generated (same detokenizer, same token count, nothing streamed twice), so greedy output is
-unchanged. The checks run when a job arrives, when a lane frees, and at every decoding step
-while jobs wait or a lane idles.
+Work moves between batches by *restarting* them, through one entry point
+(``restart_rows``, ``worker.engine.restart``; ``worker.engine.policy`` decides when): a
+newcomer that finds every lane busy joins a young batch, and a lane that falls idle while
+another runs several sequences takes half of them. The checks run when a job arrives, when a
+lane frees, and at every decoding step while jobs wait or a lane idles.
 
 The engine has spare lanes too. With named keys it is a reserve lane
 (``worker.engine.fair_share``): it runs only jobs of keys below their share of the other lanes
@@ -30,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from trickle.jobs import FinishReason
 from worker.engine import Engine
@@ -41,14 +39,21 @@ from worker.engine.policy import (
     RestartRules,
     batches_with,
     halves,
-    restart_fill,
     runs_with_first,
 )
 from worker.engine.prefix import PrefixTable
+from worker.engine.restart import RowResume, resume_rows, takes_along
 from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
 
-__all__ = ["BatchScheduler", "Resume", "ScheduledJob", "StepSink", "make_scheduled_job"]
+__all__ = [
+    "BatchScheduler",
+    "Resume",
+    "RowResume",
+    "ScheduledJob",
+    "StepSink",
+    "make_scheduled_job",
+]
 
 log = logging.getLogger(__name__)
 
@@ -215,28 +220,61 @@ class BatchScheduler:
                 if join is None:
                     continue
                 self._pending.remove(job)
-                join.batch.joiners.append(job)
-                self._restart(join.batch, join.long, split=False)
+                self.restart_rows(join.batch, joiners=[job], long=join.long)
             if overflow and self._pending:
                 self._spare_cond.notify()  # an idle overflow lane takes them
         elif not self._pending and self._idle_lanes > 0:
             split = self._policy.split([b for b in self._running if not b.reserve], now)
             if split is not None:
-                self._restart(split.batch, split.long, split=True)
+                self.restart_rows(split.batch, split=True, long=split.long)
 
-    def _restart(self, batch: RunningBatch, long: bool, split: bool) -> None:
-        if long and not batch.long:
-            batch.long = True
-            for job in batch.live_jobs():
-                job.long_pauses += 1
-        if batch.restart:
-            return  # already due: one more joiner
-        batch.restart = True
-        batch.split = split
-        self.restarts += 1
-        self.splits += split
-        if self._on_restart is not None:
-            self._on_restart(split)
+    def restart_rows(
+        self,
+        batch: RunningBatch,
+        rows: Sequence[tuple[ScheduledJob, RowResume]] = (),
+        joiners: Sequence[ScheduledJob] = (),
+        split: bool = False,
+        long: bool = False,
+    ) -> bool:
+        """Restart ``batch``: the one entry point for every restart (worker/engine/restart.py
+        says what a restart does and costs, and what a second user passes).
+
+        Every live row stops at its next token and the lane runs the batch again at once, each
+        row from its prompt plus what it streamed (``rows``: plus their ``RowResume``'s forced
+        ids, streamed first), with ``joiners`` (taken off the queue by the caller); ``split``:
+        the survivors are shared with an idle lane instead; ``long``: the caller priced the
+        catch-up past the stall budget (once per job at most). A restart already due takes
+        these along; a row that has finished meanwhile is not resumed. From any thread; False
+        (nothing changed) if the batch already ended, or joiners are offered to a split."""
+        with self._cond:
+            if not any(running is batch for running in self._running):
+                return False
+            if batch.split and joiners:
+                return False  # its survivors go to two lanes: no joiner has a place
+            for job, where in rows:
+                batch.forced[id(job)] = where.forced
+            batch.joiners.extend(joiners)
+            if long and not batch.long:
+                batch.long = True
+                for job in batch.live_jobs():
+                    job.long_pauses += 1
+            if batch.restart:
+                return True  # already due: it takes these along
+            batch.restart = True
+            batch.split = split
+            self.restarts += 1
+            self.splits += split
+            if self._on_restart is not None:
+                self._on_restart(split)
+            return True
+
+    def running_batch(self, job: ScheduledJob) -> RunningBatch | None:
+        """The batch ``job`` runs in now, if any: what a caller of ``restart_rows`` restarts."""
+        with self._cond:
+            for batch in self._running:
+                if any(row is job for row in batch.jobs):
+                    return batch
+            return None
 
     def _joinable(self, job: ScheduledJob, below: set[str]) -> list[RunningBatch]:
         """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share
@@ -253,7 +291,8 @@ class BatchScheduler:
         if not self._overflow or not self._reserve.idle or self._idle_lanes:
             return False
         ordinary = [batch for batch in self._running if not batch.reserve]
-        return len(ordinary) >= self._lane_count and self._policy.overflow(ordinary, now)
+        spares = len(self._running) - len(ordinary)
+        return len(ordinary) >= self._lane_count and self._policy.overflow(ordinary, now, spares)
 
     def _spare_candidates(self) -> list[ScheduledJob]:
         """The waiting jobs an idle spare lane may take, most urgent first: those of keys below
@@ -429,11 +468,7 @@ class BatchScheduler:
             self._running.remove(running)
             if not running.restart:
                 return None, set()
-            survivors = [
-                job for job in running.jobs if not job.state.finished and job.error is None
-            ]
-            for job in survivors:
-                job.restarts += 1
+            survivors = resume_rows(running, self._publish_step)
             going_on = {id(job) for job in survivors}
             if running.split:
                 carried, given = halves(survivors) if len(survivors) >= 2 else (survivors, [])
@@ -458,22 +493,7 @@ class BatchScheduler:
                     (job for job in self._pending if job.tenant not in left_to_reserve),
                     key=lambda job: job.priority,
                 )
-            first = carried[0].request
-            fits = [job for job in waiting if batches_with(job, first)]
-            # Waiting jobs held for another lane's batch before its first step: its share stays.
-            young = (
-                []
-                if running.reserve
-                else [
-                    batch.load()
-                    for batch in self._running
-                    if not batch.reserve
-                    and batch.steps == 0
-                    and not batch.split
-                    and batches_with(carried[0], batch.requests[0])
-                ]
-            )
-            fits = fits[: restart_fill(len(carried), len(fits), young, room)]
+            fits = takes_along(carried, waiting, self._running, room, running.reserve)
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return self._reserve.hand_over([*carried, *fits], running.reserve), going_on
