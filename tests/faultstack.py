@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ def build_fault_stack(
     settings_toml: str,
     append_only: bool = False,
     redis_args: tuple[str, ...] = (),
+    web_env: Mapping[str, str] | None = None,
 ) -> FaultStack:
     port = free_port()
     redis_dir = root / "redis"
@@ -86,7 +87,7 @@ def build_fault_stack(
     faults = FaultStack(config, port, redis_dir, log_dir, process, redis_args=redis_args)
     web_port = free_port()
     try:
-        faults.web_process = stack.start_web(config, web_port, log_dir)
+        faults.web_process = stack.start_web(config, web_port, log_dir, extra_env=web_env)
     except Exception:
         stop_redis(process)
         raise

@@ -34,7 +34,7 @@ class QueueMeter(Protocol):
 
 def slots_per_worker(model: ModelSettings) -> int:
     """Jobs one worker runs at once for a model: every engine lane's full batch (the reserve
-    lane's, named keys only, are not capacity: no key may fill them)."""
+    lane's, with two keys or more, are not capacity: no key may fill them)."""
     return model.max_batch_size * model.lanes
 
 

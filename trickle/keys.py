@@ -206,9 +206,9 @@ def model_queue(model: str) -> str:
 
 
 def tenant_queue(model: str, tenant: str, index: int = 0) -> str:
-    """Celery queue of one named key's jobs for one model; a key of weight w has w of them
-    (indexes 0..w-1), each one turn in the workers' round robin (trickle/queue.py). The default
-    tenant (anonymous callers, ``[auth] api_keys``) uses ``model_queue``."""
+    """Celery queue of one key's jobs for one model (its tenant name: never the key); a key of
+    weight w has w of them (indexes 0..w-1), each one turn in the workers' round robin
+    (trickle/queue.py). The default tenant (anonymous callers) uses ``model_queue``."""
     if not tenant:
         return model_queue(model)
     return f"{model_queue(model)}.key.{tenant}" + (f".{index}" if index else "")

@@ -17,8 +17,9 @@ Priority is Celery's own, per broker:
   serves higher numbers first, so the Trickle priority is sent inverted (``broker_priority``).
   Quorum queues have no priorities before RabbitMQ 4.0 (Debian 12 ships 3.10).
 
-Fair shares between named keys (``[keys.<name>]``) come from queues too: each key has its own
-queue per model (``weight`` of them), and every worker consumes them all. On Redis kombu's
+Fair shares between keys come from queues too: with two keys or more (named ``[keys.<name>]``
+or ``[auth] api_keys``, trickle/tenants.py) each key has its own queue per model (``weight`` of
+them), and every worker consumes them all. On Redis kombu's
 ``queue_order_strategy = "round_robin"`` rotates the queue it just took from to the end of the
 next BRPOP's list, within each priority step: a key's backlog delays another key's job by at
 most one fetch (one freed slot) per worker, whatever its length, and a key of weight w, with w
@@ -26,8 +27,9 @@ queues, gets w turns per round. A worker prefetches no more than its slots (acks
 the job ends), so fetch order is run order. On RabbitMQ a worker consumes its queues on one
 channel with a prefetch window; the broker sends from whichever queue has messages as the
 window frees, with no promise of turns between queues (in practice it alternates), and a
-message's priority orders only its own queue. Anonymous callers and ``[auth] api_keys`` keep
-the model's one queue, so the single-tenant path is what it was.
+message's priority orders only its own queue. Anonymous callers (no keys), and one key alone,
+keep the model's one queue, so the single-tenant path is what it was. Turns count jobs; the
+workers count tokens too (worker/vtc.py).
 
 Either way the engine's scheduler puts interactive jobs first in its next batch.
 
@@ -83,7 +85,7 @@ def _queue(name: str, amqp: bool) -> Queue:
 
 class TenantQueues:
     """The Celery queues of each model: its own (the default tenant's) and one per weight unit
-    of each named key allowed on it. A key's jobs are spread over its queues in turn."""
+    of each key allowed on it. A key's jobs are spread over its queues in turn."""
 
     def __init__(self, models: Iterable[str], named: Mapping[str, KeySettings]):
         self._queues: dict[tuple[str, str], list[str]] = {}
@@ -109,6 +111,10 @@ class TenantQueues:
     def of_tenant(self, model: str, tenant: str) -> list[str]:
         return self._queues.get((model, tenant)) or [keys.model_queue(model)]
 
+    def has(self, model: str, tenant: str) -> bool:
+        """Whether the tenant has queues of its own for the model."""
+        return (model, tenant) in self._queues
+
     def of_key(self, tenant: str) -> list[str]:
         """Every queue of the tenant (all models)."""
         return [name for name, found in self._tenant_of.items() if found == tenant]
@@ -123,12 +129,15 @@ class TenantQueues:
 
 
 def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
-    """The Celery app on ``settings.broker_url``, with one queue per model (per named key and
+    """The Celery app on ``settings.broker_url``, with one queue per model (per key and
     model, too; see TenantQueues) and the webhooks'."""
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
     models = list(models)
-    tenant_queues = TenantQueues(models, settings.keys)
+    # One key alone keeps the model's queue (a named key's table still gives it its own).
+    tenant_queues = TenantQueues(
+        models, settings.tenants if settings.shares_slots else settings.keys
+    )
     names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
     visibility = settings.worker.visibility_timeout_seconds
     transport: dict[str, Any] = {
@@ -139,10 +148,10 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
         "unacked_restore_interval": max(1, min(10, visibility // 3)),
         "unacked_restore_throttle": 1,
         "priority_steps": list(PRIORITY_STEPS),
-        # Turns between queues (named keys' fair shares); priority steps still come first.
+        # Turns between queues (keys' fair shares); priority steps still come first.
         "queue_order_strategy": "round_robin",
         # Messages waiting behind a BRPOP come in one round trip (trickle/store/redis_transport.py),
-        # except where named keys' queues take turns.
+        # except where keys' queues take turns.
         redis_transport.DRAIN_OPTION: (
             DRAIN_MAX if len(tenant_queues.names()) == len(models) else 0
         ),
@@ -205,7 +214,7 @@ def enqueue_generation(
     tenant: str = DEFAULT_TENANT,
     declare: bool = True,
 ) -> None:
-    """Publish the job's task on its model's queue (its key's, for a named key). Many sends in
+    """Publish the job's task on its model's queue (its key's, with two keys or more). Many sends in
     a row pass one ``producer`` (``app.producer_or_acquire()``) instead of one each.
 
     ``declare=False`` skips kombu's declaration of the queue: on kombu's Redis transport a task
@@ -271,13 +280,18 @@ class QueueReader:
             return self._step_depth(names, priority)
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
-            # Declaring with the same arguments is idempotent and answers the count, on kombu's
-            # Redis transport as on RabbitMQ (a passive declaration would fail for a queue that
-            # no worker has declared yet).
+            channel = conn.default_channel
+            if not is_amqp(self._app.conf.broker_url or ""):
+                # Every queue's every priority step in one round trip: a deployment of hundreds
+                # of keys has hundreds of queues per model (a declaration each was a round trip
+                # each, on every reading of the autoscaler and the queue-full check).
+                return _lengths(channel, names, channel.priority_steps)
+            # RabbitMQ: declaring with the same arguments is idempotent and answers the count
+            # (a passive declaration would fail for a queue that no worker has declared yet).
             total = 0
             for name in names:
                 queue = self._app.amqp.queues[name]
-                total += int(queue.bind(conn.default_channel).queue_declare().message_count)
+                total += int(queue.bind(channel).queue_declare().message_count)
             return total
 
     def batch_depth(self, model: str) -> int:
@@ -291,12 +305,7 @@ class QueueReader:
         """On kombu's Redis transport, the summed length of one priority step's lists."""
         with self._app.pool.acquire(block=True) as conn:
             conn.ensure_connection(max_retries=1)
-            channel = conn.default_channel
-            with channel.conn_or_acquire() as client:
-                pipe = client.pipeline(transaction=False)
-                for name in names:
-                    pipe.llen(channel._q_for_pri(name, priority))
-                return sum(int(size) for size in pipe.execute())
+            return _lengths(conn.default_channel, names, (priority,))
 
     def oldest_queued_seconds(self, model: str, now: float) -> float:
         """Age of the model's oldest queued job, from the queued index (by deadline)."""
@@ -310,3 +319,13 @@ class QueueReader:
             if found_model == model and created is not None:
                 return max(now - float(created), 0.0)
         return 0.0
+
+
+def _lengths(channel: Any, names: Iterable[str], priorities: Iterable[int]) -> int:
+    """Messages in kombu's Redis lists of ``names`` at ``priorities``, in one round trip."""
+    with channel.conn_or_acquire() as client:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            for priority in priorities:
+                pipe.llen(channel._q_for_pri(name, priority))
+        return sum(int(size) for size in pipe.execute())

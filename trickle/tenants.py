@@ -1,9 +1,11 @@
-"""Named API keys (``[keys.<name>]``): who a caller is, what it may do, and its queues.
+"""Tenants: every accepted API key, who it is, what it may do, and its queues.
 
-A key's table holds the key (plain, or ``sha256:<hex>`` of it) and its limits. Its name, never the
-key, is what logs, metrics and queue names carry. Keys listed in ``[auth] api_keys`` stay valid
-and share the unnamed tenant (``DEFAULT_TENANT``) with anonymous callers: one queue per model, the
-global ``[rate_limits]``, no caps, as before named keys existed.
+A named key's table (``[keys.<name>]``) holds the key (plain, or ``sha256:<hex>`` of it) and its
+limits. A key of ``[auth] api_keys`` is a tenant too, with the defaults (``[rate_limits]``, no
+caps, weight 1), named after its digest (``key-<12 hex>``, ``plain_tenant_name``) so that a team
+setting two keys gets two fair shares without writing tables. A tenant's name, never its key, is
+what logs, metrics and queue names carry. Without keys every caller is the unnamed tenant
+(``DEFAULT_TENANT``): one queue per model, as a single-tenant service.
 
 Part of the contract: the web tier (admission, rate limits) and the workers (queues, claims,
 usage) read the same table; it imports nothing else of ``worker/``.
@@ -30,6 +32,10 @@ MAX_PRIORITY_NUMBER = 9
 MAX_WEIGHT = 16
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEX_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+# A plain key's tenant: "key-" and its digest's first 12 hex digits (48 bits: two keys of a
+# deployment share them by chance with odds of n^2 / 2^49, and a clash is refused at start).
+PLAIN_PREFIX = "key-"
+PLAIN_DIGITS = 12
 
 
 def key_digest(key: str) -> str:
@@ -41,6 +47,12 @@ def digest_of_entry(entry: str) -> str:
     if entry.startswith(DIGEST_PREFIX):
         return entry[len(DIGEST_PREFIX) :].lower()
     return key_digest(entry)
+
+
+def plain_tenant_name(digest: str) -> str:
+    """The tenant name of an ``[auth] api_keys`` entry: stable (from its digest, so a plain key
+    and its ``sha256:`` form are one tenant) and never the key."""
+    return PLAIN_PREFIX + digest[:PLAIN_DIGITS]
 
 
 @dataclass(frozen=True)
@@ -123,8 +135,34 @@ def check_keys(
             raise ValueError(f"{where}.weight must be 1 to {MAX_WEIGHT}")
 
 
+def every_tenant(
+    named: Mapping[str, KeySettings], api_keys: Iterable[str]
+) -> dict[str, KeySettings]:
+    """Every accepted key as a tenant, by name: the named keys, then one per distinct
+    ``api_keys`` entry (its table holds only its digest: the plain key stays out of it). A
+    ValueError names the clash (two entries sharing a name, or a named key taking one)."""
+    tenants = dict(named)
+    for position, entry in enumerate(api_keys):
+        digest = digest_of_entry(entry)
+        name = plain_tenant_name(digest)
+        found = tenants.get(name)
+        if found is None:
+            tenants[name] = KeySettings(name=name, key=DIGEST_PREFIX + digest)
+        elif name in named:
+            raise ValueError(
+                f"keys.{name}: the name is that of auth.api_keys[{position}]'s tenant "
+                f"({PLAIN_PREFIX}<first {PLAIN_DIGITS} hex of its sha256>); rename the table"
+            )
+        elif found.digest != digest:
+            raise ValueError(
+                f"auth.api_keys[{position}]: its digest starts like another entry's "
+                f"({name}); replace one of the two keys"
+            )
+    return tenants
+
+
 class TenantTable:
-    """The configured keys by digest, and each one's limits; built once per process."""
+    """The tenants by digest, and each one's limits; built once per process."""
 
     def __init__(self, keys: Mapping[str, KeySettings]):
         self._by_name = dict(keys)
@@ -145,8 +183,11 @@ class TenantTable:
     def by_name(self, name: str) -> KeySettings | None:
         return self._by_name.get(name)
 
+    def __len__(self) -> int:
+        return len(self._by_name)
+
     def name_of_owner(self, owner: str) -> str:
-        """The tenant of a job's owner (its key digest): a key's name, or the default one."""
+        """The tenant of a job's owner (its key digest): its name, or the default one (no key)."""
         spec = self._by_digest.get(owner)
         return spec.name if spec else DEFAULT_TENANT
 

@@ -80,7 +80,8 @@ def current_owner() -> str:
 
 
 def current_key() -> KeySettings | None:
-    """The caller's named key (``[keys.<name>]``), None for anonymous or ``[auth] api_keys``."""
+    """The caller's tenant (a named key, or an ``[auth] api_keys`` entry's defaults), None for
+    an anonymous caller (no keys configured)."""
     key: KeySettings | None = g.get("api_key")
     return key
 
@@ -104,9 +105,10 @@ def stream_grant() -> bool:
 def install_auth(
     app: Flask, api_keys: tuple[str, ...], metrics_token: str = "", named: TenantTable | None = None
 ) -> None:
-    """API views want an API key (``api_keys`` or a named key); operator views want the
-    metrics token when one is set, else a key of ``api_keys`` (deployment-wide counts are an
-    operator's, a deliberate and documented choice); open views want nothing."""
+    """API views want an API key (``api_keys`` or a named key; ``named`` holds every tenant,
+    both kinds); operator views want the metrics token when one is set, else a key of
+    ``api_keys`` (deployment-wide counts are an operator's, a deliberate and documented choice);
+    open views want nothing."""
     named = named or TenantTable({})
     digests = accepted_digests(api_keys) | frozenset(named.digests())
     # A named key never opens an operator view: every key's usage is no tenant's business.

@@ -1,8 +1,8 @@
 """Per-key rate limits, requests and tokens per minute, through Flask-Limiter on Redis, reported
 the way OpenAI reports them.
 
-The caller is its named key (``[keys.<name>]``, its own limits, or ``[rate_limits]`` where it
-sets none), its key digest (``[auth] api_keys``), or its address when no keys are configured.
+The caller is its tenant (a named key's own limits, or ``[rate_limits]`` where it sets none;
+an ``[auth] api_keys`` entry, ``[rate_limits]``), or its address when no keys are configured.
 Tokens are reserved at submission as prompt tokens plus ``max_tokens`` (what the job may
 cost), as OpenAI counts them. Both limits are checked before either is counted, so a refused
 request reserves nothing.

@@ -52,7 +52,11 @@ class Services:
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _binary_redis: Any = None  # redis.Redis answering bytes, once files are used
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # ``threading.Lock`` looked up when a Services is built, not when this module is imported:
+    # gunicorn's config imports ``web`` before gevent patches ``threading``, and a real lock
+    # held across ``stream_tokens``' Redis read blocked the whole process (every greenlet, the
+    # holder too) when two requests asked for their first stream URL at once.
+    _lock: threading.Lock = field(default_factory=lambda: threading.Lock())
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
@@ -76,7 +80,7 @@ class Services:
                 lambda model: queues.depth(model, priority=INTERACTIVE_PRIORITY)
             ),
             tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
-            tenants=TenantTable(settings.keys),
+            tenants=TenantTable(settings.tenants),
         )
 
     def close(self) -> None:

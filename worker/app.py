@@ -23,7 +23,13 @@ from celery import Celery, bootsteps
 from trickle.capacity import slots_per_worker
 from trickle.config.settings import Settings, load_settings
 from trickle.heap import freeze_startup_heap
-from trickle.queue import QueueReader, enqueue_generation, enqueue_webhook, make_celery
+from trickle.queue import (
+    QueueReader,
+    enqueue_generation,
+    enqueue_webhook,
+    make_celery,
+    tenant_queues,
+)
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect
 from trickle.telemetry.tracing import Tracing
@@ -32,6 +38,8 @@ from worker.dispatch import JobDispatcher
 from worker.key_caps import KeyCaps
 from worker.runtime import WorkerRuntime
 from worker.tasks import register_tasks
+from worker.token_shares import TokenShares
+from worker.vtc import VirtualTokenCounter
 
 log = logging.getLogger(__name__)
 SETTINGS_KEY = "trickle_settings"
@@ -64,7 +72,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         # Requeued jobs may belong to any model, not only those this worker consumes.
         producer = make_celery(settings, settings.models)
 
-        tenants = TenantTable(settings.keys)
+        tenants = TenantTable(settings.tenants)
 
         def requeue(job_id: str, model: str, priority: int, owner: str) -> None:
             tenant = tenants.name_of_owner(owner)
@@ -84,12 +92,30 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
             entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
             caps = KeyCaps(runtime.redis, tenants, entry_seconds)
         lane_slots, reserve_slots = worker_slots(settings)
+        shares = None
+        if settings.shares_slots and settings.worker.share_lag_tokens > 0:
+            served = settings.served_models()
+            own = tenant_queues(producer)
+
+            def backlog(tenant: str) -> bool:
+                try:
+                    return any(
+                        queues.depth(model, tenant) for model in served if own.has(model, tenant)
+                    )
+                except Exception:  # the broker away: wait for nobody
+                    log.warning("key %s: queue depth unreadable", tenant, exc_info=True)
+                    return False
+
+            shares = TokenShares(
+                VirtualTokenCounter(settings.worker.share_lag_tokens, tenants.weight), backlog
+            )
         self.dispatcher = JobDispatcher(
             runtime.run_job,
             runtime.claim_and_start,
             worker.concurrency,
             caps,
             key_slots=lane_slots if reserve_slots else 0,
+            shares=shares,
         )
 
     def start(self, worker: Any) -> None:
@@ -119,14 +145,15 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
 def worker_slots(settings: Settings) -> tuple[int, int]:
     """(lane slots, reserve slots) of one worker over the models it serves: jobs the ordinary
     lanes run at once, and those the reserve lanes add (worker/engine/fair_share.py), which no
-    single key may take: with named keys one key holds at most the lane slots here."""
-    named = bool(settings.keys)
+    single key may take: with keys sharing the slots one key holds at most the lane slots
+    here."""
+    shared = settings.shares_slots
     models = [settings.model(name) for name in settings.served_models()]
     lanes = sum(slots_per_worker(model) for model in models)
     reserve = sum(
-        model.max_batch_size * model.reserve_lanes(named)
+        model.max_batch_size * model.reserve_lanes(shared)
         for model in models
-        if model.tenant_reserve(named)  # overflow lanes take jobs the window already holds
+        if model.tenant_reserve(shared)  # overflow lanes take jobs the window already holds
     )
     return lanes, reserve
 
@@ -146,8 +173,8 @@ def create_worker_app(settings: Settings) -> Celery:
     # before are acked; those acks cannot reach the new connection (worker/dispatch.py, _ack).
     app.conf.worker_enable_prefetch_count_reduction = False
     # Slots to fill every engine thread's batch for every served model, and the reserve lanes'
-    # (named keys only): the job threads, and the prefetch window (one message per slot, acked
-    # once its job is stored).
+    # (keys sharing the slots only): the job threads, and the prefetch window (one message per
+    # slot, acked once its job is stored).
     app.conf.worker_concurrency = sum(worker_slots(settings))
     register_tasks(app, settings.webhooks)
     app.steps["worker"].add(TrickleWorker)

@@ -19,10 +19,12 @@ hook for that, a task ``Strategy`` (``celery.worker.strategy``):
 - the message is acked once ``run_job`` returns, that is once the job's final state is stored
   (or it was handed back, or it was not ours to run): acks late, as the app says.
 
-With named keys no key may hold more than the ordinary lanes' slots of a worker
+With two keys or more no key may hold more than the ordinary lanes' slots of a worker
 (``key_slots``): the prefetch window has a reserve lane's batch more (worker/app.py), so a
 flood cannot fill it, and another key's task is fetched at once (worker/engine/fair_share.py).
-A key at its limit is held back as ``max_running_jobs`` holds it (``worker.key_caps``).
+A key served more tokens than another key at work here (``worker.token_shares``) waits for it.
+A key at either limit is held back as ``max_running_jobs`` holds it (``worker.key_caps``,
+``worker.key_holds``).
 
 Leases, not the broker, decide who runs a job: a redelivered task whose job is ``running`` under
 a live lease (or already finished) is not claimed, only acked. The dispatcher and the runtime
@@ -39,7 +41,6 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -47,8 +48,10 @@ from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
-from trickle.queue import TenantQueues, tenant_queues
+from trickle.queue import tenant_queues
 from worker.key_caps import KeyCaps
+from worker.key_holds import QueueSwitches, queue_switches
+from worker.token_shares import TokenShares
 
 log = logging.getLogger(__name__)
 
@@ -59,24 +62,6 @@ ClaimMany = Callable[[list[str]], Sequence[Any]]
 Reserve = Callable[[], Request | None]
 # How often jobs held under their key's max_running_jobs try again (besides each local end).
 HOLD_RETRY_SECONDS = 0.25
-
-
-def _no_switch(_: str) -> None:
-    pass
-
-
-def _no_hold(_: int) -> None:
-    pass
-
-
-@dataclass
-class QueueSwitches:
-    """How a worker holds a key back: stop and start consuming its queues, and widen the
-    prefetch window by the messages held (Celery's consumer does both: ``queue_switches``)."""
-
-    pause: Callable[[str], None] = _no_switch
-    resume: Callable[[str], None] = _no_switch
-    hold: Callable[[int], None] = _no_hold  # prefetch window +count (negative: narrower)
 
 
 class JobDispatcher:
@@ -90,12 +75,15 @@ class JobDispatcher:
         slots: int,
         caps: KeyCaps | None = None,
         key_slots: int = 0,
+        shares: TokenShares | None = None,
     ):
-        """``key_slots``: the most jobs one key may run here at once (0: no limit)."""
+        """``key_slots``: the most jobs one key may run here at once (0: no limit);
+        ``shares``: the keys' token counters (None: keys take turns only)."""
         self._run_job = run_job
         self._claim_many = claim_many
         self.caps = caps
         self.key_slots = key_slots
+        self.shares = shares
         self.switches = QueueSwitches()
         self._per_key: Counter[str] = Counter()  # jobs admitted and not yet ended, by key
         self._intake: deque[tuple[Reserve, str]] = deque()
@@ -174,6 +162,8 @@ class JobDispatcher:
             return
         claims = self._claims([job_id_of(request) for request, _ in runnable])
         for (request, tenant), claim in zip(runnable, claims, strict=True):
+            if self.shares is not None:
+                self.shares.started(tenant, job_id_of(request), claim)
             request.on_accepted(os.getpid(), time.monotonic())  # active, counted, "started"
             self._jobs.submit(self._run, request, claim, tenant)
 
@@ -185,8 +175,9 @@ class JobDispatcher:
 
     @property
     def holds_keys(self) -> bool:
-        """Whether a key's jobs may be held back here (a running cap, or ``key_slots``)."""
-        return self.caps is not None or self.key_slots > 0
+        """Whether a key's jobs may be held back here (a running cap, ``key_slots``, or its
+        token share)."""
+        return self.caps is not None or self.key_slots > 0 or self.shares is not None
 
     def _admit(self, taken: list[tuple[Request, str]]) -> list[tuple[Request, str]]:
         """The requests that may start, each key's held ones first: within its share of this
@@ -194,9 +185,16 @@ class JobDispatcher:
         switches = self.switches
         runnable: list[tuple[Request, str]] = []
         waiting = {tenant: list(requests) for tenant, requests in self._held.items()}
+        with self._lock:
+            at_work = {tenant for tenant, count in self._per_key.items() if count > 0}
+        at_work |= set(self._held)
         for request, tenant in taken:
+            if self.shares is not None:
+                self.shares.arriving(tenant, at_work)
             waiting.setdefault(tenant, []).append(request)
-        for tenant, requests in waiting.items():
+        order = self.shares.order(waiting) if self.shares is not None else list(waiting)
+        for tenant in order:
+            requests = waiting[tenant]
             before = len(self._held.get(tenant, ()))
             admitted = self._admissible(tenant, [job_id_of(request) for request in requests])
             keep = [request for request in requests if job_id_of(request) not in admitted]
@@ -219,6 +217,8 @@ class JobDispatcher:
 
     def _admissible(self, tenant: str, job_ids: list[str]) -> set[str]:
         """Of a key's waiting jobs (in order), those that may start now."""
+        if self.shares is not None and self.shares.must_wait(tenant, *self._rivals(tenant)):
+            return set()
         if self.key_slots:
             with self._lock:
                 room = max(self.key_slots - self._per_key[tenant], 0)
@@ -230,6 +230,20 @@ class JobDispatcher:
         except redis.RedisError:
             log.exception("key %s: running-job cap unreadable; its jobs start", tenant)
             return set(job_ids)
+
+    def _rivals(self, tenant: str) -> tuple[list[str], set[str]]:
+        """The other keys at work here that could take the engine rows ``tenant``'s job would,
+        and those of them with jobs held here. A key held at its ``max_running_jobs`` is no
+        rival (waiting for it could leave rows idle); one held at ``key_slots`` is (its jobs
+        here fill the lanes)."""
+        capped = self.caps.capped if self.caps is not None else (lambda _: False)
+        with self._lock:
+            rivals = [
+                other
+                for other, count in self._per_key.items()
+                if count > 0 and other != tenant and not (other in self._held and capped(other))
+            ]
+        return rivals, set(self._held)
 
     def _claims(self, job_ids: list[str]) -> Sequence[Any]:
         try:
@@ -254,6 +268,8 @@ class JobDispatcher:
             worker_state.task_ready(request, successful=succeeded)
             if self.caps and self.caps.capped(tenant) and getattr(claim, "claimed", True):
                 self.caps.release(tenant, job_id)
+            if self.shares is not None:
+                self.shares.ended(job_id, claim)
             if self.holds_keys:
                 with self._lock:
                     self._per_key[tenant] -= 1
@@ -352,47 +368,6 @@ def generate_strategy(task: Any, app: Any, consumer: Any, **_: Any) -> Callable[
         dispatcher.submit(functools.partial(reserve, message, ack, reject, callbacks), tenant)
 
     return on_generate_message
-
-
-def queue_switches(consumer: Any, queues: TenantQueues) -> QueueSwitches:
-    """A held key's queues are paused and resumed on the consumer's own thread; each held
-    message widens the prefetch window, as Celery's ETA tasks do.
-
-    kombu's hub runs ``call_soon`` callbacks in no set order (they wait in a ``set``): a pause
-    and the resume right after it, run resume first, left the key's queues paused with nothing
-    held, and the key's backlog unread for good. So a callback does not say what to do: it
-    brings the key's queues to the state wanted when it runs, whatever ran before it.
-    """
-    paused: set[str] = set()
-    lock = threading.Lock()
-
-    def settle(tenant: str) -> None:
-        with lock:
-            wanted_paused = tenant in paused
-        for name in queues.of_key(tenant):
-            consuming = consumer.task_consumer.consuming_from(name)
-            if wanted_paused and consuming:
-                consumer.cancel_task_queue(name)
-            elif not wanted_paused and not consuming:
-                consumer.add_task_queue(name)
-
-    def pause(tenant: str) -> None:
-        with lock:
-            paused.add(tenant)
-        consumer.call_soon(settle, tenant)
-
-    def resume(tenant: str) -> None:
-        with lock:
-            paused.discard(tenant)
-        consumer.call_soon(settle, tenant)
-
-    def hold(count: int) -> None:
-        if count > 0:
-            consumer.qos.increment_eventually(count)
-        elif count < 0:
-            consumer.qos.decrement_eventually(-count)
-
-    return QueueSwitches(pause, resume, hold)
 
 
 class TrickleConsumer(Consumer):  # type: ignore[misc]

@@ -69,7 +69,7 @@ class WorkerRuntime:
         queue_depth: Callable[[str], int] | None = None,
     ):
         self.settings = settings
-        self.tenants = TenantTable(settings.keys)
+        self.tenants = TenantTable(settings.tenants)
         self.tracing = tracing or Tracing.disabled()
         self.node_name = node_name
         self.redis = connect(settings.redis)
@@ -93,7 +93,7 @@ class WorkerRuntime:
         for name in settings.served_models():
             model = settings.model(name)
             loading = time.monotonic()
-            engine = Engine(model, named_keys=bool(settings.keys))
+            engine = Engine(model, shares_slots=settings.shares_slots)
             self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
             self.schedulers[name] = BatchScheduler.for_engine(
@@ -133,7 +133,7 @@ class WorkerRuntime:
         usage = {}
         for name, engine in self.engines.items():
             total = slots_per_worker(engine.settings)
-            # Jobs on the reserve lane (named keys) are not counted past the lanes' slots.
+            # Jobs on the reserve lane (keys sharing slots) are not counted past the lanes' slots.
             usage[name] = (min(running.count(name), total), total)
         return usage
 

@@ -19,6 +19,7 @@ from trickle import keys
 from trickle.config.sections import AuthSettings, LimitSettings, RateLimitSettings
 from trickle.config.settings import Settings
 from trickle.jobs import BATCH_PRIORITY
+from trickle.queue import tenant_queues
 from trickle.tenants import build_keys
 from web.services import services
 
@@ -50,10 +51,11 @@ def client(
     app = make_app(bounded_settings)
 
     def empty() -> None:
-        queue = keys.model_queue("bound")
         celery = services(app).celery
         with celery.connection_for_write() as conn:
-            celery.amqp.queues[queue].bind(conn.default_channel).purge()
+            # Each key's jobs wait on its own queue (every key is a tenant).
+            for queue in tenant_queues(celery).of_model("bound"):
+                celery.amqp.queues[queue].bind(conn.default_channel).purge()
 
     empty()
     yield app.test_client()

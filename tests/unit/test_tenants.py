@@ -8,7 +8,7 @@ import pytest
 
 from trickle import keys
 from trickle.config.settings import ConfigError, Settings, settings_from_dict
-from trickle.queue import TenantQueues
+from trickle.queue import TenantQueues, make_celery, tenant_queues
 from trickle.tenants import DEFAULT_TENANT, TenantTable
 
 MODELS = {"demo": {"path": "/m/demo"}, "big": {"path": "/m/big"}}
@@ -107,3 +107,60 @@ def test_keys_from_the_environment() -> None:
         environ={"TRICKLE__KEYS__CARL__KEY": "kc", "TRICKLE__KEYS__CARL__WEIGHT": "3"}
     )
     assert settings.keys["carl"].weight == 3
+
+
+def test_every_accepted_key_is_a_tenant_named_never_by_its_key() -> None:
+    digest_b = hashlib.sha256(b"plain-b").hexdigest()
+    settings = with_keys(
+        {"alice": {"key": "secret-a"}},
+        auth={"api_keys": ["plain-a", f"sha256:{digest_b}", "plain-a"]},
+    )
+    digest_a = hashlib.sha256(b"plain-a").hexdigest()
+    names = {"alice", f"key-{digest_a[:12]}", f"key-{digest_b[:12]}"}
+    assert set(settings.tenants) == names and settings.shares_slots
+    plain = settings.tenants[f"key-{digest_a[:12]}"]
+    assert plain.digest == digest_a and "plain-a" not in repr(plain)
+    assert (plain.weight, plain.max_running_jobs, plain.requests_per_minute) == (1, 0, None)
+    table = TenantTable(settings.tenants)
+    # A plain key and its sha256: form are one tenant.
+    assert table.name_of_owner(digest_b) == f"key-{digest_b[:12]}"
+    queues = TenantQueues(settings.models, settings.tenants)
+    assert (
+        queues.next_queue("demo", f"key-{digest_a[:12]}") == f"trickle.demo.key.key-{digest_a[:12]}"
+    )
+    assert all("plain" not in name for name in queues.names())
+
+
+def test_without_keys_every_caller_is_the_one_default_tenant() -> None:
+    settings = with_keys({})
+    assert settings.tenants == {} and not settings.shares_slots
+    assert TenantQueues(settings.models, settings.tenants).names() == [
+        "trickle.demo",
+        "trickle.big",
+    ]
+    one = with_keys({}, auth={"api_keys": ["only"]})
+    assert len(one.tenants) == 1 and not one.shares_slots  # one key is served as one tenant
+    assert tenant_queues(make_celery(one, one.models)).of_model("demo") == ["trickle.demo"]
+    two = with_keys({}, auth={"api_keys": ["one", "two"]})
+    assert len(tenant_queues(make_celery(two, two.models)).of_model("demo")) == 3
+
+
+def test_a_named_key_may_not_take_a_plain_keys_tenant_name() -> None:
+    name = "key-" + hashlib.sha256(b"plain").hexdigest()[:12]
+    with pytest.raises(ConfigError, match=rf"keys\.{name}: .*auth\.api_keys\[0\]") as caught:
+        with_keys({name: {"key": "other"}}, auth={"api_keys": ["plain"]})
+    assert "'plain'" not in str(caught.value)
+
+
+def test_two_hundred_plain_keys_are_two_hundred_queues_per_model() -> None:
+    api_keys = [f"team-{i}" for i in range(200)]
+    settings = with_keys({}, auth={"api_keys": api_keys})
+    queues = TenantQueues(settings.models, settings.tenants)
+    assert len(settings.tenants) == 200
+    assert len(queues.of_model("demo")) == 201  # and the model's own, for jobs of no key
+
+
+def test_a_key_has_queues_only_on_its_allowed_models() -> None:
+    settings = with_keys({"a": {"key": "ka", "allowed_models": ["big"]}, "b": {"key": "kb"}})
+    queues = TenantQueues(settings.models, settings.tenants)
+    assert queues.has("big", "a") and not queues.has("demo", "a") and queues.has("demo", "b")

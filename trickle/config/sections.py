@@ -144,6 +144,11 @@ class WorkerSettings(Section):
     # while the engine thread turns decoding steps into tokens; Python's 5 ms default put tens of
     # milliseconds between a job's arrival and its claim under a burst. 0 keeps the default.
     gil_switch_interval_ms: float = 0.5
+    # With two API keys or more: how far a key's service on a worker (its tokens, weighted: a
+    # prompt token 1, an output token 2, over the key's weight) may run ahead of the least-served
+    # other key at work there before the key's next job waits for it (worker/vtc.py): keys share
+    # in tokens, not in jobs. About two long jobs' cost; 0: keys only take turns by jobs.
+    share_lag_tokens: NonNegativeFloat = 4096.0
 
 
 @dataclass(frozen=True)
@@ -294,9 +299,9 @@ class ModelSettings(Section):
     # batch as two) when the time saved is at least this many times the catch-up it costs
     # (worker/engine/policy.py); 0 = never split a running batch.
     rebalance_gain_ratio: float = 3.0
-    # With named keys ([keys.<name>]): one engine lane more per device, and one batch more in
-    # the prefetch window, for keys below their share of the slots while a flood holds every
-    # other lane (worker/engine/fair_share.py). It shares the cores while it runs.
+    # With two API keys or more (named or api_keys): one engine lane more per device, and one
+    # batch more in the prefetch window, for keys below their share of the slots while a flood
+    # holds every other lane (worker/engine/fair_share.py). It shares the cores while it runs.
     tenant_reserve_lane: bool = True
     # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
     # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
@@ -333,19 +338,20 @@ class ModelSettings(Section):
     # reads ``tools``): a Jinja string, or "builtin" for Trickle's. Empty: such requests are a 400.
     tool_chat_template: str = ""
 
-    def tenant_reserve(self, named_keys: bool) -> bool:
+    def tenant_reserve(self, shared: bool) -> bool:
         """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)
-        rather than overflow lanes: with named keys and ``tenant_reserve_lane``."""
-        return named_keys and self.tenant_reserve_lane
+        rather than overflow lanes: when keys share the slots (``Settings.shares_slots``) and
+        ``tenant_reserve_lane``."""
+        return shared and self.tenant_reserve_lane
 
-    def spare_lanes_per_device(self, named_keys: bool) -> int:
+    def spare_lanes_per_device(self, shared: bool) -> int:
         """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
         else ``overflow_lanes``."""
-        return 1 if self.tenant_reserve(named_keys) else self.overflow_lanes
+        return 1 if self.tenant_reserve(shared) else self.overflow_lanes
 
-    def reserve_lanes(self, named_keys: bool) -> int:
+    def reserve_lanes(self, shared: bool) -> int:
         """Spare lanes the engine runs besides ``lanes``, over every device."""
-        return max(len(self.device_index), 1) * self.spare_lanes_per_device(named_keys)
+        return max(len(self.device_index), 1) * self.spare_lanes_per_device(shared)
 
     def with_threads(self, cores: int) -> ModelSettings:
         """These settings with engine threads left at 0 derived from ``cores``."""

@@ -11,6 +11,7 @@ coerces every value, so an error names its key path (``limits.max_prompt_tokens`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from trickle.config.sections import (
     WorkerSettings,
     available_cores,
 )
-from trickle.tenants import KeySettings, build_keys, check_keys
+from trickle.tenants import KeySettings, build_keys, check_keys, every_tenant
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
@@ -82,6 +83,18 @@ class Settings:
 
     def model(self, name: str) -> ModelSettings:
         return self.models[name]
+
+    @functools.cached_property
+    def tenants(self) -> dict[str, KeySettings]:
+        """Every accepted key as a tenant (named keys and ``[auth] api_keys``), by name; empty
+        without keys (every caller is then the one default tenant)."""
+        return every_tenant(self.keys, self.auth.api_keys)
+
+    @property
+    def shares_slots(self) -> bool:
+        """Whether keys share the workers' slots by turns (a reserve lane, holds, token
+        shares): with two tenants or more. One key alone is served as the single tenant is."""
+        return len(self.tenants) >= 2
 
     @property
     def broker_url(self) -> str:
@@ -269,6 +282,7 @@ def _check(settings: Settings) -> None:
         )
     try:
         check_keys(settings.keys, settings.models, settings.auth.api_keys)
+        every_tenant(settings.keys, settings.auth.api_keys)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     limits = settings.limits

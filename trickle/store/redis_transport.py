@@ -22,7 +22,7 @@ sending: its queue had a backlog): one that waited for its message found the que
 the drain came back empty, a round trip and five commands per job for a client sending one job
 at a time. A backlog that forms meanwhile costs one more ``BRPOP``, which answers at once and
 drains it. The keys are read in the order ``BRPOP`` reads them (priority steps, then queues), so
-batch work still waits behind interactive work. Off (0) where named keys have queues of their
+batch work still waits behind interactive work. Off (0) where keys have queues of their
 own: draining one key's queue would skip the round-robin turns between them.
 
 A queue consumed again (``add_task_queue``: a key held back on this worker resumes, see

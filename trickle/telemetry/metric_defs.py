@@ -78,7 +78,8 @@ ENGINE_RESTARTS = Counter(
     "Running batches restarted, by model and kind: join (newcomers joined it) or split "
     "(half of it moved to an idle lane).",
 )
-# Usage per named key (its name, "default" for anonymous callers and [auth] api_keys), counted
+# Usage per key (its tenant name: a table's, key-<12 hex> for [auth] api_keys, "default" for
+# anonymous callers), counted
 # when a worker ends the job: jobs by status, the prompt's tokens and the completion's.
 KEY_JOBS = Counter("trickle_key_jobs_total", "Jobs a worker ended, by key name, model and status.")
 KEY_PROMPT_TOKENS = Counter(

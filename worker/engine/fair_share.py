@@ -4,8 +4,9 @@ A key's flood fills every slot of a worker (its batches end together, a whole ba
 time), so another key's job used to wait for one of those batches to end: up to a batch's run,
 however fairly the queue took turns. Joining it to a running batch by a restart is no better:
 the flood's sequences, far longer than the newcomer's prompt, would pause one step per token
-they had generated. So with named keys (``[keys.<name>]``) the engine runs one lane more
-(``tenant_reserve_lane``: a CTranslate2 replica sharing the weights), and the worker's prefetch
+they had generated. So with two keys or more (``Settings.shares_slots``) the engine runs one
+lane more (``tenant_reserve_lane``: a CTranslate2 replica sharing the weights), and the
+worker's prefetch
 window holds one batch more than its slots, which no single key may fill
 (``worker/dispatch.py``). The reserve lane takes only jobs of keys that hold fewer than their
 share of the other lanes' slots while every other lane is busy: an equal share of those slots
