@@ -58,6 +58,8 @@ lint: install-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+	@# Dead code: any unused function, class, method or property ([tool.vulture]).
+	! $(BIN)/vulture | grep -E 'unused (function|class|method|property)'
 
 clean:
 	rm -rf $(VENV) models .trickle mutants .coverage .coverage.*

@@ -46,9 +46,6 @@ class TrickleClient:
     def get_job(self, job_id: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/jobs/{job_id}")
 
-    def cancel_job(self, job_id: str) -> dict[str, Any]:
-        return self._json("POST", f"/v1/jobs/{job_id}/cancel")
-
     def events(self, job_id: str) -> Iterator[SseEvent]:
         """The job's SSE stream, event by event, until ``done`` (or ``error``)."""
         request = self._request("GET", f"/v1/jobs/{job_id}/events", None, {})

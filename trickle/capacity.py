@@ -9,7 +9,7 @@ side from their heartbeats. Part of the contract: no engine import, the web tier
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -87,16 +87,6 @@ class ModelLoad:
 def live_workers(client: redis.Redis, model: str, heartbeat_ttl: float, now: float) -> int:
     """Workers serving ``model`` whose heartbeat is younger than ``heartbeat_ttl``."""
     return int(client.zcount(keys.model_workers(model), now - heartbeat_ttl, "+inf"))
-
-
-def node_alive(
-    client: redis.Redis, models: Iterable[str], node: str, heartbeat_ttl: float, now: float
-) -> bool:
-    """Whether worker ``node`` heartbeated for any of ``models`` within ``heartbeat_ttl``."""
-    pipe = client.pipeline(transaction=False)
-    for model in models:
-        pipe.zscore(keys.model_workers(model), node)
-    return any(score is not None and score >= now - heartbeat_ttl for score in pipe.execute())
 
 
 def read_load(

@@ -180,9 +180,6 @@ class TenantTable:
     def by_digest(self, digest: str) -> KeySettings | None:
         return self._by_digest.get(digest)
 
-    def by_name(self, name: str) -> KeySettings | None:
-        return self._by_name.get(name)
-
     def __len__(self) -> int:
         return len(self._by_name)
 

@@ -23,7 +23,7 @@ from typing import Literal, TypeVar
 
 from flask import Flask, current_app, g, request
 
-from trickle.tenants import DEFAULT_TENANT, KeySettings, TenantTable, digest_of_entry, key_digest
+from trickle.tenants import KeySettings, TenantTable, digest_of_entry, key_digest
 from web.errors import HttpError
 
 # Anthropic's clients send their key here instead of Authorization.
@@ -84,12 +84,6 @@ def current_key() -> KeySettings | None:
     an anonymous caller (no keys configured)."""
     key: KeySettings | None = g.get("api_key")
     return key
-
-
-def current_tenant() -> str:
-    """The caller's tenant: its key's name, or the default tenant."""
-    key = current_key()
-    return key.name if key else DEFAULT_TENANT
 
 
 def grant_stream_read(job_id: str) -> None:

@@ -28,10 +28,6 @@ def response_id_for(job_id: str) -> str:
     return "resp_" + job_id.removeprefix("job_")
 
 
-def job_id_for(response_id: str) -> str:
-    return "job_" + response_id.removeprefix("resp_")
-
-
 def is_response_id(value: str) -> bool:
     """Whether ``value`` can name a response (anything else never becomes part of a key)."""
     return RESPONSE_ID_PATTERN.fullmatch(value) is not None

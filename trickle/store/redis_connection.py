@@ -25,7 +25,6 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from trickle.config.sections import RedisSettings
-from trickle.config.settings import Settings
 
 HEALTH_CHECK_SECONDS = 30
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -118,15 +117,6 @@ def connect_subscriber(settings: RedisSettings) -> Any:
         "retry": Retry(NoBackoff(), 0),
     }
     return _connect(settings.url, options)
-
-
-def connect_queue(settings: Settings) -> redis.Redis | None:
-    """A client for the broker's Redis (queue depth) when Celery's queue has its own, None
-    when it shares the job-state Redis."""
-    url = settings.broker.url
-    if not url or not url.startswith(("redis://", "rediss://", "unix://")):
-        return None
-    return redis.Redis.from_url(url, **client_options(settings.redis))
 
 
 def _connect(url: str, options: dict[str, Any]) -> Any:
