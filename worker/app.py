@@ -91,7 +91,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         if any(key.max_running_jobs for key in settings.keys.values()):
             entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
             caps = KeyCaps(runtime.redis, tenants, entry_seconds)
-        lane_slots, reserve_slots = worker_slots(settings)
+        lane_slots, reserve_slots = lane_and_reserve_slots(settings)
         shares = None
         if settings.shares_slots and settings.worker.share_lag_tokens > 0:
             served = settings.served_models()
@@ -142,7 +142,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(worker)
 
 
-def worker_slots(settings: Settings) -> tuple[int, int]:
+def lane_and_reserve_slots(settings: Settings) -> tuple[int, int]:
     """(lane slots, reserve slots) of one worker over the models it serves: jobs the ordinary
     lanes run at once, and those the reserve lanes add (worker/engine/fair_share.py), which no
     single key may take: with keys sharing the slots one key holds at most the lane slots
@@ -175,7 +175,7 @@ def create_worker_app(settings: Settings) -> Celery:
     # Slots to fill every engine thread's batch for every served model, and the reserve lanes'
     # (keys sharing the slots only): the job threads, and the prefetch window (one message per
     # slot, acked once its job is stored).
-    app.conf.worker_concurrency = sum(worker_slots(settings))
+    app.conf.worker_concurrency = sum(lane_and_reserve_slots(settings))
     register_tasks(app, settings.webhooks)
     app.steps["worker"].add(TrickleWorker)
     return app

@@ -16,10 +16,10 @@ from web.openai.responses_api.render import (
     DeltaTemplate,
     delta_event,
     head_events,
-    sse,
     tail_events,
 )
 from web.responses_store import StoredResponse
+from web.sse_events import typed_event
 
 RECORD = StoredResponse(
     id="resp_" + "a" * 32,
@@ -57,7 +57,7 @@ def test_the_sequence_is_numbered_from_the_log() -> None:
     assert [e["sequence_number"] for e in head + tail] == [0, 1, 2, 3, 7, 8, 9, 10]
     assert tail[-1]["type"] == "response.incomplete"
     assert tail[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert sse(tail[0]).startswith("event: response.output_text.done\ndata: {")
+    assert typed_event(tail[0]).startswith("event: response.output_text.done\ndata: {")
 
 
 def test_a_template_may_refuse_the_conversation() -> None:

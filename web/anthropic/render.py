@@ -8,9 +8,6 @@ an SSE ``id``: the index of its last token, which is what ``Last-Event-ID`` resu
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from trickle.events import encode_text
 from trickle.jobs import FinishReason, Job
 from web.anthropic.models import (
@@ -19,6 +16,7 @@ from web.anthropic.models import (
     MessageObject,
     StopReason,
 )
+from web.sse_events import typed_event
 
 MESSAGE_PREFIX = "msg_"
 JOB_PREFIX = "job_"
@@ -37,7 +35,7 @@ def stop_reason(job: Job) -> StopReason:
     return "stop_sequence" if job.stop_sequence else "end_turn"
 
 
-def usage(job: Job, output_tokens: int | None = None) -> AnthropicUsage:
+def message_usage(job: Job, output_tokens: int | None = None) -> AnthropicUsage:
     return {
         "input_tokens": job.usage.prompt_tokens,
         "output_tokens": job.usage.completion_tokens if output_tokens is None else output_tokens,
@@ -56,12 +54,8 @@ def message_object(job: Job, model: str, finished: bool = True) -> MessageObject
         "model": model,
         "stop_reason": stop_reason(job) if finished else None,
         "stop_sequence": (job.stop_sequence or None) if finished else None,
-        "usage": usage(job, None if finished else 0),
+        "usage": message_usage(job, None if finished else 0),
     }
-
-
-def sse(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 
 
 def head(job: Job, model: str) -> str:
@@ -72,7 +66,7 @@ def head(job: Job, model: str) -> str:
         "index": 0,
         "content_block": {"type": "text", "text": ""},
     }
-    return sse(start) + sse(block) + PING
+    return typed_event(start) + typed_event(block) + PING
 
 
 def tail(job: Job) -> str:
@@ -80,15 +74,17 @@ def tail(job: Job) -> str:
     delta = {
         "type": "message_delta",
         "delta": {"stop_reason": stop_reason(job), "stop_sequence": job.stop_sequence or None},
-        "usage": usage(job),
+        "usage": message_usage(job),
     }
     return (
-        sse({"type": "content_block_stop", "index": 0}) + sse(delta) + sse({"type": "message_stop"})
+        typed_event({"type": "content_block_stop", "index": 0})
+        + typed_event(delta)
+        + typed_event({"type": "message_stop"})
     )
 
 
 def error_event(error: AnthropicError) -> str:
-    return sse(dict(error))
+    return typed_event(dict(error))
 
 
 # Stands for a delta's text while its template is rendered (as in web.openai.responses: no
@@ -96,7 +92,7 @@ def error_event(error: AnthropicError) -> str:
 _TEXT = "\x00text\x00"
 
 
-class DeltaTemplate:
+class TextDeltaTemplate:
     """A text delta event rendered once per stream with its id and text left open: a wake-up's
     tokens are one event, their joined literal written between fixed pieces (no dict built or
     JSON encoded per event)."""
@@ -104,7 +100,7 @@ class DeltaTemplate:
     def __init__(self) -> None:
         event = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}
         event["delta"]["text"] = _TEXT  # type: ignore[index]
-        self._before, self._after = sse(event).split(encode_text(_TEXT))
+        self._before, self._after = typed_event(event).split(encode_text(_TEXT))
 
     def render(self, last_index: int, text_literal: str) -> str:
         return f"id: {last_index}\n{self._before}{text_literal}{self._after}"

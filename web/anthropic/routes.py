@@ -115,7 +115,7 @@ def _events(
     finished = False
     try:
         yield render.head(job, model)
-        template = render.DeltaTemplate()
+        template = render.TextDeltaTemplate()
         pace = stream_pace(svc)
         for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
             parts: list[str] = []  # one write per wake-up, however many tokens it brought

@@ -15,7 +15,6 @@ token, is a delta of ""). Resuming after event K is following the job after toke
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ from web.response_models import (
     ResponseUsage,
 )
 from web.responses_store import StoredResponse
+from web.sse_events import typed_event
 
 HEAD_EVENTS = 4  # created, in_progress, output_item.added, content_part.added
 TAIL_EVENTS = 4  # output_text.done, content_part.done, output_item.done, the final one
@@ -203,14 +203,10 @@ def _event(kind: str, sequence_number: int, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "sequence_number": sequence_number, **fields}
 
 
-def sse(event: dict[str, Any]) -> str:
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-
-
 def delta_event(record: StoredResponse, token: TokenEvent) -> str:
     """A delta with its token's log-probability (asked for: one event built per token)."""
     logprob = [_delta_logprob(token, record.top_logprobs)]
-    return sse(_delta(record, HEAD_EVENTS + token.index, token.text, logprob))
+    return typed_event(_delta(record, HEAD_EVENTS + token.index, token.text, logprob))
 
 
 def _delta_logprob(token: TokenEvent, top: int) -> dict[str, Any]:
@@ -245,7 +241,7 @@ class DeltaTemplate:
     written between three fixed pieces, with no dict built or JSON encoded per token."""
 
     def __init__(self, record: StoredResponse):
-        rendered = sse(_delta(record, _SEQUENCE, _TEXT, []))
+        rendered = typed_event(_delta(record, _SEQUENCE, _TEXT, []))
         head, rest = rendered.split(str(_SEQUENCE))
         middle, tail = rest.split(encode_text(_TEXT))
         self._pieces = (head, middle, tail)

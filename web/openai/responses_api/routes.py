@@ -40,6 +40,7 @@ from web.openai.responses_api.request import ResponseRequest, parse_response_req
 from web.response_models import ResponseObject
 from web.responses_store import StoredResponse, response_id_for
 from web.services import Services, services
+from web.sse_events import typed_event
 from web.stream import SSE_HEADERS, stream_pace
 from web.submission import admit, cancel_many, enqueue, prepare_job
 from web.tools.calls import call_id
@@ -296,7 +297,7 @@ def _events(
     if hold is not None:
         stream_hold.attach(svc, [hold])
     try:
-        head = [render.sse(e) for e in render.head_events(record) if e["sequence_number"] > after]
+        head = [typed_event(e) for e in render.head_events(record) if e["sequence_number"] > after]
         if head:
             yield "".join(head)
         template = render.DeltaTemplate(record)
@@ -317,7 +318,7 @@ def _events(
                 yield "".join(parts)
     except redis.RedisError as exc:
         log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
-        yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+        yield typed_event({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
     except GeneratorExit:  # the server closed the body early: the client went away
         left = True
         raise
@@ -361,7 +362,7 @@ def _tool_events(
     events = tool_events.ToolEvents(record, parser)
 
     def newer(made: list[dict[str, Any]]) -> list[str]:
-        return [render.sse(e) for e in made if e["sequence_number"] > after]
+        return [typed_event(e) for e in made if e["sequence_number"] > after]
 
     try:
         head = newer(events.head())
@@ -383,7 +384,7 @@ def _tool_events(
                 yield "".join(parts)
     except redis.RedisError as exc:
         log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
-        yield render.sse({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
+        yield typed_event({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
     except GeneratorExit:  # the server closed the body early: the client went away
         left = True
         raise
@@ -395,7 +396,7 @@ def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[s
     tokens = svc.store.tokens(job.id) if record.logprobs else None
     count = len(tokens) if tokens is not None else svc.responses.token_count(job.id)
     events = render.tail_events(record, job, count, tokens)
-    return [render.sse(e) for e in events if e["sequence_number"] > after]
+    return [typed_event(e) for e in events if e["sequence_number"] > after]
 
 
 def _cancel(svc: Services, job: Job) -> None:
