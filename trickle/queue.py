@@ -283,8 +283,8 @@ class QueueReader:
             channel = conn.default_channel
             if not is_amqp(self._app.conf.broker_url or ""):
                 # Every queue's every priority step in one round trip: a deployment of hundreds
-                # of keys has hundreds of queues per model (a declaration each was a round trip
-                # each, on every reading of the autoscaler and the queue-full check).
+                # of keys has hundreds of queues per model, read on every reading of the
+                # autoscaler and the queue-full check.
                 return _lengths(channel, names, channel.priority_steps)
             # RabbitMQ: declaring with the same arguments is idempotent and answers the count
             # (a passive declaration would fail for a queue that no worker has declared yet).

@@ -1,8 +1,8 @@
 """How many jobs wait for a model, as the queue-full check (429) needs it.
 
 Counting a model's queues is a broker round trip per queue (a declaration on kombu's Redis
-transport, which sums every priority step with LLEN), and it was 8% of a web process's CPU on
-short jobs. The check only needs the exact count near the limit: far below it (under
+transport, which sums every priority step with LLEN), a cost paid on every short job. The check
+only needs the exact count near the limit: far below it (under
 ``headroom`` of the limit), a reading at most ``max_age_seconds`` old plus what this process
 admitted since answers. Near the limit every check reads the broker, so the bound stays exact
 for one web process; several processes can overshoot it only by what the others admit within
@@ -49,8 +49,8 @@ class AdmissionDepth:
         estimate by that much, until the next reading).
 
         One reading at a time per model: the requests of a burst that find the reading stale
-        wait for the one read in flight, instead of each paying a broker round trip (16 at once
-        held a burst's first records 8 ms from their task messages)."""
+        wait for the one read in flight, instead of each paying a broker round trip that holds
+        the burst's records back from their task messages."""
         leading: threading.Event | None = None  # the reading this call makes for every caller
         while True:
             now = self._clock()

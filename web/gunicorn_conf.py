@@ -25,8 +25,8 @@ graceful_timeout = 10
 timeout = 120
 keepalive = 5
 # No access log by default (gunicorn's own default): formatting and writing a line per request
-# was 7% of the web process's CPU on short jobs. Operators who want one pass gunicorn's flag,
-# GUNICORN_CMD_ARGS="--access-logfile -" (it overrides this file).
+# is a real share of the web process's CPU on short jobs. Operators who want one pass
+# gunicorn's flag, GUNICORN_CMD_ARGS="--access-logfile -" (it overrides this file).
 accesslog = None
 
 

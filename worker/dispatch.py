@@ -281,7 +281,7 @@ class JobDispatcher:
         with self._lock:
             self._busy -= count
             # Only a join (shutdown) waits on the count, and the claim thread on held jobs'
-            # retry: a wake of the idle claim thread on every job's end was a wasted switch.
+            # retry: waking the idle claim thread on every job's end would be a wasted switch.
             if self._joining or self._retry_held:
                 self._lock.notify_all()
 

@@ -182,10 +182,10 @@ class WorkerRuntime:
 
     def claim_and_start(self, job_ids: list[str]) -> list[Claim | Begun]:
         """``claim_many``, then, on the same (claim) thread, each fresh claimed job goes to its
-        engine at once: its lane starts while its job thread is still waking. That hop, and
-        the job thread's logging and metrics before the engine had the job, were 0.4 ms of a
-        lone job's first token. A resumed job (its replay log must be read first) or one whose
-        start needs Redis and found it away is left to its job thread, as before."""
+        engine at once: its lane starts while its job thread is still waking, so neither that
+        hop nor the job thread's logging and metrics stand before a lone job's first token. A
+        resumed job (its replay log must be read first) or one whose start needs Redis and found
+        it away is left to its job thread."""
         claim_started = time.time()
         claims = self.claim_many(job_ids)
         claimed_at = time.time()

@@ -273,8 +273,8 @@ class ModelSettings(Section):
     max_batch_wait_ms: float = 2.0
     # A job arriving more than this long after the one before starts at once instead of waiting
     # max_batch_wait_ms for company (a burst that follows joins it by a restart); 0 = always
-    # wait the window. At 20 ms a client sending one job after another waited the window on
-    # every job; demo, Poisson 30 req/s, 20 -> 5 ms: TTFT p99 646/220 -> 200/89 ms.
+    # wait the window. Too long a quiet spell makes a client sending one job after another
+    # wait the window on every job (docs/performance.md has the measured trade-off).
     quiet_start_after_ms: float = 5.0
     # The engine process runs this much "nicer" than the serving processes on a CPU (on a GPU
     # the engine waits on the device anyway): when cores are short, POSTs, claims and token

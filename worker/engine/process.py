@@ -11,10 +11,10 @@ batch has spoken in a step, hands the whole step to the worker as one pipe messa
 Everything else (detokenization, stop strings, events, Redis) happens in the worker process,
 which stops a sequence by setting its flag; the callback returns True on its next token.
 
-Steps faster than ``engine_step_coalesce_ms`` share a message: on the demo model a step takes
-about 0.35 ms, and a message per step (a pickle, a write, a wake-up and an unpickle on the worker's
-side) cost the worker's receiving side 18.7-25.0 µs of CPU per token of a single stream, against
-11.7-12.5 µs with 2 ms (920 messages for 5,120 steps instead of 5,130). A step with a sequence's
+Steps faster than ``engine_step_coalesce_ms`` share a message: on a small model a step takes a
+fraction of a millisecond, and a message per step (a pickle, a write, a wake-up and an unpickle
+on the worker's side) would cost the worker's receiving side more CPU per token than the step
+itself (docs/performance.md has the figures). A step with a sequence's
 first tokens or its end is sent at once, so time to first token and a job's end are not held;
 each step carries its start time on the engine's clock (``time.monotonic``, the same in every
 process of a machine), so the worker still times every step.

@@ -121,8 +121,7 @@ class BatchScheduler:
         # The spare lanes' role: the tenants' reserve, else (any at all) overflow lanes.
         self._overflow = bool(self._reserve.lanes) and not self._reserve.tenants
         # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
-        # an arrival wakes only a lane that may take it (a notify_all of every lane per job was
-        # 5% of a worker's CPU on one-token jobs).
+        # an arrival wakes only a lane that may take it, not every lane per job.
         lock = threading.RLock()
         self._cond = threading.Condition(lock)
         self._spare_cond = threading.Condition(lock)
