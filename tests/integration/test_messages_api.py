@@ -74,13 +74,13 @@ def refused(reply: Any, status: int, kind: str, *named: str) -> str:
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}
                 ]
             },
-            ("messages[0].content[0].type", "'tool_result'"),
+            ("messages[0].content[0].tool_use_id", "'t'"),
         ),
         ({"system": [{"type": "document"}]}, ("system[0].type", "'document'")),
         ({"messages": []}, ("messages",)),
-        ({"tools": [{"name": "f", "input_schema": {}}]}, ("tools",)),
-        ({"tool_choice": {"type": "any"}}, ("tool_choice",)),
-        ({"tool_choice": "none"}, ("tool_choice", "auto")),
+        ({"tools": [{"type": "web_search_20250305", "name": "s"}]}, ("tools[0].type", "server")),
+        ({"tool_choice": {"type": "any"}}, ("tool_choice", "constrained decoding")),
+        ({"tool_choice": "none"}, ("tool_choice",)),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, ("thinking",)),
         ({"temperature": 1.5}, ("temperature",)),
         ({"stop_sequences": ["a"] * 20}, ("stop_sequences",)),

@@ -74,7 +74,8 @@ PUBLISHED_SCHEMAS = {
     *("MessagesRequest", "CountTokensRequest", "AnthropicMessage", "AnthropicTextBlock"),
     *("AnthropicCacheControl", "AnthropicMetadata", "AnthropicToolChoice", "Message"),
     *("MessageTokensCount", "AnthropicTextContent", "AnthropicUsage", "AnthropicError"),
-    "AnthropicErrorDetail",
+    *("AnthropicErrorDetail", "AnthropicTool", "AnthropicToolUseBlock"),
+    *("AnthropicToolResultBlock", "AnthropicToolUseContent"),
 }
 
 

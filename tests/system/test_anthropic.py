@@ -141,9 +141,9 @@ def test_errors_are_what_the_client_raises(client: anthropic.Anthropic) -> None:
             model="demo",
             max_tokens=8,
             messages=USER,
-            tools=[{"name": "f", "input_schema": {"type": "object"}}],
+            tools=[{"type": "web_search_20250305", "name": "web_search"}],
         )
-    assert "tools" in tools.value.body["error"]["message"]  # type: ignore[index]
+    assert "tools[0].type" in tools.value.body["error"]["message"]  # type: ignore[index]
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="claude-nothing", max_tokens=8, messages=USER)
     assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 import requests
 
-from tests.faultstack import FaultStack, build_fault_stack
-from tests.tool_model import ANSWER_TEXT, TEMPLATE, build_tool_model
+from tests.faultstack import FaultStack
+from tests.tool_model import ANSWER_TEXT
 
 WEATHER: Any = {
     "type": "function",
@@ -36,32 +34,6 @@ TIME: Any = {
 }
 RESPONSES_WEATHER: Any = {"type": "function", **WEATHER["function"]}
 ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def tool_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = build_tool_model(
-        tmp_path_factory.mktemp("tool-model"), demo_model_dir / "tokenizer.model"
-    )
-    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
-    return path
-
-
-@pytest.fixture(scope="module")
-def tool_stack(
-    tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, tool_model: Path
-) -> Iterator[FaultStack]:
-    stack = build_fault_stack(
-        tmp_path_factory.mktemp("tool-stack"),
-        models_toml=(
-            f'[models.demo]\npath = "{demo_model_dir}"\n'
-            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n'
-        ),
-        settings_toml="[limits]\nmax_tokens_ceiling = 64\ndefault_max_tokens = 32\n",
-    )
-    stack.worker("tools", ("tools", "demo"))
-    yield stack
-    stack.close()
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from web.request_models import (
     Text,
     max_tokens_field,
 )
+from web.tools.models import MAX_TOOLS, ToolName
 
 # Anthropic's temperature range (OpenAI's goes to 2).
 MAX_TEMPERATURE = 1.0
@@ -47,7 +48,7 @@ class AnthropicCacheControl(BaseModel):
 
 
 class AnthropicTextBlock(BaseModel):
-    """A text content block; the only block type served (tools, images, documents are not)."""
+    """A text content block (images and documents are not served)."""
 
     model_config = STRICT
 
@@ -56,11 +57,41 @@ class AnthropicTextBlock(BaseModel):
     cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
 
 
+class AnthropicToolUseBlock(BaseModel):
+    """An assistant's earlier tool call, as the client sends it back."""
+
+    model_config = STRICT
+
+    type: Literal["tool_use"]
+    id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    input: dict[str, Any]
+    cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
+
+
+class AnthropicToolResultBlock(BaseModel):
+    """A tool's result, in a user turn: ``tool_use_id`` names the call it answers."""
+
+    model_config = STRICT
+
+    type: Literal["tool_result"]
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: Text | list[AnthropicTextBlock] | None = None
+    is_error: bool | None = Field(None, description="true: the template reads 'Error: ' first")
+    cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
+
+
+AnthropicBlock = Annotated[
+    AnthropicTextBlock | AnthropicToolUseBlock | AnthropicToolResultBlock,
+    Field(discriminator="type"),
+]
+
+
 class AnthropicMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["user", "assistant"]
-    content: Text | list[AnthropicTextBlock]
+    content: Text | list[AnthropicBlock]
 
 
 class AnthropicMetadata(BaseModel):
@@ -71,13 +102,28 @@ class AnthropicMetadata(BaseModel):
     )
 
 
-class AnthropicToolChoice(BaseModel):
-    """Only the choices that mean no tool call while no tools are served."""
+class AnthropicTool(BaseModel):
+    """A client tool: its name, what it does, and the JSON schema of its input. Anthropic's
+    server tools (``web_search_...``, ``bash_...``) have another ``type`` and are refused."""
 
     model_config = STRICT
 
-    type: Literal["auto", "none"]
-    disable_parallel_tool_use: bool | None = None
+    name: ToolName
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
+
+
+class AnthropicToolChoice(BaseModel):
+    """``auto`` and ``none``; ``any`` and ``tool`` (a named one) are refused with a 400 on
+    ``tool_choice``, since only constrained decoding could keep them."""
+
+    model_config = STRICT
+
+    type: Literal["auto", "none", "any", "tool"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = Field(None, description="true: at most one call")
 
 
 class CountTokensRequest(BaseModel):
@@ -103,9 +149,7 @@ class CountTokensRequest(BaseModel):
     model: str | None = Field(None, description="a served model; the default one when absent")
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
     system: Text | list[AnthropicTextBlock] | None = None
-    tools: Annotated[list[dict[str, Any]] | None, Field(max_length=0)] = Field(
-        None, description="tool use is not supported: only an empty list"
-    )
+    tools: Annotated[list[AnthropicTool] | None, Field(max_length=MAX_TOOLS)] = None
     tool_choice: AnthropicToolChoice | None = None
 
 
@@ -129,6 +173,44 @@ class MessagesRequest(CountTokensRequest):
                     "top_k": 40,
                     "metadata": {"user_id": "u-1"},
                     "stream": True,
+                },
+                {
+                    "max_tokens": 32,
+                    "tools": [
+                        {
+                            "name": "get_weather",
+                            "description": "The weather in a city",
+                            "input_schema": {
+                                "type": "object",
+                                "properties": {"city": {"type": "string"}},
+                            },
+                        }
+                    ],
+                    "tool_choice": {"type": "auto"},
+                    "messages": [
+                        {"role": "user", "content": "Weather in Paris?"},
+                        {
+                            "role": "assistant",
+                            "content": [
+                                {
+                                    "type": "tool_use",
+                                    "id": "toolu_1",
+                                    "name": "get_weather",
+                                    "input": {"city": "Paris"},
+                                }
+                            ],
+                        },
+                        {
+                            "role": "user",
+                            "content": [
+                                {
+                                    "type": "tool_result",
+                                    "tool_use_id": "toolu_1",
+                                    "content": "sunny, 22C",
+                                }
+                            ],
+                        },
+                    ],
                 },
             ]
         }
@@ -203,7 +285,15 @@ class AnthropicUsage(TypedDict):
     cache_read_input_tokens: int
 
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+class AnthropicToolUseContent(TypedDict):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+AnthropicContent = AnthropicTextContent | AnthropicToolUseContent
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 class MessageObject(TypedDict):
@@ -212,7 +302,7 @@ class MessageObject(TypedDict):
     id: str
     type: Literal["message"]
     role: Literal["assistant"]
-    content: list[AnthropicTextContent]
+    content: list[AnthropicContent]
     model: str
     stop_reason: StopReason | None
     stop_sequence: str | None

@@ -3,7 +3,9 @@
 A stream is ``message_start``, ``content_block_start`` (one text block), ``ping``, one
 ``content_block_delta`` per wake-up's tokens, ``content_block_stop``, ``message_delta`` (the
 stop reason and the usage), ``message_stop``; a quiet spell sends ``ping``. Every delta carries
-an SSE ``id``: the index of its last token, which is what ``Last-Event-ID`` resumes after.
+an SSE ``id``: the index of its last token, which is what ``Last-Event-ID`` resumes after. A
+message with tools has its blocks from ``web.anthropic.tool_blocks`` between the same head and
+tail.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from trickle.events import encode_text
 from trickle.jobs import FinishReason, Job
 from web.anthropic.models import (
+    AnthropicContent,
     AnthropicError,
     AnthropicUsage,
     MessageObject,
@@ -28,11 +31,18 @@ def message_id(job_id: str) -> str:
     return MESSAGE_PREFIX + job_id.removeprefix(JOB_PREFIX)
 
 
-def stop_reason(job: Job) -> StopReason:
+def stop_reason(job: Job, called: bool = False) -> StopReason:
+    """``called``: the answer holds tool calls (``tool_use``, unless it was cut short)."""
     if job.finish_reason is FinishReason.LENGTH:
         return "max_tokens"
+    if called:
+        return "tool_use"
     # A job canceled through /v1/jobs/<id>/cancel ended at its owner's request: a turn's end.
     return "stop_sequence" if job.stop_sequence else "end_turn"
+
+
+def stop_sequence(reason: StopReason, job: Job) -> str | None:
+    return (job.stop_sequence or None) if reason == "stop_sequence" else None
 
 
 def message_usage(job: Job, output_tokens: int | None = None) -> AnthropicUsage:
@@ -44,43 +54,57 @@ def message_usage(job: Job, output_tokens: int | None = None) -> AnthropicUsage:
     }
 
 
-def message_object(job: Job, model: str, finished: bool = True) -> MessageObject:
-    """The message of a finished job; ``finished=False``: the empty one a stream starts with."""
+def message_object(
+    job: Job,
+    model: str,
+    finished: bool = True,
+    content: list[AnthropicContent] | None = None,
+    reason: StopReason | None = None,
+) -> MessageObject:
+    """The message of a finished job (``content`` and ``reason``: read for tool calls, else
+    its text); ``finished=False``: the empty one a stream starts with."""
+    if finished and reason is None:
+        reason = stop_reason(job)
+    if content is None:
+        content = [{"type": "text", "text": job.output}] if finished else []
     return {
         "id": message_id(job.id),
         "type": "message",
         "role": "assistant",
-        "content": [{"type": "text", "text": job.output}] if finished else [],
+        "content": content,
         "model": model,
-        "stop_reason": stop_reason(job) if finished else None,
-        "stop_sequence": (job.stop_sequence or None) if finished else None,
+        "stop_reason": reason,
+        "stop_sequence": stop_sequence(reason, job) if reason is not None else None,
         "usage": message_usage(job, None if finished else 0),
     }
 
 
-def head(job: Job, model: str) -> str:
-    """The events before the first token."""
+def message_start(job: Job, model: str) -> str:
     start = {"type": "message_start", "message": message_object(job, model, finished=False)}
+    return typed_event(start)
+
+
+def head(job: Job, model: str) -> str:
+    """The events before the first token of a text answer."""
     block = {
         "type": "content_block_start",
         "index": 0,
         "content_block": {"type": "text", "text": ""},
     }
-    return typed_event(start) + typed_event(block) + PING
+    return message_start(job, model) + typed_event(block) + PING
 
 
-def tail(job: Job) -> str:
-    """The events after the last token of a finished job."""
+def tail(job: Job, reason: StopReason | None = None, text_block: bool = True) -> str:
+    """The events after the last token of a finished job (``text_block``: closing the one
+    text block of an answer without tools)."""
+    reason = stop_reason(job) if reason is None else reason
     delta = {
         "type": "message_delta",
-        "delta": {"stop_reason": stop_reason(job), "stop_sequence": job.stop_sequence or None},
+        "delta": {"stop_reason": reason, "stop_sequence": stop_sequence(reason, job)},
         "usage": message_usage(job),
     }
-    return (
-        typed_event({"type": "content_block_stop", "index": 0})
-        + typed_event(delta)
-        + typed_event({"type": "message_stop"})
-    )
+    close = typed_event({"type": "content_block_stop", "index": 0}) if text_block else ""
+    return close + typed_event(delta) + typed_event({"type": "message_stop"})
 
 
 def error_event(error: AnthropicError) -> str:

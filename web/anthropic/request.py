@@ -1,10 +1,11 @@
 """A ``POST /v1/messages`` (or ``count_tokens``) body to a prompt and generation parameters.
 
 What the schema cannot say is checked here, first, so the error names the thing the client got
-wrong: a role other than user or assistant, a block type other than text (tool use, images and
-documents are not served yet). Consecutive turns of one role are one turn, as Anthropic combines
-them; a conversation that ends with an assistant turn is continued from that turn's text (a
-prefill), so the answer holds only what follows it.
+wrong: a role other than user or assistant, a block type the turn cannot carry (images and
+documents are not served; ``tool_use`` is an assistant's, ``tool_result`` a user's), a server
+tool. The turns themselves come from ``web.anthropic.conversation``; a conversation that ends
+with an assistant turn is continued from that turn's text (a prefill), so the answer holds only
+what follows it.
 """
 
 from __future__ import annotations
@@ -17,20 +18,23 @@ from flask import request
 
 from trickle.config.settings import Settings
 from trickle.jobs import GenerationParams
-from web.anthropic.models import (
-    VERSION_PATTERN,
-    AnthropicTextBlock,
-    CountTokensRequest,
-    MessagesRequest,
-)
+from web.anthropic.conversation import conversation_turns, message_tools
+from web.anthropic.models import VERSION_PATTERN, CountTokensRequest, MessagesRequest
 from web.chat_template import ChatTurn
 from web.errors import invalid
 from web.openai.requests import chat_prompt
+from web.tools.definitions import ToolUse
 from web.validation import served_model, validate
 
 ROLES = ("user", "assistant")
-NO_TOOL = ("auto", "none")  # the tool choices that call no tool
 VERSION_HEADER = "anthropic-version"
+# The block types each place may hold.
+BLOCKS = {
+    "system": ("text",),
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use"),
+    "tool_result": ("text",),
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class MessagesCall:
     prompt: str
     params: GenerationParams
     stream: bool
+    tools: ToolUse | None = None  # with tools: the answer is read for tool calls
 
 
 def check_version() -> None:
@@ -61,7 +66,9 @@ def parse_messages(body: Any, settings: Settings, model: type[MessagesRequest]) 
         top_p=1.0 if req.top_p is None else float(req.top_p),
         stop=tuple(req.stop_sequences or ()),
     )
-    return MessagesCall(name, prompt_of(req, settings, name), params, bool(req.stream))
+    tools = _tools(req, settings, name)
+    prompt = prompt_of(req, settings, name, tools)
+    return MessagesCall(name, prompt, params, bool(req.stream), tools)
 
 
 def parse_count(body: Any, settings: Settings, model: type[CountTokensRequest]) -> tuple[str, str]:
@@ -69,50 +76,53 @@ def parse_count(body: Any, settings: Settings, model: type[CountTokensRequest]) 
     refuse_unsupported(body)
     req = validate(model, body)
     name = served_model(req.model, settings)
-    return name, prompt_of(req, settings, name)
+    return name, prompt_of(req, settings, name, _tools(req, settings, name))
 
 
-def prompt_of(req: CountTokensRequest, settings: Settings, model: str) -> str:
-    """The conversation through the model's chat template; a final assistant turn is
-    continued, not closed."""
-    turns = _merged([ChatTurn(m.role, _text(m.content)) for m in req.messages])
-    system = _text(req.system) if req.system is not None else ""
+def _tools(req: CountTokensRequest, settings: Settings, model: str) -> ToolUse | None:
+    return message_tools(req.tools, req.tool_choice, settings.model(model).tool_call_parser)
+
+
+def prompt_of(
+    req: CountTokensRequest, settings: Settings, model: str, tools: ToolUse | None
+) -> str:
+    """The conversation (and tools) through the model's chat template; a final assistant
+    turn is continued, not closed."""
+    turns = conversation_turns(req.messages)
+    system = req.system if isinstance(req.system, str) else ""
+    if isinstance(req.system, list):
+        system = "".join(block.text for block in req.system)
     head = [ChatTurn("system", system)] if system else []
-    if turns[-1].role == "assistant":
-        prefill = turns.pop()
-        return chat_prompt([*head, *turns], settings, model) + prefill.content
-    return chat_prompt([*head, *turns], settings, model)
-
-
-def _text(content: str | list[AnthropicTextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(block.text for block in content)
-
-
-def _merged(turns: list[ChatTurn]) -> list[ChatTurn]:
-    merged: list[ChatTurn] = []
-    for turn in turns:
-        if merged and merged[-1].role == turn.role:
-            merged[-1] = ChatTurn(turn.role, f"{merged[-1].content}\n\n{turn.content}")
-        else:
-            merged.append(turn)
-    return merged
+    if turns[-1].role != "assistant":
+        return chat_prompt([*head, *turns], settings, model, tools=tools)
+    prefill = turns.pop()
+    if prefill.tool_calls:
+        last = len(req.messages) - 1
+        raise invalid(
+            f"messages[{last}].content",
+            "a conversation that ends with an assistant turn is continued from its text: "
+            "that turn cannot hold tool_use blocks (send their tool_result in a user turn)",
+        )
+    return chat_prompt([*head, *turns], settings, model, tools=tools) + prefill.content
 
 
 def refuse_unsupported(body: Any) -> None:
     """Roles and block types the Messages API has but Trickle does not serve, by name."""
     if not isinstance(body, dict):
         return  # validate() says the body must be an object
-    if body.get("tools") not in (None, []):
-        raise invalid("tools", "tools: tool use is not supported yet (only an empty list)")
-    choice = body.get("tool_choice")
-    if choice is not None and not (isinstance(choice, dict) and choice.get("type") in NO_TOOL):
-        raise invalid(
-            "tool_choice",
-            "tool_choice: only {'type': 'auto'} or {'type': 'none'} (no tools are served)",
-        )
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind is not None and kind != "custom":
+            param = f"tools[{index}].type"
+            raise invalid(
+                param,
+                f"{param}: server tool {kind!r} is not served (only client tools: name, "
+                "description, input_schema)",
+            )
     system = body.get("system")
     if isinstance(system, list):
-        _check_blocks(system, "system")
+        _check_blocks(system, "system", BLOCKS["system"])
     messages = body.get("messages")
     if not isinstance(messages, list):
         return
@@ -128,15 +138,21 @@ def refuse_unsupported(body: Any) -> None:
                 f"only 'user' and 'assistant' are accepted{hint}",
             )
         content = message.get("content")
-        if isinstance(content, list):
-            _check_blocks(content, f"messages[{index}].content")
+        if isinstance(content, list) and role in ROLES:
+            _check_blocks(content, f"messages[{index}].content", BLOCKS[role], f"a {role} turn")
 
 
-def _check_blocks(blocks: list[Any], where: str) -> None:
+def _check_blocks(blocks: list[Any], where: str, allowed: tuple[str, ...], place: str = "") -> None:
     for index, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
-        if isinstance(kind, str) and kind != "text":
-            param = f"{where}[{index}].type"
+        param = f"{where}[{index}].type"
+        if isinstance(kind, str) and kind not in allowed:
+            within = f" in {place}" if place else ""
+            only = ", ".join(repr(name) for name in allowed)
             raise invalid(
-                param, f"{param}: content block type {kind!r} is not supported (only 'text')"
+                param,
+                f"{param}: content block type {kind!r} is not supported{within} (only {only})",
             )
+        inner = block.get("content") if kind == "tool_result" else None
+        if isinstance(inner, list):
+            _check_blocks(inner, f"{where}[{index}].content", BLOCKS["tool_result"])

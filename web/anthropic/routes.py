@@ -21,6 +21,8 @@ from web.anthropic import render
 from web.anthropic.errors import anthropic_error, from_http_error
 from web.anthropic.models import messages_models
 from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
+from web.anthropic.stream import TextWriter, ToolWriter
+from web.anthropic.tool_blocks import read_whole
 from web.body import read_json_body
 from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
@@ -45,14 +47,19 @@ def create_message() -> Response:
     after = _resume_point(call, key)
     job = _submit(svc, call, key, resuming=after >= 0)
     if call.stream:
-        return _event_stream(svc, job, call.model, after, cancel_on_close=key is None)
+        return _event_stream(svc, job, call, after, cancel_on_close=key is None)
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
         _cancel(svc, job)
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     if done.status is JobStatus.FAILED:
         raise _failed(done)
-    return jsonify(render.message_object(done, call.model))
+    parser = call.tools.new_parser() if call.tools is not None else None
+    if parser is None:
+        return jsonify(render.message_object(done, call.model))
+    blocks = read_whole(done, parser)
+    content, reason = blocks.content(), blocks.stop_reason(done)
+    return jsonify(render.message_object(done, call.model, content=content, reason=reason))
 
 
 @blueprint.post("/v1/messages/count_tokens")
@@ -97,25 +104,34 @@ def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resum
 
 
 def _event_stream(
-    svc: Services, job: Job, model: str, after: int, cancel_on_close: bool
+    svc: Services, job: Job, call: MessagesCall, after: int, cancel_on_close: bool
 ) -> Response:
+    parser = call.tools.new_parser() if call.tools is not None else None
+    writer: TextWriter | ToolWriter = TextWriter(job, call.model)
+    if parser is not None:
+        writer = ToolWriter(job, call.model, parser, after)
     try:
-        follower = JobFollower(svc.store, svc.hub, job.id, after, job.owner, False)
+        # With tools the parser reads every token from the first, whatever the resume point.
+        first = after if parser is None else -1
+        follower = JobFollower(svc.store, svc.hub, job.id, first, job.owner, False)
     except JobNotFound:
         raise not_found(f"message {render.message_id(job.id)!r} has expired", HEADER) from None
-    body = stream_with_context(_events(svc, job, model, follower, cancel_on_close))
+    body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))
     response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     response.call_on_close(follower.close)
     return response
 
 
 def _events(
-    svc: Services, job: Job, model: str, follower: JobFollower, cancel_on_close: bool
+    svc: Services,
+    job: Job,
+    writer: TextWriter | ToolWriter,
+    follower: JobFollower,
+    cancel_on_close: bool,
 ) -> Iterator[str]:
     finished = False
     try:
-        yield render.head(job, model)
-        template = render.TextDeltaTemplate()
+        yield writer.head()
         pace = stream_pace(svc)
         for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
             parts: list[str] = []  # one write per wake-up, however many tokens it brought
@@ -123,15 +139,13 @@ def _events(
                 if isinstance(event, KeepAlive):
                     parts.append(render.PING)
                 elif isinstance(event, TokenRun):
-                    literal = event.text_literal()
-                    if literal != '""':  # held text (a partial character) is no delta
-                        parts.append(template.render(event.end - 1, literal))
+                    parts.extend(writer.tokens(event))
                 elif isinstance(event, Done):
                     finished = True
                     if event.job.status is JobStatus.FAILED:
                         parts.append(render.error_event(from_http_error(_failed(event.job))))
                     else:
-                        parts.append(render.tail(event.job))
+                        parts.extend(writer.end(event.job))
             if parts:
                 yield "".join(parts)
     except redis.RedisError as exc:

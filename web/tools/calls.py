@@ -50,6 +50,11 @@ def call_id(job_id: str, index: int) -> str:
     return f"call_{_digest(job_id, index)}"
 
 
+def tool_use_id(job_id: str, index: int) -> str:
+    """The Messages API id of the same call's ``tool_use`` block (``toolu_...``)."""
+    return f"toolu_{_digest(job_id, index)}"
+
+
 def call_item_id(job_id: str, index: int) -> str:
     """The Responses API id of its ``function_call`` output item (``fc_...``)."""
     return f"fc_{_digest(job_id, index)}"

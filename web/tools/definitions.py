@@ -53,7 +53,7 @@ def chat_tools(
     named = choice.function.name if isinstance(choice, ChatNamedToolChoice) else None
     definitions = [tool.function.model_dump(exclude_none=True) for tool in tools or ()]
     names = [tool.function.name for tool in tools or ()]
-    return _tool_use(definitions, names, "tools[{}].function.name", choice, named, parallel, parser)
+    return tool_use(definitions, names, "tools[{}].function.name", choice, named, parallel, parser)
 
 
 def responses_tools(
@@ -66,10 +66,10 @@ def responses_tools(
     named = choice.name if isinstance(choice, ResponsesNamedToolChoice) else None
     definitions = [tool.model_dump(exclude_none=True, exclude={"type"}) for tool in tools or ()]
     names = [tool.name for tool in tools or ()]
-    return _tool_use(definitions, names, "tools[{}].name", choice, named, parallel, parser)
+    return tool_use(definitions, names, "tools[{}].name", choice, named, parallel, parser)
 
 
-def _tool_use(
+def tool_use(
     definitions: list[dict[str, Any]],
     names: list[str],
     name_param: str,
@@ -78,6 +78,9 @@ def _tool_use(
     parallel: bool | None,
     parser: str,
 ) -> ToolUse | None:
+    """Every route's tools, once reduced to function definitions (``parameters`` for the
+    schema) and their names: ``name_param`` formats the field a duplicate name is refused on,
+    ``named`` is the function a choice names."""
     for index, name in enumerate(names):
         if name in names[:index]:
             raise invalid(name_param.format(index), f"tool name {name!r} is used twice")
