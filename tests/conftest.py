@@ -85,6 +85,9 @@ max_tokens_ceiling = 1024
 default_max_tokens = 32
 result_ttl_seconds = 600
 max_queued_jobs = 100
+[files]
+# The in-process apps share one Redis: only a test of the sweeper runs one.
+batch_sweep_seconds = 0
 [webhooks]
 allowed_hosts = ["127.0.0.1"]
 allow_private_addresses = true

@@ -162,6 +162,18 @@ def batches_of(owner: str) -> str:
     return f"{PREFIX}:batches:{{{owner or 'open'}}}"
 
 
+def batches_unsettled() -> str:
+    """Sorted set of the batches not yet in a final stage, by creation time: what each web
+    process's sweeper (web/batch_sweeper.py) settles without waiting for a read."""
+    return f"{PREFIX}:batches-unsettled"
+
+
+def batch_sweep() -> str:
+    """String (with a TTL of one sweep interval): the web process sweeping now; the others
+    skip that turn."""
+    return f"{PREFIX}:batches-sweep"
+
+
 def file(file_id: str) -> str:
     """Hash of a stored file's object: owner, bytes, filename, purpose, times."""
     return f"{PREFIX}:file:{{{file_id}}}"

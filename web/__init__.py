@@ -10,6 +10,7 @@ from flask import Flask
 from trickle.config.settings import Settings, load_settings
 from trickle.telemetry.tracing import Tracing
 from web.auth import install_auth
+from web.batch_sweeper import BatchSweeper
 from web.cors import install_cors
 from web.errors import register_error_handlers
 from web.services import EXTENSION_KEY, Services
@@ -29,6 +30,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
+    sweeper = BatchSweeper(svc)
+    svc.on_close.append(sweeper.close)
+    sweeper.start()
 
     from web import batches, files, health, jobs, metrics, page, scaling, stream, stream_access
     from web.anthropic import errors as anthropic_errors

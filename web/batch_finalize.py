@@ -1,8 +1,9 @@
 """Ending a batch: its output and error files, written once every request has finished.
 
-No process watches batches: the first read of a batch (``GET /v1/batches/<id>``, the list) that
-finds all its requests finished, or its window over, writes the files, holding a lease so two
-readers never both do. The requests' results outlive ``limits.result_ttl_seconds`` for this
+Each web process's sweeper (``web.batch_sweeper``) settles batches that are due, and so does
+the first read of one (``GET /v1/batches/<id>``, the list) that finds all its requests
+finished, or its window over: whichever comes first writes the files, holding a lease so two
+never both do. The requests' results outlive ``limits.result_ttl_seconds`` for this
 (a batch's jobs keep theirs ``files.batch_window_seconds`` longer: ``batch_result_ttl``), and
 the files then keep them for ``files.retention_seconds``.
 """
@@ -31,6 +32,12 @@ def batch_result_ttl(svc: Services) -> int:
     result time, so a request that ends just before the window closes is still there for
     the read that writes the files after it."""
     return svc.settings.files.batch_window_seconds + svc.settings.limits.result_ttl_seconds
+
+
+def batch_store(svc: Services) -> BatchStore:
+    """A batch lives while its jobs may wait queued and then keep their results."""
+    ttl = svc.settings.limits.queued_ttl_seconds + batch_result_ttl(svc)
+    return BatchStore(svc.redis, ttl)
 
 
 def window_over(svc: Services, batch: BatchRecord, now: float) -> bool:
@@ -84,6 +91,7 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
             completed=batch.completed,
             failed=batch.failed,
         )
+        store.settled(batch.id)
     finally:
         svc.redis.delete(lease)
     return batch

@@ -180,7 +180,17 @@ class BatchStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.batches_of(batch.owner), {batch.id: batch.created_at})
         pipe.expire(keys.batches_of(batch.owner), self.ttl_seconds)
+        pipe.zadd(keys.batches_unsettled(), {batch.id: batch.created_at})
+        # Batches no sweep saw end (sweeping off) leave the set once their record is gone.
+        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", batch.created_at - self.ttl_seconds)
         pipe.execute()
+
+    def unsettled(self) -> list[str]:
+        """The batches not yet in a final stage (or gone since), oldest first."""
+        return list(self.redis.zrange(keys.batches_unsettled(), 0, -1))
+
+    def settled(self, batch_id: str) -> None:
+        self.redis.zrem(keys.batches_unsettled(), batch_id)
 
     def queue_create(self, pipe: Any, batch: BatchRecord, items: list[BatchItem]) -> None:
         """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's

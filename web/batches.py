@@ -23,7 +23,7 @@ from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
 from web.auth import current_key, current_owner
 from web.batch_files import create_file_batch, file_batch_request
-from web.batch_finalize import batch_result_ttl, cancel_pending, settle
+from web.batch_finalize import batch_result_ttl, batch_store, cancel_pending, settle
 from web.batch_ingest import ingest
 from web.batch_objects import batch_object
 from web.batch_output import finished_slices, output_line
@@ -280,9 +280,7 @@ def batch_output(batch_id: str) -> Response:
 
 
 def _store(svc: Services) -> BatchStore:
-    """A batch lives while its jobs may wait queued and then keep their results."""
-    ttl = svc.settings.limits.queued_ttl_seconds + batch_result_ttl(svc)
-    return BatchStore(svc.redis, ttl)
+    return batch_store(svc)
 
 
 def _visible_record(svc: Services, store: BatchStore, batch_id: str) -> BatchRecord:

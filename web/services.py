@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class Services:
     tracing: Tracing = field(default_factory=Tracing.disabled)
     # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
     pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
+    # Stopped with the Services (the batch sweeper's thread, web/batch_sweeper.py).
+    on_close: list[Callable[[], None]] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _binary_redis: Any = None  # redis.Redis answering bytes, once files are used
@@ -85,6 +88,8 @@ class Services:
 
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
+        for stop in self.on_close:
+            stop()
         self.hub.close()
         for client in (self.redis, self._binary_redis):
             if client is None:
