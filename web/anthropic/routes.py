@@ -22,7 +22,7 @@ from web.anthropic.errors import anthropic_error, from_http_error
 from web.anthropic.models import messages_models
 from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
 from web.anthropic.stream import TextWriter, ToolWriter
-from web.anthropic.tool_blocks import read_whole
+from web.anthropic.tool_blocks import blocks_of_whole_answer
 from web.body import read_json_body
 from web.errors import HttpError, invalid, not_found, unavailable
 from web.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
@@ -57,7 +57,7 @@ def create_message() -> Response:
     parser = call.tools.new_parser() if call.tools is not None else None
     if parser is None:
         return jsonify(render.message_object(done, call.model))
-    blocks = read_whole(done, parser)
+    blocks = blocks_of_whole_answer(done, parser)
     content, reason = blocks.content(), blocks.stop_reason(done)
     return jsonify(render.message_object(done, call.model, content=content, reason=reason))
 

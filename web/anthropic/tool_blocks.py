@@ -126,7 +126,7 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def read_whole(job: Job, parser: ToolCallParser) -> ToolBlocks:
+def blocks_of_whole_answer(job: Job, parser: ToolCallParser) -> ToolBlocks:
     """The blocks of a finished job's stored output."""
     blocks = ToolBlocks(job.id, parser)
     blocks.feed(job.output)
