@@ -133,7 +133,9 @@ def check(stack: ChaosStack, traffic: Traffic, body: dict[str, Any], figures: Ru
         if len(ids) > 1:
             figures.duplicates += 1
             progress(f"DUPLICATE {key}: {sorted(ids)}")
-    orphans = job_records(stack) - answered
+    records = job_records(stack)
+    progress(f"{len(records)} job records in Redis for {len(answered)} jobs answered")
+    orphans = records - answered
     for job_id in sorted(orphans):
         progress(f"DUPLICATE job record no answer named: {job_id}")
     figures.duplicates += len(orphans)
