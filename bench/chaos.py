@@ -49,6 +49,7 @@ class RunFigures:
     streams: int = 0
     resumes: int = 0
     kills: int = 0
+    cut: int = 0  # streams mid-job at each kill, summed over the kills
     lost: int = 0
     failed: int = 0
     inexact: int = 0
@@ -75,15 +76,19 @@ def kill_plan(stack: ChaosStack) -> list[tuple[str, Callable[[], None]]]:
     ]
 
 
-def run_kills(stack: ChaosStack, seconds: float, done: list[str]) -> None:
-    """The plan's kills at even intervals inside the traffic's ``seconds``."""
+def run_kills(stack: ChaosStack, traffic: Traffic, seconds: float, figures: RunFigures) -> None:
+    """The plan's kills at even intervals inside the traffic's ``seconds``. Counts the streams
+    mid-job (tokens received, no ``done`` yet) at each kill, which says the kills hit jobs
+    mid-way: a web or Redis kill cuts all of them, a worker kill those of its own jobs."""
     plan = kill_plan(stack)
     start = time.monotonic()
     for index, (what, kill) in enumerate(plan):
         time.sleep(max(0.0, start + seconds * (index + 1) / (len(plan) + 1) - time.monotonic()))
-        progress(f"kill {index + 1}/{len(plan)}: {what}")
+        cut = sum(1 for s in list(traffic.streams) if s.indexes and s.done is None)
+        progress(f"kill {index + 1}/{len(plan)}: {what}, {cut} streams mid-job")
         kill()
-        done.append(what)
+        figures.kills += 1
+        figures.cut += cut
 
 
 def stream_exact(stream: Stream, job: dict[str, Any]) -> str:
@@ -151,14 +156,12 @@ def one_run(args: argparse.Namespace, model: models.PreparedModel, index: int) -
         stack.start()
         progress(f"run {index + 1}: stack up ({work}); {args.seconds:.0f} s of traffic")
         traffic = Traffic(stack.base, body)
-        kills: list[str] = []
-        killer = threading.Thread(target=run_kills, args=(stack, args.seconds, kills))
+        killer = threading.Thread(target=run_kills, args=(stack, traffic, args.seconds, figures))
         killer.start()
         traffic.run(args.seconds, STREAMS_PER_S, POLLED_PER_S)
         killer.join()
         progress("traffic sent; waiting for every job")
         traffic.join()
-        figures.kills = len(kills)
         figures.jobs = len({i for ids in traffic.ledger.ids_by_key.values() for i in ids})
         figures.streams = len(traffic.streams)
         figures.resumes = sum(stream.resumes for stream in traffic.streams)
@@ -171,8 +174,8 @@ def one_run(args: argparse.Namespace, model: models.PreparedModel, index: int) -
 
 
 COLUMNS = (
-    "jobs", "streams", "resumes", "kills", "lost", "failed", "inexact", "duplicates", "refused",
-    "tokens",
+    "jobs", "streams", "resumes", "kills", "cut", "lost", "failed", "inexact", "duplicates",
+    "refused", "tokens",
 )  # fmt: skip
 
 
