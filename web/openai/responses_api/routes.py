@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
@@ -293,27 +293,82 @@ def _events(
     if parser is not None:
         yield from _tool_events(svc, record, follower, after, cancel_on_close, parser, hold)
         return
+    template = render.DeltaTemplate(record)
+
+    def head() -> list[str]:
+        return [typed_event(e) for e in render.head_events(record) if e["sequence_number"] > after]
+
+    def run(event: TokenRun) -> list[str]:
+        if record.logprobs:
+            return [render.delta_event(record, t) for t in event.events(record.job_id)]
+        return [template.render(event.first, event.literals)]
+
+    def done(job: Job) -> list[str]:
+        return _tail(svc, record, job, after)
+
+    yield from _framed(svc, record, follower, cancel_on_close, hold, head, run, done)
+
+
+def _tool_events(
+    svc: Services,
+    record: StoredResponse,
+    follower: JobFollower,
+    after: int,
+    cancel_on_close: bool,
+    parser: ToolCallParser,
+    hold: Job | None = None,
+) -> Iterator[str]:
+    """A tool response's events above ``after``: the parser reads every token from the first.
+    ``hold`` as in ``_events``."""
+    events = tool_events.ToolEvents(record, parser)
+
+    def newer(made: list[dict[str, Any]]) -> list[str]:
+        return [typed_event(e) for e in made if e["sequence_number"] > after]
+
+    def run(event: TokenRun) -> list[str]:
+        return [
+            part for literal in event.literals for part in newer(events.token(json.loads(literal)))
+        ]
+
+    def done(job: Job) -> list[str]:
+        return newer(events.end(job))
+
+    yield from _framed(
+        svc, record, follower, cancel_on_close, hold, lambda: newer(events.head()), run, done
+    )
+
+
+def _framed(
+    svc: Services,
+    record: StoredResponse,
+    follower: JobFollower,
+    cancel_on_close: bool,
+    hold: Job | None,
+    head: Callable[[], list[str]],
+    run: Callable[[TokenRun], list[str]],
+    done: Callable[[Job], list[str]],
+) -> Iterator[str]:
+    """One response stream's frame, whatever renders its events: the head, then one write per
+    wake-up (keep-alives, ``run`` per token run, ``done`` at the end), a Redis outage as an
+    error event, and at the end the held job left to its grace or the abandoned one canceled."""
     finished = left = False
     if hold is not None:
         stream_hold.attach(svc, [hold])
     try:
-        head = [typed_event(e) for e in render.head_events(record) if e["sequence_number"] > after]
-        if head:
-            yield "".join(head)
-        template = render.DeltaTemplate(record)
+        first = head()
+        if first:
+            yield "".join(first)
         pace = stream_pace(svc)
         for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
             parts: list[str] = []  # one write per wake-up, however many tokens it brought
             for _index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
-                elif isinstance(event, TokenRun) and record.logprobs:
-                    parts.extend(render.delta_event(record, t) for t in event.events(record.job_id))
                 elif isinstance(event, TokenRun):
-                    parts.append(template.render(event.first, event.literals))
+                    parts += run(event)
                 elif isinstance(event, Done):
                     finished = True
-                    parts.extend(_tail(svc, record, event.job, after))
+                    parts += done(event.job)
             if parts:
                 yield "".join(parts)
     except redis.RedisError as exc:
@@ -343,53 +398,6 @@ def _stream_ended(
             left = False
     if cancel_on_close and not finished and not (hold is not None and left):
         _cancel_job(svc, record.job_id, record.model)
-
-
-def _tool_events(
-    svc: Services,
-    record: StoredResponse,
-    follower: JobFollower,
-    after: int,
-    cancel_on_close: bool,
-    parser: ToolCallParser,
-    hold: Job | None = None,
-) -> Iterator[str]:
-    """A tool response's events above ``after``: the parser reads every token from the first.
-    ``hold`` as in ``_events``."""
-    finished = left = False
-    if hold is not None:
-        stream_hold.attach(svc, [hold])
-    events = tool_events.ToolEvents(record, parser)
-
-    def newer(made: list[dict[str, Any]]) -> list[str]:
-        return [typed_event(e) for e in made if e["sequence_number"] > after]
-
-    try:
-        head = newer(events.head())
-        if head:
-            yield "".join(head)
-        pace = stream_pace(svc)
-        for group in follow_many([follower], svc.settings.web.keepalive_seconds, pace):
-            parts: list[str] = []
-            for _index, event in group:
-                if isinstance(event, KeepAlive):
-                    parts.append(": keep-alive\n\n")
-                elif isinstance(event, TokenRun):
-                    for literal in event.literals:
-                        parts += newer(events.token(json.loads(literal)))
-                elif isinstance(event, Done):
-                    finished = True
-                    parts += newer(events.end(event.job))
-            if parts:
-                yield "".join(parts)
-    except redis.RedisError as exc:
-        log.warning("response stream %s ended: redis unavailable: %s", record.id, exc)
-        yield typed_event({"type": "error", **unavailable(f"Redis unavailable: {exc}").to_dict()})
-    except GeneratorExit:  # the server closed the body early: the client went away
-        left = True
-        raise
-    finally:
-        _stream_ended(svc, record, hold, finished, left, cancel_on_close)
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
