@@ -54,8 +54,17 @@ def receive(conn: kombu.Connection, prefetch: int, timeout: float = 5) -> list[s
     return got
 
 
+@pytest.fixture
+def answered_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BRPOP whose messages already wait counts as answered at once: on a loaded machine its
+    round trip alone can outlast the 2 ms window, and these tests are about what a drain takes,
+    not about the window (the window's own test below keeps it)."""
+    monkeypatch.setattr(redis_transport, "DRAIN_AFTER_SECONDS", 1.0)
+
+
 def test_one_brpop_delivers_what_waits_behind_it_interactive_first(
     private_redis: redis.Redis,
+    answered_at_once: None,
 ) -> None:
     private_redis.flushdb()
     conn = connection(private_redis, drain_max=32)
@@ -66,7 +75,9 @@ def test_one_brpop_delivers_what_waits_behind_it_interactive_first(
         conn.release()
 
 
-def test_the_prefetch_window_bounds_what_comes_with_a_brpop(private_redis: redis.Redis) -> None:
+def test_the_prefetch_window_bounds_what_comes_with_a_brpop(
+    private_redis: redis.Redis, answered_at_once: None
+) -> None:
     private_redis.flushdb()
     conn = connection(private_redis, drain_max=32)
     try:
