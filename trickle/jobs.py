@@ -79,6 +79,10 @@ class GenerationParams:
     # vLLM's: jobs share cached prompt prefixes only with jobs of the same salt; "": only with
     # jobs of the same API key (worker/engine/prefix.py).
     cache_salt: str = ""
+    # What the answer must match, as an llguidance grammar (trickle/grammar.py builds it from
+    # response_format, text.format or a forced tool call); the engine enforces it token by token
+    # (worker/engine/constrained.py). None: unconstrained.
+    grammar: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -98,6 +102,7 @@ class GenerationParams:
             "min_tokens": self.min_tokens,
             "stop_token_ids": list(self.stop_token_ids),
             "cache_salt": self.cache_salt or None,
+            "grammar": self.grammar,
         }
 
     @classmethod
@@ -114,6 +119,7 @@ class GenerationParams:
             min_tokens=int(data.get("min_tokens", 0)),
             stop_token_ids=tuple(int(i) for i in data.get("stop_token_ids") or ()),
             cache_salt=str(data.get("cache_salt") or ""),
+            grammar=None if data.get("grammar") is None else str(data["grammar"]),
         )
 
 
@@ -146,6 +152,7 @@ class ParamsObject(TypedDict):
     min_tokens: int
     stop_token_ids: list[int]
     cache_salt: str | None
+    grammar: str | None
 
 
 class JobObject(TypedDict):
