@@ -1,0 +1,169 @@
+"""The grammar builders against llguidance with the demo model's real vocabulary: every grammar
+compiles into a matcher, a valid answer (compact JSON) is matched whole, and a wrong one is not;
+a schema the engine could not enforce is a ``GrammarError`` naming its field and keyword."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import pytest
+
+from tests.llg_tokenizer import llg_tokenizer, matches
+from trickle.grammar import (
+    MAX_SCHEMA_BYTES,
+    GrammarError,
+    json_object_grammar,
+    json_schema_grammar,
+)
+
+FIELD = "response_format.json_schema.schema"
+PERSON: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+        "home": {"$ref": "#/$defs/place"},
+    },
+    "required": ["name", "age", "home"],
+    "additionalProperties": False,
+    "$defs": {"place": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path) -> llguidance.LLTokenizer:
+    return llg_tokenizer(demo_model_dir / "tokenizer.model")
+
+
+def test_a_schema_matches_its_instances_in_compact_json_only(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    grammar = json_schema_grammar(PERSON, FIELD)
+    person = {"name": "Ada", "age": 36, "email": "ada@example.org", "home": {"city": "London"}}
+    assert matches(tokenizer, grammar, json.dumps(person, separators=(",", ":")))
+    assert not matches(tokenizer, grammar, json.dumps(person))  # spaces after , and :
+    for wrong in (
+        {**person, "age": -1},
+        {**person, "name": ""},
+        {**person, "extra": 1},
+        {"name": "Ada", "age": 36},  # home is required
+        {**person, "tags": ["c"]},
+        {**person, "home": {"city": 1}},
+    ):
+        assert not matches(tokenizer, grammar, json.dumps(wrong, separators=(",", ":"))), wrong
+    assert not matches(tokenizer, grammar, '{"name":"Ada","age":36')  # unfinished
+
+
+def test_json_object_matches_any_object_and_nothing_else(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    grammar = json_object_grammar()
+    assert matches(tokenizer, grammar, '{"x":[1,2.5,{"y":null}],"z":"\u00e9"}')
+    assert matches(tokenizer, grammar, "{}")
+    for wrong in ("[1]", '"x"', "{", '{"x":1}}', "{'x':1}"):
+        assert not matches(tokenizer, grammar, wrong), wrong
+
+
+# Keywords llguidance 1.9 enforces (docs/structured-output.md lists them), each with an
+# instance and a non-instance.
+ENFORCED: list[tuple[dict[str, Any], str, str]] = [
+    ({"type": "string", "pattern": "^x+$"}, '"xx"', '"xy"'),
+    ({"type": "string", "format": "date"}, '"2024-02-29"', '"Feb 29"'),
+    ({"type": "string", "format": "uuid"}, '"123e4567-e89b-12d3-a456-426614174000"', '"u"'),
+    ({"type": "integer", "multipleOf": 3}, "9", "10"),
+    ({"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "0.5", "0"),
+    ({"enum": [1, "a", None]}, '"a"', '"b"'),
+    ({"const": {"a": 1}}, '{"a":1}', '{"a":2}'),
+    ({"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, "true", '"x"'),
+    ({"oneOf": [{"type": "integer"}, {"type": "null"}]}, "null", "[]"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 2}]}, "2", "1"),
+    ({"type": "array", "minItems": 1, "maxItems": 2}, "[1]", "[]"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1]", "[1,2]"),
+    ({"type": "object", "minProperties": 1}, '{"a":1}', "{}"),
+    ({"type": "object", "maxProperties": 1}, '{"a":1}', '{"a":1,"b":2}'),
+    (
+        {"type": "object", "patternProperties": {"^n": {"type": "integer"}}},
+        '{"n1":1}',
+        '{"n1":"x"}',
+    ),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"a":1}', '{"a":"1"}'),
+    ({"type": ["string", "null"]}, "null", "1"),
+]
+
+
+@pytest.mark.parametrize(("schema", "instance", "other"), ENFORCED)
+def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
+    tokenizer: llguidance.LLTokenizer, schema: dict[str, Any], instance: str, other: str
+) -> None:
+    grammar = json_schema_grammar(schema, FIELD)
+    assert matches(tokenizer, grammar, instance)
+    assert not matches(tokenizer, grammar, other)
+
+
+@pytest.mark.parametrize(
+    ("schema", "keyword"),
+    [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
+        ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"properties": {"a": {"properties": {"b": {"not": {}}}}}}, "not"),  # nested
+        ({"$ref": "#/$defs/missing"}, "$ref"),
+        ({"type": "string", "pattern": "(("}, "pattern"),
+        ({"type": "strings"}, "type"),
+        ({"type": "integer", "minimum": "x"}, "minimum"),
+        ({"type": "object", "x-guidance": {"lenient": True}}, "x-guidance"),
+    ],
+)
+def test_what_cannot_be_enforced_is_refused_naming_field_and_keyword(
+    schema: dict[str, Any], keyword: str
+) -> None:
+    with pytest.raises(GrammarError) as raised:
+        json_schema_grammar(schema, FIELD)
+    assert raised.value.field == FIELD and raised.value.keyword == keyword
+    assert FIELD in raised.value.message and repr(keyword) in raised.value.message
+
+
+def test_a_schema_that_is_no_object_or_too_large_is_refused() -> None:
+    for schema in ([{"type": "object"}], "object", None):
+        with pytest.raises(GrammarError, match="must be a JSON Schema object"):
+            json_schema_grammar(schema, FIELD)
+    properties = {f"p{i}": {"type": "string"} for i in range(MAX_SCHEMA_BYTES // 10)}
+    with pytest.raises(GrammarError, match="the limit is") as raised:
+        json_schema_grammar({"type": "object", "properties": properties}, FIELD)
+    assert raised.value.field == FIELD
+
+
+def test_a_small_schema_whose_grammar_explodes_hits_the_limits() -> None:
+    # allOf over anyOfs is compiled as their product: 8**6 branches from 4 KiB of JSON.
+    schema = {
+        "allOf": [
+            {
+                "anyOf": [
+                    {"properties": {f"p{i}{j}": {"type": "integer"}}, "required": [f"p{i}{j}"]}
+                    for j in range(8)
+                ]
+            }
+            for i in range(6)
+        ]
+    }
+    assert len(json.dumps(schema)) < MAX_SCHEMA_BYTES
+    with pytest.raises(GrammarError, match="too large or complex") as raised:
+        json_schema_grammar(schema, FIELD)
+    assert raised.value.field == FIELD
+
+
+def test_grammars_are_cached_per_schema_text() -> None:
+    schema = {"type": "object", "properties": {"cached": {"type": "integer"}}}
+    assert json_schema_grammar(schema, FIELD) is json_schema_grammar(dict(schema), FIELD)
+    # Key order is the order the answer writes properties in: another schema.
+    swapped = {"properties": schema["properties"], "type": "object"}
+    assert json_schema_grammar(swapped, FIELD) is not json_schema_grammar(schema, FIELD)
