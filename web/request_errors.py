@@ -19,14 +19,10 @@ ONLY_VALUES = {
     "frequency_penalty": "accepts only 0 (use repetition_penalty)",
     "presence_penalty": "accepts only 0 (use repetition_penalty)",
     "logit_bias": "is not supported: only an empty object is accepted",
-    "strict": "accepts only false: schemas are not enforced (constrained decoding is not "
-    "supported yet)",
     "suffix": "is not supported: only an empty string is accepted",
-    "response_format": "accepts only {'type': 'text'}",
     "top_logprobs": "accepts only 0 or 1: the engine reports the sampled token's "
     "log-probability, not the alternatives",
     "reasoning": "is not supported (no reasoning models): only null is accepted",
-    "format": "accepts only {'type': 'text'} (structured output is not supported)",
 }
 # What a field whose every union branch failed should have been.
 SHAPES = {

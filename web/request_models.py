@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from trickle.config.settings import Settings
+from web.format_models import ResponseFormat, TextFormat
 from web.tools.models import (
     ChatToolCall,
     ChatToolChoice,
@@ -185,6 +186,7 @@ class CompletionRequest(OpenAIFields):
     )
     logprobs: Annotated[int | None, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)] = None
     echo: bool | None = None
+    response_format: ResponseFormat | None = None
 
 
 class TextPart(BaseModel):
@@ -202,12 +204,6 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ChatToolCall] | None = Field(None, description="only for assistant")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
-
-
-class ResponseFormat(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
 
 
 class ChatCompletionRequest(OpenAIFields):
@@ -235,7 +231,7 @@ class ChatCompletionRequest(OpenAIFields):
     response_format: ResponseFormat | None = None
     tools: ChatTools | None = Field(None, description="function tools")
     tool_choice: ChatToolChoice | None = Field(
-        None, description="none or auto ('required' and named functions are refused)"
+        None, description="none, auto, required or a named function (docs/structured-output.md)"
     )
     parallel_tool_calls: bool | None = None
 
@@ -279,12 +275,6 @@ InputItem = Annotated[
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     Discriminator(_item_type),
 ]
-
-
-class TextFormat(BaseModel):
-    model_config = STRICT
-
-    type: Literal["text"]
 
 
 class TextConfig(BaseModel):
@@ -336,7 +326,7 @@ class ResponseCreateRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     tools: ResponsesTools | None = Field(None, description="function tools")
     tool_choice: ResponsesToolChoice | None = Field(
-        None, description="none or auto ('required' and named functions are refused)"
+        None, description="none, auto, required or a named function (docs/structured-output.md)"
     )
     text: TextConfig | None = None
     reasoning: None = Field(None, description="not supported")

@@ -302,7 +302,22 @@ class ReasoningConfig(TypedDict):
 
 
 class ResponseTextFormat(TypedDict):
-    type: Literal["text"]
+    """The request's ``text.format``: ``text``, ``json_object``, or ``json_schema`` with its
+    ``name``, ``schema``, ``description`` and ``strict``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: NotRequired[str]
+    schema: NotRequired[dict[str, Any]]
+    description: NotRequired[str]
+    strict: NotRequired[bool]
+
+
+class NamedFunctionChoice(TypedDict):
+    type: Literal["function"]
+    name: str
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedFunctionChoice
 
 
 class ResponseTextConfig(TypedDict):
@@ -334,7 +349,7 @@ class ResponseObject(TypedDict):
     store: bool
     temperature: float
     text: ResponseTextConfig
-    tool_choice: Literal["none", "auto"]
+    tool_choice: ToolChoice
     tools: list[Any]
     top_logprobs: int
     top_p: float

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import redis
 
 from trickle import keys
 from web.chat_template import ChatTurn, TurnCall
-from web.tools.definitions import ToolUse
+from web.tools.definitions import Choice, ToolUse
 
 RESPONSE_ID_PATTERN = re.compile(r"resp_[0-9a-f]{32}")
 
@@ -56,11 +56,12 @@ class StoredResponse:
     logprobs: bool = False  # include: ["message.output_text.logprobs"]
     top_logprobs: int = 0
     parallel_tool_calls: bool = True
-    tool_choice: Literal["none", "auto"] = "auto"
+    tool_choice: Choice = "auto"
     # The function tools as the object echoes them, and the parser that reads the answer
     # (None: no tools, or tool_choice none).
     tools: tuple[dict[str, Any], ...] = ()
     tool_parser: str | None = None
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
 
     @property
     def item_id(self) -> str:

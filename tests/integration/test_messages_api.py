@@ -79,7 +79,7 @@ def refused(reply: Any, status: int, kind: str, *named: str) -> str:
         ({"system": [{"type": "document"}]}, ("system[0].type", "'document'")),
         ({"messages": []}, ("messages",)),
         ({"tools": [{"type": "web_search_20250305", "name": "s"}]}, ("tools[0].type", "server")),
-        ({"tool_choice": {"type": "any"}}, ("tool_choice", "constrained decoding")),
+        ({"tool_choice": {"type": "any"}}, ("tool_choice", "no tools")),
         ({"tool_choice": "none"}, ("tool_choice",)),
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, ("thinking",)),
         ({"temperature": 1.5}, ("temperature",)),

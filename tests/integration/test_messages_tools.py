@@ -75,11 +75,14 @@ def client(app: Flask) -> FlaskClient:
         ({"tools": [{"name": "f"}]}, ("tools[0].input_schema",)),
         ({"tools": [WEATHER, WEATHER]}, ("tools[1].name", "twice")),
         ({"tools": [{**WEATHER, "type": "bash_20250124"}]}, ("tools[0].type", "'bash_20250124'")),
-        ({"tools": [WEATHER], "tool_choice": {"type": "any"}}, ("tool_choice", "'any'")),
         (
-            {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}},
-            ("tool_choice", "'tool'", "constrained decoding"),
+            {
+                "tools": [{**WEATHER, "input_schema": {"properties": {"a": {"not": {}}}}}],
+                "tool_choice": {"type": "any"},
+            },
+            ("tools[0].input_schema", "'not'"),
         ),
+        ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, ("tool_choice.name",)),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
             ("tool_choice.name", "'nope'"),

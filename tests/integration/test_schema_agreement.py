@@ -57,8 +57,9 @@ def models(settings: Settings) -> RequestModels:
 # rename its schema (web.response_models.PUBLISHED_NAMES keeps the published one).
 PUBLISHED_SCHEMAS = {
     *("JobRequest", "CompletionRequest", "ChatCompletionRequest", "ResponseCreateRequest"),
-    *("ChatMessage", "InputMessage", "InputText", "ResponseFormat", "ResponseStreamOptions"),
-    *("StreamOptions", "TextConfig", "TextFormat", "TextPart"),
+    *("ChatMessage", "InputMessage", "InputText", "ResponseStreamOptions"),
+    *("StreamOptions", "TextConfig", "TextPart", "TextResponseFormat", "JsonObjectFormat"),
+    *("JsonSchemaFormat", "JsonSchemaSpec", "TextJsonSchemaFormat", "NamedFunctionChoice"),
     *("Job", "JobUrls", "JobErrorObject", "JobMetrics", "JobStatus", "FinishReason"),
     *("ParamsObject", "UsageObject", "Error", "ErrorDetail"),
     *("Completion", "CompletionChoice", "ChatCompletion", "ChatChoice", "AssistantMessage"),

@@ -25,25 +25,27 @@ from web.anthropic.models import (
 )
 from web.chat_template import ChatTurn, TurnCall
 from web.errors import invalid
-from web.tools.definitions import CONSTRAINED, ToolUse, tool_use
+from web.tools.definitions import ToolFields, ToolUse, tool_use
 
 ERROR_PREFIX = "Error: "
+FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema", "tools[{}].strict")
 
 
 def message_tools(
     tools: list[AnthropicTool] | None, choice: AnthropicToolChoice | None, parser: str
 ) -> ToolUse | None:
     """``tools`` and ``tool_choice``: a tool's ``input_schema`` is the function's
-    ``parameters``; ``disable_parallel_tool_use`` allows one call. ``any`` and a named tool
-    are refused: only constrained decoding could keep them."""
+    ``parameters``; ``disable_parallel_tool_use`` allows one call. ``any`` forces a call to
+    one of the tools, ``tool`` to the one it names (constrained decoding keeps both)."""
     names = [tool.name for tool in tools or ()]
-    if choice is not None and choice.type in ("any", "tool"):
-        if choice.type == "tool" and choice.name not in names:
+    if choice is not None and choice.type == "tool":
+        if choice.name is None:
+            raise invalid("tool_choice.name", "a tool_choice of type 'tool' names a tool")
+        if choice.name not in names:
             raise invalid(
                 "tool_choice.name", f"tool_choice names {choice.name!r}, which is not in tools"
             )
-        raise invalid("tool_choice", f"tool_choice {choice.type!r} {CONSTRAINED}")
-    if choice is not None and choice.name is not None:
+    elif choice is not None and choice.name is not None:
         raise invalid("tool_choice.name", "only a tool_choice of type 'tool' names a tool")
     definitions = [
         {
@@ -54,8 +56,10 @@ def message_tools(
         for tool in tools or ()
     ]
     kind = "auto" if choice is None else choice.type
+    named = choice.name if choice is not None and choice.type == "tool" else None
     parallel = False if choice is not None and choice.disable_parallel_tool_use else None
-    return tool_use(definitions, names, "tools[{}].name", kind, None, parallel, parser)
+    choice_kind = "required" if kind == "any" else kind
+    return tool_use(definitions, names, FIELDS, choice_kind, named, parallel, parser)
 
 
 def conversation_turns(messages: list[AnthropicMessage]) -> list[ChatTurn]:

@@ -116,8 +116,8 @@ class AnthropicTool(BaseModel):
 
 
 class AnthropicToolChoice(BaseModel):
-    """``auto`` and ``none``; ``any`` and ``tool`` (a named one) are refused with a 400 on
-    ``tool_choice``, since only constrained decoding could keep them."""
+    """``auto``, ``none``, ``any`` (a call to one of the tools) and ``tool`` (a call to the one
+    ``name`` names); the last two are kept by constrained decoding."""
 
     model_config = STRICT
 

@@ -23,6 +23,7 @@ from web.anthropic.models import VERSION_PATTERN, CountTokensRequest, MessagesRe
 from web.chat_template import ChatTurn
 from web.errors import invalid
 from web.openai.requests import chat_prompt
+from web.structured import constrained
 from web.tools.definitions import ToolUse
 from web.validation import served_model, validate
 
@@ -67,6 +68,7 @@ def parse_messages(body: Any, settings: Settings, model: type[MessagesRequest]) 
         stop=tuple(req.stop_sequences or ()),
     )
     tools = _tools(req, settings, name)
+    params = constrained(params, tools.grammar if tools is not None else None)
     prompt = prompt_of(req, settings, name, tools)
     return MessagesCall(name, prompt, params, bool(req.stream), tools)
 

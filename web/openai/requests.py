@@ -18,6 +18,7 @@ from trickle.model_files import model_profile
 from web.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTurn, TurnCall, reads_tools, render_chat
 from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields
+from web.structured import constrained, format_grammar
 from web.tools.definitions import ToolUse, chat_tools
 from web.validation import generation_params, served_model, validate
 
@@ -56,6 +57,7 @@ def parse_completion_request(
     if request.best_of is not None and request.best_of != n:
         raise invalid("best_of", "best_of must equal n (server-side ranking is not supported)")
     params = generation_params(request, settings)
+    params = constrained(params, format_grammar(request.response_format, "response_format"))
     prompts = tuple(request.prompt)
     return _request(RequestKind.COMPLETION, request, settings, prompts, params, request.logprobs)
 
@@ -77,9 +79,23 @@ def parse_chat_request(
     tools = chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)
     if tools is not None and tools.parser is not None and logprobs is not None:
         raise invalid("logprobs", "logprobs together with tools is not supported")
+    params = constrained(params, answer_grammar(request, tools))
     prompt = chat_prompt(messages, settings, served, tools=tools)
     parsed = _request(RequestKind.CHAT, request, settings, (prompt,), params, logprobs)
     return dataclasses.replace(parsed, tools=tools)
+
+
+def answer_grammar(request: ChatCompletionRequest, tools: ToolUse | None) -> str | None:
+    """What the answer must match: the forced call's grammar, or ``response_format``'s."""
+    fmt = format_grammar(request.response_format, "response_format")
+    forced = tools.grammar if tools is not None else None
+    if forced is not None and fmt is not None:
+        raise invalid(
+            "response_format",
+            "response_format cannot be combined with a forced tool call (tool_choice "
+            "'required' or a named function): the answer is the call",
+        )
+    return forced or fmt
 
 
 def chat_prompt(

@@ -2,8 +2,8 @@
 ``tool_choice``, the assistant's ``tool_calls`` and the ``tool`` messages sent back, and the
 Responses API's flat function tools and ``function_call`` / ``function_call_output`` items.
 
-A tool's ``strict: true`` is refused: it promises arguments that match the schema, which only
-constrained decoding can keep (see docs/api.md, Tool calling).
+A tool's ``strict: true`` promises arguments that match the schema: kept where calls are forced
+(``tool_choice`` required or named), by constrained decoding (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ def _only_a_boolean(value: Any) -> Any:
 
 
 Strict = Annotated[
-    Literal[False] | None,
+    bool | None,
     BeforeValidator(_only_a_boolean),
-    Field(description="only false: schemas are not enforced (no constrained decoding yet)"),
+    Field(
+        description="true: the arguments match parameters; kept only where tool_choice forces "
+        "calls ('required' or a named function)"
+    ),
 ]
 
 

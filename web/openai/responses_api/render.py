@@ -16,7 +16,7 @@ token, is a delta of ""). Resuming after event K is following the job after toke
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job, JobStatus
@@ -29,7 +29,9 @@ from web.response_models import (
     ResponseError,
     ResponseObject,
     ResponseStatus,
+    ResponseTextFormat,
     ResponseUsage,
+    ToolChoice,
 )
 from web.responses_store import StoredResponse
 from web.sse_events import typed_event
@@ -109,8 +111,8 @@ def response_object(
         "service_tier": "default",
         "store": record.store,
         "temperature": record.temperature,
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
-        "tool_choice": record.tool_choice,
+        "text": {"format": cast(ResponseTextFormat, record.text_format), "verbosity": "medium"},
+        "tool_choice": cast(ToolChoice, record.tool_choice),
         "tools": list(record.tools),
         "top_logprobs": record.top_logprobs,
         "top_p": record.top_p,

@@ -1,22 +1,24 @@
 """``POST /v1/responses`` bodies: the pydantic model (validation and OpenAPI schema) and its
 translation into a conversation and generation parameters.
 
-Fields Trickle cannot honour (structured output, reasoning, tool choices that need constrained
-decoding) are accepted only with their no-op value and refused by name otherwise, as on the
-other OpenAI routes. Function tools, ``function_call`` and ``function_call_output`` items are
-the conversation's tool calls and results (``web.tools``).
+Fields Trickle cannot honour (reasoning) are accepted only with their no-op value and refused
+by name otherwise, as on the other OpenAI routes; ``text.format`` and forced tool calls are
+kept by constrained decoding (``web.structured``). Function tools, ``function_call`` and
+``function_call_output`` items are the conversation's tool calls and results (``web.tools``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trickle.config.settings import Settings
 from trickle.jobs import GenerationParams
 from web.chat_template import ChatTurn, TurnCall
 from web.errors import invalid
+from web.format_models import TextFormat
 from web.request_models import InputMessage, ResponseCreateRequest
+from web.structured import constrained, format_echo, format_grammar
 from web.tools.definitions import Choice, ToolUse, choice_name, responses_tools
 from web.tools.models import FunctionCallItem, FunctionCallOutputItem
 from web.validation import generation_params, served_model, validate
@@ -46,6 +48,7 @@ class ResponseRequest:
     tools: ToolUse | None = None
     # The tools as the response object echoes them (the request's, defaults filled in).
     tool_echo: tuple[dict[str, Any], ...] = ()
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
 
 
 def parse_response_request(
@@ -66,11 +69,14 @@ def parse_response_request(
     tools = responses_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)
     if tools is not None and tools.parser is not None and logprobs:
         raise invalid("include", "output_text logprobs together with tools are not supported")
+    text_format = request.text.format if request.text is not None else None
+    params = generation_params(request, settings, request.max_output_tokens)
+    params = constrained(params, _grammar(text_format, tools))
     return ResponseRequest(
         model=model_name,
         messages=_messages(request.input),
         instructions=request.instructions,
-        params=generation_params(request, settings, request.max_output_tokens),
+        params=params,
         max_output_tokens=request.max_output_tokens,
         stream=bool(request.stream),
         background=background,
@@ -84,8 +90,24 @@ def parse_response_request(
         ),
         tool_choice=choice_name(tools) if tools is not None else _plain(request.tool_choice),
         tools=tools,
-        tool_echo=tuple({**tool.model_dump(), "strict": False} for tool in request.tools or ()),
+        tool_echo=tuple(
+            {**tool.model_dump(), "strict": bool(tool.strict)} for tool in request.tools or ()
+        ),
+        text_format=format_echo(text_format),
     )
+
+
+def _grammar(text_format: TextFormat | None, tools: ToolUse | None) -> str | None:
+    """What the answer must match: the forced call's grammar, or ``text.format``'s."""
+    fmt = format_grammar(text_format, "text.format")
+    forced = tools.grammar if tools is not None else None
+    if forced is not None and fmt is not None:
+        raise invalid(
+            "text.format",
+            "text.format cannot be combined with a forced tool call (tool_choice 'required' "
+            "or a named function): the answer is the call",
+        )
+    return forced or fmt
 
 
 def _plain(choice: object) -> Choice:

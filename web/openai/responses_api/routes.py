@@ -168,6 +168,7 @@ def record_of(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) ->
         tool_choice=req.tool_choice,
         tools=req.tool_echo,
         tool_parser=req.tools.parser if req.tools is not None else None,
+        text_format=req.text_format,
     )
 
 

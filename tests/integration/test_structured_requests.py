@@ -1,0 +1,260 @@
+"""Structured output and forced tool calls in process on a real Redis: what cannot be enforced
+is a 400 naming the field (and the JSON Schema keyword) before any job exists; what can is a
+job whose parameters carry the grammar, and its answer, driven by hand as a worker would write
+it, reads as tool calls on every route (``finish_reason`` ``length`` when cut)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask import Flask
+
+from tests.faultstack import wait_for
+from tests.integration.test_messages_api import store_of
+from tests.integration.test_messages_tools import drive
+from trickle import keys
+from trickle.config.settings import Settings
+from trickle.jobs import FinishReason, Job
+
+ASK = [{"role": "user", "content": "Weather?"}]
+PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": PARAMETERS}}
+FLAT_TOOL = {"type": "function", "name": "get_weather", "parameters": PARAMETERS}
+MESSAGES_TOOL = {"name": "get_weather", "input_schema": PARAMETERS}
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+UNENFORCEABLE = {"type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}
+CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def app(settings: Settings, make_app: Callable[[Settings], Flask]) -> Flask:
+    return make_app(settings)
+
+
+def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "param", "said"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": chat_format(UNENFORCEABLE)},
+            "response_format.json_schema.schema",
+            "'uniqueItems'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": chat_format({"type": "strings"})},
+            "response_format.json_schema.schema",
+            "'type'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": {"type": "json_object"}, "ignore_eos": True},
+            "ignore_eos",
+            "ignore_eos",
+        ),
+        (
+            "/v1/chat/completions",
+            {"messages": ASK, "response_format": {"type": "xml"}},
+            "response_format",
+            "'json_schema'",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "tools": [{**CHAT_TOOL, "function": {"name": "f", "parameters": UNENFORCEABLE}}],
+                "tool_choice": "required",
+            },
+            "tools[0].function.parameters",
+            "'uniqueItems'",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "tools": [CHAT_TOOL],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "response_format",
+            "forced tool call",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": ASK,
+                "tools": [CHAT_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "absent"}},
+            },
+            "tool_choice",
+            "'absent'",
+        ),
+        (
+            "/v1/completions",
+            {"prompt": "x", "response_format": chat_format({"not": {}})},
+            "response_format.json_schema.schema",
+            "'not'",
+        ),
+        (
+            "/v1/responses",
+            {
+                "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "a", "schema": UNENFORCEABLE}},
+            },
+            "text.format.schema",
+            "'uniqueItems'",
+        ),
+        (
+            "/v1/responses",
+            {"input": "x", "text": {"format": {"type": "json_object"}}, "ignore_eos": True},
+            "ignore_eos",
+            "ignore_eos",
+        ),
+        (
+            "/v1/responses",
+            {"input": "x", "tools": [{**FLAT_TOOL, "strict": True}]},
+            "tools[0].strict",
+            "strict",
+        ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 8,
+                "messages": ASK,
+                "tools": [{**MESSAGES_TOOL, "input_schema": UNENFORCEABLE}],
+                "tool_choice": {"type": "tool", "name": "get_weather"},
+            },
+            "tools[0].input_schema",
+            "'uniqueItems'",
+        ),
+    ],
+)
+def test_what_cannot_be_enforced_is_a_400_naming_field_and_keyword(
+    app: Flask, route: str, body: dict[str, Any], param: str, said: str
+) -> None:
+    reply = app.test_client().post(route, json=body)
+    assert reply.status_code == 400, reply.get_json()
+    error = reply.get_json()["error"]
+    assert said in error["message"], error
+    if route == "/v1/messages":  # Anthropic's errors have no param: the message names it
+        assert param in error["message"]
+    else:
+        assert error["param"] == param
+
+
+def test_a_schema_over_the_byte_cap_is_a_400(app: Flask) -> None:
+    properties = {f"property_{i}": {"type": "string"} for i in range(1500)}
+    schema = {"type": "object", "properties": properties}
+    reply = app.test_client().post(
+        "/v1/chat/completions", json={"messages": ASK, "response_format": chat_format(schema)}
+    )
+    assert reply.status_code == 400
+    error = reply.get_json()["error"]
+    assert error["param"] == "response_format.json_schema.schema" and "limit" in error["message"]
+
+
+def submitted(
+    app: Flask, route: str, body: dict[str, Any], texts: list[str], reason: FinishReason
+) -> tuple[Job, dict[str, Any]]:
+    """The job a request made (read before any worker runs it) and the answer once it made
+    ``texts``."""
+    client, store = app.test_client(), store_of(app)
+    key, answer = uuid.uuid4().hex, {}
+
+    def post() -> None:
+        reply = client.post(route, json={"model": "late", **body}, headers={"Idempotency-Key": key})
+        answer.update(reply.get_json(), status=reply.status_code)
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    record = wait_for(lambda: store.redis.get(keys.idempotency("", key)), 10, "the job")
+    job = store.get(json.loads(record)["job_ids"][0])
+    assert job is not None
+    drive(store, job.id, texts, reason)
+    thread.join(30)
+    assert answer.pop("status") == 200, answer
+    return job, answer
+
+
+def test_a_json_schema_answer_is_a_job_with_its_grammar(app: Flask) -> None:
+    for route, body in (
+        ("/v1/chat/completions", {"messages": ASK, "response_format": chat_format(SCHEMA)}),
+        ("/v1/completions", {"prompt": "x", "response_format": {"type": "json_object"}}),
+        (
+            "/v1/responses",
+            {
+                "input": "x",
+                "text": {"format": {"type": "json_schema", "name": "a", "schema": SCHEMA}},
+            },
+        ),
+    ):
+        job, answer = submitted(app, route, body, ['{"n":', "1}"], FinishReason.STOP)
+        assert job.params.grammar is not None and "json_schema" in job.params.grammar
+        if route == "/v1/responses":
+            assert answer["output"][0]["content"][0]["text"] == '{"n":1}'
+            assert answer["text"]["format"]["type"] == "json_schema"
+            assert answer["text"]["format"]["schema"] == SCHEMA
+        elif route == "/v1/completions":
+            assert answer["choices"][0]["text"] == '{"n":1}'
+        else:
+            assert json.loads(answer["choices"][0]["message"]["content"]) == {"n": 1}
+    job, _ = submitted(app, "/v1/chat/completions", {"messages": ASK}, ["hi"], FinishReason.STOP)
+    assert job.params.grammar is None
+
+
+def test_a_required_call_is_parsed_into_tool_calls_on_chat(app: Flask) -> None:
+    body = {"messages": ASK, "tools": [CHAT_TOOL], "tool_choice": "required"}
+    job, answer = submitted(app, "/v1/chat/completions", body, [CALL], FinishReason.STOP)
+    assert job.params.grammar is not None and "<tool_call>" in job.params.grammar
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo"}
+    named = {**body, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    cut = CALL[:30]
+    _, answer = submitted(app, "/v1/chat/completions", named, [cut], FinishReason.LENGTH)
+    assert answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_forced_call_is_a_function_call_item_and_echoes_the_choice(app: Flask) -> None:
+    choice = {"type": "function", "name": "get_weather"}
+    body = {"input": "x", "tools": [{**FLAT_TOOL, "strict": True}], "tool_choice": choice}
+    job, answer = submitted(app, "/v1/responses", body, [CALL], FinishReason.STOP)
+    assert job.params.grammar is not None
+    (item,) = answer["output"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather"
+    assert json.loads(item["arguments"]) == {"city": "Oslo"}
+    assert answer["tool_choice"] == choice and answer["tools"][0]["strict"] is True
+    body = {"input": "x", "tools": [FLAT_TOOL], "tool_choice": "required"}
+    _, answer = submitted(app, "/v1/responses", body, [CALL], FinishReason.STOP)
+    assert answer["tool_choice"] == "required"
+
+
+def test_anthropic_any_and_a_named_tool_are_tool_use_blocks(app: Flask) -> None:
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        body = {
+            "max_tokens": 16,
+            "messages": ASK,
+            "tools": [MESSAGES_TOOL],
+            "tool_choice": {**choice, "disable_parallel_tool_use": True},
+        }
+        job, answer = submitted(app, "/v1/messages", body, [CALL, CALL], FinishReason.STOP)
+        assert job.params.grammar is not None
+        (block,) = answer["content"]  # one call: parallel use disabled
+        assert block["type"] == "tool_use" and block["input"] == {"city": "Oslo"}
+        assert answer["stop_reason"] == "tool_use"
