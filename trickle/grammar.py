@@ -42,6 +42,7 @@ COMPACT: JsonCompileOptions = {
 }
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 _NAMED_KEY = re.compile(r"for '([A-Za-z$][\w$-]*)'")
 # llguidance's messages that name no keyword, by the keyword they are about.
 _KEYWORD_HINTS = (
@@ -144,6 +145,22 @@ def schema_error(field: str, message: str) -> GrammarError:
             keyword,
             f"{field}: JSON Schema keyword {keyword!r} cannot be enforced by constrained "
             "decoding (see docs/structured-output.md for the keywords that can)",
+        )
+    if "oneOf constraints are not supported" in message:
+        return GrammarError(
+            field,
+            "oneOf",
+            f"{field}: JSON Schema keyword 'oneOf' is enforced only where no answer can match "
+            "two of its branches; these may overlap (anyOf would accept them)",
+        )
+    unknown_format = _UNKNOWN_FORMAT.search(message)
+    if unknown_format is not None:
+        return GrammarError(
+            field,
+            "format",
+            f"{field}: JSON Schema keyword 'format' value {unknown_format.group(1)!r} cannot be "
+            "enforced by constrained decoding (see docs/structured-output.md for the formats "
+            "that can)",
         )
     keyword = _keyword_of(message)
     if keyword == "size":

@@ -100,12 +100,13 @@ def test_text_and_two_calls_streamed_equal_the_whole_message(client: anthropic.A
     assert [block.type for block in one.content] == ["text", "tool_use"]
 
 
-def test_choices_only_constrained_decoding_keeps_are_refused_by_name(
+def test_a_choice_naming_an_absent_tool_is_refused_and_none_reads_no_calls(
     client: anthropic.Anthropic,
 ) -> None:
-    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+    for choice in ({"type": "tool", "name": "absent"}, {"type": "any"}):
+        tools = [WEATHER] if choice["type"] == "tool" else []
         with pytest.raises(anthropic.BadRequestError) as refused:
-            create(client, False, tools=[WEATHER], tool_choice=choice, messages=[ASK])
+            create(client, False, tools=tools, tool_choice=choice, messages=[ASK])
         error = refused.value.body["error"]  # type: ignore[index]
         assert error["type"] == "invalid_request_error" and "tool_choice" in error["message"]
     plain = create(client, True, tools=[WEATHER], tool_choice={"type": "none"}, messages=[ASK])

@@ -227,7 +227,10 @@ def test_logprobs_on_text_events(client: openai.OpenAI) -> None:
     [
         ({"tools": [{"type": "function", "name": "f", "strict": True}]}, "tools[0].strict"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        (
+            {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
+            "text.format.schema",
+        ),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"top_logprobs": 5, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
         ({"background": True, "store": False}, "background"),

@@ -244,7 +244,7 @@ def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> 
             "tools[0].function.name",
         ),
         ({"tool_choice": {"type": "function", "function": {"name": "absent"}}}, "tool_choice"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "required", "ignore_eos": True}, "ignore_eos"),
         (
             {"tools": [{**WEATHER, "function": {**WEATHER["function"], "strict": True}}]},
             "tools[0].function.strict",

@@ -119,6 +119,8 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"$ref": "#/$defs/missing"}, "$ref"),
         ({"type": "string", "pattern": "(("}, "pattern"),
         ({"type": "strings"}, "type"),
+        ({"type": "string", "format": "uri-reference"}, "format"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
         ({"type": "integer", "minimum": "x"}, "minimum"),
         ({"type": "object", "x-guidance": {"lenient": True}}, "x-guidance"),
     ],
