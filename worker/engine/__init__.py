@@ -86,6 +86,9 @@ class EngineRequest:
     # its cache_salt's); once it has a prefix, that prefix's partition (``SHARED`` for a
     # configured one). Every request of a batch with a prefix has the same.
     cache_partition: str = ""
+    # A grammar the output must match (worker/engine/constrained.py): such a request runs alone.
+    grammar: str | None = None
+    grammar_replay: str = ""  # what it streamed before a resume, replayed into its matcher
 
 
 # (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.
@@ -293,6 +296,8 @@ class Engine:
         seed = requests[0].seed
         if seed is not None and len(requests) != 1:
             raise ValueError("seeded requests run one at a time")
+        if requests[0].grammar is not None and len(requests) != 1:
+            raise ValueError("grammar-constrained requests run one at a time")
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
         prefix = requests[0].prefix
@@ -337,6 +342,8 @@ class Engine:
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             seed=seed,
+            grammar=requests[0].grammar,
+            grammar_replay=requests[0].grammar_replay,
         )
         flags = self._flags
         lanes = self._lanes

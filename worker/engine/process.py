@@ -44,7 +44,10 @@ import numpy as np
 
 from trickle.config.sections import ModelSettings
 from trickle.tokenizer import Tokenizer
+from worker.engine.closure import Closer
+from worker.engine.constrained import ConstrainedRun, Sampling, replay
 from worker.engine.flags import attach_flags
+from worker.engine.grammar_matcher import MatcherCache
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
@@ -108,6 +111,10 @@ class BatchCommand:
     # Whether CTranslate2 may start from its cached state of ``static_prompt`` (and save it):
     # False computes it for this batch alone (another partition's state, or past the budget).
     cache_static_prompt: bool = True
+    # A grammar the one sequence must match (worker/engine/constrained.py), and the text it
+    # had streamed before a resume, which its matcher replays first.
+    grammar: str | None = None
+    grammar_replay: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -205,6 +212,14 @@ class StepStream:
             self._sent_at = time.monotonic() if now is None else now
 
 
+@dataclass(frozen=True)
+class GrammarTools:
+    """What constrained jobs share in one engine process: compiled matchers and the closer."""
+
+    matchers: MatcherCache
+    closer: Closer
+
+
 class EngineRunner:
     """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
 
@@ -227,6 +242,8 @@ class EngineRunner:
         # before min_length (a job's stop_token_ids are ended by the worker, SequenceState).
         self._end_tokens = sorted(self.tokenizer.end_ids)
         self._flags = flags
+        self._grammar_lock = threading.Lock()
+        self._grammar_tools: GrammarTools | None = None
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -278,7 +295,9 @@ class EngineRunner:
         stream = StepStream(command, self._flags, events.send, coalesce)
         error: str | None = None
         try:
-            if command.seed is not None:
+            if command.grammar is not None:
+                self._generate_constrained(command, stream)
+            elif command.seed is not None:
                 self._generate_seeded(command, stream)
             else:
                 self._generate(command, stream)
@@ -310,6 +329,58 @@ class EngineRunner:
             cache_static_prompt=command.cache_static_prompt,
             callback=callback,
         )
+
+    def _generate_constrained(self, command: BatchCommand, stream: StepStream) -> None:
+        """One sequence whose every token the grammar accepts (worker/engine/constrained.py)."""
+        grammar = self._grammars()
+        matcher = grammar.matchers.matcher(command.grammar or "")
+        replay(matcher, self.tokenizer.encode_text(command.grammar_replay))
+        sampling = Sampling(
+            greedy=command.top_k == 1,
+            temperature=command.temperature,
+            top_k=command.top_k,
+            top_p=command.top_p,
+            repetition_penalty=command.repetition_penalty,
+            min_tokens=command.min_tokens,
+            rng=np.random.default_rng(command.seed),
+        )
+        run = ConstrainedRun(
+            matcher,
+            grammar.closer,
+            lambda token: self.tokenizer.to_pieces([token])[0],
+            frozenset(self._end_tokens),
+            self.tokenizer.vocab_size,
+            sampling,
+        )
+
+        def generate(pieces: list[str], max_new: int, min_new: int, callback: Any) -> None:
+            self.generator.generate_batch(
+                [pieces],
+                max_length=max_new,
+                sampling_temperature=command.temperature,
+                sampling_topk=command.top_k,
+                sampling_topp=command.top_p,
+                repetition_penalty=command.repetition_penalty,
+                beam_size=1,
+                return_scores=True,
+                return_logits_vocab=True,  # a rejected token's step: its replacement's scores
+                include_prompt_in_result=False,
+                end_token=[] if command.ignore_eos else self._end_tokens,
+                min_length=min_new,
+                static_prompt=command.static_prompt,
+                cache_static_prompt=command.cache_static_prompt,
+                callback=callback,
+            )
+
+        run.run(command.prompts[0], command.max_new_tokens[0], generate, stream.token)
+
+    def _grammars(self) -> GrammarTools:
+        """The model's vocabulary for grammars, built at the first constrained job."""
+        with self._grammar_lock:
+            if self._grammar_tools is None:
+                cache = MatcherCache(self.tokenizer)
+                self._grammar_tools = GrammarTools(cache, Closer(self.tokenizer.token_bytes()))
+            return self._grammar_tools
 
     def _generate_seeded(self, command: BatchCommand, stream: StepStream) -> None:
         """One token per CTranslate2 call, sampled here from the returned logits.

@@ -97,5 +97,13 @@ def make_scheduled_job(
     seed = None if params.is_greedy else params.seed
     remaining = params.max_tokens - resume.count
     sampling = SamplingKey.from_params(params, generated=resume.count)
-    request = EngineRequest(prompt_ids, remaining, sampling, seed, cache_partition=cache_partition)
+    request = EngineRequest(
+        prompt_ids,
+        remaining,
+        sampling,
+        seed,
+        cache_partition=cache_partition,
+        grammar=params.grammar,
+        grammar_replay=resume.text if params.grammar is not None else "",
+    )
     return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)
