@@ -19,6 +19,7 @@ import pytest
 
 from trickle.config.sections import ModelSettings
 from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.closure import Closer
 from worker.engine.grammar_matcher import MatcherCache
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, False)
@@ -94,13 +95,20 @@ def test_sampled_answers_validate(engine: Engine) -> None:
         assert_every_token_was_allowed(engine, ids)
 
 
-@pytest.mark.parametrize("budget", [40, 60, 90])
-def test_an_answer_cut_by_max_tokens_still_closes(engine: Engine, budget: int) -> None:
-    ids, lasts = answer(engine, budget, SAMPLED)
-    assert len(ids) <= budget
-    jsonschema.validate(json.loads(text_of(engine, ids)), PERSON)
-    assert_every_token_was_allowed(engine, ids)
-    assert lasts[-1]
+def test_an_answer_cut_by_max_tokens_still_closes(engine: Engine) -> None:
+    # Every budget from the shortest answer up: the cut falls inside strings, numbers, keys
+    # and forced enum values alike. (Below the shortest answer nothing can close it.)
+    shortest = Closer(engine.tokenizer.token_bytes()).closing(
+        MatcherCache(engine.tokenizer).matcher(GRAMMAR)
+    )
+    assert shortest is not None
+    for budget in range(len(shortest), len(shortest) + 80, 3):
+        for sampling in (GREEDY, SAMPLED):
+            ids, lasts = answer(engine, budget, sampling)
+            assert len(ids) <= budget
+            jsonschema.validate(json.loads(text_of(engine, ids)), PERSON)
+            assert_every_token_was_allowed(engine, ids)
+            assert lasts[-1]
 
 
 def test_a_resumed_answer_goes_on_from_what_it_had_streamed(engine: Engine) -> None:

@@ -92,6 +92,7 @@ class ConstrainedRun:
         self._generated: list[int] = []
         self._closing_length = 0
         self._since_refresh = REFRESH_EVERY
+        self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
 
     def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
         """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted."""
@@ -100,17 +101,21 @@ class ConstrainedRun:
         while left > 0:
             call = _Call()
             owed = max(0, self._sampling.min_tokens - len(self._generated))
+            self.calls += 1
             generate(pieces, left, owed, self._callback(call, left, sink))
             left -= len(call.accepted)
             pieces.extend(self._to_piece(token) for token in call.accepted)
             if call.ended or not (call.rejected or call.closing):
                 return
-            forced = self._closing() if call.closing else self._replacement(call.logits)
+            closing = call.closing
+            forced = self._closing() if closing else self._replacement(call.logits)
+            if not closing and not self._leaves_room(forced, left):
+                closing, forced = True, self._closing()
             forced = forced[:left]
             if not forced:
                 return  # complete already: the batch's end finishes the job as cut
             for i, token in enumerate(forced):
-                last = i == len(forced) - 1 and (call.closing or token in self._end_ids)
+                last = i == len(forced) - 1 and (closing or token in self._end_ids)
                 if self._emit(sink, token, None, last or left - i == 1):
                     return
             left -= len(forced)
@@ -135,11 +140,24 @@ class ConstrainedRun:
 
         return on_token
 
+    def _leaves_room(self, forced: list[int], left: int) -> bool:
+        """Whether after ``forced`` the structure can still close within ``left`` tokens."""
+        probe = self._matcher.deep_copy()
+        if probe.try_consume_tokens([t for t in forced if t not in self._end_ids]) < len(
+            [t for t in forced if t not in self._end_ids]
+        ):
+            return True  # (an end token among them ends the answer complete)
+        length = self._closer.length(probe)
+        return length is None or len(forced) + length <= left
+
     def _consume(self, token: int) -> bool:
         """Advance the matcher past ``token`` if the grammar allows it (else leave it as it
         was). An end token is allowed once the grammar accepts; llguidance takes it only
-        through ``consume_token``, which would leave the matcher broken on any refused one."""
+        through ``consume_token``, which would leave the matcher broken on any refused one.
+        An id past the tokenizer's pieces (a padded output layer) is never allowed."""
         matcher = self._matcher
+        if token >= self._vocab_size:
+            return False
         if token in self._end_ids:
             return matcher.is_accepting() and matcher.consume_token(token)
         return matcher.try_consume_tokens([token]) == 1
@@ -147,8 +165,8 @@ class ConstrainedRun:
     def _fits(self, token: int, room: int) -> bool:
         """Whether after ``token`` the structure can still close within ``room`` tokens (and
         refresh the closing length every token this close to the end)."""
-        if token in self._end_ids:
-            return True  # an end (if allowed) leaves the answer complete
+        if token in self._end_ids or token >= self._vocab_size:
+            return True  # an end (if allowed) leaves the answer complete; the other is refused
         probe = self._matcher.deep_copy()
         if probe.try_consume_tokens([token]) != 1:
             return True  # rejected anyway: the rejection path picks an allowed token
