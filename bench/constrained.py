@@ -29,8 +29,9 @@ from bench.harness.json_model import PERSON, build_json_model
 from bench.harness.models import prepare
 from bench.harness.stats import median
 from trickle.tokenizer import Tokenizer
+from worker.engine.alternatives import Logprob
 from worker.engine.closure import Closer
-from worker.engine.constrained import ConstrainedRun, Sampling
+from worker.engine.constrained import ConstrainedRun, Sampling, TokenSink
 from worker.engine.grammar_matcher import MatcherCache
 from worker.engine.model_hints import resolve_compute_type
 
@@ -45,6 +46,16 @@ def model_path(key: str) -> Path:
         return build_json_model()
     # The random models get the tokenizer's own vocabulary, so every id is a real piece.
     return prepare(key, vocab_size=2000 if key != "demo" else None).path
+
+
+def collector(out: list[int]) -> TokenSink:
+    """A sink that keeps the tokens (and stops at the last)."""
+
+    def sink(position: int, step: int, token: int, logprob: Logprob, last: bool) -> bool:
+        out.append(token)
+        return last
+
+    return sink
 
 
 def measure(key: str, max_tokens: int, runs: int) -> dict[str, Any]:
@@ -99,19 +110,8 @@ def measure(key: str, max_tokens: int, runs: int) -> dict[str, Any]:
                 callback=callback,
             )
 
-        def sink(
-            position: int,
-            step: int,
-            token: int,
-            logprob: float | None,
-            last: bool,
-            emitted: list[int] = emitted,
-        ) -> bool:
-            emitted.append(token)
-            return last
-
         started = time.perf_counter()
-        run.run(prompt, max_tokens, generate, sink)
+        run.run(prompt, max_tokens, generate, collector(emitted))
         tight_times.append(time.perf_counter() - started)
         calls.append(run.calls)
         counts.append(len(answer))

@@ -23,8 +23,6 @@ ONLY_VALUES = {
     "supported yet)",
     "suffix": "is not supported: only an empty string is accepted",
     "response_format": "accepts only {'type': 'text'}",
-    "top_logprobs": "accepts only 0 or 1: the engine reports the sampled token's "
-    "log-probability, not the alternatives",
     "reasoning": "is not supported (no reasoning models): only null is accepted",
     "format": "accepts only {'type': 'text'} (structured output is not supported)",
 }

@@ -62,7 +62,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion_logprobs(events: Sequence[TokenEvent], text_offset: int) -> dict[str, Any]:
-    """Legacy completions shape; only the sampled token is known, so top_logprobs has one entry."""
+    """Legacy completions shape: each token's alternatives (the sampled token alone for a
+    request that asked for none)."""
     offsets = []
     for event in events:
         offsets.append(text_offset)
@@ -70,7 +71,9 @@ def completion_logprobs(events: Sequence[TokenEvent], text_offset: int) -> dict[
     return {
         "tokens": [event.text for event in events],
         "token_logprobs": [event.logprob for event in events],
-        "top_logprobs": [{event.text: event.logprob} for event in events],
+        "top_logprobs": [
+            dict(event.top) if event.top else {event.text: event.logprob} for event in events
+        ],
         "text_offset": offsets,
     }
 
@@ -83,11 +86,15 @@ def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
             "bytes": list(event.text.encode("utf-8")),
         }
 
-    return {
-        "content": [
-            {**entry(event), "top_logprobs": [entry(event)] if top > 0 else []} for event in events
-        ]
-    }
+    def alternatives(event: TokenEvent) -> list[dict[str, Any]]:
+        if event.top:
+            return [
+                {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+                for text, logprob in event.top[:top]
+            ]
+        return [entry(event)] if top > 0 else []
+
+    return {"content": [{**entry(event), "top_logprobs": alternatives(event)} for event in events]}
 
 
 def _base(envelope: Envelope, kind: str) -> dict[str, Any]:

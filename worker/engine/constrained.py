@@ -30,6 +30,7 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
+from worker.engine.alternatives import Logprob
 from worker.engine.closure import Closer
 from worker.engine.grammar_matcher import GrammarFailed, allowed_mask
 from worker.engine.sampling import apply_repetition_penalty, sample_token
@@ -41,7 +42,7 @@ CLOSING_MARGIN = 64
 REFRESH_EVERY = 16
 
 # (position, step, token id, log-probability, is last) -> stop; StepStream.token.
-TokenSink = Callable[[int, int, int, float | None, bool], bool]
+TokenSink = Callable[[int, int, int, Logprob, bool], bool]
 # (prompt pieces, max new tokens, min new tokens, callback): one generate_batch of one row.
 GenerateCall = Callable[[list[str], int, int, Callable[[Any], bool]], None]
 
@@ -81,6 +82,7 @@ class ConstrainedRun:
         end_ids: frozenset[int],
         vocab_size: int,
         sampling: Sampling,
+        score: Callable[[Any], Logprob] | None = None,
     ):
         self._matcher = matcher
         self._closer = closer
@@ -88,6 +90,7 @@ class ConstrainedRun:
         self._end_ids = end_ids
         self._vocab_size = vocab_size
         self._sampling = sampling
+        self._score = score or (lambda step: step.log_prob)  # what an accepted token reports
         self._step = 0
         self._generated: list[int] = []
         self._closing_length = 0
@@ -130,11 +133,11 @@ class ConstrainedRun:
                 return True
             if not self._consume(token):
                 call.rejected = True
-                call.logits = _row_logits(step)
+                call.logits = row_logits(step)
                 return True
             call.accepted.append(token)
             self._since_refresh += 1
-            stop = self._emit(sink, token, step.log_prob, bool(step.is_last), consumed=True)
+            stop = self._emit(sink, token, self._score(step), bool(step.is_last), consumed=True)
             call.ended = stop
             return stop
 
@@ -177,7 +180,7 @@ class ConstrainedRun:
         return length <= room
 
     def _emit(
-        self, sink: TokenSink, token: int, logprob: float | None, last: bool, consumed: bool = False
+        self, sink: TokenSink, token: int, logprob: Logprob, last: bool, consumed: bool = False
     ) -> bool:
         """Send one token to the worker (consuming it in the matcher unless done already)."""
         if not consumed and not self._consume(token):
@@ -220,7 +223,7 @@ class ConstrainedRun:
         return [choice, *probe.compute_ff_tokens()]
 
 
-def _row_logits(step: Any) -> npt.NDArray[np.float64] | None:
+def row_logits(step: Any) -> npt.NDArray[np.float64] | None:
     """The step's logits for a batch of one, or None where CTranslate2 gave none."""
     try:
         return np.asarray(step.logits, dtype=np.float64).reshape(-1)

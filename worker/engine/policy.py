@@ -220,12 +220,7 @@ def restartable(request: EngineRequest) -> bool:
     or a repetition penalty: CTranslate2 penalizes what a sequence generated, not its prompt,
     so generated tokens fed back as prompt escape it."""
     sampling = request.sampling
-    return (
-        request.seed is None
-        and request.grammar is None
-        and sampling.min_tokens == 0
-        and sampling.repetition_penalty == 1.0
-    )
+    return not alone(request) and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
 
 
 def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
@@ -253,6 +248,7 @@ def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
 
 
 def alone(request: EngineRequest) -> bool:
-    """Whether a request runs in a batch of its own: seeded (sampled step by step) or
-    grammar-constrained (its rejected tokens need its own row's logits)."""
-    return request.seed is not None or request.grammar is not None
+    """Whether a request runs in a batch of its own: seeded (sampled step by step), or needing
+    its own row's logits (a grammar's refused tokens, reported alternatives): CTranslate2 hands
+    a batched step callback the whole batch's logits in an order that is not the rows'."""
+    return request.seed is not None or request.grammar is not None or request.top_logprobs > 0

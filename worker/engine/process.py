@@ -44,8 +44,9 @@ import numpy as np
 
 from trickle.config.sections import ModelSettings
 from trickle.tokenizer import Tokenizer
+from worker.engine.alternatives import Logprob, scored
 from worker.engine.closure import Closer
-from worker.engine.constrained import ConstrainedRun, Sampling, replay
+from worker.engine.constrained import ConstrainedRun, Sampling, replay, row_logits
 from worker.engine.flags import attach_flags
 from worker.engine.grammar_matcher import MatcherCache
 from worker.engine.malloc import keep_freed_memory
@@ -54,7 +55,7 @@ from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample
 
 log = logging.getLogger(__name__)
 
-StepToken = tuple[int, int, int, float | None, bool]
+StepToken = tuple[int, int, int, Logprob, bool]
 # One decoding step as sent: its start (time.monotonic) and its tokens.
 SentStep = tuple[float, list[StepToken]]
 # One engine thread's pipe ends in this process: (commands from the worker, events to it).
@@ -115,6 +116,8 @@ class BatchCommand:
     # had streamed before a resume, which its matcher replays first.
     grammar: str | None = None
     grammar_replay: str = ""
+    # Alternatives to report per token (worker/engine/alternatives.py); the batch is of one.
+    top_logprobs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -164,7 +167,7 @@ class StepStream:
         self._sent_at = float("-inf")
 
     def token(
-        self, position: int, step: int, token_id: int, logprob: float | None, is_last: bool
+        self, position: int, step: int, token_id: int, logprob: Logprob, is_last: bool
     ) -> bool:
         """Record one sequence's token; True stops that sequence (flag set, or its last)."""
         if step != self._step:
@@ -244,6 +247,7 @@ class EngineRunner:
         self._flags = flags
         self._grammar_lock = threading.Lock()
         self._grammar_tools: GrammarTools | None = None
+        self._texts: list[str] = []
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -309,9 +313,10 @@ class EngineRunner:
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
+        score = self._scorer(command)
 
         def callback(step: Any) -> bool:
-            return token(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
+            return token(step.batch_id, step.step, step.token_id, score(step), step.is_last)
 
         self.generator.generate_batch(
             command.prompts,
@@ -322,6 +327,8 @@ class EngineRunner:
             repetition_penalty=command.repetition_penalty,
             beam_size=1,
             return_scores=True,  # the sampled token's log-probability reaches the callback
+            # Copies the vocabulary's logits every step: only for a job that asks.
+            return_logits_vocab=command.top_logprobs > 0,
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=command.min_tokens,
@@ -351,6 +358,7 @@ class EngineRunner:
             frozenset(self._end_tokens),
             self.tokenizer.vocab_size,
             sampling,
+            self._scorer(command),
         )
 
         def generate(pieces: list[str], max_new: int, min_new: int, callback: Any) -> None:
@@ -373,6 +381,32 @@ class EngineRunner:
             )
 
         run.run(command.prompts[0], command.max_new_tokens[0], generate, stream.token)
+
+    def _scorer(self, command: BatchCommand) -> Callable[[Any], Logprob]:
+        """What a step reports with its token: CTranslate2's log-probability, or with
+        ``top_logprobs`` the step's alternatives (worker/engine/alternatives.py)."""
+        count = command.top_logprobs
+        if not count:
+            return _log_prob
+        texts = self._piece_texts()
+        temperature = 1.0 if command.top_k == 1 else command.temperature
+
+        def score(step: Any) -> Logprob:
+            logits = row_logits(step)
+            if logits is None:
+                return float(step.log_prob)
+            return scored(logits, int(step.token_id), count, temperature, texts)
+
+        return score
+
+    def _piece_texts(self) -> list[str]:
+        """Each id's text, as reported among a token's alternatives."""
+        with self._grammar_lock:
+            if not self._texts:
+                self._texts = [
+                    token.decode("utf-8", "replace") for token in self.tokenizer.token_bytes()
+                ]
+            return self._texts
 
     def _grammars(self) -> GrammarTools:
         """The model's vocabulary for grammars, built at the first constrained job."""
@@ -415,6 +449,10 @@ class EngineRunner:
 
     def close(self) -> None:
         self.generator.unload_model()
+
+
+def _log_prob(step: Any) -> Logprob:
+    return step.log_prob  # type: ignore[no-any-return]
 
 
 def resolve_device(device: str) -> str:

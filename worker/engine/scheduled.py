@@ -105,5 +105,6 @@ def make_scheduled_job(
         cache_partition=cache_partition,
         grammar=params.grammar,
         grammar_replay=resume.text if params.grammar is not None else "",
+        top_logprobs=params.top_logprobs,
     )
     return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)

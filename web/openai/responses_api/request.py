@@ -9,6 +9,7 @@ the conversation's tool calls and results (``web.tools``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,7 +71,10 @@ def parse_response_request(
         model=model_name,
         messages=_messages(request.input),
         instructions=request.instructions,
-        params=generation_params(request, settings, request.max_output_tokens),
+        params=dataclasses.replace(
+            generation_params(request, settings, request.max_output_tokens),
+            top_logprobs=(request.top_logprobs or 0) if logprobs else 0,
+        ),
         max_output_tokens=request.max_output_tokens,
         stream=bool(request.stream),
         background=background,
