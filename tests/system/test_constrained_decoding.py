@@ -19,6 +19,7 @@ import pytest
 
 from trickle.config.sections import ModelSettings
 from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.alternatives import Scored
 from worker.engine.closure import Closer
 from worker.engine.grammar_matcher import MatcherCache
 
@@ -120,3 +121,23 @@ def test_a_resumed_answer_goes_on_from_what_it_had_streamed(engine: Engine) -> N
         lambda position, step, token, logprob, last: ids.append(token) or False,
     )
     jsonschema.validate(json.loads(streamed + text_of(engine, ids)), PERSON)
+
+
+def test_a_constrained_answer_reports_alternatives_when_asked(engine: Engine) -> None:
+    reported: list[Any] = []
+    engine.generate(
+        [
+            EngineRequest(
+                engine.tokenizer.encode("A person, as JSON: "),
+                120,
+                GREEDY,
+                grammar=GRAMMAR,
+                top_logprobs=3,
+            )
+        ],
+        lambda position, step, token, logprob, last: reported.append(logprob) or False,
+    )
+    scored = [entry for entry in reported if isinstance(entry, Scored)]
+    # Tokens the model proposed carry their alternatives; forced ones (no model step) none.
+    assert scored and all(len(entry.top) == 3 for entry in scored)
+    assert all(entry is None or isinstance(entry, Scored) for entry in reported)
