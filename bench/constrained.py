@@ -28,11 +28,11 @@ import numpy as np
 from bench.harness.json_model import PERSON, build_json_model
 from bench.harness.models import prepare
 from bench.harness.stats import median
+from trickle.closure import Closer
+from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
 from worker.engine.alternatives import Logprob
-from worker.engine.closure import Closer
 from worker.engine.constrained import ConstrainedRun, Sampling, TokenSink
-from worker.engine.grammar_matcher import MatcherCache
 from worker.engine.model_hints import resolve_compute_type
 
 PROMPT = "A person, as JSON: "

@@ -17,11 +17,11 @@ import jsonschema
 import llguidance
 import pytest
 
+from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
+from trickle.grammar_matcher import MatcherCache
 from worker.engine import Engine, EngineRequest, SamplingKey
 from worker.engine.alternatives import Scored
-from worker.engine.closure import Closer
-from worker.engine.grammar_matcher import MatcherCache
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, False)
 SAMPLED = SamplingKey(0.8, 0, 0.95, 1.0, False)

@@ -11,9 +11,9 @@ import jsonschema
 import llguidance
 import pytest
 
+from trickle.closure import Closer
+from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
-from worker.engine.closure import Closer
-from worker.engine.grammar_matcher import MatcherCache
 
 PERSON: dict[str, Any] = {
     "type": "object",

@@ -30,9 +30,9 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
+from trickle.closure import Closer
+from trickle.grammar_matcher import GrammarFailed, allowed_mask
 from worker.engine.alternatives import Logprob
-from worker.engine.closure import Closer
-from worker.engine.grammar_matcher import GrammarFailed, allowed_mask
 from worker.engine.sampling import apply_repetition_penalty, sample_token
 
 # Within this many tokens of the closing completion's length from max_tokens, every token is

@@ -42,13 +42,13 @@ from typing import Any
 
 import numpy as np
 
+from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
+from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
 from worker.engine.alternatives import Logprob, scored
-from worker.engine.closure import Closer
 from worker.engine.constrained import ConstrainedRun, Sampling, replay, row_logits
 from worker.engine.flags import attach_flags
-from worker.engine.grammar_matcher import MatcherCache
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token

@@ -15,7 +15,7 @@ from __future__ import annotations
 import llguidance
 import numpy as np
 
-from worker.engine.grammar_matcher import allowed_mask
+from trickle.grammar_matcher import allowed_mask
 
 # Most preferred first. Inside a string: its closing quote (with what may follow it). Elsewhere:
 # closing brackets, then a separator (a value just ended: a required key follows), then the

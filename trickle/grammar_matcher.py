@@ -1,9 +1,10 @@
 """Grammar matchers for one model's vocabulary: llguidance, compiled once per grammar.
 
-The web tier builds and validates each grammar (trickle/grammar.py); the engine process
-compiles it against the model's own vocabulary here, keeps the compiled matcher in a small
-LRU cache, and gives every job a copy (``LLMatcher.deep_copy`` costs microseconds, a compile
-up to a few hundred milliseconds for a large schema).
+The web tier builds each grammar (trickle/grammar.py); the engine process, and the web tier
+when it checks that an answer can fit its budget, compile it against the model's own
+vocabulary here, keep the compiled matcher in a small LRU cache, and give every use a copy
+(``LLMatcher.deep_copy`` costs microseconds, a compile up to a few hundred milliseconds for a
+large schema).
 """
 
 from __future__ import annotations
