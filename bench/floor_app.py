@@ -54,7 +54,8 @@ class Relay:
     """One pub/sub connection for the process; its listener hands messages to the streams."""
 
     def __init__(self) -> None:
-        self._pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        # Any: redis-py's typing of PubSub differs between releases (untyped before 8.2).
+        self._pubsub: Any = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call,unused-ignore]
         self._pubsub.subscribe("floor:idle")
         self._streams: dict[str, queue.Queue[str]] = {}
         threading.Thread(target=self._listen, daemon=True).start()

@@ -14,10 +14,12 @@ parsing and re-encoding it. A token message is therefore lines, not a JSON docum
     <literal of token first>
     ...
     <logprobs, comma-separated>
+    [<the alternatives of each token: a JSON array of [[text, logprob], ...] or null>]
 
 A JSON string literal never holds a raw newline (``encode_basestring`` escapes every control
 character), so splitting on ``\\n`` is exact. The logprob line is parsed only by a reader whose
-client asked for logprobs.
+client asked for logprobs; the alternatives line is there only for a job that asked for them
+(``top_logprobs``).
 
 A job that its worker finishes (``store.scripts.FINISH``) ends with a record message instead of
 the bare done message: ``D`` and a JSON array, the length of the job's replay log then the
@@ -41,24 +43,37 @@ from trickle.jobs import READ_FIELDS, Job, hash_fields
 encode_text: Any = json.encoder.encode_basestring
 
 
+# A token's most likely alternatives at its step: (piece text, log-probability), best first.
+Alternatives = tuple[tuple[str, float], ...]
+
+
 class TokenEvent:
     """Token ``index`` (0-based) of a job and the text it released (may be empty while held).
 
-    ``logprob`` is the sampled token's log-probability under the model (None if unknown). A
-    plain slotted class: one is built per token on the engine thread, and a frozen dataclass
-    costs several times more to build. Treated as immutable.
+    ``logprob`` is the sampled token's log-probability under the model (None if unknown);
+    ``top`` its step's most likely tokens, for a job that asked (``top_logprobs``). A plain
+    slotted class: one is built per token on the engine thread, and a frozen dataclass costs
+    several times more to build. Treated as immutable.
     """
 
-    __slots__ = ("index", "job_id", "logprob", "text")
+    __slots__ = ("index", "job_id", "logprob", "text", "top")
 
-    def __init__(self, job_id: str, index: int, text: str, logprob: float | None = None):
+    def __init__(
+        self,
+        job_id: str,
+        index: int,
+        text: str,
+        logprob: float | None = None,
+        top: Alternatives | None = None,
+    ):
         self.job_id = job_id
         self.index = index
         self.text = text
         self.logprob = logprob
+        self.top = top
 
-    def _fields(self) -> tuple[str, int, str, float | None]:
-        return (self.job_id, self.index, self.text, self.logprob)
+    def _fields(self) -> tuple[str, int, str, float | None, Alternatives | None]:
+        return (self.job_id, self.index, self.text, self.logprob, self.top)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TokenEvent) and self._fields() == other._fields()
@@ -67,7 +82,7 @@ class TokenEvent:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return "TokenEvent(job_id={!r}, index={!r}, text={!r}, logprob={!r})".format(
+        return "TokenEvent(job_id={!r}, index={!r}, text={!r}, logprob={!r}, top={!r})".format(
             *self._fields()
         )
 
@@ -77,13 +92,17 @@ class TokenEvent:
 
     def log_entry(self, literal: str) -> str:
         """The replay-log form from the text's literal (the publisher encodes it once).
-        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}``."""
-        return f'{{"index": {self.index}, "text": {literal}, "logprob": {_number(self.logprob)}}}'
+        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}``, and ``"top"`` when set."""
+        entry = f'{{"index": {self.index}, "text": {literal}, "logprob": {_number(self.logprob)}'
+        if self.top is None:
+            return entry + "}"
+        return entry + f', "top": {alternatives_literal(self.top)}}}'
 
     @classmethod
     def from_log_entry(cls, job_id: str, raw: str | bytes) -> TokenEvent:
         data = json.loads(raw)
-        return cls(job_id, int(data["index"]), str(data["text"]), _logprob(data.get("logprob")))
+        logprob = _logprob(data.get("logprob"))
+        return cls(job_id, int(data["index"]), str(data["text"]), logprob, _top(data.get("top")))
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "text": self.text}
@@ -96,7 +115,7 @@ class TokenRun:
     and the runs a reader takes in one wake-up are joined into one, so it writes once.
     """
 
-    __slots__ = ("_logprobs", "_raw_logprobs", "first", "literals")
+    __slots__ = ("_logprobs", "_raw_logprobs", "_raw_tops", "_tops", "first", "literals")
 
     def __init__(
         self,
@@ -104,11 +123,15 @@ class TokenRun:
         literals: Sequence[str],
         logprobs: Sequence[float | None] | None = None,
         raw_logprobs: str = "",
+        tops: Sequence[Alternatives | None] | None = None,
+        raw_tops: str = "",
     ):
         self.first = first
         self.literals = literals
         self._logprobs = logprobs
         self._raw_logprobs = raw_logprobs  # parsed on first use (few clients ask)
+        self._tops = tops
+        self._raw_tops = raw_tops
 
     def __len__(self) -> int:
         return len(self.literals)
@@ -144,6 +167,19 @@ class TokenRun:
             )
         return self._logprobs
 
+    @property
+    def tops(self) -> Sequence[Alternatives | None]:
+        """Each token's alternatives (None for a job that did not ask)."""
+        if self._tops is None:
+            raw = self._raw_tops
+            self._tops = (
+                [_top(entry) for entry in json.loads(raw)] if raw else [None] * len(self.literals)
+            )
+        return self._tops
+
+    def _has_tops(self) -> bool:
+        return bool(self._tops or self._raw_tops)
+
     def text_literal(self) -> str:
         """The literal of all the tokens' text together (joined without decoding any)."""
         if len(self.literals) == 1:
@@ -160,19 +196,23 @@ class TokenRun:
         if skip <= 0:
             return self
         logprobs = self.logprobs[skip:] if self._logprobs or self._raw_logprobs else None
-        return TokenRun(index, self.literals[skip:], logprobs)
+        tops = self.tops[skip:] if self._has_tops() else None
+        return TokenRun(index, self.literals[skip:], logprobs, tops=tops)
 
     def events(self, job_id: str) -> Iterator[TokenEvent]:
         """One event per token, texts decoded: for clients that want per-token detail."""
-        for offset, (literal, logprob) in enumerate(zip(self.literals, self.logprobs, strict=True)):
-            yield TokenEvent(job_id, self.first + offset, json.loads(literal), logprob)
+        rows = zip(self.literals, self.logprobs, self.tops, strict=True)
+        for offset, (literal, logprob, top) in enumerate(rows):
+            yield TokenEvent(job_id, self.first + offset, json.loads(literal), logprob, top)
 
     @classmethod
     def from_events(cls, events: Sequence[TokenEvent]) -> TokenRun:
+        tops = [event.top for event in events]
         return cls(
             events[0].index,
             [encode_text(event.text) for event in events],
             [event.logprob for event in events],
+            tops=tops if any(top is not None for top in tops) else None,
         )
 
     @classmethod
@@ -181,9 +221,15 @@ class TokenRun:
         if len(runs) == 1:
             return runs[0]
         literals = [literal for run in runs for literal in run.literals]
+        tops = (
+            [top for run in runs for top in run.tops]
+            if any(run._has_tops() for run in runs)
+            else None
+        )
         if any(run._logprobs or run._raw_logprobs for run in runs):
-            return cls(runs[0].first, literals, [lp for run in runs for lp in run.logprobs])
-        return cls(runs[0].first, literals)
+            logprobs = [lp for run in runs for lp in run.logprobs]
+            return cls(runs[0].first, literals, logprobs, tops=tops)
+        return cls(runs[0].first, literals, tops=tops)
 
 
 # The whole message a job's done channel (and, last, its events channel) carries.
@@ -196,10 +242,19 @@ STATUS_MESSAGE = "s"
 CLAIMED_MESSAGE = "r"
 
 
-def token_message(first: int, literals: Sequence[str], logprobs: Sequence[float | None]) -> str:
-    """One flush of a job's tokens as its channel message."""
+def token_message(
+    first: int,
+    literals: Sequence[str],
+    logprobs: Sequence[float | None],
+    tops: Sequence[Alternatives | None] = (),
+) -> str:
+    """One flush of a job's tokens as its channel message (``tops``: only a job that asked)."""
     header = f"t{first} {len(literals)}\n"
-    return header + "\n".join(literals) + "\n" + ",".join(map(_number, logprobs))
+    message = header + "\n".join(literals) + "\n" + ",".join(map(_number, logprobs))
+    if not any(top is not None for top in tops):
+        return message
+    listed = ", ".join("null" if top is None else alternatives_literal(top) for top in tops)
+    return f"{message}\n[{listed}]"
 
 
 class FinalRecord(NamedTuple):
@@ -242,7 +297,8 @@ class JobMessage(NamedTuple):
             lines = raw.split("\n")
             first, count = lines[0][1:].split(" ")
             end = 1 + int(count)
-            return cls(TokenRun(int(first), lines[1:end], raw_logprobs=lines[end]))
+            tops = lines[end + 1] if len(lines) > end + 1 else ""
+            return cls(TokenRun(int(first), lines[1:end], raw_logprobs=lines[end], raw_tops=tops))
         if kind == RECORD_MESSAGE:
             return cls(done=True, record=FinalRecord.decode(raw[1:]))
         if kind == CLAIMED_MESSAGE:
@@ -258,3 +314,14 @@ def _number(value: float | None) -> str:
 
 def _logprob(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def alternatives_literal(top: Alternatives) -> str:
+    """``[[text, logprob], ...]`` as JSON."""
+    return json.dumps([[text, logprob] for text, logprob in top], ensure_ascii=False)
+
+
+def _top(value: Any) -> Alternatives | None:
+    if value is None:
+        return None
+    return tuple((str(text), float(logprob)) for text, logprob in value)

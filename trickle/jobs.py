@@ -83,6 +83,8 @@ class GenerationParams:
     # response_format, text.format or a forced tool call); the engine enforces it token by token
     # (worker/engine/constrained.py). None: unconstrained.
     grammar: str | None = None
+    # How many of each step's most likely tokens to report with it (0: the sampled one only).
+    top_logprobs: int = 0
 
     @property
     def is_greedy(self) -> bool:
@@ -103,6 +105,7 @@ class GenerationParams:
             "stop_token_ids": list(self.stop_token_ids),
             "cache_salt": self.cache_salt or None,
             "grammar": self.grammar,
+            "top_logprobs": self.top_logprobs,
         }
 
     @classmethod
@@ -120,6 +123,7 @@ class GenerationParams:
             stop_token_ids=tuple(int(i) for i in data.get("stop_token_ids") or ()),
             cache_salt=str(data.get("cache_salt") or ""),
             grammar=None if data.get("grammar") is None else str(data["grammar"]),
+            top_logprobs=int(data.get("top_logprobs") or 0),
         )
 
 
@@ -153,6 +157,7 @@ class ParamsObject(TypedDict):
     stop_token_ids: list[int]
     cache_salt: str | None
     grammar: str | None
+    top_logprobs: int
 
 
 class JobObject(TypedDict):

@@ -60,6 +60,51 @@ class Tokenizer:
     def piece_id(self, piece: str) -> int:
         return int(self._sp.piece_to_id(piece))
 
+    def token_bytes(self) -> list[bytes]:
+        """Every id's text as bytes, the way a grammar matcher sees the vocabulary: a control or
+        unknown piece is its name behind 0xFF (llguidance's mark for special tokens, which no
+        text can produce); ``_spell`` says the rest."""
+        sp = self._sp
+        return [
+            b"\xff" + sp.id_to_piece(i).encode()
+            if sp.is_control(i) or sp.is_unknown(i)
+            else self._spell([i])
+            for i in range(self.vocab_size)
+        ]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids whose pieces spell exactly ``text`` (no start token, no added leading space):
+        SentencePiece's encoding with its dummy-prefix space taken off the first piece, or
+        byte pieces where that does not spell it."""
+        ids: list[int] = self._sp.encode(text, out_type=int)
+        wanted = text.encode()
+        spelled = self._spell(ids)
+        if spelled == wanted:
+            return ids
+        if ids and spelled == b" " + wanted:
+            bare = self._sp.id_to_piece(ids[0])[1:]
+            if not bare:
+                return ids[1:]
+            bare_id = self._sp.piece_to_id(bare)
+            head = [bare_id] if bare_id != self._unk_id else self._byte_ids(bare)
+            if self._spell(head + ids[1:]) == wanted:
+                return head + ids[1:]
+        return self._byte_ids(text)
+
+    def _spell(self, ids: list[int]) -> bytes:
+        """The bytes ``ids`` add to a text: ``\u2581`` is a space, a byte-fallback piece its
+        byte."""
+        sp = self._sp
+        return b"".join(
+            bytes([int(sp.id_to_piece(i)[3:5], 16)])
+            if sp.is_byte(i)
+            else sp.id_to_piece(i).replace("\u2581", " ").encode()
+            for i in ids
+        )
+
+    def _byte_ids(self, text: str) -> list[int]:
+        return [self._sp.piece_to_id(f"<0x{byte:02X}>") for byte in text.encode()]
+
     def decode(self, ids: list[int]) -> str:
         return str(self._decode_ids(self._in_vocabulary(ids)))
 

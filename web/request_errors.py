@@ -20,8 +20,6 @@ ONLY_VALUES = {
     "presence_penalty": "accepts only 0 (use repetition_penalty)",
     "logit_bias": "is not supported: only an empty object is accepted",
     "suffix": "is not supported: only an empty string is accepted",
-    "top_logprobs": "accepts only 0 or 1: the engine reports the sampled token's "
-    "log-probability, not the alternatives",
     "reasoning": "is not supported (no reasoning models): only null is accepted",
 }
 # What a field whose every union branch failed should have been.

@@ -45,8 +45,8 @@ MAX_CHOICES = 8
 MAX_PROMPTS = 16
 # The engine reports the sampled token's log-probability, not the alternatives it passed over:
 # more than one entry per position would be a shorter list than asked for, so it is refused.
-MAX_COMPLETION_LOGPROBS = 1
-MAX_CHAT_TOP_LOGPROBS = 1
+MAX_COMPLETION_LOGPROBS = 5
+MAX_CHAT_TOP_LOGPROBS = 20
 MAX_STOP_TOKEN_IDS = 64
 MAX_TOKEN_ID = 2**31 - 1
 MAX_CACHE_SALT_CHARS = 256

@@ -232,7 +232,7 @@ def test_logprobs_on_text_events(client: openai.OpenAI) -> None:
             "text.format.schema",
         ),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
-        ({"top_logprobs": 5, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+        ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
         ({"background": True, "store": False}, "background"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"max_output_tokens": 0}, "max_output_tokens"),

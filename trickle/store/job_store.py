@@ -322,9 +322,9 @@ class JobStore:
                 args += [append.fence, first, events[0].index, len(events)]
                 args += map(TokenEvent.log_entry, events, literals)
                 args.append("".join(event.text for event in events))
-                args.append(
-                    token_message(events[0].index, literals, [event.logprob for event in events])
-                )
+                logprobs = [event.logprob for event in events]
+                tops = [event.top for event in events]
+                args.append(token_message(events[0].index, literals, logprobs, tops))
             self._runner.queue_script(pipe, "APPEND_STEP", script_keys, args)
         return len(groups)
 

@@ -160,6 +160,8 @@ def _request(
     logprobs: int | None,
 ) -> OpenAIRequest:
     stream = bool(request.stream)
+    if logprobs:  # the engine reports this many alternatives per token
+        params = dataclasses.replace(params, top_logprobs=logprobs)
     options = request.stream_options
     if options is not None and not stream:
         raise invalid("stream_options", "stream_options is only allowed with stream: true")

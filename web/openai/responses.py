@@ -61,16 +61,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def forced_as_certain(logprob: float | None) -> float:
+    """A token with no model step (one a grammar forced) reads as certain: the schemas say a
+    number, and no distribution was drawn from."""
+    return 0.0 if logprob is None else logprob
+
+
 def completion_logprobs(events: Sequence[TokenEvent], text_offset: int) -> dict[str, Any]:
-    """Legacy completions shape; only the sampled token is known, so top_logprobs has one entry."""
+    """Legacy completions shape: each token's alternatives (the sampled token alone for a
+    request that asked for none)."""
     offsets = []
     for event in events:
         offsets.append(text_offset)
         text_offset += len(event.text)
     return {
         "tokens": [event.text for event in events],
-        "token_logprobs": [event.logprob for event in events],
-        "top_logprobs": [{event.text: event.logprob} for event in events],
+        "token_logprobs": [forced_as_certain(event.logprob) for event in events],
+        "top_logprobs": [
+            dict(event.top) if event.top else {event.text: forced_as_certain(event.logprob)}
+            for event in events
+        ],
         "text_offset": offsets,
     }
 
@@ -79,15 +89,19 @@ def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
     def entry(event: TokenEvent) -> dict[str, Any]:
         return {
             "token": event.text,
-            "logprob": event.logprob,
+            "logprob": forced_as_certain(event.logprob),
             "bytes": list(event.text.encode("utf-8")),
         }
 
-    return {
-        "content": [
-            {**entry(event), "top_logprobs": [entry(event)] if top > 0 else []} for event in events
-        ]
-    }
+    def alternatives(event: TokenEvent) -> list[dict[str, Any]]:
+        if event.top:
+            return [
+                {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+                for text, logprob in event.top[:top]
+            ]
+        return [entry(event)] if top > 0 else []
+
+    return {"content": [{**entry(event), "top_logprobs": alternatives(event)} for event in events]}
 
 
 def _base(envelope: Envelope, kind: str) -> dict[str, Any]:

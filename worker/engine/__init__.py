@@ -28,6 +28,7 @@ from typing import Any
 from trickle.config.sections import ModelSettings, available_cores
 from trickle.jobs import GenerationParams
 from trickle.tokenizer import Tokenizer
+from worker.engine.alternatives import Logprob
 from worker.engine.flags import create_flags
 from worker.engine.prefix import SHARED
 from worker.engine.prefix_cache import PrefixCacheState
@@ -86,13 +87,18 @@ class EngineRequest:
     # its cache_salt's); once it has a prefix, that prefix's partition (``SHARED`` for a
     # configured one). Every request of a batch with a prefix has the same.
     cache_partition: str = ""
+    # A grammar the output must match (worker/engine/constrained.py): such a request runs alone.
+    grammar: str | None = None
+    grammar_replay: str = ""  # what it streamed before a resume, replayed into its matcher
+    # Alternatives to report per token (worker/engine/alternatives.py): such a request runs alone.
+    top_logprobs: int = 0
 
 
 # (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.
 # The step counts decoding-loop iterations of the batch: a sequence whose prompt is longer than
 # the batch's shortest reports its first token at a later step (CTranslate2 feeds the extra
 # prompt tokens through the loop).
-StepCallback = Callable[[int, int, int, float | None, bool], bool]
+StepCallback = Callable[[int, int, int, Logprob, bool], bool]
 
 
 @dataclass
@@ -293,6 +299,8 @@ class Engine:
         seed = requests[0].seed
         if seed is not None and len(requests) != 1:
             raise ValueError("seeded requests run one at a time")
+        if (requests[0].grammar is not None or requests[0].top_logprobs) and len(requests) != 1:
+            raise ValueError("constrained requests, and those with alternatives, run alone")
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
         prefix = requests[0].prefix
@@ -337,6 +345,9 @@ class Engine:
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             seed=seed,
+            grammar=requests[0].grammar,
+            grammar_replay=requests[0].grammar_replay,
+            top_logprobs=requests[0].top_logprobs,
         )
         flags = self._flags
         lanes = self._lanes

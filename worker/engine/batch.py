@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, JobError
 from worker.engine import EngineRequest, StepClock
+from worker.engine.alternatives import Logprob, Scored
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
 from worker.publish_items import TokenItem
@@ -137,7 +138,7 @@ class StepBuffer:
 
 
 # (position in the batch, step, token id, logprob, is last) -> stop this sequence
-TokenCallback = Callable[[int, int, int, float | None, bool], bool]
+TokenCallback = Callable[[int, int, int, Logprob, bool], bool]
 
 
 def step_callback(
@@ -150,9 +151,7 @@ def step_callback(
     strings, max tokens, cancellation) stop only that job's sequence; ``on_new_step`` runs
     once per decoding step, before its first token."""
 
-    def on_step(
-        position: int, step: int, token_id: int, logprob: float | None, is_last: bool
-    ) -> bool:
+    def on_step(position: int, step: int, token_id: int, logprob: Logprob, is_last: bool) -> bool:
         if running.restart:
             return True  # tokens past a restart are dropped: the restart regenerates them
         if step >= running.steps:
@@ -179,7 +178,12 @@ def step_callback(
                 job.first_token_at = now
             job.last_token_at = now
             first = now if outcome.index == 0 else None
-            event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
+            if isinstance(logprob, Scored):
+                event = TokenEvent(
+                    job.job_id, outcome.index, outcome.text, logprob.logprob, logprob.top
+                )
+            else:
+                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
             item = TokenItem(event, job.fence, first)
         finished = outcome.finish_reason is not None
         step_buffer.add(position, step, item, finished)

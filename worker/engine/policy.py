@@ -215,21 +215,23 @@ def halves(jobs: Sequence[ScheduledJob]) -> tuple[list[ScheduledJob], list[Sched
 
 
 def restartable(request: EngineRequest) -> bool:
-    """Whether a restart leaves the batch's outputs unchanged. Not for seeded jobs (they run
-    alone), min_tokens (owed per call) or a repetition penalty: CTranslate2 penalizes what a
-    sequence generated, not its prompt, so generated tokens fed back as prompt escape it."""
+    """Whether a restart leaves the batch's outputs unchanged. Not for seeded or constrained
+    jobs (they run alone; a restart would lose a matcher's state), min_tokens (owed per call)
+    or a repetition penalty: CTranslate2 penalizes what a sequence generated, not its prompt,
+    so generated tokens fed back as prompt escape it."""
     sampling = request.sampling
-    return request.seed is None and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
+    return not alone(request) and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
 
 
 def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
     """Whether ``job`` may share a batch with ``first``: one sampling configuration and one
     shared prefix of one partition (CTranslate2's static prompt is the whole batch's, and
-    whether it starts from the cached state is the partition's), and never a seed."""
+    whether it starts from the cached state is the partition's), and never one that runs
+    ``alone``."""
     request = job.request
     return (
-        request.seed is None
-        and first.seed is None
+        not alone(request)
+        and not alone(first)
         and request.sampling == first.sampling
         and request.prefix == first.prefix
         and (not request.prefix or request.cache_partition == first.cache_partition)
@@ -237,9 +239,16 @@ def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
 
 
 def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
-    """The waiting jobs (in order) that can share a batch with the first: a seeded job alone
-    (it samples step by step), else every one that ``batches_with`` it."""
+    """The waiting jobs (in order) that can share a batch with the first: one that runs
+    ``alone`` by itself, else every one that ``batches_with`` it."""
     first = waiting[0].request
-    if first.seed is not None:
+    if alone(first):
         return list(waiting[:1])
     return [job for job in waiting if batches_with(job, first)]
+
+
+def alone(request: EngineRequest) -> bool:
+    """Whether a request runs in a batch of its own: seeded (sampled step by step), or needing
+    its own row's logits (a grammar's refused tokens, reported alternatives): CTranslate2 hands
+    a batched step callback the whole batch's logits in an order that is not the rows'."""
+    return request.seed is not None or request.grammar is not None or request.top_logprobs > 0

@@ -42,8 +42,12 @@ from typing import Any
 
 import numpy as np
 
+from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
+from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
+from worker.engine.alternatives import Logprob, scored
+from worker.engine.constrained import ConstrainedRun, Sampling, replay, row_logits
 from worker.engine.flags import attach_flags
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
@@ -51,7 +55,7 @@ from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample
 
 log = logging.getLogger(__name__)
 
-StepToken = tuple[int, int, int, float | None, bool]
+StepToken = tuple[int, int, int, Logprob, bool]
 # One decoding step as sent: its start (time.monotonic) and its tokens.
 SentStep = tuple[float, list[StepToken]]
 # One engine thread's pipe ends in this process: (commands from the worker, events to it).
@@ -108,6 +112,12 @@ class BatchCommand:
     # Whether CTranslate2 may start from its cached state of ``static_prompt`` (and save it):
     # False computes it for this batch alone (another partition's state, or past the budget).
     cache_static_prompt: bool = True
+    # A grammar the one sequence must match (worker/engine/constrained.py), and the text it
+    # had streamed before a resume, which its matcher replays first.
+    grammar: str | None = None
+    grammar_replay: str = ""
+    # Alternatives to report per token (worker/engine/alternatives.py); the batch is of one.
+    top_logprobs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -157,7 +167,7 @@ class StepStream:
         self._sent_at = float("-inf")
 
     def token(
-        self, position: int, step: int, token_id: int, logprob: float | None, is_last: bool
+        self, position: int, step: int, token_id: int, logprob: Logprob, is_last: bool
     ) -> bool:
         """Record one sequence's token; True stops that sequence (flag set, or its last)."""
         if step != self._step:
@@ -205,6 +215,14 @@ class StepStream:
             self._sent_at = time.monotonic() if now is None else now
 
 
+@dataclass(frozen=True)
+class GrammarTools:
+    """What constrained jobs share in one engine process: compiled matchers and the closer."""
+
+    matchers: MatcherCache
+    closer: Closer
+
+
 class EngineRunner:
     """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
 
@@ -227,6 +245,9 @@ class EngineRunner:
         # before min_length (a job's stop_token_ids are ended by the worker, SequenceState).
         self._end_tokens = sorted(self.tokenizer.end_ids)
         self._flags = flags
+        self._grammar_lock = threading.Lock()
+        self._grammar_tools: GrammarTools | None = None
+        self._texts: list[str] = []
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -278,7 +299,9 @@ class EngineRunner:
         stream = StepStream(command, self._flags, events.send, coalesce)
         error: str | None = None
         try:
-            if command.seed is not None:
+            if command.grammar is not None:
+                self._generate_constrained(command, stream)
+            elif command.seed is not None:
                 self._generate_seeded(command, stream)
             else:
                 self._generate(command, stream)
@@ -290,9 +313,10 @@ class EngineRunner:
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
+        score = self._scorer(command)
 
         def callback(step: Any) -> bool:
-            return token(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
+            return token(step.batch_id, step.step, step.token_id, score(step), step.is_last)
 
         self.generator.generate_batch(
             command.prompts,
@@ -303,6 +327,8 @@ class EngineRunner:
             repetition_penalty=command.repetition_penalty,
             beam_size=1,
             return_scores=True,  # the sampled token's log-probability reaches the callback
+            # Copies the vocabulary's logits every step: only for a job that asks.
+            return_logits_vocab=command.top_logprobs > 0,
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=command.min_tokens,
@@ -310,6 +336,85 @@ class EngineRunner:
             cache_static_prompt=command.cache_static_prompt,
             callback=callback,
         )
+
+    def _generate_constrained(self, command: BatchCommand, stream: StepStream) -> None:
+        """One sequence whose every token the grammar accepts (worker/engine/constrained.py)."""
+        grammar = self._grammars()
+        matcher = grammar.matchers.matcher(command.grammar or "")
+        replay(matcher, self.tokenizer.encode_text(command.grammar_replay))
+        sampling = Sampling(
+            greedy=command.top_k == 1,
+            temperature=command.temperature,
+            top_k=command.top_k,
+            top_p=command.top_p,
+            repetition_penalty=command.repetition_penalty,
+            min_tokens=command.min_tokens,
+            rng=np.random.default_rng(command.seed),
+        )
+        run = ConstrainedRun(
+            matcher,
+            grammar.closer,
+            lambda token: self.tokenizer.to_pieces([token])[0],
+            frozenset(self._end_tokens),
+            self.tokenizer.vocab_size,
+            sampling,
+            self._scorer(command),
+        )
+
+        def generate(pieces: list[str], max_new: int, min_new: int, callback: Any) -> None:
+            self.generator.generate_batch(
+                [pieces],
+                max_length=max_new,
+                sampling_temperature=command.temperature,
+                sampling_topk=command.top_k,
+                sampling_topp=command.top_p,
+                repetition_penalty=command.repetition_penalty,
+                beam_size=1,
+                return_scores=True,
+                return_logits_vocab=True,  # a rejected token's step: its replacement's scores
+                include_prompt_in_result=False,
+                end_token=[] if command.ignore_eos else self._end_tokens,
+                min_length=min_new,
+                static_prompt=command.static_prompt,
+                cache_static_prompt=command.cache_static_prompt,
+                callback=callback,
+            )
+
+        run.run(command.prompts[0], command.max_new_tokens[0], generate, stream.token)
+
+    def _scorer(self, command: BatchCommand) -> Callable[[Any], Logprob]:
+        """What a step reports with its token: CTranslate2's log-probability, or with
+        ``top_logprobs`` the step's alternatives (worker/engine/alternatives.py)."""
+        count = command.top_logprobs
+        if not count:
+            return _log_prob
+        texts = self._piece_texts()
+        temperature = 1.0 if command.top_k == 1 else command.temperature
+
+        def score(step: Any) -> Logprob:
+            logits = row_logits(step)
+            if logits is None:
+                return float(step.log_prob)
+            return scored(logits, int(step.token_id), count, temperature, texts)
+
+        return score
+
+    def _piece_texts(self) -> list[str]:
+        """Each id's text, as reported among a token's alternatives."""
+        with self._grammar_lock:
+            if not self._texts:
+                self._texts = [
+                    token.decode("utf-8", "replace") for token in self.tokenizer.token_bytes()
+                ]
+            return self._texts
+
+    def _grammars(self) -> GrammarTools:
+        """The model's vocabulary for grammars, built at the first constrained job."""
+        with self._grammar_lock:
+            if self._grammar_tools is None:
+                cache = MatcherCache(self.tokenizer)
+                self._grammar_tools = GrammarTools(cache, Closer(self.tokenizer.token_bytes()))
+            return self._grammar_tools
 
     def _generate_seeded(self, command: BatchCommand, stream: StepStream) -> None:
         """One token per CTranslate2 call, sampled here from the returned logits.
@@ -344,6 +449,10 @@ class EngineRunner:
 
     def close(self) -> None:
         self.generator.unload_model()
+
+
+def _log_prob(step: Any) -> Logprob:
+    return step.log_prob  # type: ignore[no-any-return]
 
 
 def resolve_device(device: str) -> str:

@@ -97,5 +97,14 @@ def make_scheduled_job(
     seed = None if params.is_greedy else params.seed
     remaining = params.max_tokens - resume.count
     sampling = SamplingKey.from_params(params, generated=resume.count)
-    request = EngineRequest(prompt_ids, remaining, sampling, seed, cache_partition=cache_partition)
+    request = EngineRequest(
+        prompt_ids,
+        remaining,
+        sampling,
+        seed,
+        cache_partition=cache_partition,
+        grammar=params.grammar,
+        grammar_replay=resume.text if params.grammar is not None else "",
+        top_logprobs=params.top_logprobs,
+    )
     return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)

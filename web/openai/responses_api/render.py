@@ -155,7 +155,10 @@ def _part_logprob(token: TokenEvent) -> OutputLogprob:
         "token": token.text,
         "bytes": list(token.text.encode("utf-8")),
         "logprob": _logprob(token.logprob),
-        "top_logprobs": [],
+        "top_logprobs": [
+            {"token": text, "bytes": list(text.encode("utf-8")), "logprob": logprob}
+            for text, logprob in token.top or ()
+        ],
     }
 
 
@@ -213,7 +216,9 @@ def delta_event(record: StoredResponse, token: TokenEvent) -> str:
 
 def _delta_logprob(token: TokenEvent, top: int) -> dict[str, Any]:
     entry = {"token": token.text, "logprob": _logprob(token.logprob)}
-    # top_logprobs is at most 1 (the request refuses more); the sampled token is the one known.
+    if token.top:
+        alternatives = [{"token": text, "logprob": lp} for text, lp in token.top[:top]]
+        return {**entry, "top_logprobs": alternatives}
     return {**entry, "top_logprobs": [entry] if top else []}
 
 

@@ -9,6 +9,7 @@ kept by constrained decoding (``web.structured``). Function tools, ``function_ca
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,9 @@ def parse_response_request(
         model=model_name,
         messages=_messages(request.input),
         instructions=request.instructions,
-        params=params,
+        params=dataclasses.replace(
+            params, top_logprobs=(request.top_logprobs or 0) if logprobs else 0
+        ),
         max_output_tokens=request.max_output_tokens,
         stream=bool(request.stream),
         background=background,

@@ -1,0 +1,237 @@
+"""Grammar-constrained decoding on CTranslate2, which has no logits processor.
+
+A constrained job runs alone on its lane (``policy.batches_with``): with more than one row,
+``return_logits_vocab`` hands the step callback the whole batch's logits in an order that is
+not the rows' (checked on CTranslate2 4.8), so the row's own logits are only known alone.
+
+Each token CTranslate2 proposes is checked by the job's llguidance matcher inside the step
+callback, before it is sent anywhere:
+- accepted: it goes to the worker like any token;
+- rejected: the callback stops the call at once, and the token never leaves this process. The
+  step's logits (before temperature) give the replacement: the allowed token with the highest
+  logit when greedy, else one drawn from the allowed ones with the job's temperature, top-k and
+  top-p (exactly the masked distribution). Then the tokens the grammar forces after it
+  (llguidance's fast-forward: keys, ``:``, the rest of a literal) are appended without a model
+  step, and the next call starts from the prompt plus everything accepted.
+
+So a reader only ever sees accepted tokens, the streamed text is the stored text, and greedy
+output stays deterministic. Near ``max_tokens`` a token that would leave too little room to
+close the structure is refused too, and the answer ends with ``closure.Closer``'s completion;
+it then ends as cut (``length``), so the client knows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import llguidance
+import numpy as np
+import numpy.typing as npt
+
+from trickle.closure import Closer
+from trickle.grammar_matcher import GrammarFailed, allowed_mask
+from worker.engine.alternatives import Logprob
+from worker.engine.sampling import apply_repetition_penalty, sample_token
+
+# Within this many tokens of the closing completion's length from max_tokens, every token is
+# checked for room to close (a deep copy and a closing search each); further away, the length
+# is refreshed every REFRESH_EVERY accepted tokens.
+CLOSING_MARGIN = 64
+REFRESH_EVERY = 16
+
+# (position, step, token id, log-probability, is last) -> stop; StepStream.token.
+TokenSink = Callable[[int, int, int, Logprob, bool], bool]
+# (prompt pieces, max new tokens, min new tokens, callback): one generate_batch of one row.
+GenerateCall = Callable[[list[str], int, int, Callable[[Any], bool]], None]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the replacement for a rejected token is chosen (the job's own decoding options)."""
+
+    greedy: bool
+    temperature: float
+    top_k: int
+    top_p: float
+    repetition_penalty: float
+    min_tokens: int
+    rng: np.random.Generator
+
+
+@dataclass
+class _Call:
+    """What one generate call left: the ids it accepted, and the rejected step's logits."""
+
+    accepted: list[int] = field(default_factory=list)
+    rejected: bool = False
+    closing: bool = False
+    logits: npt.NDArray[np.float64] | None = None
+    ended: bool = False  # the job ended (its last token, or the worker stopped it)
+
+
+class ConstrainedRun:
+    """One constrained job in the engine process: its matcher, budget and step count."""
+
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        closer: Closer,
+        to_piece: Callable[[int], str],
+        end_ids: frozenset[int],
+        vocab_size: int,
+        sampling: Sampling,
+        score: Callable[[Any], Logprob] | None = None,
+    ):
+        self._matcher = matcher
+        self._closer = closer
+        self._to_piece = to_piece
+        self._end_ids = end_ids
+        self._vocab_size = vocab_size
+        self._sampling = sampling
+        self._score = score or (lambda step: step.log_prob)  # what an accepted token reports
+        self._step = 0
+        self._generated: list[int] = []
+        self._closing_length = 0
+        self._since_refresh = REFRESH_EVERY
+        self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
+
+    def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
+        """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted."""
+        pieces = list(prompt)
+        left = max_new
+        while left > 0:
+            call = _Call()
+            owed = max(0, self._sampling.min_tokens - len(self._generated))
+            self.calls += 1
+            generate(pieces, left, owed, self._callback(call, left, sink))
+            left -= len(call.accepted)
+            pieces.extend(self._to_piece(token) for token in call.accepted)
+            if call.ended or not (call.rejected or call.closing):
+                return
+            closing = call.closing
+            forced = self._closing() if closing else self._replacement(call.logits)
+            if not closing and not self._leaves_room(forced, left):
+                closing, forced = True, self._closing()
+            forced = forced[:left]
+            if not forced:
+                return  # complete already: the batch's end finishes the job as cut
+            for i, token in enumerate(forced):
+                last = i == len(forced) - 1 and (closing or token in self._end_ids)
+                if self._emit(sink, token, None, last or left - i == 1):
+                    return
+            left -= len(forced)
+            pieces.extend(self._to_piece(token) for token in forced)
+
+    def _callback(self, call: _Call, left: int, sink: TokenSink) -> Callable[[Any], bool]:
+        def on_token(step: Any) -> bool:
+            token = int(step.token_id)
+            room = left - len(call.accepted) - 1  # tokens left after this one
+            if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
+                call.closing = True
+                return True
+            if not self._consume(token):
+                call.rejected = True
+                call.logits = row_logits(step)
+                return True
+            call.accepted.append(token)
+            self._since_refresh += 1
+            stop = self._emit(sink, token, self._score(step), bool(step.is_last), consumed=True)
+            call.ended = stop
+            return stop
+
+        return on_token
+
+    def _leaves_room(self, forced: list[int], left: int) -> bool:
+        """Whether after ``forced`` the structure can still close within ``left`` tokens."""
+        probe = self._matcher.deep_copy()
+        if probe.try_consume_tokens([t for t in forced if t not in self._end_ids]) < len(
+            [t for t in forced if t not in self._end_ids]
+        ):
+            return True  # (an end token among them ends the answer complete)
+        length = self._closer.length(probe)
+        return length is None or len(forced) + length <= left
+
+    def _consume(self, token: int) -> bool:
+        """Advance the matcher past ``token`` if the grammar allows it (else leave it as it
+        was). An end token is allowed once the grammar accepts; llguidance takes it only
+        through ``consume_token``, which would leave the matcher broken on any refused one.
+        An id past the tokenizer's pieces (a padded output layer) is never allowed."""
+        matcher = self._matcher
+        if token >= self._vocab_size:
+            return False
+        if token in self._end_ids:
+            return matcher.is_accepting() and matcher.consume_token(token)
+        return matcher.try_consume_tokens([token]) == 1
+
+    def _fits(self, token: int, room: int) -> bool:
+        """Whether after ``token`` the structure can still close within ``room`` tokens (and
+        refresh the closing length every token this close to the end)."""
+        if token in self._end_ids or token >= self._vocab_size:
+            return True  # an end (if allowed) leaves the answer complete; the other is refused
+        probe = self._matcher.deep_copy()
+        if probe.try_consume_tokens([token]) != 1:
+            return True  # rejected anyway: the rejection path picks an allowed token
+        length = self._closer.length(probe)
+        if length is None:
+            return True  # no closing completion in sight: cut where it stands
+        self._closing_length = length
+        return length <= room
+
+    def _emit(
+        self, sink: TokenSink, token: int, logprob: Logprob, last: bool, consumed: bool = False
+    ) -> bool:
+        """Send one token to the worker (consuming it in the matcher unless done already)."""
+        if not consumed and not self._consume(token):
+            raise GrammarFailed(f"the grammar refused its own forced token {token}")
+        self._generated.append(token)
+        if self._since_refresh >= REFRESH_EVERY:
+            self._since_refresh = 0
+            self._closing_length = self._closer.length(self._matcher) or 0
+        step = self._step
+        self._step += 1
+        return sink(0, step, token, logprob, last or token in self._end_ids)
+
+    def _closing(self) -> list[int]:
+        return self._closer.closing(self._matcher) or []
+
+    def _replacement(self, logits: npt.NDArray[np.float64] | None) -> list[int]:
+        """The best allowed token for the rejected step, then what the grammar forces."""
+        allowed = allowed_mask(self._matcher, self._vocab_size)
+        sampling = self._sampling
+        if len(self._generated) < sampling.min_tokens:
+            allowed[[i for i in self._end_ids if i < len(allowed)]] = False
+        candidates = np.flatnonzero(allowed)
+        if not len(candidates):
+            raise GrammarFailed("the grammar allows no token here")
+        if logits is None:
+            choice = int(candidates[0])
+        else:
+            scores = apply_repetition_penalty(
+                logits[: self._vocab_size], self._generated, sampling.repetition_penalty
+            )[candidates]
+            if sampling.greedy:
+                choice = int(candidates[int(np.argmax(scores))])
+            else:
+                drawn = sample_token(
+                    scores, sampling.temperature, sampling.top_k, sampling.top_p, sampling.rng
+                )
+                choice = int(candidates[drawn])
+        probe = self._matcher.deep_copy()
+        probe.try_consume_tokens([choice])
+        return [choice, *probe.compute_ff_tokens()]
+
+
+def row_logits(step: Any) -> npt.NDArray[np.float64] | None:
+    """The step's logits for a batch of one, or None where CTranslate2 gave none."""
+    try:
+        return np.asarray(step.logits, dtype=np.float64).reshape(-1)
+    except (ValueError, TypeError):
+        return None
+
+
+def replay(matcher: llguidance.LLMatcher, ids: Sequence[int]) -> None:
+    """Move a fresh matcher past what a resumed job had already streamed."""
+    if ids and matcher.try_consume_tokens(list(ids)) != len(ids):
+        raise GrammarFailed("the text streamed before the resume does not match the grammar")
