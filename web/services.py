@@ -20,6 +20,7 @@ from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
 from web.admission_depth import AdmissionDepth
+from web.answer_budget import AnswerBudget
 from web.batch_pending import PendingBatchJobs
 from web.file_store import FileStore
 from web.hub import TokenHub
@@ -53,6 +54,7 @@ class Services:
     # Stopped with the Services (the batch sweeper's thread, web/batch_sweeper.py).
     on_close: list[Callable[[], None]] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
+    _budgets: dict[str, AnswerBudget] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
     _binary_redis: Any = None  # redis.Redis answering bytes, once files are used
     # ``threading.Lock`` looked up when a Services is built, not when this module is imported:
@@ -106,6 +108,14 @@ class Services:
                 spec = self.settings.model(model)
                 self._tokenizers[model] = Tokenizer.for_model(spec)
             return self._tokenizers[model]
+
+    def answer_budget(self, model: str) -> AnswerBudget:
+        """The model's grammar checks, built on first use (a constrained request's budget)."""
+        tokenizer = self.tokenizer(model)
+        with self._lock:
+            if model not in self._budgets:
+                self._budgets[model] = AnswerBudget(tokenizer)
+            return self._budgets[model]
 
     @property
     def responses(self) -> ResponseStore:

@@ -46,6 +46,8 @@ def prepare_job(
     """
     prompt_ids = tokenize_prompt(svc, model, prompt)
     check_prompt_length(len(prompt_ids), params, svc.settings, model)
+    if params.grammar is not None:
+        svc.answer_budget(model).check(params, model)
     return Job(
         id=new_job_id(shard),
         model=model,

@@ -167,6 +167,37 @@ def test_a_schema_over_the_byte_cap_is_a_400(app: Flask) -> None:
     assert error["param"] == "response_format.json_schema.schema" and "limit" in error["message"]
 
 
+def test_a_budget_below_the_shortest_answer_is_a_400_on_max_tokens(app: Flask) -> None:
+    long = {
+        "type": "object",
+        "properties": {"summary_of_the_answer": {"type": "string", "minLength": 40}},
+        "required": ["summary_of_the_answer"],
+    }
+    client = app.test_client()
+    for route, body in (
+        ("/v1/chat/completions", {"messages": ASK, "response_format": chat_format(long)}),
+        (
+            "/v1/messages",
+            {"messages": ASK, "tools": [MESSAGES_TOOL], "tool_choice": {"type": "any"}},
+        ),
+    ):
+        reply = client.post(route, json={**body, "max_tokens": 6})
+        assert reply.status_code == 400, reply.get_json()
+        error = reply.get_json()["error"]
+        assert "max_tokens" in error["message"] and "shortest answer" in error["message"]
+        assert route == "/v1/messages" or error["param"] == "max_tokens"
+    # The same with room for it: a job (in the queue of a model no worker serves).
+    fits = {"messages": ASK, "response_format": chat_format(long), "max_tokens": 200}
+    job, _ = submitted(
+        app,
+        "/v1/chat/completions",
+        fits,
+        ['{"summary_of_the_answer":"' + "x" * 40 + '"}'],
+        FinishReason.STOP,
+    )
+    assert job.params.max_tokens == 200
+
+
 def submitted(
     app: Flask, route: str, body: dict[str, Any], texts: list[str], reason: FinishReason
 ) -> tuple[Job, dict[str, Any]]:
@@ -217,7 +248,7 @@ def test_a_json_schema_answer_is_a_job_with_its_grammar(app: Flask) -> None:
 
 
 def test_a_required_call_is_parsed_into_tool_calls_on_chat(app: Flask) -> None:
-    body = {"messages": ASK, "tools": [CHAT_TOOL], "tool_choice": "required"}
+    body = {"messages": ASK, "tools": [CHAT_TOOL], "tool_choice": "required", "max_tokens": 200}
     job, answer = submitted(app, "/v1/chat/completions", body, [CALL], FinishReason.STOP)
     assert job.params.grammar is not None and "<tool_call>" in job.params.grammar
     choice = answer["choices"][0]
@@ -233,14 +264,19 @@ def test_a_required_call_is_parsed_into_tool_calls_on_chat(app: Flask) -> None:
 
 def test_a_forced_call_is_a_function_call_item_and_echoes_the_choice(app: Flask) -> None:
     choice = {"type": "function", "name": "get_weather"}
-    body = {"input": "x", "tools": [{**FLAT_TOOL, "strict": True}], "tool_choice": choice}
+    body = {
+        "input": "x",
+        "tools": [{**FLAT_TOOL, "strict": True}],
+        "tool_choice": choice,
+        "max_output_tokens": 200,
+    }
     job, answer = submitted(app, "/v1/responses", body, [CALL], FinishReason.STOP)
     assert job.params.grammar is not None
     (item,) = answer["output"]
     assert item["type"] == "function_call" and item["name"] == "get_weather"
     assert json.loads(item["arguments"]) == {"city": "Oslo"}
     assert answer["tool_choice"] == choice and answer["tools"][0]["strict"] is True
-    body = {"input": "x", "tools": [FLAT_TOOL], "tool_choice": "required"}
+    body = {**body, "tool_choice": "required"}
     _, answer = submitted(app, "/v1/responses", body, [CALL], FinishReason.STOP)
     assert answer["tool_choice"] == "required"
 
@@ -248,7 +284,7 @@ def test_a_forced_call_is_a_function_call_item_and_echoes_the_choice(app: Flask)
 def test_anthropic_any_and_a_named_tool_are_tool_use_blocks(app: Flask) -> None:
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
         body = {
-            "max_tokens": 16,
+            "max_tokens": 200,
             "messages": ASK,
             "tools": [MESSAGES_TOOL],
             "tool_choice": {**choice, "disable_parallel_tool_use": True},
