@@ -141,6 +141,17 @@ def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
             "tools[0].input_schema",
             "'uniqueItems'",
         ),
+        (
+            "/v1/messages",
+            {
+                "max_tokens": 200,
+                "messages": [*ASK, {"role": "assistant", "content": "Let me"}],
+                "tools": [MESSAGES_TOOL],
+                "tool_choice": {"type": "any"},
+            },
+            "messages[1].content",
+            "forced tool call",
+        ),
     ],
 )
 def test_what_cannot_be_enforced_is_a_400_naming_field_and_keyword(

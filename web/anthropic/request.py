@@ -98,6 +98,13 @@ def prompt_of(
     if turns[-1].role != "assistant":
         return chat_prompt([*head, *turns], settings, model, tools=tools)
     prefill = turns.pop()
+    if prefill.content and tools is not None and tools.grammar is not None:
+        last = len(req.messages) - 1
+        raise invalid(
+            f"messages[{last}].content",
+            "a forced tool call (tool_choice 'any' or 'tool') is the whole answer: it cannot "
+            "continue a final assistant turn's text",
+        )
     if prefill.tool_calls:
         last = len(req.messages) - 1
         raise invalid(
