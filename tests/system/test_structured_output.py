@@ -155,3 +155,57 @@ def test_langchain_structured_output_and_bound_tools(stack_url: str) -> None:
     calls = getattr(message, "tool_calls", [])
     assert calls and calls[0]["name"] == "get_weather"
     assert calls[0]["args"]["city"] in ("Paris", "Oslo")
+
+
+def test_a_streamed_forced_call_is_the_stored_call(client: openai.OpenAI, stack_url: str) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="demo",
+            messages=ASK,  # type: ignore[arg-type]
+            max_tokens=MAX_TOKENS,
+            tools=[WEATHER_TOOL],  # type: ignore[list-item]
+            tool_choice="required",
+            parallel_tool_calls=False,
+            stream=True,
+        )
+    )
+    names = [
+        call.function.name
+        for c in chunks
+        if c.choices
+        for call in c.choices[0].delta.tool_calls or ()
+        if call.function is not None and call.function.name
+    ]
+    arguments = "".join(
+        call.function.arguments or ""
+        for c in chunks
+        if c.choices
+        for call in c.choices[0].delta.tool_calls or ()
+        if call.function is not None
+    )
+    assert names == ["get_weather"]
+    jsonschema.validate(json.loads(arguments), WEATHER_TOOL["function"]["parameters"])
+    output = get_job(stack_url, chunks[0].id)["output"]
+    assert json.loads(output.removeprefix("<tool_call>").split("</tool_call>")[0]) == {
+        "name": "get_weather",
+        "arguments": json.loads(arguments),
+    }
+
+
+def test_anthropic_any_is_a_tool_use_block_that_validates(stack_url: str) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=stack_url, api_key="not-needed", max_retries=0)
+    tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        message = client.messages.create(
+            model="demo",
+            max_tokens=MAX_TOKENS,
+            messages=[{"role": "user", "content": "Weather?"}],
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={**choice, "disable_parallel_tool_use": True},  # type: ignore[typeddict-item]
+        )
+        (block,) = message.content
+        assert block.type == "tool_use" and block.name == "get_weather"
+        jsonschema.validate(block.input, tool["input_schema"])
+        assert message.stop_reason in ("tool_use", "max_tokens")
