@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # a TypedDict of the type stubs only
 # KiB on one core), and the web tier compiles on the request's thread.
 MAX_SCHEMA_BYTES = 32 * 1024
 CACHE_SIZE = 256
+# Deeper schemas are refused unread (llguidance's own parser stops near 100 levels).
+MAX_SCHEMA_DEPTH = 64
 
 # No whitespace at all between JSON tokens; lenient off so that unknown keywords are errors.
 COMPACT: JsonCompileOptions = {
@@ -101,6 +103,10 @@ def schema_text(schema: object, field: str) -> str:
         raise GrammarError(
             field, "x-guidance", f"{field}: keyword 'x-guidance' is not accepted (engine options)"
         )
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise GrammarError(
+            field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
+        )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     size = len(text.encode())
     if size > MAX_SCHEMA_BYTES:
@@ -110,6 +116,25 @@ def schema_text(schema: object, field: str) -> str:
             f"{field} is {size} bytes as compact JSON; the limit is {MAX_SCHEMA_BYTES}",
         )
     return text
+
+
+def _depth(value: object) -> int:
+    """How deep objects and arrays nest in ``value``, counted without recursion (a body can
+    nest deeper than Python's stack allows a recursive walk, or ``json.dumps``)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_SCHEMA_DEPTH:
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 @lru_cache(maxsize=CACHE_SIZE)

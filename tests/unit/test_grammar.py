@@ -144,6 +144,19 @@ def test_a_schema_that_is_no_object_or_too_large_is_refused() -> None:
     assert raised.value.field == FIELD
 
 
+def test_a_schema_nested_too_deep_is_refused_before_it_is_read() -> None:
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(5000):  # deeper than json.dumps or a recursive walk could go
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(GrammarError, match="nests deeper than") as raised:
+        json_schema_grammar(schema, FIELD)
+    assert raised.value.field == FIELD
+    shallow: dict[str, Any] = {"type": "integer"}
+    for _ in range(20):
+        shallow = {"type": "array", "items": shallow}
+    json_schema_grammar(shallow, FIELD)
+
+
 def test_a_small_schema_whose_grammar_explodes_hits_the_limits() -> None:
     # allOf over anyOfs is compiled as their product: 8**6 branches from 4 KiB of JSON.
     schema = {
