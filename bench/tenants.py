@@ -61,7 +61,7 @@ max_queued_jobs = 100000
 {tenants}
 [models.demo]
 path = "{DEFAULT_MODEL_DIR}"
-tenant_reserve_lane = {str(reserve_lane).lower()}
+tuning.tenant_reserve_lane = {str(reserve_lane).lower()}
 {model_extra}"""
     )
 

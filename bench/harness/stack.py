@@ -60,7 +60,7 @@ inter_threads = {params.inter_threads}
 intra_threads = {params.intra_threads}
 max_context_tokens = {ceiling + 512}
 max_batch_size = {batch_size}
-max_batch_wait_ms = {params.max_batch_wait_ms}
+tuning.max_batch_wait_ms = {params.max_batch_wait_ms}
 """
 
     path.write_text(
