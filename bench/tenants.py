@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -27,11 +26,12 @@ from typing import Any
 import redis
 import requests
 
-from bench.harness.stack import BIN, HOST, stop_process
+from bench.harness.stack import HOST
 from bench.harness.stats import percentile, ratio
+from ops import stack
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
-from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT
+from trickle.config.settings import DEFAULT_MODEL_DIR
 
 KEY_A, KEY_B = "bench-flood-key", "bench-trickle-key"
 FINAL = ("succeeded", "failed", "canceled")
@@ -86,40 +86,16 @@ class TenantStack:
         self.redis = start_redis(self.redis_port, work_dir / "redis", append_only=False)
         self.client = redis.Redis.from_url(self.redis_url, decode_responses=True)
         self.processes: list[subprocess.Popen[bytes]] = []
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
-        env.update({"TRICKLE_CONFIG": str(self.config), "PYTHONUNBUFFERED": "1"})
-        self._start(
-            [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf", "web:create_app()"],
-            {**env, "TRICKLE_PORT": str(self.web_port)},
-            "web",
-        )
-        for n in range(workers):
-            self._start(
-                [str(BIN / "celery"), "-A", "worker.app", "worker", "--loglevel", "WARNING",
-                 "--hostname", f"tenants-{n}@%h", "--without-gossip", "--without-mingle"],
-                env, f"worker-{n}",
-            )  # fmt: skip
-        self._wait(workers)
-
-    def _start(self, argv: list[str], env: dict[str, str], name: str) -> None:
-        with (self.work_dir / f"{name}.log").open("ab") as log:
-            self.processes.append(
-                subprocess.Popen(
-                    argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
-                )
-            )
-
-    def _wait(self, workers: int) -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                up = requests.get(f"{self.base}/healthz", timeout=1).status_code == 200
-            except requests.RequestException:
-                up = False
-            if up and self.client.zcard(keys.model_workers("demo")) >= workers:
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"stack never came up; see {self.work_dir}")
+        env = stack.child_env(self.config)
+        try:
+            self.processes.append(stack.start_web(env, self.web_port, work_dir / "web.log"))
+            for n in range(workers):
+                log = work_dir / f"worker-{n}.log"
+                worker = stack.start_worker(env, self.redis_url, f"tenants-{n}", ("demo",), log)
+                self.processes.append(worker)
+        except (RuntimeError, TimeoutError):
+            self.close()
+            raise
 
     @property
     def base(self) -> str:
@@ -127,7 +103,7 @@ class TenantStack:
 
     def close(self) -> None:
         for process in reversed(self.processes):
-            stop_process(process)
+            stack.stop(process)
         self.client.close()
         stop_redis(self.redis)
 

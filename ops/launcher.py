@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from honcho.environ import parse_procfile
-
 from ops.preload import ForkedProcess, expand, forkable, preload
+from ops.stack import procfile_commands, spawn
 from ops.supervisor import Child, Process, RespawnPolicy, Supervisor
 from trickle.config.settings import PROJECT_ROOT, Settings, load_settings
 
@@ -51,7 +50,7 @@ class ProcfileLauncher:
     def __init__(
         self, procfile: Path, env: dict[str, str], supervisor: Supervisor, fork: bool = False
     ) -> None:
-        self.commands = dict(parse_procfile(procfile.read_text()).processes)
+        self.commands = procfile_commands(procfile)
         self.env = env
         self.supervisor = supervisor
         self.fork = fork
@@ -79,15 +78,9 @@ class ProcfileLauncher:
             )
 
         def launch() -> Process:
-            return subprocess.Popen(
-                ["/bin/sh", "-c", f"exec {command}"],
-                env=env,
-                cwd=PROJECT_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a group of its own: signalled and cleaned up whole
-                preexec_fn=die_with_parent,
-            )
+            # A group of its own: signalled and cleaned up whole; output to the supervisor.
+            argv = ["/bin/sh", "-c", f"exec {command}"]
+            return spawn(argv, env, subprocess.PIPE, new_session=True, preexec_fn=die_with_parent)
 
         return self.supervisor.add(Child(name, kind, launch, port=port))
 

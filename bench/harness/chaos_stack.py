@@ -9,22 +9,16 @@ once, as a container or a cgroup-wide kill would.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import redis
-
-from bench.harness.httpio import probe
 from bench.harness.log import progress
 from bench.harness.models import PreparedModel
-from bench.harness.stack import BIN, HOST, stop_process
+from bench.harness.stack import HOST
+from ops import stack
 from ops.redis_server import free_port, start_redis, stop_redis
-from trickle import keys
-from trickle.config.settings import PROJECT_ROOT
 
 READY_SECONDS = 120.0
 
@@ -100,31 +94,16 @@ class ChaosStack:
         time.sleep(down_seconds)
         self.start_redis()
 
-    def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
-        env.update({"TRICKLE_CONFIG": str(self.config_path), "PYTHONUNBUFFERED": "1", **extra})
-        return env
-
-    def _spawn(self, name: str, argv: list[str], extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _log(self, name: str) -> Path:
+        """A log file per start of a part (``web-2.log``: the web tier's second start)."""
         self._starts[name] = self._starts.get(name, 0) + 1
-        log_path = self.log_dir / f"{name}-{self._starts[name]}.log"
-        with log_path.open("ab") as log:
-            return subprocess.Popen(
-                argv, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env(extra), start_new_session=True,
-            )  # fmt: skip
+        return self.log_dir / f"{name}-{self._starts[name]}.log"
 
     def start_web(self) -> None:
-        """gunicorn as the Procfile runs it, on the port the clients know."""
-        argv = [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf", "web:create_app()"]
-        self._web = self._spawn("web", argv, {"TRICKLE_PORT": str(self.web_port)})
-        deadline = time.monotonic() + READY_SECONDS
-        while probe(HOST, self.web_port, "/healthz", timeout=1.0)[0] != 200:
-            if self._web.poll() is not None:
-                raise RuntimeError(f"web server exited; see {self.log_dir}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"web server never answered; see {self.log_dir}")
-            time.sleep(0.1)
+        """gunicorn as the Procfile runs it, on the port the clients know, in a process group
+        of its own (a kill takes the master and its worker at once)."""
+        env = stack.child_env(self.config_path)
+        self._web = stack.start_web(env, self.web_port, self._log("web"), True, READY_SECONDS)
 
     def kill_web(self) -> None:
         assert self._web is not None
@@ -134,24 +113,11 @@ class ChaosStack:
     def start_worker(self, name: str) -> None:
         """A Celery worker serving the model; returns once it heartbeats (Redis may be down
         for a moment, as a kill of it can overlap a restart)."""
-        argv = [
-            str(BIN / "celery"), "-A", "worker.app", "worker", "--loglevel", "INFO",
-            "--hostname", f"{name}@%h", "--without-gossip", "--without-mingle",
-        ]  # fmt: skip
-        process = self._spawn(name, argv, {"TRICKLE_MODELS": self.model.key})
-        self._workers[name] = process
-        deadline = time.monotonic() + READY_SECONDS
-        with redis.Redis.from_url(self.redis_url, decode_responses=True) as client:
-            while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"worker {name} exited; see {self.log_dir}")
-                with contextlib.suppress(redis.RedisError):
-                    members = client.zrange(keys.model_workers(self.model.key), 0, -1)
-                    if any(str(member).startswith(name + "@") for member in members):
-                        return
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"worker {name} never became ready; see {self.log_dir}")
-                time.sleep(0.1)
+        env = stack.child_env(self.config_path)
+        models = (self.model.key,)
+        self._workers[name] = stack.start_worker(
+            env, self.redis_url, name, models, self._log(name), True, READY_SECONDS
+        )
 
     def kill_worker(self, name: str) -> None:
         """SIGKILL the worker and its engine mid-job; a supervisor starts it again."""
@@ -159,12 +125,9 @@ class ChaosStack:
         self.start_worker(name)
 
     def _kill_group(self, process: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)
+        stack.kill_group(process)
         progress(f"killed pid {process.pid} and its group")
 
     def _stop_group(self, process: subprocess.Popen[bytes]) -> None:
-        stop_process(process)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # anything the leader left behind
+        stack.stop(process)
+        stack.kill_group(process)  # anything the leader left behind
