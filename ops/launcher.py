@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -130,7 +131,9 @@ def run_stack(
         supervisor.log(f"embedded Redis on 127.0.0.1:{redis_child.port} (AOF on)")
         supervisor.add(redis_child)
         env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{redis_child.port}/0"
-        settings = load_settings(environ=env)
+        # Not loaded again: a second load would repeat its warnings (old key names).
+        redis_settings = dataclasses.replace(settings.redis, url=env["TRICKLE_REDIS_URL"])
+        settings = dataclasses.replace(settings, redis=redis_settings)
     if settings.broker.url:
         from kombu.utils.url import maybe_sanitize_url
 
