@@ -26,6 +26,7 @@ import redis
 from honcho.environ import parse_procfile
 
 from ops.preload import expand
+from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
 from trickle.config.sections import RedisSettings
 from trickle.config.settings import PROJECT_ROOT
@@ -155,3 +156,97 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait(10)
+
+
+class LocalStack:
+    """Redis, one web tier and named workers on one config file, each started, stopped or
+    killed on its own and restarted at the same address, as a supervisor restarts them: the
+    stack that fault tests and chaos benchmarks break on purpose.
+
+    ``config`` turns the Redis URL into the file's text. ``append_only`` and ``redis_args``
+    apply at every start of Redis (which starts here). ``own_groups`` runs the web tier and
+    each worker in a process group of its own, so that a kill takes the whole tree (gunicorn's
+    workers, a worker's engine process) at once, as a container's end would. Each part logs
+    to ``<log_dir>/<name>.log``, its restarts appended.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        config: Callable[[str], str],
+        append_only: bool = False,
+        redis_args: tuple[str, ...] = (),
+        own_groups: bool = False,
+        config_name: str = "trickle.toml",
+    ) -> None:
+        self.log_dir = root / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.redis_dir = root / "redis"
+        self.redis_port, self.web_port = free_port(), free_port()
+        self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
+        self.web_url = f"http://127.0.0.1:{self.web_port}"
+        self.config_path = root / config_name
+        self.config_path.write_text(config(self.redis_url))
+        self.redis_args, self.own_groups = redis_args, own_groups
+        self.web_process: subprocess.Popen[bytes] | None = None
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.redis_process = start_redis(
+            self.redis_port, self.redis_dir, append_only=append_only, extra_args=redis_args
+        )
+
+    def start_redis(self, append_only: bool) -> None:
+        """Redis again, on its port, from its files (its append-only file with ``append_only``)."""
+        self.redis_process = start_redis(
+            self.redis_port, self.redis_dir, append_only=append_only, extra_args=self.redis_args
+        )
+
+    def stop_redis(self) -> None:
+        stop_redis(self.redis_process)
+
+    def start_web(self, env: Mapping[str, str] | None = None, timeout: float = 60) -> None:
+        log = self.log_dir / "web.log"
+        env = child_env(self.config_path, env)
+        self.web_process = start_web(env, self.web_port, log, self.own_groups, timeout)
+
+    def start_worker(
+        self,
+        name: str,
+        models: tuple[str, ...],
+        env: Mapping[str, str] | None = None,
+        timeout: float = 90,
+    ) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"{name}.log"
+        full_env = child_env(self.config_path, env)
+        process = start_worker(
+            full_env, self.redis_url, name, models, log, self.own_groups, timeout
+        )
+        self.workers.append(process)
+        return process
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a part (its whole group with ``own_groups``) and reap it."""
+        if self.own_groups:
+            kill_group(process)
+        else:
+            process.kill()
+            process.wait(10)
+
+    def stop_workers(self) -> None:
+        for process in self.workers:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)  # one a test stopped must see SIGTERM
+            self._stop(process)
+        self.workers = []
+
+    def close(self) -> None:
+        """Stop everything, workers first; safe to call more than once."""
+        self.stop_workers()
+        if self.web_process is not None:
+            self._stop(self.web_process)
+            self.web_process = None
+        stop_redis(self.redis_process)
+
+    def _stop(self, process: subprocess.Popen[bytes]) -> None:
+        stop(process)
+        if self.own_groups:
+            kill_group(process)  # anything the leader left behind

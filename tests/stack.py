@@ -10,7 +10,10 @@ from subprocess import Popen
 from ops import stack
 from ops.stack import child_env, stop
 
-__all__ = ["child_env", "start_web", "start_worker", "stop"]
+__all__ = ["ACCESS_LOG", "child_env", "start_web", "start_worker", "stop"]
+
+# gunicorn's access log, as an operator would turn it on: tests read its status lines.
+ACCESS_LOG = {"GUNICORN_CMD_ARGS": "--access-logfile -"}
 
 
 def start_worker(
@@ -34,6 +37,5 @@ def start_web(
     name: str = "web",
 ) -> Popen[bytes]:
     """gunicorn with the gevent worker, exactly as the Procfile runs it."""
-    # With gunicorn's access log, as an operator would turn it on: tests read its status lines.
-    env = child_env(config_path, {"GUNICORN_CMD_ARGS": "--access-logfile -", **(extra_env or {})})
+    env = child_env(config_path, {**ACCESS_LOG, **(extra_env or {})})
     return stack.start_web(env, port, log_dir / f"{name}.log")
