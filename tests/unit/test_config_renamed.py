@@ -72,8 +72,9 @@ def test_old_environment_names_still_override(
 ) -> None:
     path = tmp_path / "new.toml"
     path.write_text(
-        '[tuning]\npublish_interval_ms = 5.0\n[models.demo]\npath = "m"\n'
-        "tuning.overflow_lanes = 2\n"
+        "[tuning]\npublish_interval_ms = 5.0\ngil_switch_interval_ms = 1.5\n"
+        '[models.demo]\npath = "m"\n'
+        "tuning.overflow_lanes = 2\ntuning.engine_niceness = 7\n"
     )
     env = {
         "TRICKLE__WORKER__PUBLISH_INTERVAL_MS": "11",
@@ -85,6 +86,9 @@ def test_old_environment_names_still_override(
     assert settings.tuning.publish_interval_ms == 11.0  # the environment still wins the file
     assert settings.tuning.stream_flush_interval_ms == 3.0
     assert settings.models["demo"].tuning.overflow_lanes == 1
+    # Their neighbours in the file's tables are kept.
+    assert settings.tuning.gil_switch_interval_ms == 1.5
+    assert settings.models["demo"].tuning.engine_niceness == 7
     assert sorted(warnings_of(caplog)) == [
         "config: TRICKLE__WEB__STREAM_FLUSH_INTERVAL_MS is deprecated and will be removed; "
         "set TRICKLE__TUNING__STREAM_FLUSH_INTERVAL_MS instead",
