@@ -44,10 +44,9 @@ def move_file_keys(raw: dict[str, Any]) -> list[tuple[str, str]]:
             tuning = raw.setdefault("tuning", {})
             moved.append(_move(table, key, tuning, f"{section}.{key}", f"tuning.{key}"))
     models = raw.get("models")
-    for name, table in (models or {}).items() if isinstance(models, dict) else ():
-        if not isinstance(table, dict):
-            continue
-        for key in sorted(MODEL_KNOBS & table.keys()):
+    tables = models.items() if isinstance(models, dict) else ()
+    for name, table in tables:
+        for key in sorted(MODEL_KNOBS & table.keys()) if isinstance(table, dict) else ():
             tuning = table.setdefault("tuning", {})
             old, new = f"models.{name}.{key}", f"models.{name}.tuning.{key}"
             moved.append(_move(table, key, tuning, old, new))
