@@ -39,8 +39,9 @@ from bench.harness.params import RunParams
 from bench.load import engine_burst
 from bench.scheduler_burst import claimed_job
 from ops.redis_server import free_port, start_redis, stop_redis
-from trickle.config.sections import ModelSettings, WorkerSettings
+from trickle.config.sections import ModelSettings
 from trickle.config.settings import PROJECT_ROOT
+from trickle.config.tuning import ModelTuning, TuningSettings
 from trickle.store.job_store import JobStore
 from worker.engine import Engine
 from worker.engine.scheduler import BatchScheduler
@@ -170,10 +171,11 @@ def main(argv: list[str] | None = None) -> int:
             knobs["overflow_lanes"] = args.overflow_lanes
         if args.wait_ratio is not None:
             knobs["rebatch_wait_ratio"] = args.wait_ratio
-        engine = Engine(ModelSettings(model.key, str(model.path), device="cpu", **knobs))
+        tuning = ModelTuning(**knobs)
+        engine = Engine(ModelSettings(model.key, str(model.path), device="cpu", tuning=tuning))
         store = JobStore(client, 600, 600)
         publisher = TokenPublisher.paced_as(
-            WorkerSettings(), store, lambda _job_id: None, lambda _job_id: None
+            TuningSettings(), store, lambda _job_id: None, lambda _job_id: None
         )
         times = TokenTimes(publisher.publish_step)
         scheduler = BatchScheduler.for_engine(engine, times.publish_step)

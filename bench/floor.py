@@ -36,9 +36,10 @@ from typing import Any
 from bench.harness import models
 from bench.harness.log import progress
 from bench.harness.params import RunParams
-from bench.harness.stack import BIN, HOST, Stack, child_pids, cpu_of, process_groups
+from bench.harness.stack import HOST, Stack, child_pids, cpu_of, process_groups
 from bench.request_cost import PROMPT, follow_stream, post_job
 from ops.redis_server import free_port, start_redis, stop_redis
+from ops.stack import BIN
 from trickle.config.settings import PROJECT_ROOT
 
 Groups = dict[str, list[int]]

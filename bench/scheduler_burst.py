@@ -32,8 +32,9 @@ from bench.harness.log import progress
 from bench.harness.params import RunParams
 from bench.load import engine_burst
 from ops.redis_server import free_port, start_redis, stop_redis
-from trickle.config.sections import ModelSettings, WorkerSettings
+from trickle.config.sections import ModelSettings
 from trickle.config.settings import PROJECT_ROOT
+from trickle.config.tuning import TuningSettings
 from trickle.jobs import GenerationParams, Job, new_job_id
 from trickle.store.job_store import JobStore
 from worker.engine import Engine
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         store = JobStore(client, 600, 600)
         # Paced as a worker paces its flushes by default.
         publisher = TokenPublisher.paced_as(
-            WorkerSettings(), store, lambda _job_id: None, lambda _job_id: None
+            TuningSettings(), store, lambda _job_id: None, lambda _job_id: None
         )
         scheduler = BatchScheduler.for_engine(engine, publisher.publish_step)
         try:

@@ -3,7 +3,7 @@
 A real stack (bench.tenants' TenantStack, one worker, the demo model) with two plain keys that
 both flood: key A sends long jobs (``--long`` tokens), key B short ones (``--short``). Printed:
 the tokens each key was served over the same ``--seconds`` window once both backlogs are
-queued, and B's share of them. With ``--turns`` (``worker.share_lag_tokens = 0``) keys only
+queued, and B's share of them. With ``--turns`` (``tuning.share_lag_tokens = 0``) keys only
 take turns by jobs, and A's long jobs take the engine; with the token counters (the default)
 each key gets about half (worker/vtc.py).
 """
@@ -40,7 +40,7 @@ def served(client: redis.Redis, job_ids: list[str]) -> int:
 
 
 def run(seconds: float, long: int, short: int, turns: bool, batch: int) -> dict[str, Any]:
-    extra = "[worker]\nshare_lag_tokens = 0\n" if turns else ""
+    extra = "[tuning]\nshare_lag_tokens = 0\n" if turns else ""
     model_extra = f"max_batch_size = {batch}\n" if batch else ""
     # Enough of each to stay queued through the window whichever key gets the engine.
     long_jobs, short_jobs = int(seconds * 1000 / long), int(seconds * 1000 / short)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--long", type=int, default=256)
     parser.add_argument("--short", type=int, default=32)
-    parser.add_argument("--turns", action="store_true", help="worker.share_lag_tokens = 0")
+    parser.add_argument("--turns", action="store_true", help="tuning.share_lag_tokens = 0")
     parser.add_argument("--batch", type=int, default=0, help="max_batch_size (0: the default)")
     args = parser.parse_args(argv)
     report = run(args.seconds, args.long, args.short, args.turns, args.batch)

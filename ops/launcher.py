@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,9 +19,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from honcho.environ import parse_procfile
-
 from ops.preload import ForkedProcess, expand, forkable, preload
+from ops.stack import procfile_commands, spawn
 from ops.supervisor import Child, Process, RespawnPolicy, Supervisor
 from trickle.config.settings import PROJECT_ROOT, Settings, load_settings
 
@@ -51,7 +51,7 @@ class ProcfileLauncher:
     def __init__(
         self, procfile: Path, env: dict[str, str], supervisor: Supervisor, fork: bool = False
     ) -> None:
-        self.commands = dict(parse_procfile(procfile.read_text()).processes)
+        self.commands = procfile_commands(procfile)
         self.env = env
         self.supervisor = supervisor
         self.fork = fork
@@ -79,15 +79,9 @@ class ProcfileLauncher:
             )
 
         def launch() -> Process:
-            return subprocess.Popen(
-                ["/bin/sh", "-c", f"exec {command}"],
-                env=env,
-                cwd=PROJECT_ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a group of its own: signalled and cleaned up whole
-                preexec_fn=die_with_parent,
-            )
+            # A group of its own: signalled and cleaned up whole; output to the supervisor.
+            argv = ["/bin/sh", "-c", f"exec {command}"]
+            return spawn(argv, env, subprocess.PIPE, new_session=True, preexec_fn=die_with_parent)
 
         return self.supervisor.add(Child(name, kind, launch, port=port))
 
@@ -137,7 +131,9 @@ def run_stack(
         supervisor.log(f"embedded Redis on 127.0.0.1:{redis_child.port} (AOF on)")
         supervisor.add(redis_child)
         env["TRICKLE_REDIS_URL"] = f"redis://127.0.0.1:{redis_child.port}/0"
-        settings = load_settings(environ=env)
+        # Not loaded again: a second load would repeat its warnings (old key names).
+        redis_settings = dataclasses.replace(settings.redis, url=env["TRICKLE_REDIS_URL"])
+        settings = dataclasses.replace(settings, redis=redis_settings)
     if settings.broker.url:
         from kombu.utils.url import maybe_sanitize_url
 

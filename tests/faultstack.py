@@ -2,68 +2,27 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from ops.redis_server import free_port, start_redis, stop_redis
-from tests import stack
+from ops.stack import LocalStack
 from tests.clients import get_job
+from tests.stack import ACCESS_LOG
 
 
-@dataclass
-class FaultStack:
-    config_path: Path
-    redis_port: int
-    redis_dir: Path
-    log_dir: Path
-    redis_process: subprocess.Popen[bytes]
-    web_url: str = ""
-    web_process: subprocess.Popen[bytes] | None = None
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    redis_args: tuple[str, ...] = ()  # given to redis-server at every start
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+class FaultStack(LocalStack):
+    """``ops.stack.LocalStack`` with the names the fault tests use."""
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.redis_url, decode_responses=True)
 
     def worker(self, name: str, models: tuple[str, ...], **env: str) -> subprocess.Popen[bytes]:
-        process = stack.start_worker(
-            self.config_path, self.redis_url, name, self.log_dir, models=models, extra_env=env
-        )
-        self.workers.append(process)
-        return process
-
-    def stop_redis(self) -> None:
-        stop_redis(self.redis_process)
-
-    def start_redis(self, append_only: bool) -> None:
-        self.redis_process = start_redis(
-            self.redis_port, self.redis_dir, append_only=append_only, extra_args=self.redis_args
-        )
-
-    def stop_workers(self) -> None:
-        for process in self.workers:
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGCONT)
-            stack.stop(process)
-        self.workers = []
-
-    def close(self) -> None:
-        self.stop_workers()
-        if self.web_process is not None:
-            stack.stop(self.web_process)
-        stop_redis(self.redis_process)
+        return self.start_worker(name, models, env)
 
 
 def build_fault_stack(
@@ -74,24 +33,19 @@ def build_fault_stack(
     redis_args: tuple[str, ...] = (),
     web_env: Mapping[str, str] | None = None,
 ) -> FaultStack:
-    port = free_port()
-    redis_dir = root / "redis"
-    process = start_redis(port, redis_dir, append_only=append_only, extra_args=redis_args)
-    config = root / "faults.toml"
-    config.write_text(
-        f'default_model = "demo"\n[redis]\nurl = "redis://127.0.0.1:{port}/0"\n'
-        f"{settings_toml}\n{models_toml}\n"
-    )
-    log_dir = root / "logs"
-    log_dir.mkdir()
-    faults = FaultStack(config, port, redis_dir, log_dir, process, redis_args=redis_args)
-    web_port = free_port()
+    """Redis and a web tier on ``settings_toml`` and ``models_toml``; workers come from each
+    test (``FaultStack.worker``)."""
+
+    def config(redis_url: str) -> str:
+        head = f'default_model = "demo"\n[redis]\nurl = "{redis_url}"\n'
+        return f"{head}{settings_toml}\n{models_toml}\n"
+
+    faults = FaultStack(root, config, append_only, redis_args, config_name="faults.toml")
     try:
-        faults.web_process = stack.start_web(config, web_port, log_dir, extra_env=web_env)
+        faults.start_web({**ACCESS_LOG, **(web_env or {})})
     except Exception:
-        stop_redis(process)
+        faults.close()
         raise
-    faults.web_url = f"http://127.0.0.1:{web_port}"
     return faults
 
 

@@ -10,11 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import requests
-
 from ops.redis_server import free_port
-from tests.stack import child_env
-from trickle.config.settings import PROJECT_ROOT
+from ops.stack import answers, child_env, spawn, wait_until
 
 TRICKLE = str(Path(sys.executable).parent / "trickle")
 
@@ -69,29 +66,17 @@ def start_up(
         f"[web]\nport = {web_port}\nkeepalive_seconds = 1.0\n{config_body}"
     )
     log_path = root / "up.log"
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [TRICKLE, "up", "--data-dir", str(root / "data"), *args],
-            cwd=PROJECT_ROOT,
-            env=child_env(config, env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    argv = [TRICKLE, "up", "--data-dir", str(root / "data"), *args]
+    process = spawn(argv, child_env(config, env), log_path)
     up = UpStack(
         process, log_path, f"http://127.0.0.1:{web_port}", f"redis://127.0.0.1:{redis_port}/0"
     )
-    deadline = time.monotonic() + 90
-    while True:
-        assert process.poll() is None, f"trickle up exited:\n{up.log()[-3000:]}"
-        try:
-            if requests.get(f"{up.base}/readyz", timeout=5).status_code == 200:
-                return up
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            up.stop()
-            raise TimeoutError(f"trickle up never served:\n{up.log()[-3000:]}")
-        time.sleep(0.1)
+    try:
+        wait_until(lambda: answers(f"{up.base}/readyz"), process, 90, "trickle up")
+    except (RuntimeError, TimeoutError) as exc:
+        up.stop()
+        raise AssertionError(f"{exc}:\n{up.log()[-3000:]}") from None
+    return up
 
 
 def alive(pid: int) -> bool:

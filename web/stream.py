@@ -40,7 +40,7 @@ STREAM_WRITES_PER_SECOND = 20_000
 
 
 def stream_pace(svc: Services) -> Callable[[], float]:
-    floor = svc.settings.web.stream_flush_interval_ms / 1000
+    floor = svc.settings.tuning.stream_flush_interval_ms / 1000
 
     def pace() -> float:
         return max(floor, svc.hub.active_subscriptions / STREAM_WRITES_PER_SECOND)

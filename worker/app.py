@@ -93,7 +93,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
             caps = KeyCaps(runtime.redis, tenants, entry_seconds)
         lane_slots, reserve_slots = lane_and_reserve_slots(settings)
         shares = None
-        if settings.shares_slots and settings.worker.share_lag_tokens > 0:
+        if settings.shares_slots and settings.tuning.share_lag_tokens > 0:
             served = settings.served_models()
             own = tenant_queues(producer)
 
@@ -107,7 +107,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
                     return False
 
             shares = TokenShares(
-                VirtualTokenCounter(settings.worker.share_lag_tokens, tenants.weight), backlog
+                VirtualTokenCounter(settings.tuning.share_lag_tokens, tenants.weight), backlog
             )
         self.dispatcher = JobDispatcher(
             runtime.run_job,
@@ -161,8 +161,8 @@ def lane_and_reserve_slots(settings: Settings) -> tuple[int, int]:
 def create_worker_app(settings: Settings) -> Celery:
     """The worker's Celery app: the queues of the models ``settings`` serves, the tasks, and
     the ``TrickleWorker`` bootstep, which reads ``settings`` from the app."""
-    if settings.worker.gil_switch_interval_ms > 0:
-        sys.setswitchinterval(settings.worker.gil_switch_interval_ms / 1000.0)
+    if settings.tuning.gil_switch_interval_ms > 0:
+        sys.setswitchinterval(settings.tuning.gil_switch_interval_ms / 1000.0)
     logging.basicConfig(level=logging.INFO)
     served = settings.served_models()
     app = make_celery(settings, served)

@@ -42,7 +42,7 @@ from worker.kept_tokens import KeptTokens
 from worker.publish_items import FinishItem, Forget, Item, Recheck, StepItem, TokenItem
 
 if TYPE_CHECKING:
-    from trickle.config.sections import WorkerSettings
+    from trickle.config.tuning import TuningSettings
 
 log = logging.getLogger(__name__)
 
@@ -88,22 +88,22 @@ class TokenPublisher:
     @classmethod
     def paced_as(
         cls,
-        worker: WorkerSettings,
+        tuning: TuningSettings,
         store: JobStore,
         on_cancel_requested: Callable[[str], None],
         on_lease_lost: Callable[[str], None],
         on_first_published: Callable[[str, float], None] | None = None,
     ) -> TokenPublisher:
-        """A publisher paced as ``worker`` configures its flushes: what a worker runs (and
+        """A publisher paced as ``tuning`` configures its flushes: what a worker runs (and
         what ``bench.scheduler_burst`` measures without the rest of the worker)."""
         return cls(
             store,
             on_cancel_requested,
             on_lease_lost,
             on_first_published,
-            flush_interval_seconds=worker.publish_interval_ms / 1000.0,
-            max_interval_seconds=worker.publish_max_interval_ms / 1000.0,
-            max_messages_per_second=worker.publish_max_messages_per_second,
+            flush_interval_seconds=tuning.publish_interval_ms / 1000.0,
+            max_interval_seconds=tuning.publish_max_interval_ms / 1000.0,
+            max_messages_per_second=tuning.publish_max_messages_per_second,
         )
 
     @property

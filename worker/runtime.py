@@ -82,7 +82,7 @@ class WorkerRuntime:
         self.in_flight = InFlight()
         self.cold_start = ColdStart()
         self.publisher = TokenPublisher.paced_as(
-            settings.worker,
+            settings.tuning,
             self.store,
             self._cancel_requested,
             self._lease_lost,

@@ -23,7 +23,7 @@ class RunParams:
     intra_threads: int = _DEFAULTS.intra_threads
     # The batched Trickle variant; the naive one uses max_batch_size = 1.
     max_batch_size: int = 32
-    max_batch_wait_ms: float = _DEFAULTS.max_batch_wait_ms
+    max_batch_wait_ms: float = _DEFAULTS.tuning.max_batch_wait_ms
 
     def job_body(self, model: str, prompt: str, max_tokens: int | None = None) -> dict[str, Any]:
         """A Trickle job with exactly the engine's sampling and a fixed output length."""

@@ -1,18 +1,17 @@
 """The real Trickle stack for one model: embedded Redis, gunicorn (gevent) and Celery workers.
 
-Like ``tests/stack.py`` but owned by the benchmark: a generated TOML config per run with two
-entries for the same model directory, ``<key>`` (batched) and ``<key>-b1`` (``max_batch_size =
-1``, the naive design), so one Redis and one web tier serve both variants; a worker process is
-started per variant. Every process started here is stopped by ``close()``.
+The processes start through ``ops.stack``, as the Procfile runs them. What the benchmark adds:
+a generated TOML config per run with two entries for the same model directory, ``<key>``
+(batched) and ``<key>-b1`` (``max_batch_size = 1``, the naive design), so one Redis and one web
+tier serve both variants; a worker process is started per variant. Every process started here
+is stopped by ``close()``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,13 +21,11 @@ from bench.harness.log import progress
 from bench.harness.models import PreparedModel
 from bench.harness.params import RunParams
 from bench.harness.redis_meter import RedisMeter
+from ops import stack
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
-from trickle.config.settings import PROJECT_ROOT
 
-BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
-STOP_TIMEOUT_SECONDS = 15.0
 
 
 def unbatched_name(key: str) -> str:
@@ -60,7 +57,7 @@ inter_threads = {params.inter_threads}
 intra_threads = {params.intra_threads}
 max_context_tokens = {ceiling + 512}
 max_batch_size = {batch_size}
-max_batch_wait_ms = {params.max_batch_wait_ms}
+tuning.max_batch_wait_ms = {params.max_batch_wait_ms}
 """
 
     path.write_text(
@@ -133,49 +130,24 @@ class Stack:
             stop_redis(self._redis)
             self._redis = None
 
-    def _env(self, extra: dict[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRICKLE")}
-        env.update({"TRICKLE_CONFIG": str(self.config_path), "PYTHONUNBUFFERED": "1"})
-        env.update({**self.extra_env, **extra})
-        return env
+    def _env(self) -> dict[str, str]:
+        return stack.child_env(self.config_path, self.extra_env)
 
     def start_web(self) -> None:
         """gunicorn exactly as the Procfile runs it (gevent, one worker), on a fresh port."""
         self.stop_web()
         self._web_starts += 1
         self.web_port = free_port()
-        log_path = self.log_dir / f"web-{self._web_starts}.log"
-        with log_path.open("ab") as log:
-            self._web = subprocess.Popen(
-                [str(BIN / "gunicorn"), "--config", "python:web.gunicorn_conf",
-                 "web:create_app()"],
-                cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env({"TRICKLE_PORT": str(self.web_port)}),
-            )  # fmt: skip
-        self._wait_web(log_path)
+        self._web = stack.start_web(self._env(), self.web_port, self.web_log_path())
+        stack.wait_until(lambda: self.web_worker_pid() is not None, self._web, 60, "web worker")
         progress(f"web tier up on :{self.web_port} (gunicorn pid {self._web.pid})")
-
-    def _wait_web(self, log_path: Path) -> None:
-        from bench.harness.httpio import probe
-
-        assert self._web is not None
-        deadline = time.monotonic() + 60
-        while True:
-            if self._web.poll() is not None:
-                raise RuntimeError(f"web server exited; see {log_path}")
-            status, _ = probe(HOST, self.web_port, "/healthz", timeout=1.0)
-            if status == 200 and self.web_worker_pid() is not None:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"web server never answered; see {log_path}")
-            time.sleep(0.1)
 
     def web_log_path(self) -> Path:
         return self.log_dir / f"web-{self._web_starts}.log"
 
     def stop_web(self) -> None:
         if self._web is not None:
-            stop_process(self._web)
+            stack.stop(self._web)
             self._web = None
 
     def start_worker(self, model_name: str) -> None:
@@ -185,31 +157,16 @@ class Stack:
             return
         node = f"bench-{model_name}-{int(time.time() * 1000) % 100000}"
         log_path = self.log_dir / f"worker-{model_name}.log"
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                [str(BIN / "celery"), "-A", "worker.app", "worker", "--loglevel", "INFO",
-                 "--hostname", f"{node}@%h", "--without-gossip", "--without-mingle"],
-                cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                env=self._env({"TRICKLE_MODELS": model_name}),
-            )  # fmt: skip
+        process = stack.start_worker(
+            self._env(), self.redis_url, node, (model_name,), log_path, timeout=120
+        )
         self._workers[model_name] = process
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                del self._workers[model_name]
-                raise RuntimeError(f"worker for {model_name} exited; see {log_path}")
-            members = self.client.zrange(keys.model_workers(model_name), 0, -1)
-            if any(str(member).startswith(node + "@") for member in members):
-                progress(f"worker for {model_name} up (pid {process.pid})")
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker for {model_name} never became ready; see {log_path}")
-            time.sleep(0.1)
+        progress(f"worker for {model_name} up (pid {process.pid})")
 
     def stop_worker(self, model_name: str) -> None:
         process = self._workers.pop(model_name, None)
         if process is not None:
-            stop_process(process)
+            stack.stop(process)
             assert self.client is not None
             with contextlib.suppress(redis.RedisError):
                 self.client.delete(keys.model_workers(model_name))
@@ -392,14 +349,3 @@ def tcp_connections_to(pid: int, port: int) -> int | None:
         if target.startswith("socket:[") and int(target[8:-1]) in wanted:
             count += 1
     return count
-
-
-def stop_process(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_SECONDS) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
-    if process.poll() is None:
-        try:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

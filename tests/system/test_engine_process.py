@@ -100,4 +100,5 @@ def test_the_engine_process_yields_the_cpu_to_the_serving_processes(engine: Engi
     pid = engine._process.pid
     assert pid is not None
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    assert os.getpriority(os.PRIO_PROCESS, pid) == min(mine + engine.settings.engine_niceness, 19)
+    niceness = engine.settings.tuning.engine_niceness
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(mine + niceness, 19)

@@ -59,7 +59,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
             f'[models.slow]\npath = "{slow}"\ninter_threads = 1\n'
             # Waits long enough for company that jobs submitted together share one batch.
             f'[models.batchy]\npath = "{demo_model_dir}"\ninter_threads = 1\n'
-            "max_batch_wait_ms = 500\nquiet_start_after_ms = 0\n"
+            "tuning.max_batch_wait_ms = 500\ntuning.quiet_start_after_ms = 0\n"
         ),
         settings_toml=(
             "[worker]\nlease_seconds = 2\nrecovery_interval_seconds = 0.5\n"

@@ -62,7 +62,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
             # One lane, no spare one: a newcomer beside a running job is admitted only by
             # restarting that job's batch (a long join, its pause well under the wait).
             f'[models.onelane]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
-            "inter_threads = 1\noverflow_lanes = 0\n"
+            "inter_threads = 1\ntuning.overflow_lanes = 0\n"
             f'[models.nobody]\npath = "{demo_model_dir}"\n'
         ),
         settings_toml=(
@@ -176,7 +176,7 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
     # wait (an overflow lane would start them beside it).
     leaving = faults.worker(
         "term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1",
-        TRICKLE__MODELS__SLOW__OVERFLOW_LANES="0",
+        TRICKLE__MODELS__SLOW__TUNING__OVERFLOW_LANES="0",
     )  # fmt: skip
     # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
     running = submit(faults.web_url, {"prompt": "The", **LONG})

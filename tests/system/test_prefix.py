@@ -62,8 +62,8 @@ def test_the_prefix_knobs_are_validated_by_name(tmp_path: Path) -> None:
         table = {"path": str(tmp_path), key: value}
         with pytest.raises(ConfigError, match=re.escape(f"models.m.{key}")):
             settings_from_dict({"models": {"m": table}, "default_model": "m"})
-    with pytest.raises(ConfigError, match=re.escape("models.m.rebalance_gain_ratio")):
-        models = {"m": {"path": str(tmp_path), "rebalance_gain_ratio": -1}}
+    with pytest.raises(ConfigError, match=re.escape("models.m.tuning.rebalance_gain_ratio")):
+        models = {"m": {"path": str(tmp_path), "tuning": {"rebalance_gain_ratio": -1}}}
         settings_from_dict({"models": models, "default_model": "m"})
 
 

@@ -17,6 +17,7 @@ def test_default_file_matches_embedded_defaults() -> None:
     assert from_file.broker == embedded.broker
     assert from_file.web == embedded.web
     assert from_file.limits == embedded.limits
+    assert from_file.tuning == embedded.tuning
     # The loader derives engine threads left at 0 (the default) from the cores.
     assert from_file.models["demo"] == embedded.models["demo"].with_threads(available_cores())
 
@@ -78,9 +79,11 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("", {"TRICKLE__MODELS__DEMO__DEVICE": "tpu"}, "device"),
         ("[web\n", {}, "line 1"),
         ("", {"TRICKLE_BROKER_URL": "kafka://x"}, "broker.url"),
-        ("[worker]\ngil_switch_interval_ms = -1\n", {}, "worker.gil_switch_interval_ms"),
-        ("", {"TRICKLE__WORKER__PUBLISH_MAX_INTERVAL_MS": "-5"}, "worker.publish_max_interval_ms"),
-        ("", {"TRICKLE__MODELS__DEMO__OVERFLOW_LANES": "-1"}, "models.demo.overflow_lanes"),
+        ("[tuning]\ngil_switch_interval_ms = -1\n", {}, "tuning.gil_switch_interval_ms"),
+        ("", {"TRICKLE__TUNING__PUBLISH_MAX_INTERVAL_MS": "-5"}, "tuning.publish_max_interval_ms"),
+        ("", {"TRICKLE__MODELS__DEMO__TUNING__OVERFLOW_LANES": "-1"}, "demo.tuning.overflow_lanes"),
+        ("[tuning]\npublish_intervall_ms = 1\n", {}, "tuning.publish_intervall_ms: unknown key"),
+        ("[models.demo.tuning]\nlanes = 1\n", {}, "models.demo.tuning.lanes: unknown key"),
         (
             "",
             {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},

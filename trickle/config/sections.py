@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BeforeValidator,
-    ConfigDict,
-    NonNegativeFloat,
-    NonNegativeInt,
-    PositiveInt,
-)
+from pydantic import BeforeValidator, PositiveInt
+
+from trickle.config.base import Section
+from trickle.config.tuning import ModelTuning
 
 
 def _comma_separated(value: Any) -> Any:
@@ -32,14 +29,6 @@ def _comma_separated(value: Any) -> Any:
 
 Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
-
-
-@dataclass(frozen=True)
-class Section:
-    """A configuration section: unknown keys are errors, in the file and the environment alike
-    (a typo must not pass silently)."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)
@@ -70,11 +59,6 @@ class WebSettings(Section):
     host: str = "127.0.0.1"
     port: int = 8000
     keepalive_seconds: float = 15.0
-    # A stream writes at most once per this interval after the first token (tokens that arrive
-    # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
-    # job's messages; the pace still grows with a process's streams (web.stream.stream_pace),
-    # which is what lets one process feed thousands of readers.
-    stream_flush_interval_ms: float = 0.0
     # gunicorn worker processes (gevent: each holds thousands of streams). More than one spreads
     # request handling (validation, tokenization, enqueueing, stream set-up) over cores, which
     # is what a burst of new clients waits on; each process keeps its own pub/sub connection.
@@ -126,29 +110,6 @@ class WorkerSettings(Section):
     # Celery task events (sent, received, started, succeeded) for Flower or `celery events`.
     # Off by default: each is a Redis PUBLISH on the path from POST to the first token.
     task_events: bool = False
-    # Token flushes to Redis (one script, one PUBLISH per job) at most this often after a job's
-    # first tokens: every later cost is per message, so each carries several decoding steps.
-    # 0 flushes every step. A first token and an end go at once, without the other jobs' tokens.
-    # Each message costs the worker and the web tier about 0.7 ms of CPU at a single stream's
-    # rate (a process woken from idle runs cold): 20 ms, not 10, halves that, and a single
-    # stream's rate against the engine alone went from 0.80-0.87x to 0.94-0.98x (demo model,
-    # bench.run's paired streams).
-    publish_interval_ms: float = 20.0
-    # With many jobs the interval grows to keep messages (one per job per flush) under this
-    # rate, up to publish_max_interval_ms: each message costs the worker, Redis, the web tier
-    # and the client CPU that the engine needs under load. 0 keeps publish_interval_ms.
-    publish_max_messages_per_second: float = 1000.0
-    publish_max_interval_ms: float = 30.0
-    # Python's GIL switch interval in the worker process. Its I/O threads (Celery's consumer,
-    # the task threads that claim jobs, the publisher) each wait up to this long for the GIL
-    # while the engine thread turns decoding steps into tokens; Python's 5 ms default put tens of
-    # milliseconds between a job's arrival and its claim under a burst. 0 keeps the default.
-    gil_switch_interval_ms: float = 0.5
-    # With two API keys or more: how far a key's service on a worker (its tokens, weighted: a
-    # prompt token 1, an output token 2, over the key's weight) may run ahead of the least-served
-    # other key at work there before the key's next job waits for it (worker/vtc.py): keys share
-    # in tokens, not in jobs. About two long jobs' cost; 0: keys only take turns by jobs.
-    share_lag_tokens: NonNegativeFloat = 4096.0
 
 
 @dataclass(frozen=True)
@@ -265,7 +226,7 @@ class ModelSettings(Section):
     tokenizer: str = ""
     device: str = "auto"
     device_index: Numbers = (0,)
-    # CTranslate2 picks the fastest type the device supports (int8 on this CPU: ~3x float32).
+    # CTranslate2 picks the fastest type the device supports (int8 on a CPU that has it).
     compute_type: str = "auto"
     # 0 = derived from the cores (see derive_threads): two engine threads, so a job arriving
     # while a batch runs starts at once in a second batch (bench/join.py), sharing the cores.
@@ -273,46 +234,6 @@ class ModelSettings(Section):
     intra_threads: int = 0
     max_context_tokens: int = 4096
     max_batch_size: int = 32
-    max_batch_wait_ms: float = 2.0
-    # A job arriving more than this long after the one before starts at once instead of waiting
-    # max_batch_wait_ms for company (a burst that follows joins it by a restart); 0 = always
-    # wait the window. Too long a quiet spell makes a client sending one job after another
-    # wait the window on every job (docs/performance.md has the measured trade-off).
-    quiet_start_after_ms: float = 5.0
-    # The engine process runs this much "nicer" than the serving processes on a CPU (on a GPU
-    # the engine waits on the device anyway): when cores are short, POSTs, claims and token
-    # writes go first and CTranslate2 takes what is left. 0 = the same priority.
-    engine_niceness: int = 5
-    # The engine process keeps memory it frees for its next steps instead of mapping fresh
-    # pages each step (glibc; worker/engine/malloc.py): its resident memory stays at its peak.
-    engine_keep_freed_memory: bool = True
-    # Decoding steps faster than this go from the engine process to the worker together, one
-    # pipe message per this long (a sequence's first tokens and its end go at once): on the demo
-    # model, a message per step cost the worker 18.7-25.0 us of CPU per token to receive, 2 ms
-    # 11.7-12.5 us. 0 = one message per step.
-    engine_step_coalesce_ms: NonNegativeFloat = 2.0
-    # A job arriving while every lane is busy restarts a young batch to join it, if the running
-    # sequences' catch-up pause stays under this (worker/engine/policy.py); 0 = never restart.
-    rebatch_max_stall_ms: float = 40.0
-    # Past that pause, a restart is still made when the newcomers would otherwise wait at least
-    # this many times the pause for a lane to free up (the running batch's remaining steps);
-    # 0 = never past rebatch_max_stall_ms.
-    rebatch_wait_ratio: float = 4.0
-    # A lane idle while another runs several sequences takes half of them (a restart of that
-    # batch as two) when the time saved is at least this many times the catch-up it costs
-    # (worker/engine/policy.py); 0 = never split a running batch.
-    rebalance_gain_ratio: float = 3.0
-    # With two API keys or more (named or api_keys): one engine lane more per device, and one
-    # batch more in the prefetch window, for keys below their share of the slots while a flood
-    # holds every other lane (worker/engine/fair_share.py). It shares the cores while it runs.
-    tenant_reserve_lane: bool = True
-    # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
-    # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
-    # that would otherwise wait for a batch to end (worker/engine/scheduler.py), while one more
-    # lane stretches the running steps by at most that budget. They are never given a split's
-    # half, so one is free for the next such job; on a CPU they share the cores while they run.
-    # Three: a Poisson clump of arrivals outnumbered one (docs/performance.md). 0 = none.
-    overflow_lanes: NonNegativeInt = 3
     # Prompt texts many jobs start with (a chat's system prompt as the template renders it):
     # their prefill is run once and its state cached by CTranslate2 (worker/engine/prefix.py).
     static_prompts: tuple[str, ...] = ()
@@ -340,17 +261,20 @@ class ModelSettings(Section):
     # A template for requests with tools when the model's own cannot render them (it never
     # reads ``tools``): a Jinja string, or "builtin" for Trickle's. Empty: such requests are a 400.
     tool_chat_template: str = ""
+    # How the engine batches this model's jobs: timings measured on one machine, apart from
+    # what a client sees (trickle/config/tuning.py).
+    tuning: ModelTuning = field(default_factory=ModelTuning)
 
     def tenant_reserve(self, shared: bool) -> bool:
         """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)
         rather than overflow lanes: when keys share the slots (``Settings.shares_slots``) and
-        ``tenant_reserve_lane``."""
-        return shared and self.tenant_reserve_lane
+        ``tuning.tenant_reserve_lane``."""
+        return shared and self.tuning.tenant_reserve_lane
 
     def spare_lanes_per_device(self, shared: bool) -> int:
         """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
         else ``overflow_lanes``."""
-        return 1 if self.tenant_reserve(shared) else self.overflow_lanes
+        return 1 if self.tenant_reserve(shared) else self.tuning.overflow_lanes
 
     def reserve_lanes(self, shared: bool) -> int:
         """Spare lanes the engine runs besides ``lanes``, over every device."""

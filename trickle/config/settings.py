@@ -10,6 +10,7 @@ coerces every value, so an error names its key path (``limits.max_prompt_tokens`
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import tomllib
@@ -23,6 +24,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import PydanticBaseSettingsSource
 
+from trickle.config.renamed import RenameConflict, move_env_names, move_file_keys, warn
 from trickle.config.sections import (
     AuthSettings,
     AutoscaleSettings,
@@ -38,6 +40,7 @@ from trickle.config.sections import (
     WorkerSettings,
     available_cores,
 )
+from trickle.config.tuning import TuningSettings
 from trickle.tenants import KeySettings, build_keys, check_keys, every_tenant
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +77,8 @@ class Settings:
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
     autoscale: AutoscaleSettings = field(default_factory=AutoscaleSettings)
     supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
+    # The process-wide tuning knobs; each model's are ``models[name].tuning``.
+    tuning: TuningSettings = field(default_factory=TuningSettings)
     models: dict[str, ModelSettings] = field(
         default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
     )
@@ -124,6 +129,7 @@ class _Layers(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     autoscale: AutoscaleSettings = Field(default_factory=AutoscaleSettings)
     supervisor: SupervisorSettings = Field(default_factory=SupervisorSettings)
+    tuning: TuningSettings = Field(default_factory=TuningSettings)
     # Tables until each is built as ModelSettings (its name is its key).
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
     default_model: str = "demo"
@@ -168,6 +174,14 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
 
 
 def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None) -> Settings:
+    raw = copy.deepcopy(raw)
+    try:
+        moved = move_file_keys(raw)
+        env, moved_env = move_env_names(env, ENV_PREFIX)
+    except RenameConflict as exc:
+        raise ConfigError(str(exc)) from None
+    warn(moved + moved_env)
+
     class Layers(_Layers):
         @classmethod
         def settings_customise_sources(
@@ -264,12 +278,6 @@ def _check(settings: Settings) -> None:
     scheme = settings.broker.url.partition("://")[0]
     if settings.broker.url and scheme not in ("redis", "rediss", "amqp", "amqps", "pyamqp"):
         raise ConfigError(f"broker.url must be a redis:// or amqp:// URL, got {scheme!r}://")
-    if settings.worker.gil_switch_interval_ms < 0:
-        raise ConfigError("worker.gil_switch_interval_ms must be >= 0 (0 keeps Python's default)")
-    pacing = ("publish_interval_ms", "publish_max_messages_per_second", "publish_max_interval_ms")
-    for name in pacing:
-        if getattr(settings.worker, name) < 0:
-            raise ConfigError(f"worker.{name} must be >= 0")
     if (settings.autoscale.max_batch_workers or 0) < 0:
         raise ConfigError("autoscale.max_batch_workers must be >= 0 (0: idle capacity only)")
     if settings.worker.republish_after_seconds <= 0:
@@ -293,9 +301,6 @@ def _check(settings: Settings) -> None:
 def _check_engine_knobs(model: ModelSettings) -> None:
     """The scheduler's knobs: every error names its key."""
     where = f"models.{model.name}"
-    for name in ("rebatch_max_stall_ms", "rebatch_wait_ratio", "rebalance_gain_ratio"):
-        if getattr(model, name) < 0:
-            raise ConfigError(f"{where}.{name} must be >= 0 (0 turns it off)")
     if model.prefix_cache_entries < 0:
         raise ConfigError(f"{where}.prefix_cache_entries must be >= 0 (0 learns no prefix)")
     if model.prefix_min_tokens < 1:

@@ -295,7 +295,7 @@ class EngineRunner:
 
     def run(self, command: BatchCommand, events: Connection) -> None:
         """Run one batch, sending its steps and then its end on this lane's pipe."""
-        coalesce = self.settings.engine_step_coalesce_ms / 1000
+        coalesce = self.settings.tuning.engine_step_coalesce_ms / 1000
         stream = StepStream(command, self._flags, events.send, coalesce)
         error: str | None = None
         try:
@@ -473,12 +473,12 @@ def serve(
     the worker thread waiting for that batch. A closed pipe means the worker is gone.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
-    if model.engine_niceness and resolve_device(model.device) != "cuda":
+    if model.tuning.engine_niceness and resolve_device(model.device) != "cuda":
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
         # On a GPU (``auto`` resolved to it included) the engine waits on the device anyway.
-        os.nice(model.engine_niceness)
-    if model.engine_keep_freed_memory:
+        os.nice(model.tuning.engine_niceness)
+    if model.tuning.engine_keep_freed_memory:
         keep_freed_memory()  # before the model loads: every buffer after it comes from the heap
     shared = attach_flags(flags_name)
     first_events = lanes[0][1]
