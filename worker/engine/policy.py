@@ -238,7 +238,7 @@ def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
 
 def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
     """The waiting jobs (in order) that can share a batch with the first: a seeded job alone
-    (it samples step by step), else every one that ``batches_with`` it."""
+    (on a Generator seeded for it), else every one that ``batches_with`` it."""
     first = waiting[0].request
     if first.seed is not None:
         return list(waiting[:1])
