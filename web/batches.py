@@ -13,7 +13,6 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
@@ -49,6 +48,7 @@ from web.openai.routes import jobs_for_request
 from web.response_models import Batch
 from web.services import Services, services
 from web.submission import admission_cost, enqueue_many
+from web.turns import collection_paused, in_groups, in_turns
 
 blueprint = Blueprint("batches", __name__)
 
@@ -57,10 +57,17 @@ JSONL = "application/jsonl"
 BACKLOG_RETRY_AFTER_SECONDS = 30
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
+# Jobs per transaction when a batch without a key records them (about 1,500 commands).
+RECORD_GROUP = 500
 
 
 @blueprint.post("/v1/batches")
 def create_batch() -> Response:
+    with collection_paused():  # a batch's records would trip full collections (web.turns)
+        return _create_batch()
+
+
+def _create_batch() -> Response:
     svc = services()
     limits = svc.settings.limits
     raw = read_body(limits.max_batch_bytes)
@@ -83,7 +90,7 @@ def create_batch() -> Response:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
-    items = [parse_line(number, line, BATCH_URLS) for number, line in lines]
+    items = [parse_line(number, line, BATCH_URLS) for number, line in in_turns(lines)]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)
     reservation = _reserve_jobs(svc, parsed)
@@ -103,11 +110,12 @@ def _create(
     """The batch's jobs and record, then their messages in the background: the fan-out takes
     over ``reservation`` and ends it once every message is sent."""
     jobs = []
-    shard = key.shard if key else None
-    for index, req in parsed.items():
+    for index, req in in_turns(parsed.items()):
         item = items[index]
         try:
-            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
+            # Ids from any shard, never drawn into the key's (256 draws an id): the key's script
+            # writes the batch alone, and a batch with a key needs a single Redis anyway.
+            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY)
         except HttpError as exc:
             item.refuse(exc.status, exc.to_dict()["error"])
             continue
@@ -123,22 +131,27 @@ def _create(
     batch = BatchRecord(new_batch_id(), current_owner(), now, endpoint, len(items))
     batch.in_progress_at = now
     store = _store(svc)
+    # The jobs first, a group per transaction (packing thousands of commands at once would
+    # hold the event loop), then the batch that names them, so a concurrent poll never sees
+    # a batch whose jobs do not exist yet (they would read as expired lines). Should the
+    # process die in between, the workers' sweep publishes the jobs it left: they run for no
+    # batch and expire, and the client's retry makes the batch.
+    for group in in_groups(jobs, RECORD_GROUP):
+        svc.store.create_many(group)
     if key is None:
         store.create(batch, items)
-        enqueue_many(svc, jobs, on_sent=reservation.hand_over())
     else:
-
-        def writes(pipe: Any) -> None:
-            for job in jobs:
-                svc.store.queue_create(pipe, job)
-            store.queue_create(pipe, batch, items)
-
         record = Created(key.fingerprint, [job.id for job in jobs], batch.id).to_json()
-        found = svc.store.create_once(key.redis_key, record, ttl_seconds(svc), writes)
-        if found is not None:  # a concurrent first request won: its batch
+        ttl = ttl_seconds(svc)
+        found = svc.store.create_once(
+            key.redis_key, record, ttl, lambda pipe: store.queue_create(pipe, batch, items)
+        )
+        if found is not None:  # a concurrent first request won: its batch; these jobs go
+            for group in in_groups(jobs, RECORD_GROUP):
+                svc.store.delete_unpublished([job.id for job in group])
             return _replay(svc, matching(key, found).batch_id)
         store.index(batch)
-        enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
+    enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
     return _created_response(svc, batch, [job.id for job in jobs])
 
 
@@ -164,7 +177,7 @@ def _replay(svc: Services, batch_id: str) -> Response:
 def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRequest]:
     """Each line's request by position; a line with a bad body records its error instead."""
     parsed: dict[int, OpenAIRequest] = {}
-    for index, item in enumerate(items):
+    for index, item in in_turns(enumerate(items)):
         try:
             req = parse_request(svc, item)
         except HttpError as exc:
