@@ -103,6 +103,7 @@ _OPTIONAL = (
     "completed",
     "failed",
     "ingest_offset",
+    "input_bytes",
 )
 
 
@@ -135,6 +136,8 @@ class BatchRecord:
     failed: int | None = None
     # A file batch's input is read up to this byte (a resumed reading starts there).
     ingest_offset: int | None = None
+    # The input it holds (its JSONL body, or its input file's size): web.batch_quota.
+    input_bytes: int | None = None
 
     def to_hash(self) -> dict[str, str]:
         fields = {

@@ -27,6 +27,7 @@ from web.batch_ingest import ingest
 from web.batch_objects import batch_object
 from web.batch_output import finished_slices, output_line
 from web.batch_pending import Reservation
+from web.batch_quota import check_batch_storage
 from web.batch_requests import parse_line, parse_request
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, read_body
@@ -85,6 +86,7 @@ def _create_batch() -> Response:
     first = earlier(svc, key)
     if first is not None:
         return _replay(svc, first.batch_id)
+    check_batch_storage(svc, _store(svc), len(raw), "input")
     lines = _input_lines(raw)
     if not lines:
         raise invalid("input", "the batch input has no requests")
@@ -95,7 +97,7 @@ def _create_batch() -> Response:
     parsed = _parse_requests(svc, items)
     reservation = _reserve_jobs(svc, parsed)
     try:
-        return _create(svc, key, items, parsed, reservation)
+        return _create(svc, key, items, parsed, reservation, len(raw))
     finally:
         reservation.release()  # a no-op once the fan-out owns it
 
@@ -106,9 +108,11 @@ def _create(
     items: list[BatchItem],
     parsed: dict[int, OpenAIRequest],
     reservation: Reservation,
+    input_bytes: int,
 ) -> Response:
     """The batch's jobs and record, then their messages in the background: the fan-out takes
-    over ``reservation`` and ends it once every message is sent."""
+    over ``reservation`` and ends it once every message is sent. ``input_bytes``: the body's,
+    which the batch holds against the key's storage (web.batch_quota)."""
     jobs = []
     for index, req in in_turns(parsed.items()):
         item = items[index]
@@ -130,6 +134,7 @@ def _create(
     endpoint = urls.pop() if len(urls) == 1 else "mixed"
     batch = BatchRecord(new_batch_id(), current_owner(), now, endpoint, len(items))
     batch.in_progress_at = now
+    batch.input_bytes = input_bytes
     store = _store(svc)
     # The jobs first, a group per transaction (packing thousands of commands at once would
     # hold the event loop), then the batch that names them, so a concurrent poll never sees
