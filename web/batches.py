@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from werkzeug.formparser import FormDataParser
 
 from trickle import keys
-from trickle.jobs import BATCH_PRIORITY
+from trickle.jobs import BATCH_PRIORITY, Job
 from web.auth import current_key, current_owner
 from web.batch_files import create_file_batch, file_batch_request
 from web.batch_finalize import batch_result_ttl, batch_store, cancel_pending, settle
@@ -51,6 +52,7 @@ from web.services import Services, services
 from web.submission import admission_cost, enqueue_many
 from web.turns import collection_paused, in_groups, in_turns
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("batches", __name__)
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -58,7 +60,7 @@ JSONL = "application/jsonl"
 BACKLOG_RETRY_AFTER_SECONDS = 30
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
-# Jobs per transaction when a batch without a key records them (about 1,500 commands).
+# Jobs per transaction when a JSONL batch records them (about 1,500 commands).
 RECORD_GROUP = 500
 
 
@@ -136,28 +138,57 @@ def _create(
     batch.in_progress_at = now
     batch.input_bytes = input_bytes
     store = _store(svc)
-    # The jobs first, a group per transaction (packing thousands of commands at once would
-    # hold the event loop), then the batch that names them, so a concurrent poll never sees
-    # a batch whose jobs do not exist yet (they would read as expired lines). Should the
-    # process die in between, the workers' sweep publishes the jobs it left: they run for no
-    # batch and expire, and the client's retry makes the batch.
-    for group in in_groups(jobs, RECORD_GROUP):
-        svc.store.create_many(group)
-    if key is None:
-        store.create(batch, items)
-    else:
+    found = _record(svc, store, key, batch, items, jobs)
+    if found is not None:  # a concurrent first request with the key won: its batch
+        return _replay(svc, found.batch_id)
+    enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
+    return _created_response(svc, batch, [job.id for job in jobs])
+
+
+def _record(
+    svc: Services,
+    store: BatchStore,
+    key: IdempotencyKey | None,
+    batch: BatchRecord,
+    items: list[BatchItem],
+    jobs: list[Job],
+) -> Created | None:
+    """The jobs first, a group per transaction (packing thousands of commands at once would
+    hold the event loop), then the batch that names them (with the key, in its script): a
+    concurrent poll never sees a batch whose jobs do not exist yet, which would read as expired
+    lines. Returns what the key's first request created when it was not this one; then, as on
+    a Redis error, the jobs recorded here are taken back (a process that dies in between
+    leaves them to the workers' sweep, which runs them for no batch)."""
+    recorded: list[Job] = []
+    try:
+        for group in in_groups(jobs, RECORD_GROUP):
+            svc.store.create_many(group)
+            recorded += group
+        if key is None:
+            store.create(batch, items)
+            return None
         record = Created(key.fingerprint, [job.id for job in jobs], batch.id).to_json()
         ttl = ttl_seconds(svc)
         found = svc.store.create_once(
             key.redis_key, record, ttl, lambda pipe: store.queue_create(pipe, batch, items)
         )
-        if found is not None:  # a concurrent first request won: its batch; these jobs go
-            for group in in_groups(jobs, RECORD_GROUP):
-                svc.store.delete_unpublished([job.id for job in group])
-            return _replay(svc, matching(key, found).batch_id)
-        store.index(batch)
-    enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
-    return _created_response(svc, batch, [job.id for job in jobs])
+    except redis.RedisError:
+        _take_back(svc, recorded)
+        raise
+    if found is not None:
+        _take_back(svc, recorded)
+        return matching(key, found)
+    store.index(batch)
+    return None
+
+
+def _take_back(svc: Services, jobs: list[Job]) -> None:
+    """Delete records of jobs never published, a group per transaction (best effort)."""
+    try:
+        for group in in_groups(jobs, RECORD_GROUP):
+            svc.store.delete_unpublished([job.id for job in group])
+    except redis.RedisError:
+        log.exception("could not take back %d unpublished batch job(s)", len(jobs))
 
 
 def _created_response(svc: Services, batch: BatchRecord, job_ids: list[str]) -> Response:
