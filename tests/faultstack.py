@@ -78,3 +78,14 @@ def build_slow_model(
     return build_random_llama(
         root / "slow", tokenizer, d_model=d_model, num_layers=num_layers, ffn_dim=ffn_dim
     )
+
+
+def build_slow_demo_stack(root: Path, tokenizer: Path, settings_toml: str = "") -> FaultStack:
+    """A stack whose ``demo`` is a small slow model on one engine thread, served by one worker:
+    a few hundred tokens take long enough to watch a stream grow or stop it mid-way."""
+    slow = build_slow_model(root, tokenizer)
+    faults = build_fault_stack(
+        root, f'[models.demo]\npath = "{slow}"\ninter_threads = 1\n', settings_toml
+    )
+    faults.worker("slow-demo", ("demo",))
+    return faults

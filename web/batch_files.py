@@ -15,6 +15,7 @@ from typing import Any
 from trickle.jobs import BATCH_PRIORITY
 from web.auth import current_owner
 from web.batch_ingest import count_lines, ingest
+from web.batch_quota import check_batch_storage
 from web.batch_requests import BATCH_ENDPOINTS
 from web.batch_store import BatchRecord, BatchStore, new_batch_id
 from web.body import parse_json
@@ -59,11 +60,12 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
     first = earlier(svc, key)
     if first is not None:
         return _earlier(store, first.batch_id)
+    check_batch_storage(svc, store, source.bytes, "input_file_id")  # its lines are kept
     lines = count_lines(svc, source.id)
     now = time.time()
     batch = BatchRecord(
         new_batch_id(), current_owner(), now, endpoint, 0, stage="validating",
-        input_file_id=source.id, metadata=metadata, ingest_offset=0,
+        input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
     )  # fmt: skip
     limit = svc.settings.limits.max_batch_requests
     if lines == 0:

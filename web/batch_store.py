@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from trickle import keys
+from web.turns import in_turns
 
 BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
 # A refused line's stored error message is cut here: some messages quote the input (a model
@@ -102,6 +103,7 @@ _OPTIONAL = (
     "completed",
     "failed",
     "ingest_offset",
+    "input_bytes",
 )
 
 
@@ -134,6 +136,8 @@ class BatchRecord:
     failed: int | None = None
     # A file batch's input is read up to this byte (a resumed reading starts there).
     ingest_offset: int | None = None
+    # The input it holds (its JSONL body, or its input file's size): web.batch_quota.
+    input_bytes: int | None = None
 
     def to_hash(self) -> dict[str, str]:
         fields = {
@@ -197,7 +201,8 @@ class BatchStore:
         recorder: the batch, its jobs and the key then land in one script)."""
         pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())
         if items:
-            pipe.rpush(keys.batch_items(batch.id), *[json.dumps(item.to_dict()) for item in items])
+            entries = [json.dumps(item.to_dict()) for item in in_turns(items, 200)]
+            pipe.rpush(keys.batch_items(batch.id), *entries)
         pipe.expire(keys.batch(batch.id), self.ttl_seconds)
         pipe.expire(keys.batch_items(batch.id), self.ttl_seconds)
 

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request, stream_with_context
 from werkzeug.formparser import FormDataParser
 
 from trickle import keys
-from trickle.jobs import BATCH_PRIORITY
+from trickle.jobs import BATCH_PRIORITY, Job
 from web.auth import current_key, current_owner
 from web.batch_files import create_file_batch, file_batch_request
 from web.batch_finalize import batch_result_ttl, batch_store, cancel_pending, settle
@@ -28,6 +28,7 @@ from web.batch_ingest import ingest
 from web.batch_objects import batch_object
 from web.batch_output import finished_slices, output_line
 from web.batch_pending import Reservation
+from web.batch_quota import check_batch_storage
 from web.batch_requests import parse_line, parse_request
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, read_body
@@ -49,7 +50,9 @@ from web.openai.routes import jobs_for_request
 from web.response_models import Batch
 from web.services import Services, services
 from web.submission import admission_cost, enqueue_many
+from web.turns import collection_paused, in_groups, in_turns
 
+log = logging.getLogger(__name__)
 blueprint = Blueprint("batches", __name__)
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -57,10 +60,17 @@ JSONL = "application/jsonl"
 BACKLOG_RETRY_AFTER_SECONDS = 30
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
+# Jobs per transaction when a JSONL batch records them (about 1,500 commands).
+RECORD_GROUP = 500
 
 
 @blueprint.post("/v1/batches")
 def create_batch() -> Response:
+    with collection_paused():  # a batch's records would trip full collections (web.turns)
+        return _create_batch()
+
+
+def _create_batch() -> Response:
     svc = services()
     limits = svc.settings.limits
     raw = read_body(limits.max_batch_bytes)
@@ -78,17 +88,18 @@ def create_batch() -> Response:
     first = earlier(svc, key)
     if first is not None:
         return _replay(svc, first.batch_id)
+    check_batch_storage(svc, _store(svc), len(raw), "input")
     lines = _input_lines(raw)
     if not lines:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
-    items = [parse_line(number, line, BATCH_URLS) for number, line in lines]
+    items = [parse_line(number, line, BATCH_URLS) for number, line in in_turns(lines)]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)
     reservation = _reserve_jobs(svc, parsed)
     try:
-        return _create(svc, key, items, parsed, reservation)
+        return _create(svc, key, items, parsed, reservation, len(raw))
     finally:
         reservation.release()  # a no-op once the fan-out owns it
 
@@ -99,15 +110,18 @@ def _create(
     items: list[BatchItem],
     parsed: dict[int, OpenAIRequest],
     reservation: Reservation,
+    input_bytes: int,
 ) -> Response:
     """The batch's jobs and record, then their messages in the background: the fan-out takes
-    over ``reservation`` and ends it once every message is sent."""
+    over ``reservation`` and ends it once every message is sent. ``input_bytes``: the body's,
+    which the batch holds against the key's storage (web.batch_quota)."""
     jobs = []
-    shard = key.shard if key else None
-    for index, req in parsed.items():
+    for index, req in in_turns(parsed.items()):
         item = items[index]
         try:
-            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY, shard=shard)
+            # Ids from any shard, never drawn into the key's (256 draws an id): the key's script
+            # writes the batch alone, and a batch with a key needs a single Redis anyway.
+            item_jobs = jobs_for_request(svc, req, priority=BATCH_PRIORITY)
         except HttpError as exc:
             item.refuse(exc.status, exc.to_dict()["error"])
             continue
@@ -122,24 +136,59 @@ def _create(
     endpoint = urls.pop() if len(urls) == 1 else "mixed"
     batch = BatchRecord(new_batch_id(), current_owner(), now, endpoint, len(items))
     batch.in_progress_at = now
+    batch.input_bytes = input_bytes
     store = _store(svc)
-    if key is None:
-        store.create(batch, items)
-        enqueue_many(svc, jobs, on_sent=reservation.hand_over())
-    else:
-
-        def writes(pipe: Any) -> None:
-            for job in jobs:
-                svc.store.queue_create(pipe, job)
-            store.queue_create(pipe, batch, items)
-
-        record = Created(key.fingerprint, [job.id for job in jobs], batch.id).to_json()
-        found = svc.store.create_once(key.redis_key, record, ttl_seconds(svc), writes)
-        if found is not None:  # a concurrent first request won: its batch
-            return _replay(svc, matching(key, found).batch_id)
-        store.index(batch)
-        enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
+    found = _record(svc, store, key, batch, items, jobs)
+    if found is not None:  # a concurrent first request with the key won: its batch
+        return _replay(svc, found.batch_id)
+    enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
     return _created_response(svc, batch, [job.id for job in jobs])
+
+
+def _record(
+    svc: Services,
+    store: BatchStore,
+    key: IdempotencyKey | None,
+    batch: BatchRecord,
+    items: list[BatchItem],
+    jobs: list[Job],
+) -> Created | None:
+    """The jobs first, a group per transaction (packing thousands of commands at once would
+    hold the event loop), then the batch that names them (with the key, in its script): a
+    concurrent poll never sees a batch whose jobs do not exist yet, which would read as expired
+    lines. Returns what the key's first request created when it was not this one; then, as on
+    a Redis error, the jobs recorded here are taken back (a process that dies in between
+    leaves them to the workers' sweep, which runs them for no batch)."""
+    recorded: list[Job] = []
+    try:
+        for group in in_groups(jobs, RECORD_GROUP):
+            svc.store.create_many(group)
+            recorded += group
+        if key is None:
+            store.create(batch, items)
+            return None
+        record = Created(key.fingerprint, [job.id for job in jobs], batch.id).to_json()
+        ttl = ttl_seconds(svc)
+        found = svc.store.create_once(
+            key.redis_key, record, ttl, lambda pipe: store.queue_create(pipe, batch, items)
+        )
+    except redis.RedisError:
+        _take_back(svc, recorded)
+        raise
+    if found is not None:
+        _take_back(svc, recorded)
+        return matching(key, found)
+    store.index(batch)
+    return None
+
+
+def _take_back(svc: Services, jobs: list[Job]) -> None:
+    """Delete records of jobs never published, a group per transaction (best effort)."""
+    try:
+        for group in in_groups(jobs, RECORD_GROUP):
+            svc.store.delete_unpublished([job.id for job in group])
+    except redis.RedisError:
+        log.exception("could not take back %d unpublished batch job(s)", len(jobs))
 
 
 def _created_response(svc: Services, batch: BatchRecord, job_ids: list[str]) -> Response:
@@ -164,7 +213,7 @@ def _replay(svc: Services, batch_id: str) -> Response:
 def _parse_requests(svc: Services, items: list[BatchItem]) -> dict[int, OpenAIRequest]:
     """Each line's request by position; a line with a bad body records its error instead."""
     parsed: dict[int, OpenAIRequest] = {}
-    for index, item in enumerate(items):
+    for index, item in in_turns(enumerate(items)):
         try:
             req = parse_request(svc, item)
         except HttpError as exc:

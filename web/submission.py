@@ -21,6 +21,7 @@ from web.errors import too_many, unavailable
 from web.idempotency import Created, IdempotencyKey, matching, ttl_seconds
 from web.key_policy import check_key_policy
 from web.services import Services
+from web.turns import in_turns
 from web.validation import check_prompt_length
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ def enqueue_many(
     the fan-out ends (every message sent, or the broker failed).
     """
     if not recorded:
-        svc.store.create_many(jobs)
+        svc.store.create_many(in_turns(jobs))
     threading.Thread(
         target=_send_all, args=(svc, jobs, on_sent), name="trickle-batch-fanout", daemon=True
     ).start()
@@ -223,7 +224,7 @@ def _publish(
 ) -> None:
     """Publish every job's task through one producer, adding each to ``sent`` once it is."""
     with svc.celery.producer_or_acquire(producer) as producer:
-        for job in jobs:
+        for job in in_turns(jobs):  # a batch's fan-out shares the event loop with requests
             enqueue_generation(
                 svc.celery, job.id, job.model, job.priority, producer, tenant_of(svc, job), declare
             )

@@ -28,6 +28,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from ops.redis_server import free_port
 from tests import stack
+from tests.faultstack import build_slow_demo_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 DEBIAN_CHROMIUM = Path("/usr/bin/chromium")
@@ -192,6 +193,16 @@ def keyed_url(config_path: Path, log_dir: Path, stack_url: str) -> Iterator[str]
     stack.stop(process)
 
 
+@pytest.fixture(scope="module")
+def slow_url(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[str]:
+    """Where a 400-token answer grows visibly and a 1,024-token one can be stopped mid-way."""
+    root = tmp_path_factory.mktemp("browser-slow")
+    limits = "[limits]\nmax_tokens_ceiling = 1024\n"
+    faults = build_slow_demo_stack(root, demo_model_dir / "tokenizer.model", limits)
+    yield faults.web_url
+    faults.close()
+
+
 def open_page(page: Page, url: str) -> None:
     page.goto(url + "/")
     page.wait_for_selector("#model option[value='demo']", state="attached")
@@ -246,12 +257,11 @@ def assert_exactly_once(page: Page, url: str, headers: dict[str, str] | None = N
 
 
 def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
-    page: Page, stack_url: str
+    page: Page, slow_url: str
 ) -> None:
-    open_page(page, stack_url)
+    open_page(page, slow_url)
     assert page.get_attribute("#output", "data-state") == "idle"
-    # A seeded job takes the sequential sampling path (see the README): slow enough to watch
-    # grow on any machine, where 600 batched tokens can land within two frames.
+    # The slow model: on the demo one, 600 tokens can land within two frames.
     fill_form(page, "The socket module", max_tokens=400, seed=7)
     record_lengths(page)
     page.focus("#prompt")
@@ -268,7 +278,7 @@ def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
     assert int(data["renders"]) >= 3
     assert data["tokens"] == "400"
     assert data["reconnects"] == data["duplicates"] == "0"
-    assert_exactly_once(page, stack_url)
+    assert_exactly_once(page, slow_url)
     assert page.get_attribute("#output", "class") == "output final"
     assert page.inner_text("#stat-ttft").endswith(("ms", "s"))
     assert page.inner_text("#stat-rate") != "—"
@@ -278,9 +288,9 @@ def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
     page.screenshot(path=str(ROOT / "artifacts" / "browser.png"))
 
 
-def test_stop_cancels_a_running_job(page: Page, stack_url: str) -> None:
-    open_page(page, stack_url)
-    # A seeded job takes the slow sequential path: 1024 tokens run far longer than a click.
+def test_stop_cancels_a_running_job(page: Page, slow_url: str) -> None:
+    open_page(page, slow_url)
+    # On the slow model 1024 tokens run far longer than a click.
     fill_form(page, "Return the", max_tokens=1024, seed=3)
     page.click("#generate")
     shown = wait_for_tokens(page, 20)
@@ -291,7 +301,7 @@ def test_stop_cancels_a_running_job(page: Page, stack_url: str) -> None:
     page.wait_for_selector(FINAL)
     assert page.inner_text("#status") == "canceled"
     data = attributes(page)
-    job = stored_job(stack_url, data["jobId"])
+    job = stored_job(slow_url, data["jobId"])
     assert job["status"] == "canceled"
     assert job["finish_reason"] == "canceled"
     assert shown <= int(data["tokens"]) < 1024

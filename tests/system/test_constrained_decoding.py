@@ -141,3 +141,10 @@ def test_a_constrained_answer_reports_alternatives_when_asked(engine: Engine) ->
     # Tokens the model proposed carry their alternatives; forced ones (no model step) none.
     assert scored and all(len(entry.top) == 3 for entry in scored)
     assert all(entry is None or isinstance(entry, Scored) for entry in reported)
+
+
+def test_a_seeded_constrained_answer_repeats(engine: Engine) -> None:
+    answers = [answer(engine, 200, SAMPLED, seed=7)[0] for _ in range(3)]
+    assert answers[0] == answers[1] == answers[2]
+    jsonschema.validate(json.loads(text_of(engine, answers[0])), PERSON)
+    assert answer(engine, 200, SAMPLED, seed=8)[0] != answers[0]

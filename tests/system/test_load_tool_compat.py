@@ -47,10 +47,10 @@ def test_continuous_usage_stats_puts_usage_so_far_in_every_chunk(stack_url: str)
     assert len(prompt_tokens) == 1 and prompt_tokens.pop() > 0
 
 
-@pytest.mark.parametrize("seed", [None, 7], ids=["ctranslate2-sampler", "trickle-sampler"])
+@pytest.mark.parametrize("seed", [None, 7], ids=["batched", "seeded"])
 def test_min_tokens_holds_the_end_token_back(stack_url: str, seed: int | None) -> None:
-    # The scripted model ends at once after "end"; a seed takes Trickle's own sampler, which
-    # masks the end token itself (top_k=1 keeps both greedy-equivalent and comparable).
+    # The scripted model ends at once after "end"; a seeded job runs on a Generator of its
+    # own, which must hold the end back too (top_k=1 keeps both greedy-equivalent).
     body = {
         "model": "scripted",
         "prompt": ENDING_PROMPT,

@@ -161,7 +161,7 @@ def test_repetition_penalty_changes_greedy_output_alone_and_in_a_batch(
 
 
 def test_repetition_penalty_changes_seeded_output(stack_url: str) -> None:
-    # Seeded jobs run on their own path (Trickle samples from the logits): the penalty too.
+    # Seeded jobs run alone on a Generator of their own: the penalty applies there too.
     body = {"prompt": "The value", "max_tokens": 40, "ignore_eos": True, "seed": 7, "top_k": 3}
     plain = submit(stack_url, body, wait=60)
     penalised = submit(stack_url, {**body, "repetition_penalty": 3.0}, wait=60)

@@ -135,6 +135,9 @@ class LimitSettings(Section):
     # batch work is bounded apart, so it never closes the interactive queue.
     max_batch_jobs: int = 10_000
     max_batch_backlog: int = 50_000
+    # The input one key's live batches may hold in Redis (JSONL bodies, input files' sizes):
+    # a batch keeps its lines until it expires. Past it a batch gets 429 batch_storage_full.
+    max_batch_input_bytes_per_key: int = 268_435_456
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ and both run their scripts through one ``ScriptRunner``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 from typing import Any
 
@@ -70,7 +70,7 @@ class JobStore:
         trip, with no other request's work between them)."""
         self.create_many([job], also)
 
-    def create_many(self, jobs: Sequence[Job], also: Callable[[Any], object] | None = None) -> None:
+    def create_many(self, jobs: Iterable[Job], also: Callable[[Any], object] | None = None) -> None:
         """Record new jobs in one round trip (a batch can bring thousands); atomic on a single
         Redis, per job on a cluster (jobs live on different slots)."""
         pipe = self._runner.pipeline(transaction=not self.cluster)

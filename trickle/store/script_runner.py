@@ -138,11 +138,15 @@ class WriteRecorder:
     def __init__(self, first_key: str):
         self.keys = [first_key]
         self.writes: list[list[Any]] = []
+        self._positions = {first_key: 1}  # a batch's thousands of keys: no list scans
 
     def _key(self, name: str) -> int:
-        if name not in self.keys:
+        """The key's position in KEYS (Lua's start at 1), added at the end if new."""
+        position = self._positions.get(name)
+        if position is None:
             self.keys.append(name)
-        return self.keys.index(name) + 1  # Lua's KEYS start at 1
+            position = self._positions[name] = len(self.keys)
+        return position
 
     def hset(self, name: str, mapping: dict[str, Any]) -> None:
         flat = [str(part) for pair in mapping.items() for part in pair]

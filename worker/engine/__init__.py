@@ -78,7 +78,7 @@ class EngineRequest:
     prompt_ids: Sequence[int]
     max_new_tokens: int
     sampling: SamplingKey
-    # Seeded sampling runs alone, sampled by Trickle (worker.engine.sampling); None: CTranslate2's.
+    # A seeded job runs alone, on a Generator seeded for it (worker.engine.seeded).
     seed: int | None = None
     # The leading ids of prompt_ids that are a shared prefix (worker.engine.prefix): the engine
     # runs them as CTranslate2's cached static prompt. Every request of a batch has the same.

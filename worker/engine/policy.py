@@ -248,7 +248,8 @@ def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
 
 
 def alone(request: EngineRequest) -> bool:
-    """Whether a request runs in a batch of its own: seeded (sampled step by step), or needing
+    """Whether a request runs in a batch of its own: seeded (on a Generator seeded for it), or
+    needing
     its own row's logits (a grammar's refused tokens, reported alternatives): CTranslate2 hands
     a batched step callback the whole batch's logits in an order that is not the rows'."""
     return request.seed is not None or request.grammar is not None or request.top_logprobs > 0

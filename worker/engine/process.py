@@ -51,7 +51,7 @@ from worker.engine.constrained import ConstrainedRun, Sampling, replay, row_logi
 from worker.engine.flags import attach_flags
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
-from worker.engine.sampling import apply_repetition_penalty, log_softmax, sample_token
+from worker.engine.seeded import SeedGate, job_generator
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +233,12 @@ class EngineRunner:
         self.settings = model
         self.device = resolve_device(model.device)
         self.tokenizer = Tokenizer.for_model(model)
+        self._compute_type = resolve_compute_type(model.path, model.compute_type)
         self.generator = ctranslate2.Generator(
             model.path,
             device=self.device,
             device_index=list(model.device_index),
-            compute_type=resolve_compute_type(model.path, model.compute_type),
+            compute_type=self._compute_type,
             inter_threads=model.inter_threads,
             intra_threads=model.intra_threads,
         )
@@ -318,8 +319,48 @@ class EngineRunner:
         def callback(step: Any) -> bool:
             return token(step.batch_id, step.step, step.token_id, score(step), step.is_last)
 
-        self.generator.generate_batch(
-            command.prompts,
+        self._generate_batch(self.generator, command, command.prompts, callback)
+
+    def _generate_seeded(self, command: BatchCommand, stream: StepStream) -> None:
+        """One job alone on a Generator of its own, seeded before its first draw
+        (worker.engine.seeded)."""
+        token = stream.token
+        score = self._scorer(command)
+
+        def run(generator: Any, drawn: Callable[[], None]) -> None:
+            def callback(step: Any) -> bool:
+                drawn()  # its token was drawn: the seed is the thread's now
+                return token(0, step.step, step.token_id, score(step), step.is_last)
+
+            whole = [*(command.static_prompt or []), *command.prompts[0]]
+            self._generate_batch(generator, command, [whole], callback, static=False)
+
+        self._on_seeded_generator(command, run)
+
+    def _on_seeded_generator(
+        self, command: BatchCommand, run: Callable[[Any, Callable[[], None]], None]
+    ) -> None:
+        """Run ``run(generator, drawn)`` on a Generator loaded for this job and seeded with its
+        seed; ``run`` calls ``drawn`` once its first token is drawn. Its whole prompt goes as
+        one: whether the scheduler found a shared prefix must not change a seeded job's
+        numbers."""
+        generator = job_generator(self._ct2, self.settings, self.device, self._compute_type)
+        try:
+            with SeedGate(self._ct2, command.seed or 0) as gate:
+                run(generator, gate.drawn)
+        finally:
+            generator.unload_model()
+
+    def _generate_batch(
+        self,
+        generator: Any,
+        command: BatchCommand,
+        prompts: list[list[str]],
+        callback: Callable[[Any], bool],
+        static: bool = True,
+    ) -> None:
+        generator.generate_batch(
+            prompts,
             max_length=max(command.max_new_tokens),
             sampling_temperature=command.temperature,
             sampling_topk=command.top_k,
@@ -332,13 +373,25 @@ class EngineRunner:
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=command.min_tokens,
-            static_prompt=command.static_prompt,
+            static_prompt=command.static_prompt if static else None,
             cache_static_prompt=command.cache_static_prompt,
             callback=callback,
         )
 
     def _generate_constrained(self, command: BatchCommand, stream: StepStream) -> None:
-        """One sequence whose every token the grammar accepts (worker/engine/constrained.py)."""
+        """One sequence whose every token the grammar accepts (worker/engine/constrained.py);
+        a seeded one on its own seeded Generator, whose draws then repeat across restarts."""
+        if command.seed is None:
+            self._constrained(command, stream, self.generator, lambda: None)
+        else:
+            self._on_seeded_generator(
+                command,
+                lambda generator, drawn: self._constrained(command, stream, generator, drawn),
+            )
+
+    def _constrained(
+        self, command: BatchCommand, stream: StepStream, generator: Any, drawn: Callable[[], None]
+    ) -> None:
         grammar = self._grammars()
         matcher = grammar.matchers.matcher(command.grammar or "")
         replay(matcher, self.tokenizer.encode_text(command.grammar_replay))
@@ -360,9 +413,16 @@ class EngineRunner:
             sampling,
             self._scorer(command),
         )
+        static = command.seed is None  # a seeded job's whole prompt goes as one
 
-        def generate(pieces: list[str], max_new: int, min_new: int, callback: Any) -> None:
-            self.generator.generate_batch(
+        def generate(
+            pieces: list[str], max_new: int, min_new: int, callback: Callable[[Any], bool]
+        ) -> None:
+            def on_token(step: Any) -> bool:
+                drawn()
+                return callback(step)
+
+            generator.generate_batch(
                 [pieces],
                 max_length=max_new,
                 sampling_temperature=command.temperature,
@@ -371,16 +431,19 @@ class EngineRunner:
                 repetition_penalty=command.repetition_penalty,
                 beam_size=1,
                 return_scores=True,
-                return_logits_vocab=True,  # a rejected token's step: its replacement's scores
+                return_logits_vocab=True,  # a refused token's step: its replacement's scores
                 include_prompt_in_result=False,
                 end_token=[] if command.ignore_eos else self._end_tokens,
                 min_length=min_new,
-                static_prompt=command.static_prompt,
+                static_prompt=command.static_prompt if static else None,
                 cache_static_prompt=command.cache_static_prompt,
-                callback=callback,
+                callback=on_token,
             )
 
-        run.run(command.prompts[0], command.max_new_tokens[0], generate, stream.token)
+        prompt = (
+            command.prompts[0] if static else [*(command.static_prompt or []), *command.prompts[0]]
+        )
+        run.run(prompt, command.max_new_tokens[0], generate, stream.token)
 
     def _scorer(self, command: BatchCommand) -> Callable[[Any], Logprob]:
         """What a step reports with its token: CTranslate2's log-probability, or with
@@ -415,37 +478,6 @@ class EngineRunner:
                 cache = MatcherCache(self.tokenizer)
                 self._grammar_tools = GrammarTools(cache, Closer(self.tokenizer.token_bytes()))
             return self._grammar_tools
-
-    def _generate_seeded(self, command: BatchCommand, stream: StepStream) -> None:
-        """One token per CTranslate2 call, sampled here from the returned logits.
-
-        Every step re-runs the prefix (CTranslate2 keeps no cache across calls), so this costs
-        O(n^2) in the output length: the price of a repeatable seed, paid only by seeded jobs.
-        """
-        rng = np.random.default_rng(command.seed)
-        pieces = [*(command.static_prompt or []), *command.prompts[0]]
-        ids = [self.tokenizer.piece_id(piece) for piece in pieces]
-        limit = command.max_new_tokens[0]
-        for step in range(limit):
-            result = self.generator.generate_batch(
-                [pieces],
-                max_length=1,
-                sampling_topk=1,
-                include_prompt_in_result=False,
-                return_logits_vocab=True,
-                end_token=[],
-            )
-            logits = np.asarray(result[0].logits[0], dtype=np.float64).reshape(-1)
-            logits = apply_repetition_penalty(logits, ids, command.repetition_penalty)
-            if step < command.min_tokens:
-                logits[list(self.tokenizer.end_ids)] = -np.inf
-            token_id = sample_token(logits, command.temperature, command.top_k, command.top_p, rng)
-            logprob = float(log_softmax(logits)[token_id])
-            at_end = token_id in self.tokenizer.end_ids and not command.ignore_eos
-            if stream.token(0, step, token_id, logprob, at_end or step == limit - 1):
-                return
-            ids.append(token_id)
-            pieces.append(self.tokenizer.to_pieces([token_id])[0])
 
     def close(self) -> None:
         self.generator.unload_model()

@@ -1,9 +1,7 @@
-"""Seeded sampling done by Trickle itself, from the model's per-step logits.
-
-CTranslate2 4.x has no per-call seed: its random generator is per engine thread and seeded once,
-so a seed cannot make one job repeatable. For jobs that ask for a seed, the engine instead asks
-CTranslate2 for the next-token logits and samples here with a generator owned by the job, which
-makes the output a function of (model, prompt, parameters, seed) alone, whatever else runs.
+"""Sampling from one step's logits in Python, as CTranslate2's sampler does it (temperature,
+top-k, top-p, CTRL repetition penalty), with a random generator the caller owns: for decoding
+CTranslate2 cannot do by itself, such as resampling under a constraint on the next token.
+Seeded jobs do not come here: they run on CTranslate2's own sampler (worker.engine.seeded).
 """
 
 from __future__ import annotations
