@@ -16,8 +16,7 @@ import ctranslate2
 from bench.harness.models import prepare, prompt_pieces
 from bench.harness.stats import median
 from trickle.tokenizer import Tokenizer
-from worker.engine.alternatives import scored
-from worker.engine.constrained import row_logits
+from worker.engine.alternatives import row_logits, scored
 from worker.engine.model_hints import resolve_compute_type
 
 

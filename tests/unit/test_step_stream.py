@@ -7,7 +7,8 @@ import itertools
 import time
 from typing import Any
 
-from worker.engine.process import BatchCommand, StepStream
+from worker.engine.batch_command import BatchCommand
+from worker.engine.step_stream import StepStream
 
 HOLD_EVERYTHING = 3600.0  # a coalescing window no test reaches: only urgency sends
 

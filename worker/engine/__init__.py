@@ -29,10 +29,11 @@ from trickle.config.sections import ModelSettings, available_cores
 from trickle.jobs import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.alternatives import Logprob
+from worker.engine.batch_command import BatchCommand
 from worker.engine.flags import create_flags
 from worker.engine.prefix import SHARED
 from worker.engine.prefix_cache import PrefixCacheState
-from worker.engine.process import BatchCommand, EngineReady, serve
+from worker.engine.process import EngineReady, serve
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,16 @@ the same distribution, so its entry matches its alternative.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from trickle.events import Alternatives
+from trickle.tokenizer import Tokenizer
 from worker.engine.sampling import log_softmax
 
 
@@ -41,3 +45,49 @@ def scored(
     best = best[np.argsort(-values[best], kind="stable")]
     chosen = float(values[token]) if token < len(values) else float("-inf")
     return Scored(chosen, tuple((texts[i], float(values[i])) for i in best))
+
+
+class Scores:
+    """What each step reports with its token, in one engine process: CTranslate2's
+    log-probability, or for a job with ``top_logprobs`` its alternatives (the vocabulary's
+    texts are built at the first such job)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._texts: list[str] = []
+        self._lock = threading.Lock()
+
+    def for_job(self, count: int, top_k: int, temperature: float) -> Callable[[Any], Logprob]:
+        """The step callback's scorer for a job asking ``count`` alternatives (greedy when
+        ``top_k`` is 1: then at temperature 1)."""
+        if not count:
+            return _log_prob
+        texts = self._vocabulary_texts()
+        temperature = 1.0 if top_k == 1 else temperature
+
+        def score(step: Any) -> Logprob:
+            logits = row_logits(step)
+            if logits is None:
+                return float(step.log_prob)
+            return scored(logits, int(step.token_id), count, temperature, texts)
+
+        return score
+
+    def _vocabulary_texts(self) -> list[str]:
+        with self._lock:
+            if not self._texts:
+                self._texts = [t.decode("utf-8", "replace") for t in self._tokenizer.token_bytes()]
+            return self._texts
+
+
+def _log_prob(step: Any) -> Logprob:
+    return step.log_prob  # type: ignore[no-any-return]
+
+
+def row_logits(step: Any) -> npt.NDArray[np.float64] | None:
+    """A step's logits for a batch of one, or None where CTranslate2 gave none (with more rows
+    it gives the first callback of a step the whole batch's, in an order not the rows')."""
+    try:
+        return np.asarray(step.logits, dtype=np.float64).reshape(-1)
+    except (ValueError, TypeError):
+        return None

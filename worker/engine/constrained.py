@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from trickle.closure import Closer
 from trickle.grammar_matcher import GrammarFailed, allowed_mask
-from worker.engine.alternatives import Logprob
+from worker.engine.alternatives import Logprob, row_logits
 from worker.engine.sampling import apply_repetition_penalty, sample_token
 
 # Within this many tokens of the closing completion's length from max_tokens, every token is
@@ -221,14 +221,6 @@ class ConstrainedRun:
         probe = self._matcher.deep_copy()
         probe.try_consume_tokens([choice])
         return [choice, *probe.compute_ff_tokens()]
-
-
-def row_logits(step: Any) -> npt.NDArray[np.float64] | None:
-    """The step's logits for a batch of one, or None where CTranslate2 gave none."""
-    try:
-        return np.asarray(step.logits, dtype=np.float64).reshape(-1)
-    except (ValueError, TypeError):
-        return None
 
 
 def replay(matcher: llguidance.LLMatcher, ids: Sequence[int]) -> None:

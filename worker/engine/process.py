@@ -46,26 +46,22 @@ from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
 from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
-from worker.engine.alternatives import Logprob, scored
-from worker.engine.constrained import ConstrainedRun, Sampling, replay, row_logits
+from worker.engine.alternatives import Scores
+from worker.engine.batch_command import BatchCommand
+from worker.engine.constrained import ConstrainedRun, Sampling, replay
 from worker.engine.flags import attach_flags
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.seeded import SeedGate, job_generator
+from worker.engine.step_stream import StepStream
 
 log = logging.getLogger(__name__)
 
-StepToken = tuple[int, int, int, Logprob, bool]
-# One decoding step as sent: its start (time.monotonic) and its tokens.
-SentStep = tuple[float, list[StepToken]]
 # One engine thread's pipe ends in this process: (commands from the worker, events to it).
 LanePipes = tuple[Connection, Connection]
 
 
 WARM_UP_STEPS = 8  # decoding steps timed per batch size at start
-# A sequence's first tokens go to the worker at once (its first may decode to no visible text):
-# the publisher sends the same ones unpaced (worker/publisher.py).
-UNHELD_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -89,130 +85,6 @@ class EngineReady:
         steps = {int(size): float(seconds) for size, seconds in data["step_seconds"].items()}
         prefill = float(data.get("prefill_seconds_per_token", 0.0))
         return cls(str(data["device"]), steps, prefill)
-
-
-@dataclass(frozen=True)
-class BatchCommand:
-    """One ``generate_batch`` to run: prompts as pieces, a stop-flag slot per sequence."""
-
-    batch_id: int
-    prompts: list[list[str]]
-    max_new_tokens: list[int]
-    slots: list[int]
-    temperature: float
-    top_k: int
-    top_p: float
-    repetition_penalty: float
-    ignore_eos: bool
-    min_tokens: int = 0
-    seed: int | None = None
-    # Pieces every prompt of the batch starts with (``prompts`` hold the rest): CTranslate2
-    # prefills them once and caches the state for the next batch with the same ones.
-    static_prompt: list[str] | None = None
-    # Whether CTranslate2 may start from its cached state of ``static_prompt`` (and save it):
-    # False computes it for this batch alone (another partition's state, or past the budget).
-    cache_static_prompt: bool = True
-    # A grammar the one sequence must match (worker/engine/constrained.py), and the text it
-    # had streamed before a resume, which its matcher replays first.
-    grammar: str | None = None
-    grammar_replay: str = ""
-    # Alternatives to report per token (worker/engine/alternatives.py); the batch is of one.
-    top_logprobs: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BatchCommand:
-        return cls(**data)
-
-
-class StepStream:
-    """Collects one batch's tokens per decoding step and sends complete steps, together while
-    they come faster than ``coalesce_seconds``.
-
-    A step is complete when every live sequence expected to speak in it has (a sequence with a
-    longer prompt starts later: CTranslate2 feeds its extra prompt tokens through the loop), or
-    when the next step begins; a wrong expectation costs a late decision, never a token. A
-    complete step goes at once when it holds a sequence's first tokens or its end, or when the
-    last message went ``coalesce_seconds`` ago; else it waits for the next step's decision.
-    """
-
-    def __init__(
-        self,
-        command: BatchCommand,
-        flags: memoryview,
-        send: Callable[[tuple[Any, ...]], None],
-        coalesce_seconds: float = 0.0,
-    ):
-        self._batch_id = command.batch_id
-        self._slots = command.slots
-        self._max_new = command.max_new_tokens
-        self._flags = flags
-        self._send = send
-        self._coalesce = coalesce_seconds
-        lengths = [len(prompt) for prompt in command.prompts]
-        shortest = min(lengths)
-        self._first_step = [length - shortest for length in lengths]
-        self._counts = [0] * len(lengths)
-        self._live = set(range(len(lengths)))
-        self._step = -1
-        self._step_started = 0.0
-        self._expected = 0
-        self._reported = 0
-        self._urgent = False  # the step being collected holds a first token or an end
-        self._decided = True  # the step being collected was sent or held already
-        self._tokens: list[StepToken] = []  # the step being collected
-        self._held: list[SentStep] = []  # complete steps not sent yet
-        self._sent_at = float("-inf")
-
-    def token(
-        self, position: int, step: int, token_id: int, logprob: Logprob, is_last: bool
-    ) -> bool:
-        """Record one sequence's token; True stops that sequence (flag set, or its last)."""
-        if step != self._step:
-            if not self._decided:
-                self._step_done()
-            self._step = step
-            self._step_started = time.monotonic()
-            self._expected = sum(1 for p in self._live if self._first_step[p] <= step)
-            self._reported = 0
-            self._decided = False
-        self._reported += 1
-        if self._flags[self._slots[position]]:
-            stop = True  # the worker ended it: this token is past its end, never sent
-        else:
-            count = self._counts[position] = self._counts[position] + 1
-            stop = is_last or count >= self._max_new[position]
-            self._tokens.append((position, step, token_id, logprob, stop))
-            if stop or count <= UNHELD_TOKENS:
-                self._urgent = True
-        if stop:
-            self._live.discard(position)
-        if self._reported >= self._expected and not self._decided:
-            self._step_done()
-        return stop
-
-    def _step_done(self) -> None:
-        """The step is complete: hold it, or send it with every step held before it."""
-        self._decided = True
-        if self._tokens:
-            self._held.append((self._step_started, self._tokens))
-            self._tokens = []
-        now = time.monotonic()
-        if self._urgent or now - self._sent_at >= self._coalesce:
-            self.flush(now)
-        self._urgent = False
-
-    def flush(self, now: float | None = None) -> None:
-        """Send every step collected so far (the batch's end sends what is left)."""
-        if self._tokens:
-            self._held.append((self._step_started, self._tokens))
-            self._tokens = []
-        if self._held:
-            self._send(("steps", self._batch_id, self._held))
-            self._held = []
-            self._sent_at = time.monotonic() if now is None else now
 
 
 @dataclass(frozen=True)
@@ -248,7 +120,7 @@ class EngineRunner:
         self._flags = flags
         self._grammar_lock = threading.Lock()
         self._grammar_tools: GrammarTools | None = None
-        self._texts: list[str] = []
+        self._scores = Scores(self.tokenizer)
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -314,7 +186,7 @@ class EngineRunner:
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
-        score = self._scorer(command)
+        score = self._scores.for_job(command.top_logprobs, command.top_k, command.temperature)
 
         def callback(step: Any) -> bool:
             return token(step.batch_id, step.step, step.token_id, score(step), step.is_last)
@@ -325,7 +197,7 @@ class EngineRunner:
         """One job alone on a Generator of its own, seeded before its first draw
         (worker.engine.seeded)."""
         token = stream.token
-        score = self._scorer(command)
+        score = self._scores.for_job(command.top_logprobs, command.top_k, command.temperature)
 
         def run(generator: Any, drawn: Callable[[], None]) -> None:
             def callback(step: Any) -> bool:
@@ -411,7 +283,7 @@ class EngineRunner:
             frozenset(self._end_tokens),
             self.tokenizer.vocab_size,
             sampling,
-            self._scorer(command),
+            self._scores.for_job(command.top_logprobs, command.top_k, command.temperature),
         )
         static = command.seed is None  # a seeded job's whole prompt goes as one
 
@@ -445,32 +317,6 @@ class EngineRunner:
         )
         run.run(prompt, command.max_new_tokens[0], generate, stream.token)
 
-    def _scorer(self, command: BatchCommand) -> Callable[[Any], Logprob]:
-        """What a step reports with its token: CTranslate2's log-probability, or with
-        ``top_logprobs`` the step's alternatives (worker/engine/alternatives.py)."""
-        count = command.top_logprobs
-        if not count:
-            return _log_prob
-        texts = self._piece_texts()
-        temperature = 1.0 if command.top_k == 1 else command.temperature
-
-        def score(step: Any) -> Logprob:
-            logits = row_logits(step)
-            if logits is None:
-                return float(step.log_prob)
-            return scored(logits, int(step.token_id), count, temperature, texts)
-
-        return score
-
-    def _piece_texts(self) -> list[str]:
-        """Each id's text, as reported among a token's alternatives."""
-        with self._grammar_lock:
-            if not self._texts:
-                self._texts = [
-                    token.decode("utf-8", "replace") for token in self.tokenizer.token_bytes()
-                ]
-            return self._texts
-
     def _grammars(self) -> GrammarTools:
         """The model's vocabulary for grammars, built at the first constrained job."""
         with self._grammar_lock:
@@ -481,10 +327,6 @@ class EngineRunner:
 
     def close(self) -> None:
         self.generator.unload_model()
-
-
-def _log_prob(step: Any) -> Logprob:
-    return step.log_prob  # type: ignore[no-any-return]
 
 
 def resolve_device(device: str) -> str:
