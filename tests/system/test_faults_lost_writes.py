@@ -177,7 +177,8 @@ def test_a_lost_final_state_is_stored_again_by_its_worker(lossy: FaultStack) -> 
     attempt 1, nothing generated twice, and a reader gets every token once, then ``done``."""
     base = lossy.web_url
     wait_for(lambda: ready(base), 60, "ready", interval=0.2)
-    job = submit(base, {"prompt": "The value", "max_tokens": 60, "ignore_eos": True})
+    # Long enough (about a millisecond a token here) that the SAVE falls while it streams.
+    job = submit(base, {"prompt": "The value", "max_tokens": 400, "ignore_eos": True})
     log_key = keys.job_tokens(job["id"])
     with lossy.client() as client:
         wait_for(lambda: client.llen(log_key) >= 5, 60, "the job streaming")
@@ -187,7 +188,7 @@ def test_a_lost_final_state_is_stored_again_by_its_worker(lossy: FaultStack) -> 
     crash_back_to_the_save(lossy)  # the job ran on in it; its worker may have noticed already
     stream = read_sse(base, job["id"], timeout=30)
     assert stream.done is not None and stream.done["status"] == "succeeded", stream.error
-    assert stream.indexes == list(range(60)) and stream.text == stream.done["output"] == ended
+    assert stream.indexes == list(range(400)) and stream.text == stream.done["output"] == ended
     assert stream.done["attempts"] == 1
     restored = f"job {job['id']}: its final state was lost with Redis; stored again"
     log_path = lossy.log_dir / "lossy.log"
