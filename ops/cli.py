@@ -82,9 +82,9 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def build_demo(output: Path, force: bool) -> int:
-    from ops.model_builders.demo import build_demo_model, demo_model_ready
+    from ops.model_builders.demo import build_demo_model, demo_model_current
 
-    if demo_model_ready(output) and not force:
+    if demo_model_current(output) and not force:
         print(f"demo model present at {output}")
         return 0
     print(f"building the demo model into {output} ...", flush=True)
