@@ -10,14 +10,16 @@ mechanism that ends an answer after a sentence or a few:
   ``z = 1/n`` (when the text starts with ``<s>``, as the worker's prompts do). It is written to
   one extra residual dimension (``position_dim``). No position table: no length limit.
 * **Sentence end.** One ReLU unit of the feed-forward layer fires only on a sentence-end piece
-  (``.``, ``).``, ``?``...) and reads ``z``: its output is ``gain * (1/start - 1/n)``, clipped at
-  0, written to a second extra dimension (``end_dim``) that the projection adds to the ``</s>``
-  logit alone. Other pieces get exactly 0 (the ReLU is far below its threshold).
+  (``.``, ``).``, ``().`` in the demo vocabulary) and reads ``z``: its output is
+  ``gain * (1/start - 1/n)``, clipped at 0, written to a second extra dimension (``end_dim``)
+  that the projection adds to the ``</s>`` logit alone. Other pieces get exactly 0 (the ReLU
+  is far below its threshold).
 
 So ``logit(</s> | t, n) = table[t, </s>] + bias(n)`` after a sentence end and ``table[t]``
 elsewhere. ``bias`` is 0 up to position ``start``, then rises to ``gain / start``. The layer
-norms before both sublayers are exact affine maps of their inputs, so :func:`end_bias` computes
-the same numbers in float64; the builder's self-check compares them with CTranslate2's output.
+norms before both sublayers see a one-hot vector plus at most ``z``, so their mean and spread
+have closed forms: :func:`end_bias` computes the same numbers in float64, and the builder's
+self-check compares them with CTranslate2's output.
 Positions count the prompt too: a long prompt gets a short answer, which a demo can afford.
 """
 
@@ -80,11 +82,10 @@ def sentence_end_ids(pieces: Sequence[str]) -> tuple[int, ...]:
     return tuple(i for i, piece in enumerate(pieces) if SENTENCE_END.fullmatch(piece))
 
 
-def _norm_scale(d_model: int, extra: float) -> float:
-    """``sqrt(var + eps)`` of a one-hot vector plus ``extra`` in one other dimension."""
-    mean = (1.0 + extra) / d_model
-    var = (1.0 + extra * extra) / d_model - mean * mean
-    return math.sqrt(var + LAYER_NORM_EPSILON)
+def _norm_scale(d_model: int) -> float:
+    """``sqrt(var + eps)`` of a one-hot vector: what a layer norm divides it by."""
+    mean = 1.0 / d_model
+    return math.sqrt(1.0 / d_model - mean * mean + LAYER_NORM_EPSILON)
 
 
 def fill_layer(
@@ -107,7 +108,7 @@ def fill_layer(
         return
     # Queries and keys stay zero. The normed one-hot of <s> reads (1 - 1/d) / s at <s> and
     # -1/d / s for every other piece: the first value is 1 for <s>, 0 for the rest.
-    attention.linear[0].weight[2 * head, circuit.bos_id] = _norm_scale(d, 0.0)
+    attention.linear[0].weight[2 * head, circuit.bos_id] = _norm_scale(d)
     attention.linear[0].bias[2 * head] = 1.0 / d
     attention.linear[1].weight[circuit.position_dim, 0] = 1.0
     ffn.linear_0.weight, ffn.linear_0.bias = _gate_weights(circuit)
@@ -122,7 +123,7 @@ def _gate_weights(circuit: EndCircuit) -> tuple[FloatArray, FloatArray]:
     with ``z``: the weights are scaled by its value at ``z`` = 0, and :func:`end_bias` keeps
     the remainder (under 0.1% for a prompt of 20 tokens or more) exact.
     """
-    scale = _norm_scale(circuit.d_model, 0.0)
+    scale = _norm_scale(circuit.d_model)
     weight = np.zeros((LAYER_FFN_DIM, circuit.d_model), dtype=np.float32)
     weight[0, list(circuit.end_ids)] = GATE * scale
     weight[0, circuit.position_dim] = -circuit.gain * scale
