@@ -291,7 +291,7 @@ def bigram_log_probs(
 
 
 def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.int64]]) -> float:
-    """P(</s>) averaged over the contexts the corpus actually visits (why outputs run long)."""
+    """P(</s>) averaged over the contexts the corpus visits (why the table alone rarely ends)."""
     context_ids = np.concatenate([np.concatenate(([BOS_ID], ids)) for ids in sequences])
     return float(np.exp(table[context_ids, EOS_ID].astype(np.float64)).mean())
 
