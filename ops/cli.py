@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     gen.add_argument("--model")
     gen.add_argument("--max-tokens", type=int)
     gen.add_argument("--temperature", type=float)
+    gen.add_argument(
+        "--ignore-eos", action="store_true", help="run to --max-tokens past the end token"
+    )
     gen.add_argument("--stream", action="store_true", help="print tokens as they arrive")
     jobs = commands.add_parser("jobs", help="inspect jobs").add_subparsers(
         dest="action", required=True
@@ -71,7 +74,13 @@ def run_client_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "generate":
             return commands.generate(
-                client, args.prompt, args.model, args.max_tokens, args.temperature, args.stream
+                client,
+                args.prompt,
+                args.model,
+                args.max_tokens,
+                args.temperature,
+                args.stream,
+                ignore_eos=args.ignore_eos,
             )
         if args.command == "jobs":
             return commands.print_job(client, args.job_id)
@@ -82,9 +91,9 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def build_demo(output: Path, force: bool) -> int:
-    from ops.model_builders.demo import build_demo_model, demo_model_ready
+    from ops.model_builders.demo import build_demo_model, demo_model_current
 
-    if demo_model_ready(output) and not force:
+    if demo_model_current(output) and not force:
         print(f"demo model present at {output}")
         return 0
     print(f"building the demo model into {output} ...", flush=True)

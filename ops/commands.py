@@ -22,12 +22,16 @@ def generate(
     stream: bool,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
+    *,
+    ignore_eos: bool = False,
 ) -> int:
     """Print the answer (token by token with --stream), then a line of TTFT and tokens/s."""
     body: dict[str, Any] = {"prompt": prompt}
     for name, value in (("model", model), ("max_tokens", max_tokens), ("temperature", temperature)):
         if value is not None:
             body[name] = value
+    if ignore_eos:
+        body["ignore_eos"] = True
     started = time.monotonic()
     job = client.submit_job(body, wait=0 if stream else 60)
     first_token: float | None = None

@@ -5,11 +5,13 @@ one from what every Python install already has. It trains a small SentencePiece 
 stdlib's docstrings, counts token bigrams, and compiles the bigram table *exactly* into a
 CTranslate2 decoder-only model:
 
-* the embeddings are one-hot rows (``d_model`` = vocabulary size, no embedding scaling, no
-  position encodings thanks to rotary attention),
-* the single decoder layer has all-zero output projections, so the residual stream after it is
-  still the one-hot embedding of the current token,
-* there is no final norm, so the logits are ``W @ onehot(t) = W[:, t] = log P(. | t)``.
+* the embeddings are one-hot rows (no embedding scaling, no position encodings), plus two
+  dimensions the vocabulary never writes,
+* the single decoder layer writes only to those two: the end-of-turn circuit of
+  ``ops.model_builders.demo_end``, which makes ``</s>`` likelier after a sentence end as the
+  text grows, so answers end after a sentence or a few,
+* there is no final norm, so the logits are ``W @ onehot(t) = W[:, t] = log P(. | t)``, plus
+  that bias on the ``</s>`` logit.
 
 The output is word salad that reads like docstrings, which is all a streaming demo needs. The
 build is deterministic (same Python stdlib, same bytes) and takes a few seconds.
@@ -32,8 +34,10 @@ import ctranslate2
 import numpy as np
 import numpy.typing as npt
 import sentencepiece as spm
-from ctranslate2.specs import common_spec, transformer_spec
+from ctranslate2.specs import transformer_spec
 
+from ops.model_builders import demo_end
+from ops.model_builders.demo_end import EndCircuit
 from worker.engine.model_hints import write_hints
 
 VOCAB_SIZE = 2000
@@ -41,6 +45,9 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 UNK_PIECE, BOS_PIECE, EOS_PIECE = "<unk>", "<s>", "</s>"
 MODEL_FILE = "model.bin"
 TOKENIZER_FILE = "tokenizer.model"
+# What a build contains, so an older build gets replaced: 2 has the end-of-turn circuit.
+BUILD_FILE = "demo-build.txt"
+DEMO_BUILD = "2"
 
 # Enough text for a 2000-piece vocabulary while keeping the build a few seconds on two cores.
 MAX_CORPUS_CHARS = 1_000_000
@@ -49,15 +56,12 @@ SKIPPED_DIRS = frozenset({"test", "tests", "idlelib", "lib2to3", "site-packages"
 
 # Add-k smoothing: every transition is possible, unseen ones are ~1e-4/count unlikely.
 SMOOTHING_K = 1e-4
-# Paragraph ends are down-weighted so that generations usually run to max_tokens.
+# Paragraph ends are down-weighted: the end-of-turn circuit, not the table, ends an answer.
 EOS_WEIGHT = 0.02
-# The self-check after compiling tolerates float32 rounding only.
+# The self-check after compiling tolerates float32 rounding only...
 MAX_LOGPROB_ERROR = 1e-4
-
-# The decoder layer is required by CTranslate2 (0 layers fails to load) but contributes nothing;
-# these keep its (all-zero) weights tiny.
-_LAYER_HEAD_DIM = 2
-_LAYER_FFN_DIM = 2
+# ...over this many positions of corpus text, well past where the end bias saturates.
+VERIFY_TEXT_TOKENS = 512
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -73,15 +77,24 @@ def demo_model_ready(output_dir: Path) -> bool:
     return (output_dir / MODEL_FILE).is_file() and (output_dir / TOKENIZER_FILE).is_file()
 
 
+def demo_model_current(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a demo model this builder made (older ones never end)."""
+    try:
+        stamp = (output_dir / BUILD_FILE).read_text().strip()
+    except OSError:
+        return False
+    return stamp == DEMO_BUILD and demo_model_ready(output_dir)
+
+
 def build_demo_model(output_dir: Path, *, force: bool = False) -> Path:
     """Build the demo model into ``output_dir`` unless it is already there; return the path.
 
     The model is built in a sibling temp dir and renamed into place, so readers never see a
-    half-built one. ``force`` replaces whatever ``output_dir`` holds.
+    half-built one. ``force`` replaces whatever ``output_dir`` holds, and so does a build
+    this builder did not make.
     """
     output_dir = Path(output_dir)
-    if demo_model_ready(output_dir) and not force:
-        write_hints(output_dir, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)  # models built before hints
+    if demo_model_current(output_dir) and not force:
         return output_dir
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
@@ -94,25 +107,45 @@ def build_demo_model(output_dir: Path, *, force: bool = False) -> Path:
 
 
 def verify_demo_model(model_dir: Path, tokens: Sequence[int] | None = None) -> float:
-    """Max abs difference between the model's next-token log-probs and the bigram table.
+    """Max abs difference between the model's next-token log-probs and what it was compiled from.
 
     Recomputes the table from the stdlib corpus and the model's own tokenizer, so it checks the
     published files rather than trusting the build.
     """
     sp = load_tokenizer(model_dir / TOKENIZER_FILE)
-    table = bigram_log_probs(encode_corpus(sp, collect_corpus()), sp.get_piece_size())
+    sequences = encode_corpus(sp, collect_corpus())
+    table = bigram_log_probs(sequences, sp.get_piece_size())
     generator = ctranslate2.Generator(str(model_dir), device="cpu")
-    return max_logprob_error(generator, table, tokens)
+    return max_logprob_error(generator, table, demo_circuit(sp), sequences, tokens)
+
+
+def demo_circuit(sp: spm.SentencePieceProcessor) -> EndCircuit:
+    """The end-of-turn circuit for this tokenizer's pieces."""
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return EndCircuit(len(pieces), BOS_ID, EOS_ID, demo_end.sentence_end_ids(pieces))
 
 
 def max_logprob_error(
-    generator: ctranslate2.Generator, table: FloatArray, tokens: Sequence[int] | None = None
+    generator: ctranslate2.Generator,
+    table: FloatArray,
+    circuit: EndCircuit,
+    sequences: Sequence[npt.NDArray[np.int64]],
+    tokens: Sequence[int] | None = None,
 ) -> float:
-    """Compare ``log P(. | t)`` from one forward pass per token ``t`` with ``table[t]``."""
+    """Compare the model's ``log P(. | context)`` with the table plus the end bias.
+
+    Each of ``tokens`` is checked right after ``<s>`` (no end bias yet), and a long stretch of
+    corpus text checks every position where the bias grows and saturates.
+    """
     ids = list(tokens) if tokens is not None else _sample_token_ids(table.shape[0])
-    out = generator.forward_batch([[t] for t in ids], return_log_probs=True)
-    model = np.asarray(out, dtype=np.float64)[:, 0, :]
-    return float(np.abs(model - table[ids].astype(np.float64)).max())
+    text = [BOS_ID, *np.concatenate(sequences)[:VERIFY_TEXT_TOKENS].tolist()]
+    error = 0.0
+    for batch in ([[BOS_ID, t] for t in ids], [text]):  # apart: the batch pads to its longest
+        out = np.asarray(generator.forward_batch(batch, return_log_probs=True), dtype=np.float64)
+        for context, model in zip(batch, out, strict=True):
+            expected = demo_end.expected_log_probs(table, circuit, context)
+            error = max(error, float(np.abs(model - expected).max()))
+    return error
 
 
 def load_tokenizer(path: Path) -> spm.SentencePieceProcessor:
@@ -258,7 +291,7 @@ def bigram_log_probs(
 
 
 def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.int64]]) -> float:
-    """P(</s>) averaged over the contexts the corpus actually visits (why outputs run long)."""
+    """P(</s>) averaged over the contexts the corpus visits (why the table alone rarely ends)."""
     context_ids = np.concatenate([np.concatenate(([BOS_ID], ids)) for ids in sequences])
     return float(np.exp(table[context_ids, EOS_ID].astype(np.float64)).mean())
 
@@ -267,10 +300,16 @@ def mean_eos_probability(table: FloatArray, sequences: Sequence[npt.NDArray[np.i
 
 
 def bigram_spec(
-    table: FloatArray, pieces: Sequence[str]
+    table: FloatArray, pieces: Sequence[str], circuit: EndCircuit | None = None
 ) -> transformer_spec.TransformerDecoderModelSpec:
-    """A CTranslate2 decoder whose logits after token ``t`` are exactly ``table[t]``."""
+    """A CTranslate2 decoder whose logits after token ``t`` are exactly ``table[t]``.
+
+    With a ``circuit`` (``ops.model_builders.demo_end``) the layer also adds the end-of-turn
+    bias to the ``</s>`` logit after sentence ends; without one the layer is inert, which is
+    what scripted test models want.
+    """
     vocab = table.shape[0]
+    d_model = circuit.d_model if circuit else vocab
     decoder = transformer_spec.TransformerDecoderSpec(
         num_layers=1,
         num_heads=1,
@@ -278,45 +317,29 @@ def bigram_spec(
         with_encoder_attention=False,
         no_final_norm=True,
         rotary_dim=0,  # Rotary instead of additive position encodings: embeddings stay one-hot.
-        head_dim=_LAYER_HEAD_DIM,
+        head_dim=demo_end.LAYER_HEAD_DIM,
         num_heads_kv=1,
     )
     decoder.scale_embeddings = False
-    decoder.embeddings.weight = np.eye(vocab, dtype=np.float32)
-    decoder.projection.weight = np.ascontiguousarray(table.T, dtype=np.float32)
+    embeddings = np.zeros((vocab, d_model), dtype=np.float32)
+    embeddings[:, :vocab] = np.eye(vocab, dtype=np.float32)
+    decoder.embeddings.weight = embeddings
+    projection = np.zeros((vocab, d_model), dtype=np.float32)
+    projection[:, :vocab] = table.T
     decoder.projection.bias = np.zeros(vocab, dtype=np.float32)
-    _zero_layer(decoder.layer[0], vocab)
+    if circuit:
+        projection[circuit.eos_id, circuit.end_dim] = 1.0
+    demo_end.fill_layer(decoder.layer[0], d_model, circuit)
+    decoder.projection.weight = projection
     spec = transformer_spec.TransformerDecoderModelSpec(decoder)
     spec.config.unk_token = UNK_PIECE
     spec.config.bos_token = BOS_PIECE
     spec.config.eos_token = EOS_PIECE
+    spec.config.layer_norm_epsilon = demo_end.LAYER_NORM_EPSILON
     spec.register_vocabulary(list(pieces))
     spec.validate()
     spec.optimize(quantization="float32")
     return spec
-
-
-def _zero_layer(layer: transformer_spec.TransformerDecoderLayerSpec, d_model: int) -> None:
-    """Fill a decoder layer so it adds exactly zero to the residual stream."""
-    attention = layer.self_attention
-    _identity_norm(attention.layer_norm, d_model)
-    _zero_linear(attention.linear[0], 3 * _LAYER_HEAD_DIM, d_model)
-    _zero_linear(attention.linear[1], d_model, _LAYER_HEAD_DIM)
-    _identity_norm(layer.ffn.layer_norm, d_model)
-    _zero_linear(layer.ffn.linear_0, _LAYER_FFN_DIM, d_model)
-    _zero_linear(layer.ffn.linear_1, d_model, _LAYER_FFN_DIM)
-
-
-def _identity_norm(norm: common_spec.LayerNormSpec, dim: int) -> None:
-    """LayerNorm with gamma=1, beta=0."""
-    norm.gamma = np.ones(dim, dtype=np.float32)
-    norm.beta = np.zeros(dim, dtype=np.float32)
-
-
-def _zero_linear(linear: common_spec.LinearSpec, out_dim: int, in_dim: int) -> None:
-    """An all-zero linear layer (weight and bias)."""
-    linear.weight = np.zeros((out_dim, in_dim), dtype=np.float32)
-    linear.bias = np.zeros(out_dim, dtype=np.float32)
 
 
 # --- build steps ----------------------------------------------------------------------------
@@ -327,12 +350,17 @@ def _build_into(staging: Path) -> None:
     paragraphs = collect_corpus()
     sp_bytes = train_tokenizer(paragraphs)
     sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
-    table = bigram_log_probs(encode_corpus(sp, paragraphs), sp.get_piece_size())
+    sequences = encode_corpus(sp, paragraphs)
+    table = bigram_log_probs(sequences, sp.get_piece_size())
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    bigram_spec(table, pieces).save(str(staging))
+    circuit = demo_circuit(sp)
+    bigram_spec(table, pieces, circuit).save(str(staging))
     (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
     write_hints(staging, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)
-    error = max_logprob_error(ctranslate2.Generator(str(staging), device="cpu"), table)
+    (staging / BUILD_FILE).write_text(DEMO_BUILD + "\n")
+    generator = ctranslate2.Generator(str(staging), device="cpu")
+    error = max_logprob_error(generator, table, circuit, sequences)
+    del generator
     if error > MAX_LOGPROB_ERROR:
         raise RuntimeError(f"demo model does not reproduce its bigram table (error {error:g})")
 

@@ -1,13 +1,15 @@
 """The offline model builders, checked against real CTranslate2 (no mocks).
 
-The demo model must compute exactly the bigram table it was compiled from, and the random Llama
-must be a real Llama: its logits are compared with a small numpy implementation.
+The demo model must compute exactly the bigram table it was compiled from, plus its end-of-turn
+bias, and the random Llama must be a real Llama: its logits are compared with a small numpy
+implementation.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,9 +20,17 @@ import sentencepiece as spm
 from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 
 from ops.model_builders import demo as demo_model
+from ops.model_builders import demo_end
 from ops.model_builders import random_llama as random_model
 
 MAX_MODEL_BYTES = 50 * 1024 * 1024
+PROMPTS = [
+    "User: Hi\nAssistant:",
+    "User: What is the weather in Paris?\nAssistant:",
+    "The socket module",
+    "Return the",
+    "System: Be brief.\nUser: Explain the logging module in one sentence, please.\nAssistant:",
+]
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +90,26 @@ def test_logits_equal_the_bigram_table(demo_dir: Path) -> None:
     assert demo_model.verify_demo_model(demo_dir, every_token) < demo_model.MAX_LOGPROB_ERROR
 
 
+def test_verification_sees_a_model_without_its_end_bias(tmp_path: Path, demo_dir: Path) -> None:
+    sp = demo_model.load_tokenizer(demo_dir / demo_model.TOKENIZER_FILE)
+    table = demo_model.bigram_log_probs(demo_model.encode_corpus(sp, demo_model.collect_corpus()))
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    demo_model.bigram_spec(table, pieces).save(str(tmp_path))
+    (tmp_path / demo_model.TOKENIZER_FILE).write_bytes((demo_dir / "tokenizer.model").read_bytes())
+    assert demo_model.verify_demo_model(tmp_path) > 1.0
+
+
+def test_end_bias_grows_after_sentence_ends_only(tokenizer: spm.SentencePieceProcessor) -> None:
+    circuit = demo_model.demo_circuit(tokenizer)
+    assert {tokenizer.id_to_piece(i) for i in circuit.end_ids} >= {".", ")."}
+    period, word = tokenizer.piece_to_id("."), tokenizer.piece_to_id("▁the")
+    bias = demo_end.end_bias(circuit, [demo_model.BOS_ID] + [period] * 400)
+    assert not bias[: demo_end.START].any()
+    assert np.all(np.diff(bias[demo_end.START - 1 :]) > 0)
+    assert 1.5 < bias[40] < bias[100] < bias[-1] < demo_end.GAIN / demo_end.START
+    assert not demo_end.end_bias(circuit, [demo_model.BOS_ID] + [word] * 400).any()
+
+
 def test_end_of_text_is_rare(tokenizer: spm.SentencePieceProcessor) -> None:
     sequences = demo_model.encode_corpus(tokenizer, demo_model.collect_corpus())
     table = demo_model.bigram_log_probs(sequences)
@@ -99,6 +129,7 @@ def test_sampling_writes_docstring_like_text(
         sampling_topk=0,
         sampling_temperature=1.0,
         include_prompt_in_result=False,
+        end_token=[],  # ignore_eos: 60 tokens each
     )
     texts = [tokenizer.decode(result.sequences_ids[0]) for result in results]
     words = " ".join(texts).split()
@@ -107,12 +138,43 @@ def test_sampling_writes_docstring_like_text(
     assert {"the", "a", "of", "to", "is"} & {word.lower() for word in words}
 
 
-def test_greedy_generation_runs_to_max_length(
+def test_greedy_answers_end_after_a_sentence(
     generator: ctranslate2.Generator, tokenizer: spm.SentencePieceProcessor
 ) -> None:
-    result = generator.generate_batch([["<s>"]], max_length=30, include_prompt_in_result=False)
+    prompts = [["<s>", *tokenizer.encode(text, out_type=str)] for text in PROMPTS]
+    results = generator.generate_batch(prompts, max_length=600, include_prompt_in_result=False)
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = result.sequences_ids[0]
+        assert 0 < len(ids) < 100, prompt
+        assert len(prompt) + len(ids) > demo_end.START
+        assert ids[-1] in demo_model.demo_circuit(tokenizer).end_ids
+    # Batched with prompts of other lengths (padding), each answer is the one it gets alone.
+    for prompt, result in zip(prompts, results, strict=True):
+        alone = generator.generate_batch([prompt], max_length=600, include_prompt_in_result=False)
+        assert alone[0].sequences_ids == result.sequences_ids
+
+
+def test_sampled_answers_mostly_end(
+    generator: ctranslate2.Generator, tokenizer: spm.SentencePieceProcessor
+) -> None:
+    ctranslate2.set_random_seed(3)
+    prompts = [["<s>", *tokenizer.encode(text, out_type=str)] for text in PROMPTS] * 4
+    results = generator.generate_batch(
+        prompts, max_length=600, sampling_topk=0, include_prompt_in_result=False
+    )
+    lengths = sorted(len(result.sequences_ids[0]) for result in results)
+    assert lengths[-1] < 600  # every one ended
+    assert lengths[len(lengths) * 9 // 10] < 100
+
+
+def test_greedy_generation_without_end_runs_to_max_length(
+    generator: ctranslate2.Generator, tokenizer: spm.SentencePieceProcessor
+) -> None:
+    result = generator.generate_batch(
+        [["<s>"]], max_length=300, include_prompt_in_result=False, end_token=[]
+    )
     ids = result[0].sequences_ids[0]
-    assert len(ids) == 30
+    assert len(ids) == 300
     assert tokenizer.decode(ids).strip()
 
 
@@ -124,8 +186,20 @@ def test_existing_model_is_reused(demo_dir: Path) -> None:
 
 def test_build_is_deterministic(demo_dir: Path, tmp_path: Path) -> None:
     again = demo_model.build_demo_model(tmp_path / "demo", force=True)
-    for name in (demo_model.MODEL_FILE, demo_model.TOKENIZER_FILE, "vocabulary.json"):
+    names = (demo_model.MODEL_FILE, demo_model.TOKENIZER_FILE, "vocabulary.json", "trickle.json")
+    for name in (*names, demo_model.BUILD_FILE):
         assert sha256(again / name) == sha256(demo_dir / name)
+
+
+def test_a_build_from_an_older_builder_is_replaced(demo_dir: Path, tmp_path: Path) -> None:
+    old = tmp_path / "demo"
+    shutil.copytree(demo_dir, old)
+    (old / demo_model.BUILD_FILE).unlink()  # builds before the end-of-turn circuit had none
+    (old / demo_model.MODEL_FILE).write_bytes(b"stale")
+    assert demo_model.demo_model_ready(old) and not demo_model.demo_model_current(old)
+    demo_model.build_demo_model(old)
+    assert demo_model.demo_model_current(old)
+    assert sha256(old / demo_model.MODEL_FILE) == sha256(demo_dir / demo_model.MODEL_FILE)
 
 
 # --- random Llama ---------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 generation_config.json; and stop_token_ids on the OpenAI routes and the job API.
 
 The directory is the demo model plus the two JSON files, built offline; the extra end token is a
-token the model is known to produce greedily (found with CTranslate2 here, before any worker)."""
+token the model is known to produce greedily (found with CTranslate2 here, before any worker).
+Its weights are the demo's bigram table without the end-of-turn circuit: that circuit reads the
+position from the start token, which this configuration drops (every sentence end would then
+end the answer, before the extra end token)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,13 @@ import openai
 import pytest
 import requests
 
+from ops.model_builders.demo import (
+    bigram_log_probs,
+    bigram_spec,
+    collect_corpus,
+    encode_corpus,
+    load_tokenizer,
+)
 from tests.faultstack import FaultStack, build_fault_stack
 from trickle.tokenizer import Tokenizer
 from web.chat_template import ChatTurn, render_chat
@@ -55,6 +65,9 @@ def greedy_ids(model_dir: Path, prompt: str, count: int) -> list[int]:
 def own_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> OwnModel:
     path = tmp_path_factory.mktemp("own") / "model"
     shutil.copytree(demo_model_dir, path)
+    sp = load_tokenizer(path / "tokenizer.model")
+    table = bigram_log_probs(encode_corpus(sp, collect_corpus()))
+    bigram_spec(table, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]).save(str(path))
     tokenizer = Tokenizer(path / "tokenizer.model")
     ids = greedy_ids(path, PROMPT, 24)
     k = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i] and ids[i] != tokenizer.eos_id)

@@ -133,7 +133,8 @@ def test_queues_are_durable_priority_queues(mq: FaultStack, rabbit: RabbitNode) 
 
 def test_submit_stream_and_cancel_on_rabbitmq(mq: FaultStack) -> None:
     mq.worker("serve", ("demo", "slow"))
-    job = submit(mq.web_url, {"prompt": "The socket", "max_tokens": 40, "temperature": 0})
+    body = {"prompt": "The socket", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    job = submit(mq.web_url, body)
     stream = read_sse(mq.web_url, job["id"], timeout=60)
     assert_gapless(stream)
     assert stream.done is not None and stream.done["status"] == "succeeded"

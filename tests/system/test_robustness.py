@@ -340,7 +340,8 @@ def test_a_stream_response_never_read_closes_its_subscription(
     roomy = replace(settings, limits=replace(settings.limits, max_queued_jobs=1_000_000))
     app = make_app(roomy)
     client = app.test_client()
-    submitted = client.post("/v1/jobs", json={"prompt": "The", "max_tokens": 200})
+    long = {"max_tokens": 200, "ignore_eos": True}  # still running when the reader subscribes
+    submitted = client.post("/v1/jobs", json={"prompt": "The", **long})
     assert submitted.status_code == 202, submitted.get_json()
     job = submitted.get_json()
     response = client.get(f"/v1/jobs/{job['id']}/events", buffered=False)
@@ -349,7 +350,7 @@ def test_a_stream_response_never_read_closes_its_subscription(
     response.close()  # the client left before the body was iterated
     assert services(app).hub.active_subscriptions == 0
     threads = threading.active_count()  # the hub's listener included
-    body = {"model": "demo", "prompt": ["The", "A", "It"], "max_tokens": 200, "stream": True}
+    body = {"model": "demo", "prompt": ["The", "A", "It"], **long, "stream": True}
     response = client.post("/v1/completions", json=body, buffered=False)
     assert next(response.response)  # the stream started: one reader thread per prompt
     response.close()
