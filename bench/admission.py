@@ -43,7 +43,7 @@ from trickle.config.sections import ModelSettings
 from trickle.config.settings import PROJECT_ROOT
 from trickle.config.tuning import ModelTuning, TuningSettings
 from trickle.store.job_store import JobStore
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.scheduler import BatchScheduler
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher

@@ -58,7 +58,7 @@ def generator_load(path: Path, compute_type: str) -> float:
 
 
 def engine_start(path: Path) -> float:
-    from worker.engine import Engine
+    from worker.engine.engine import Engine
 
     started = time.perf_counter()
     engine = Engine(ModelSettings(name="m", path=str(path)))

@@ -31,9 +31,9 @@ from bench.harness.stats import median
 from trickle.closure import Closer
 from trickle.grammar_matcher import MatcherCache
 from trickle.tokenizer import Tokenizer
-from worker.engine.alternatives import Logprob
 from worker.engine.constrained import ConstrainedRun, Sampling, TokenSink
 from worker.engine.model_hints import resolve_compute_type
+from worker.engine.request import Logprob
 
 PROMPT = "A person, as JSON: "
 GRAMMAR = llguidance.LLMatcher.grammar_from_json_schema(

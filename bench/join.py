@@ -26,7 +26,7 @@ from bench.scheduler_burst import claimed_job
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.sections import ModelSettings
 from trickle.store.job_store import JobStore
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.publisher import TokenPublisher
 

@@ -37,7 +37,7 @@ from trickle.config.settings import PROJECT_ROOT
 from trickle.config.tuning import TuningSettings
 from trickle.jobs import GenerationParams, Job, new_job_id
 from trickle.store.job_store import JobStore
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.publisher import TokenPublisher
 

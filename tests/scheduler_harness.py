@@ -12,7 +12,7 @@ import redis
 from trickle.config.sections import ModelSettings
 from trickle.jobs import GenerationParams, Job, new_job_id
 from trickle.store.job_store import JobStore
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.prefix import PrefixTable, cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes

@@ -30,7 +30,7 @@ from trickle.telemetry.tracing import JobTimeline, Tracing
 from trickle.tenants import TenantTable, tenant_label
 from worker.accounting import account_finished
 from worker.coldstart import ColdStart
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
 from worker.in_flight import InFlight

@@ -7,22 +7,32 @@ which builds it once per process; there is no module-level state here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from celery import Celery
 
 from trickle import keys
 from trickle.config.sections import WebhookSettings
+from trickle.config.settings import Settings
+from trickle.store.job_store import JobStore
 from trickle.webhooks import WebhookFailed, WebhookRejected, deliver_job
-from worker.runtime import WorkerRuntime
 
 log = logging.getLogger(__name__)
 WEBHOOK_BACKOFF_CAP_SECONDS = 60
 GENERATE_STRATEGY = "worker.dispatch:generate_strategy"
 
 
-def runtime_of(app: Any) -> WorkerRuntime:
-    runtime: WorkerRuntime | None = getattr(getattr(app, "trickle", None), "runtime", None)
+class TaskRuntime(Protocol):
+    """What the tasks use of the worker's runtime (``worker.runtime.WorkerRuntime``)."""
+
+    store: JobStore
+    settings: Settings
+
+    def run_job(self, job_id: str) -> None: ...
+
+
+def runtime_of(app: Any) -> TaskRuntime:
+    runtime: TaskRuntime | None = getattr(getattr(app, "trickle", None), "runtime", None)
     if runtime is None:
         raise RuntimeError("worker runtime not running (the TrickleWorker bootstep did not start)")
     return runtime

@@ -12,7 +12,7 @@ import pytest
 from tests.faultstack import FaultStack, build_fault_stack
 from tests.scheduler_harness import engine_for
 from tests.tool_model import TEMPLATE, build_tool_model
-from worker.engine import Engine
+from worker.engine.engine import Engine
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import redis
 
 from tests.scheduler_harness import CPU_LIKE, Harness
 from tests.system.test_rebalancing import assert_logged_in_order, greedy
-from worker.engine import Engine
+from worker.engine.engine import Engine
 from worker.engine.restart import RowResume
 
 PROMPTS = ["Return the number of items", "A socket", "If the value is", "Raise", "This", "The"]

@@ -18,7 +18,7 @@ from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
 from trickle import keys
 from trickle.events import TokenEvent
 from trickle.jobs import FinishReason
-from worker.engine import Engine
+from worker.engine.engine import Engine
 
 PROMPTS = [
     "The",

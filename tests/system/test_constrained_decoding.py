@@ -20,8 +20,8 @@ import pytest
 from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
 from trickle.grammar_matcher import MatcherCache
-from worker.engine import Engine, EngineRequest, SamplingKey
-from worker.engine.alternatives import Scored
+from worker.engine.engine import Engine
+from worker.engine.request import EngineRequest, SamplingKey, Scored
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, False)
 SAMPLED = SamplingKey(0.8, 0, 0.95, 1.0, False)

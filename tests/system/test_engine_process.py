@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from trickle.config.sections import ModelSettings
-from worker.engine import Engine, EngineError, EngineRequest, SamplingKey
+from worker.engine.engine import Engine
+from worker.engine.request import EngineError, EngineRequest, SamplingKey
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, True)
 

@@ -21,8 +21,9 @@ from tests.scheduler_harness import Harness, solo_outputs
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import ConfigError, settings_from_dict
 from trickle.tokenizer import Tokenizer
-from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.engine import Engine
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
+from worker.engine.request import EngineRequest, SamplingKey
 
 GREEDY = SamplingKey(1.0, 1, 1.0, 1.0, True)
 SYSTEM = "You are a careful assistant. Answer briefly, and say so when unsure. " * 6

@@ -15,7 +15,7 @@ from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
 from trickle import keys
 from trickle.config.sections import ModelSettings
 from trickle.jobs import FinishReason
-from worker.engine import Engine
+from worker.engine.engine import Engine
 
 PROMPTS = ["The", "Return the number of items", "A socket", "If the value is", "Raise", "This"]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from trickle.config.sections import ModelSettings
-from worker.engine import Engine, EngineRequest, SamplingKey
+from worker.engine.engine import Engine
+from worker.engine.request import EngineRequest, SamplingKey
 
 SAMPLED = SamplingKey(1.0, 0, 1.0, 1.0, True)  # temperature 1, no top-k: every draw matters
 TOKENS = 300

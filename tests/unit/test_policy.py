@@ -10,9 +10,9 @@ import pytest
 
 from trickle.jobs import GenerationParams
 from trickle.tokenizer import Tokenizer
-from worker.engine import EngineRequest
 from worker.engine.batch import RunningBatch
 from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill
+from worker.engine.request import EngineRequest
 from worker.engine.scheduled import ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
 

@@ -11,27 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from trickle.events import Alternatives
 from trickle.tokenizer import Tokenizer
+from worker.engine.request import Logprob, Scored
 from worker.engine.sampling import log_softmax
-
-
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """What the engine process sends instead of a bare log-probability for such a job."""
-
-    logprob: float
-    top: Alternatives
-
-
-# What the engine reports with each token: its log-probability, with alternatives when asked.
-Logprob = float | Scored | None
 
 
 def scored(

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 
 from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, JobError
-from worker.engine import EngineRequest, StepClock
-from worker.engine.alternatives import Logprob, Scored
+from worker.engine.request import EngineRequest, Logprob, Scored, StepClock
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
 from worker.engine.step_times import StepTimes
 from worker.publish_items import TokenItem

@@ -32,7 +32,8 @@ import numpy.typing as npt
 
 from trickle.closure import Closer
 from trickle.grammar_matcher import GrammarFailed, allowed_mask
-from worker.engine.alternatives import Logprob, row_logits
+from worker.engine.alternatives import row_logits
+from worker.engine.request import Logprob
 from worker.engine.sampling import apply_repetition_penalty, sample_token
 
 # Within this many tokens of the closing completion's length from max_tokens, every token is

@@ -35,8 +35,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from worker.engine import EngineRequest
 from worker.engine.batch import RunningBatch
+from worker.engine.request import EngineRequest
 from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 
@@ -253,3 +253,31 @@ def alone(request: EngineRequest) -> bool:
     its own row's logits (a grammar's refused tokens, reported alternatives): CTranslate2 hands
     a batched step callback the whole batch's logits in an order that is not the rows'."""
     return request.seed is not None or request.grammar is not None or request.top_logprobs > 0
+
+
+def takes_along(
+    carried: Sequence[ScheduledJob],
+    waiting: Sequence[ScheduledJob],
+    running: Sequence[RunningBatch],
+    room: int,
+    reserve: bool,
+) -> list[ScheduledJob]:
+    """The waiting jobs (most urgent first) a restarting batch of ``carried`` takes along,
+    with ``room`` rows left: those that can share its batch, less the share of the other
+    lanes' batches still before their first step (they take joiners within a few ms; a spare
+    lane's restart counts none). ``running``: every batch on a lane."""
+    first = carried[0].request
+    fits = [job for job in waiting if batches_with(job, first)]
+    young = (
+        []
+        if reserve
+        else [
+            batch.load()
+            for batch in running
+            if not batch.reserve
+            and batch.steps == 0
+            and not batch.split
+            and batches_with(carried[0], batch.requests[0])
+        ]
+    )
+    return fits[: restart_fill(len(carried), len(fits), young, room)]

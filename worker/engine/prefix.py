@@ -19,7 +19,7 @@ to learn what someone else recently sent. So learned prefixes belong to a partit
 submitting API key's by default (``cache_partition``), or a ``cache_salt`` the request names
 (vLLM's field: every key that sends the same salt shares): a prompt only finds prefixes learned
 in its own partition, and the engine never lets a partition's first batch with a prefix start
-from a state that another partition cached (worker/engine/__init__.py). Configured prefixes
+from a state that another partition cached (worker/engine/engine.py). Configured prefixes
 are the operator's and shared by all (``SHARED``).
 
 Memory and eviction: CTranslate2 keeps each cached state (per layer, keys and values of every

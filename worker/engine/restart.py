@@ -19,12 +19,10 @@ never emitted again, and its sequence state (detokenizer, count, stop strings) g
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from trickle.events import TokenEvent
 from worker.engine.batch import RunningBatch, StepSink
-from worker.engine.policy import batches_with, restart_fill
 from worker.engine.scheduled import ScheduledJob
 from worker.publish_items import TokenItem
 
@@ -80,31 +78,3 @@ def emit(job: ScheduledJob, token_id: int) -> TokenItem | None:
     job.last_token_at = now
     first = now if outcome.index == 0 else None
     return TokenItem(TokenEvent(job.job_id, outcome.index, outcome.text, None), job.fence, first)
-
-
-def takes_along(
-    carried: Sequence[ScheduledJob],
-    waiting: Sequence[ScheduledJob],
-    running: Sequence[RunningBatch],
-    room: int,
-    reserve: bool,
-) -> list[ScheduledJob]:
-    """The waiting jobs (most urgent first) a restarting batch of ``carried`` takes along,
-    with ``room`` rows left: those that can share its batch, less the share of the other
-    lanes' batches still before their first step (they take joiners within a few ms; a spare
-    lane's restart counts none). ``running``: every batch on a lane."""
-    first = carried[0].request
-    fits = [job for job in waiting if batches_with(job, first)]
-    young = (
-        []
-        if reserve
-        else [
-            batch.load()
-            for batch in running
-            if not batch.reserve
-            and batch.steps == 0
-            and not batch.split
-            and batches_with(carried[0], batch.requests[0])
-        ]
-    )
-    return fits[: restart_fill(len(carried), len(fits), young, room)]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from trickle.jobs import GenerationParams, JobError
-from worker.engine import Engine, EngineRequest, SamplingKey
+from trickle.tokenizer import Tokenizer
+from worker.engine.request import EngineRequest, SamplingKey
 from worker.engine.sequence import SequenceState
 
 DEADLINE_ERROR = JobError("deadline_exceeded", "the job ran past limits.max_job_seconds")
@@ -62,6 +64,15 @@ class ScheduledJob:
         return self.request.max_new_tokens - len(self.generated_ids)
 
 
+class JobVocabulary(Protocol):
+    """What a job's state needs of its engine (``Engine`` is one): its tokenizer, and the ids
+    that end a job."""
+
+    tokenizer: Tokenizer
+
+    def stop_ids(self, params: GenerationParams) -> frozenset[int]: ...
+
+
 @dataclass(frozen=True)
 class Resume:
     """What a job had already streamed before its previous worker died."""
@@ -71,7 +82,7 @@ class Resume:
 
 
 def make_scheduled_job(
-    engine: Engine,
+    engine: JobVocabulary,
     job_id: str,
     prompt_ids: list[int],
     params: GenerationParams,

@@ -31,8 +31,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from trickle.jobs import FinishReason
-from worker.engine import Engine
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
+from worker.engine.engine import Engine
 from worker.engine.fair_share import ReserveShares
 from worker.engine.policy import (
     RestartPolicy,
@@ -40,9 +40,10 @@ from worker.engine.policy import (
     batches_with,
     halves,
     runs_with_first,
+    takes_along,
 )
 from worker.engine.prefix import PrefixTable
-from worker.engine.restart import RowResume, resume_rows, takes_along
+from worker.engine.restart import RowResume, resume_rows
 from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
 from worker.engine.step_times import StepTimes
 

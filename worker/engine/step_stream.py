@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker.engine.alternatives import Logprob
 from worker.engine.batch_command import BatchCommand
+from worker.engine.request import Logprob
 
 StepToken = tuple[int, int, int, Logprob, bool]
 # One decoding step as sent: its start (time.monotonic) and its tokens.
