@@ -22,7 +22,8 @@ import redis
 
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.events import TokenEvent
-from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
 
 

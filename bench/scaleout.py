@@ -164,7 +164,8 @@ def run(url: str, client: Any, web: int, rate: float, jobs: int, seconds: float,
         fixed_readers: int = 0) -> dict[str, Any]:  # fmt: skip
     """One configuration. ``fixed_readers``: web process 0 reads that many jobs, the others
     split the rest (the flat-CPU table); 0: every process reads an equal share."""
-    from trickle.jobs import GenerationParams, Job, new_job_id
+    from trickle.jobs import Job, new_job_id
+    from trickle.params import GenerationParams
     from trickle.store.job_store import JobStore
 
     store = JobStore(client, 600, 600)

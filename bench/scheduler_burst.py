@@ -35,7 +35,8 @@ from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import PROJECT_ROOT
 from trickle.config.tuning import TuningSettings
-from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
 from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job

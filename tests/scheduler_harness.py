@@ -10,7 +10,8 @@ from pathlib import Path
 import redis
 
 from trickle.config.sections import ModelSettings
-from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
 from worker.engine.prefix import PrefixTable, cache_partition

@@ -13,7 +13,7 @@ from collections import OrderedDict
 
 from trickle.closure import Closer
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from web.errors import invalid
 

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any
 
 from trickle.grammar import GrammarError, json_object_grammar, json_schema_grammar
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from web.errors import HttpError, invalid
 from web.format_models import (
     JsonObjectFormat,

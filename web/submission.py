@@ -11,7 +11,8 @@ from typing import Any
 
 import redis
 
-from trickle.jobs import GenerationParams, Job, Usage, new_job_id
+from trickle.jobs import Job, Usage, new_job_id
+from trickle.params import GenerationParams
 from trickle.queue import BROKER_ERRORS, enqueue_generation, publishing_into
 from trickle.store.job_store import CancelOutcome
 from trickle.telemetry.metric_defs import JOBS

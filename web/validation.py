@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from trickle.config.settings import Settings
-from trickle.jobs import GenerationParams, context_overflow
+from trickle.jobs import context_overflow
+from trickle.params import GenerationParams
 from trickle.webhooks import WebhookRejected, check_webhook_url
 from web.errors import invalid, not_found
 from web.request_errors import request_error

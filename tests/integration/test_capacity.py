@@ -21,7 +21,8 @@ from trickle import capacity, keys
 from trickle.capacity import ModelLoad, WorkerSlots
 from trickle.config.sections import RedisSettings
 from trickle.config.settings import Settings
-from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job
+from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, Job
+from trickle.params import GenerationParams
 from trickle.queue import QueueReader, enqueue_generation, make_celery
 from trickle.store.job_store import JobStore
 

@@ -17,7 +17,8 @@ from trickle.events import (
     encode_text,
     token_message,
 )
-from trickle.jobs import GenerationParams, Job, JobStatus, new_job_id
+from trickle.jobs import Job, JobStatus, new_job_id
+from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from web.follow import JobFollower, Status
 from web.hub import Delivery, Signal, TokenHub

@@ -23,7 +23,8 @@ from tests.integration.test_done_record import Published
 from tests.integration.test_hub import make_hub
 from trickle import keys
 from trickle.events import JobMessage, TokenEvent, TokenRun
-from trickle.jobs import FinishReason, GenerationParams, Job, JobResult, JobStatus, new_job_id
+from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
+from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from web.follow import Done, JobFollower
 from worker.publish_items import TokenItem

@@ -20,7 +20,8 @@ from ops.redis_server import free_port
 from trickle import keys
 from trickle.config.sections import BrokerSettings, RedisSettings
 from trickle.config.settings import Settings
-from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, GenerationParams, Job, new_job_id
+from trickle.jobs import BATCH_PRIORITY, INTERACTIVE_PRIORITY, Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.queue import (
     QueueReader,
     broker_priority,

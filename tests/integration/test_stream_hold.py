@@ -13,7 +13,8 @@ import pytest
 from flask import Flask
 
 from trickle.config.settings import Settings
-from trickle.jobs import GenerationParams, Job, JobStatus, new_job_id
+from trickle.jobs import Job, JobStatus, new_job_id
+from trickle.params import GenerationParams
 from web import stream_hold
 from web.services import Services, services
 

@@ -34,7 +34,8 @@ from tests.faultstack import (
 )
 from trickle import keys
 from trickle.config.settings import load_settings
-from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.queue import enqueue_generation, make_celery
 from trickle.store.job_store import JobStore
 

@@ -12,7 +12,8 @@ import redis
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle import keys
 from trickle.config.settings import Settings, settings_from_dict
-from trickle.jobs import GenerationParams, Job, new_job_id
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
 from trickle.queue import enqueue_generation, make_celery
 from trickle.store.job_store import JobStore
 

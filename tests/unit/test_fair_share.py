@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_policy import Holder
-from trickle.jobs import FinishReason, GenerationParams
+from trickle.jobs import FinishReason
+from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.fair_share import ReserveShares, keys_below_share, reserve_candidates

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill

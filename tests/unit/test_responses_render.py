@@ -8,7 +8,8 @@ import json
 import pytest
 
 from trickle.events import TokenEvent, encode_text
-from trickle.jobs import FinishReason, GenerationParams, Job, JobStatus
+from trickle.jobs import FinishReason, Job, JobStatus
+from trickle.params import GenerationParams
 from web.chat_template import ChatTurn, render_chat
 from web.errors import HttpError
 from web.openai.responses_api.render import (

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from trickle.jobs import FinishReason, GenerationParams, Job, JobStatus
+from trickle.jobs import FinishReason, Job, JobStatus
+from trickle.params import GenerationParams
 from web.chat_template import ChatTurn, TurnCall
 from web.openai.responses_api.tool_events import ToolEvents, read_whole
 from web.responses_store import StoredResponse

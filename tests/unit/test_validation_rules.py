@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from trickle.config.settings import Settings
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from web.errors import HttpError
 from web.request_models import (
     MAX_REPETITION_PENALTY,

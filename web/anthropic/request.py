@@ -17,7 +17,7 @@ from typing import Any
 from flask import request
 
 from trickle.config.settings import Settings
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from web.anthropic.conversation import conversation_turns, message_tools
 from web.anthropic.models import VERSION_PATTERN, CountTokensRequest, MessagesRequest
 from web.chat_template import ChatTurn

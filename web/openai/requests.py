@@ -13,8 +13,8 @@ from enum import Enum
 from typing import Any
 
 from trickle.config.settings import ConfigError, Settings
-from trickle.jobs import GenerationParams
 from trickle.model_files import model_profile
+from trickle.params import GenerationParams
 from web.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTurn, TurnCall, reads_tools, render_chat
 from web.errors import invalid, unavailable
 from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trickle.config.sections import ModelSettings, available_cores
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.batch_command import BatchCommand
 from worker.engine.flags import create_flags

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trickle.events import Alternatives
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 
 
 @dataclass(frozen=True, slots=True)

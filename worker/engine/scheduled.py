@@ -11,7 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trickle.jobs import GenerationParams, JobError
+from trickle.jobs import JobError
+from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.request import EngineRequest, SamplingKey
 from worker.engine.sequence import SequenceState

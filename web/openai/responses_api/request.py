@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trickle.config.settings import Settings
-from trickle.jobs import GenerationParams
+from trickle.params import GenerationParams
 from web.chat_template import ChatTurn, TurnCall
 from web.errors import invalid
 from web.format_models import TextFormat
