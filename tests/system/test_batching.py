@@ -280,7 +280,9 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
     prompt + generated text, so its greedy output, count and replay log are as if alone."""
     engine = demo_engine if model == "demo" else llama_engine
     specs: list[dict[str, object]] = [
-        {"prompt": PROMPTS[1], "max_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+        # Long enough to be still running when the newcomer comes, however the cores are shared
+        # (at about a millisecond a token, 300 tokens could end before the test thread woke).
+        {"prompt": PROMPTS[1], "max_tokens": 1000, "temperature": 0.0, "ignore_eos": True},
         {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0.0, "ignore_eos": True},
     ]
     harness = Harness(engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=60_000)
@@ -296,7 +298,7 @@ def test_a_newcomer_restarts_a_young_batch_and_nothing_changes_for_the_runner(
     assert [runner.state.output, newcomer.state.output] == solo_outputs(
         engine, private_redis, specs
     )
-    assert [runner.state.count, newcomer.state.count] == [300, 20]
+    assert [runner.state.count, newcomer.state.count] == [1000, 20]
     for job in (runner, newcomer):
         key = keys.job_tokens(job.job_id)
         deadline = time.monotonic() + 10
