@@ -2,10 +2,10 @@
 limits (no ``max_output_tokens`` from the SDK: the server's default of 128 applies).
 
 The SDK refuses an ``incomplete`` turn (``ModelBehaviorError``), so every run here completes only
-because the demo model ends its answers. The demo bigram cannot write a tool call by itself (it
-sees one piece of context, and ``tool_choice: required`` needs constrained decoding, still a
-400): in the whole loop the tool call comes from the scripted tool model (``tests.tool_model``),
-and the demo model writes the final answer from the tool's result, in the same run.
+because the demo model ends its answers. The demo bigram never writes a tool call by itself (it
+sees one piece of context): one whole loop takes its call from the scripted tool model
+(``tests.tool_model``), another forces it on the demo model itself (``tool_choice: required``,
+held to the tool's schema by constrained decoding); the demo model writes the final answer.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ class ToolModelFirst(OpenAIResponsesModel):
 
 
 def weather_tool(cities: list[str]) -> Any:
-    @function_tool(strict_mode=False)  # strict schemas need constrained decoding (a 400)
+    # Not strict: a strict tool is refused where calls are not forced (nothing holds plain text
+    # answers to it), and after a forced call the SDK goes back to ``auto``.
+    @function_tool(strict_mode=False)
     def get_weather(city: str) -> str:
         """The weather in a city."""
         cities.append(city)
@@ -154,3 +156,25 @@ def test_a_whole_tool_loop_ends_with_the_demo_models_answer(agent_stack: FaultSt
         f"{agent_stack.web_url}/v1/responses/{result.raw_responses[-1].response_id}", timeout=10
     ).json()
     assert answer["model"] == "demo" and answer["output"][0]["type"] == "message"
+
+
+def test_a_forced_tool_call_runs_the_whole_loop_on_the_demo_model(agent_stack: FaultStack) -> None:
+    """``make up``'s own model alone: the SDK forces the first turn's call, resets the choice
+    after it (its default), and the demo model answers from the tool's result."""
+    cities: list[str] = []
+
+    def build(client: openai.AsyncOpenAI) -> Agent[Any]:
+        return Agent(
+            name="weather",
+            instructions="Be brief.",
+            tools=[weather_tool(cities)],
+            model=OpenAIResponsesModel(model="demo", openai_client=client),
+            model_settings=ModelSettings(tool_choice="required", temperature=0),
+        )
+
+    (result,) = run_agent(agent_stack, build, [QUESTION])
+    assert len(cities) == 1 and isinstance(cities[0], str)  # arguments that fit the schema
+    kinds = [item.type for item in result.new_items]
+    assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    assert isinstance(result.final_output, str)
+    assert stored_statuses(agent_stack, result) == ["completed", "completed"]

@@ -8,6 +8,7 @@ and an answer cut by max_tokens still closes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,11 @@ def answer(
     request = EngineRequest(prompt, max_new, sampling, grammar=GRAMMAR, **extra)
     engine.generate([request], on_step)
     return ids, lasts
+
+
+def collect(ids: list[int]) -> Any:
+    """An ``on_step`` that keeps the token ids."""
+    return lambda position, step, token, logprob, last: ids.append(token) or False
 
 
 def text_of(engine: Engine, ids: list[int]) -> str:
@@ -148,3 +154,30 @@ def test_a_seeded_constrained_answer_repeats(engine: Engine) -> None:
     assert answers[0] == answers[1] == answers[2]
     jsonschema.validate(json.loads(text_of(engine, answers[0])), PERSON)
     assert answer(engine, 200, SAMPLED, seed=8)[0] != answers[0]
+
+
+def test_a_model_that_ends_early_gets_its_answer_closed(demo_model_dir: Path) -> None:
+    """The demo model ends its answers after a sentence or a few; inside an open string the
+    grammar refuses that end, and the answer closes there and ends (not steered on to
+    max_tokens, where it would end as cut)."""
+    text_schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+        "additionalProperties": False,
+    }
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        text_schema, defaults={"whitespace_flexible": False}
+    )
+    engine = Engine(ModelSettings(name="demo", path=str(demo_model_dir), device="cpu"))
+    try:
+        request = EngineRequest(
+            engine.tokenizer.encode("Tell me about sockets."), 400, SAMPLED, grammar=grammar
+        )
+        for seed in range(5):
+            ids: list[int] = []
+            engine.generate([dataclasses.replace(request, seed=seed)], collect(ids))
+            assert ids[-1] in engine.end_ids and len(ids) < 400
+            jsonschema.validate(json.loads(text_of(engine, ids)), text_schema)
+    finally:
+        engine.close()

@@ -14,6 +14,10 @@ callback, before it is sent anywhere:
   (llguidance's fast-forward: keys, ``:``, the rest of a literal) are appended without a model
   step, and the next call starts from the prompt plus everything accepted.
 
+A refused end token is the model saying it is done before the grammar is: the answer then
+closes with the shortest completion (``closure.Closer``) and ends there, as the model meant,
+instead of being steered on to ``max_tokens``.
+
 So a reader only ever sees accepted tokens, the streamed text is the stored text, and greedy
 output stays deterministic. Near ``max_tokens`` a token that would leave too little room to
 close the structure is refused too, and the answer ends with ``closure.Closer``'s completion;
@@ -69,6 +73,7 @@ class _Call:
     rejected: bool = False
     closing: bool = False
     logits: npt.NDArray[np.float64] | None = None
+    refused_end: int | None = None  # the model ended before the grammar could
     ended: bool = False  # the job ended (its last token, or the worker stopped it)
 
 
@@ -112,9 +117,15 @@ class ConstrainedRun:
             if call.ended or not (call.rejected or call.closing):
                 return
             closing = call.closing
-            forced = self._closing() if closing else self._replacement(call.logits)
-            if not closing and not self._leaves_room(forced, left):
-                closing, forced = True, self._closing()
+            if call.refused_end is not None:
+                forced = self._ending(call.refused_end, left)
+                closing = forced[-1:] != [call.refused_end]  # no room for the end: cut
+            elif closing:
+                forced = self._closing()
+            else:
+                forced = self._replacement(call.logits)
+                if not self._leaves_room(forced, left):
+                    closing, forced = True, self._closing()
             forced = forced[:left]
             if not forced:
                 return  # complete already: the batch's end finishes the job as cut
@@ -135,6 +146,8 @@ class ConstrainedRun:
             if not self._consume(token):
                 call.rejected = True
                 call.logits = row_logits(step)
+                if token in self._end_ids:
+                    call.refused_end = token
                 return True
             call.accepted.append(token)
             self._since_refresh += 1
@@ -193,6 +206,12 @@ class ConstrainedRun:
         step = self._step
         self._step += 1
         return sink(0, step, token, logprob, last or token in self._end_ids)
+
+    def _ending(self, end: int, left: int) -> list[int]:
+        """The model ended before the grammar could: the shortest completion, then its end
+        token when both fit (else the completion alone, and the answer ends as cut)."""
+        closing = self._closing()
+        return [*closing, end] if len(closing) < left else closing
 
     def _closing(self) -> list[int]:
         return self._closer.closing(self._matcher) or []
