@@ -230,21 +230,27 @@ class EngineRunner:
         prompts: list[list[str]],
         callback: Callable[[Any], bool],
         static: bool = True,
+        lengths: tuple[int, int] | None = None,
+        logits: bool = False,
     ) -> None:
+        """One ``generate_batch`` with the command's options; ``lengths``: (max, min) new
+        tokens when not the command's (a constrained job's later calls), ``logits``: copy the
+        vocabulary's logits every step even without ``top_logprobs``."""
+        max_new, min_new = lengths or (max(command.max_new_tokens), command.min_tokens)
         generator.generate_batch(
             prompts,
-            max_length=max(command.max_new_tokens),
+            max_length=max_new,
             sampling_temperature=command.temperature,
             sampling_topk=command.top_k,
             sampling_topp=command.top_p,
             repetition_penalty=command.repetition_penalty,
             beam_size=1,
             return_scores=True,  # the sampled token's log-probability reaches the callback
-            # Copies the vocabulary's logits every step: only for a job that asks.
-            return_logits_vocab=command.top_logprobs > 0,
+            # Copies the vocabulary's logits every step: only for a job that needs them.
+            return_logits_vocab=logits or command.top_logprobs > 0,
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else self._end_tokens,
-            min_length=command.min_tokens,
+            min_length=min_new,
             static_prompt=command.static_prompt if static else None,
             cache_static_prompt=command.cache_static_prompt,
             callback=callback,
@@ -294,22 +300,10 @@ class EngineRunner:
                 drawn()
                 return callback(step)
 
-            generator.generate_batch(
-                [pieces],
-                max_length=max_new,
-                sampling_temperature=command.temperature,
-                sampling_topk=command.top_k,
-                sampling_topp=command.top_p,
-                repetition_penalty=command.repetition_penalty,
-                beam_size=1,
-                return_scores=True,
-                return_logits_vocab=True,  # a refused token's step: its replacement's scores
-                include_prompt_in_result=False,
-                end_token=[] if command.ignore_eos else self._end_tokens,
-                min_length=min_new,
-                static_prompt=command.static_prompt if static else None,
-                cache_static_prompt=command.cache_static_prompt,
-                callback=on_token,
+            # A refused token's step: its logits give the replacement's scores.
+            lengths = (max_new, min_new)
+            self._generate_batch(
+                generator, command, [pieces], on_token, static, lengths, logits=True
             )
 
         prompt = (
