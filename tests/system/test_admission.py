@@ -65,7 +65,9 @@ def test_newcomers_admitted_beside_a_busy_lane_match_ctranslate2_alone(
     try:
         runner = harness.job(**greedy("The", 1500))  # type: ignore[arg-type]
         newcomers = [
-            harness.job(**greedy(prompt, 40 + 10 * index))  # type: ignore[arg-type]
+            # Long enough that the first is still running when the last comes, however fast
+            # the machine (at 40 tokens they could end first, and nothing then had to join).
+            harness.job(**greedy(prompt, 200 + 10 * index))  # type: ignore[arg-type]
             for index, prompt in enumerate(PROMPTS)
         ]
         harness.scheduler.submit(runner)
