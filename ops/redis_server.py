@@ -97,6 +97,11 @@ def wait_for_redis(
 
 
 def stop_redis(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    stop_process(process, timeout)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
     if process.poll() is None:
         process.terminate()
         try:

@@ -26,7 +26,7 @@ import redis
 from honcho.environ import parse_procfile
 
 from ops.preload import expand
-from ops.redis_server import free_port, start_redis, stop_redis
+from ops.redis_server import free_port, start_redis, stop_process, stop_redis
 from trickle import keys
 from trickle.config.sections import RedisSettings
 from trickle.config.settings import PROJECT_ROOT
@@ -142,13 +142,7 @@ def start_worker(
 
 def stop(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_SECONDS) -> None:
     """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_process(process, timeout)
 
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -160,9 +160,8 @@ class ConstrainedRun:
     def _leaves_room(self, forced: list[int], left: int) -> bool:
         """Whether after ``forced`` the structure can still close within ``left`` tokens."""
         probe = self._matcher.deep_copy()
-        if probe.try_consume_tokens([t for t in forced if t not in self._end_ids]) < len(
-            [t for t in forced if t not in self._end_ids]
-        ):
+        text = [t for t in forced if t not in self._end_ids]
+        if probe.try_consume_tokens(text) < len(text):
             return True  # (an end token among them ends the answer complete)
         length = self._closer.length(probe)
         return length is None or len(forced) + length <= left
