@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.faultstack import FaultStack, build_fault_stack
+from tests.server_log import server_faults
 
 CHECKS = ",".join(
     [
@@ -65,4 +66,4 @@ def test_every_operation_survives_fuzzing(fuzz_stack: FaultStack, tmp_path: Path
     assert "Tested: 26" in summary  # every operation of the document was exercised
     assert "Stateful" in summary  # sequences along the links ran too
     web_log = (fuzz_stack.log_dir / "web.log").read_text("utf-8", "replace")
-    assert "Traceback" not in web_log and "unhandled error" not in web_log
+    assert server_faults(web_log) == []
