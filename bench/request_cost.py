@@ -7,7 +7,8 @@ over one keep-alive connection, runs ``--jobs`` sequential one-token jobs twice:
 then the SSE stream to ``done``) and ``Prefer: wait``. Each process group's CPU (user + system,
 from ``/proc``; the engine is the worker's child, reported apart) is divided by the jobs. Then a
 ``MONITOR`` connection names every Redis command ``--monitor-jobs`` streamed jobs cost (the
-stack's idle commands over the same time, heartbeats and sweeps, measured first and taken off).
+stack's idle commands over the same time, heartbeats and sweeps, measured first and taken off):
+those the clients sent, and apart (``lua:``) those the job store's scripts ran inside Redis.
 Then 16 jobs are POSTed at once, ``--bursts`` times, and each job record's own ``created_at`` ->
 ``started_at`` is reported, with every process's time on a CPU and time runnable but waiting
 for one (the kernel's per-thread ``schedstat``) from the release until the last claim: whether
@@ -105,7 +106,9 @@ def monitored(url: str, seconds: float | None, action: Any = None) -> tuple[Coun
                 if stop.is_set():
                     return
                 command = str(line.get("command", "")).split(" ", 1)[0].upper()
-                counts[command] += 1
+                # A command a Lua script runs inside Redis is no round trip: marked apart.
+                inside = line.get("client_address") == "lua"
+                counts[f"lua:{command}" if inside else command] += 1
 
     thread = threading.Thread(target=run, name="bench-monitor", daemon=True)
     thread.start()
@@ -143,7 +146,13 @@ def commands_per_job(stack: Stack, model: str, jobs: int) -> dict[str, Any]:
         if value >= 0.05:
             per_job[command] = round(value, 2)
     ordered = dict(sorted(per_job.items(), key=lambda item: -item[1]))
-    return {"total": round(sum(ordered.values()), 1), "by_command": ordered}
+    sent = {name: n for name, n in ordered.items() if not name.startswith("lua:")}
+    return {
+        "total": round(sum(ordered.values()), 1),
+        "sent_by_clients": round(sum(sent.values()), 1),
+        "run_inside_scripts": round(sum(ordered.values()) - sum(sent.values()), 1),
+        "by_command": ordered,
+    }
 
 
 @dataclass
