@@ -44,17 +44,10 @@ from worker.engine.policy import (
 )
 from worker.engine.prefix import PrefixTable
 from worker.engine.restart import RowResume, resume_rows
-from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
+from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 
-__all__ = [
-    "BatchScheduler",
-    "Resume",
-    "RowResume",
-    "ScheduledJob",
-    "StepSink",
-    "make_scheduled_job",
-]
+__all__ = ["BatchScheduler", "RowResume", "ScheduledJob", "StepSink"]
 
 log = logging.getLogger(__name__)
 
