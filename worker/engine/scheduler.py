@@ -9,14 +9,12 @@ cores finish well before one whole batch on one. Per-job limits (max tokens, sto
 cancellation) are enforced in the callback, which stops only its own sequence.
 
 Work moves between batches by *restarting* them, through one entry point
-(``restart_rows``, ``worker.engine.restart``; ``worker.engine.policy`` decides when): a
-newcomer that finds every lane busy joins a young batch, and a lane that falls idle while
-another runs several sequences takes half of them. The checks run when a job arrives, when a
-lane frees, and at every decoding step while jobs wait or a lane idles.
-
-The engine has spare lanes too: the tenants' reserve or overflow lanes. ``Rebalancer``
-(``worker.engine.rebalance``) decides where waiting work goes; this module runs the lanes,
-holds the lock its decisions are taken under, and makes every move it asks for.
+(``restart_rows``, ``worker.engine.restart``): a newcomer that finds every lane busy joins a
+young batch, and a lane that falls idle while another runs several sequences takes half of
+them. The checks run when a job arrives, when a lane frees, and at every decoding step while
+jobs wait or a lane idles. ``worker.engine.rebalance`` decides those moves, and what the spare
+lanes (the tenants' reserve, or overflow lanes) take, priced by ``worker.engine.policy``; this
+module runs the lanes and holds the lock every decision is taken under.
 """
 
 from __future__ import annotations
