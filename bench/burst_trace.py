@@ -30,11 +30,11 @@ from typing import Any
 import redis
 
 from bench.harness import models
+from bench.harness.keepalive import Connections, exchange
 from bench.harness.log import progress
 from bench.harness.params import RunParams
 from bench.harness.stack import Stack
 from bench.harness.stats import percentile
-from bench.load import Connections, _exchange
 from trickle import keys
 from trickle.config.settings import PROJECT_ROOT
 
@@ -59,7 +59,7 @@ async def one_request(
         "ignore_eos": True,
     }
     moments: dict[str, Any] = {"sent": time.time()}
-    _status, lines = await _exchange(conns, "POST", "/v1/chat/completions", body)
+    _status, lines = await exchange(conns, "POST", "/v1/chat/completions", body)
     async for line in lines:
         if not line.startswith("data: ") or line == "data: [DONE]":
             continue

@@ -22,11 +22,11 @@ from typing import Any
 
 from bench.engine_limit import load_generator
 from bench.harness import models
+from bench.harness.keepalive import Connections, exchange
 from bench.harness.log import progress
 from bench.harness.params import RunParams
 from bench.harness.stack import Stack
 from bench.harness.stats import percentile
-from bench.load import Connections, _exchange
 from trickle.config.settings import PROJECT_ROOT
 from trickle.tokenizer import Tokenizer
 
@@ -68,7 +68,7 @@ async def chat_ttft(
         "temperature": 0, "ignore_eos": True,
     }  # fmt: skip
     start = time.perf_counter()
-    status, lines = await _exchange(conns, "POST", "/v1/chat/completions", body)
+    status, lines = await exchange(conns, "POST", "/v1/chat/completions", body)
     first = None
     async for line in lines:
         if first is None and line.startswith("data: ") and line != "data: [DONE]":

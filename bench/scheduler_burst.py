@@ -39,7 +39,8 @@ from trickle.jobs import Job, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
-from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
+from worker.engine.new_job import make_scheduled_job
+from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.publisher import TokenPublisher
 
 

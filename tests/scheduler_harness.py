@@ -14,8 +14,9 @@ from trickle.jobs import Job, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
+from worker.engine.new_job import make_scheduled_job
 from worker.engine.prefix import PrefixTable, cache_partition
-from worker.engine.scheduler import BatchScheduler, ScheduledJob, make_scheduled_job
+from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.engine.step_times import StepTimes
 from worker.publisher import TokenPublisher
 

@@ -31,8 +31,9 @@ from trickle.tenants import TenantTable, tenant_label
 from worker.accounting import account_finished
 from worker.coldstart import ColdStart
 from worker.engine.engine import Engine
+from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
-from worker.engine.scheduler import BatchScheduler, Resume, ScheduledJob, make_scheduled_job
+from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.in_flight import InFlight
 from worker.job_trace import record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties

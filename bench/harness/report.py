@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.harness.md_table import fmt, stat, table
+from bench.harness.report_fanout import fanout_markdown
 from bench.harness.stats import difference, ratio
 
 NOTES = """\
@@ -44,28 +46,6 @@ What each figure includes:
   competition."""
 
 
-def fmt(value: float | int | None, digits: int = 0, suffix: str = "") -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.{digits}f}{suffix}"
-
-
-def _p(section: dict[str, Any] | None, key: str, which: str) -> float | None:
-    if not section:
-        return None
-    value = (section.get(key) or {}).get(which)
-    return None if value is None else float(value)
-
-
-def _row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    align = ["---"] + ["--:"] * (len(header) - 1)
-    return [_row(header), _row(align), *(_row(r) for r in rows)]
-
-
 def model_markdown(result: dict[str, Any]) -> list[str]:
     model = result["model"]
     params = result["params"]
@@ -92,7 +72,7 @@ def model_markdown(result: dict[str, Any]) -> list[str]:
     lines += _cpu(trickle)
     lines += _failures(trickle)
     lines += _roundtrips(trickle.get("roundtrips"))
-    lines += _fanout(trickle.get("fanout") or [])
+    lines += fanout_markdown(trickle.get("fanout") or [])
     return lines
 
 
@@ -102,13 +82,13 @@ def _throughput(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
     rows = [
         [
             "1 stream (generate_tokens / SSE)",
-            fmt(_p(stream, "tokens_per_s", "p50")),
+            fmt(stat(stream, "tokens_per_s", "p50")),
             "-",
-            fmt(_p(single, "tokens_per_s", "p50")),
-            fmt(ratio(_p(single, "tokens_per_s", "p50"), _p(stream, "tokens_per_s", "p50")), 2),
+            fmt(stat(single, "tokens_per_s", "p50")),
+            fmt(ratio(stat(single, "tokens_per_s", "p50"), stat(stream, "tokens_per_s", "p50")), 2),
             "-",
-            f"worker {fmt(_p(single, 'worker_tokens_per_s', 'p50'))}, "
-            f"e2e {fmt(_p(single, 'end_to_end_tokens_per_s', 'p50'))}",
+            f"worker {fmt(stat(single, 'worker_tokens_per_s', 'p50'))}, "
+            f"e2e {fmt(stat(single, 'end_to_end_tokens_per_s', 'p50'))}",
         ]
     ]
     pairs = trickle.get("paired")
@@ -116,10 +96,10 @@ def _throughput(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 f"**1 stream, paired with the engine ({pairs.get('pairs', 0)} pairs)**",
-                fmt(_p(pairs, "engine_tokens_per_s", "p50")),
+                fmt(stat(pairs, "engine_tokens_per_s", "p50")),
                 "-",
-                fmt(_p(pairs, "trickle_tokens_per_s", "p50")),
-                f"**{fmt(_p(pairs, 'tokens_per_s_ratio', 'p50'), 2)}**",
+                fmt(stat(pairs, "trickle_tokens_per_s", "p50")),
+                f"**{fmt(stat(pairs, 'tokens_per_s_ratio', 'p50'), 2)}**",
                 "-",
                 "median of the pairs' ratios",
             ]
@@ -151,7 +131,7 @@ def _throughput(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
         "Trickle max_batch_size=1",
         "batches seen (batched)",
     ]
-    return ["### Throughput", "", *_table(header, rows), ""]
+    return ["### Throughput", "", *table(header, rows), ""]
 
 
 def _aggregate(section: dict[str, Any]) -> str:
@@ -184,37 +164,40 @@ def _cpu(trickle: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     header = ["CPU % of one core during", "worker", "web", "redis", "clients (bench)"]
-    return ["### CPU use (2 cores = 200 %)", "", *_table(header, rows), ""]
+    return ["### CPU use (2 cores = 200 %)", "", *table(header, rows), ""]
 
 
 def _latency(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
     stream = engine.get("generate_tokens")
     single = trickle.get("single_stream")
+    added_ttft = [
+        difference(stat(single, "ttft_ms", which), stat(stream, "ttft_ms", which))
+        for which in ("p50", "p99")
+    ]
     rows = [
         [
             f"engine generate_tokens TTFT ({(stream or {}).get('runs', 0)} runs)",
-            fmt(_p(stream, "ttft_ms", "p50"), 2),
-            fmt(_p(stream, "ttft_ms", "p99"), 2),
+            fmt(stat(stream, "ttft_ms", "p50"), 2),
+            fmt(stat(stream, "ttft_ms", "p99"), 2),
         ],
         [
             f"Trickle single stream TTFT, client ({(single or {}).get('runs', 0)} runs)",
-            fmt(_p(single, "ttft_ms", "p50"), 2),
-            fmt(_p(single, "ttft_ms", "p99"), 2),
+            fmt(stat(single, "ttft_ms", "p50"), 2),
+            fmt(stat(single, "ttft_ms", "p99"), 2),
         ],
         [
             "**added TTFT over direct**",
-            f"**{fmt(difference(_p(single, 'ttft_ms', 'p50'), _p(stream, 'ttft_ms', 'p50')), 2)}**",
-            f"**{fmt(difference(_p(single, 'ttft_ms', 'p99'), _p(stream, 'ttft_ms', 'p99')), 2)}**",
+            *(f"**{fmt(added, 2)}**" for added in added_ttft),
         ],
         [
             "**added TTFT, paired with the engine (median of the pairs' differences)**",
-            f"**{fmt(_p(trickle.get('paired'), 'added_ttft_ms', 'p50'), 2)}**",
-            f"**{fmt(_p(trickle.get('paired'), 'added_ttft_ms', 'p99'), 2)}**",
+            f"**{fmt(stat(trickle.get('paired'), 'added_ttft_ms', 'p50'), 2)}**",
+            f"**{fmt(stat(trickle.get('paired'), 'added_ttft_ms', 'p99'), 2)}**",
         ],
         [
             "Trickle single stream TTFT, server (job created -> first token)",
-            fmt(_p(single, "server_ttft_ms", "p50"), 2),
-            fmt(_p(single, "server_ttft_ms", "p99"), 2),
+            fmt(stat(single, "server_ttft_ms", "p50"), 2),
+            fmt(stat(single, "server_ttft_ms", "p99"), 2),
         ],
     ]
     for label, key in (("batched", "batched"), ("max_batch_size=1", "unbatched")):
@@ -222,11 +205,11 @@ def _latency(engine: dict[str, Any], trickle: dict[str, Any]) -> list[str]:
             rows.append(
                 [
                     f"Trickle {n} concurrent, {label}, TTFT client",
-                    fmt(_p(section, "ttft_ms", "p50"), 1),
-                    fmt(_p(section, "ttft_ms", "p99"), 1),
+                    fmt(stat(section, "ttft_ms", "p50"), 1),
+                    fmt(stat(section, "ttft_ms", "p99"), 1),
                 ]
             )
-    return ["### Latency (ms)", "", *_table(["", "p50", "p99"], rows), ""]
+    return ["### Latency (ms)", "", *table(["", "p50", "p99"], rows), ""]
 
 
 def _failures(trickle: dict[str, Any]) -> list[str]:
@@ -276,112 +259,7 @@ def _roundtrips(rt: dict[str, Any] | None) -> list[str]:
         fmt(rt.get("exec_per_step"), 2),
         fmt(rt.get("commands_per_token"), 2),
     ]
-    return ["### Redis per decoding step (one worker)", "", *_table(header, [row]), ""]
-
-
-def _fanout(runs: list[dict[str, Any]]) -> list[str]:
-    if not runs:
-        return []
-    rows = []
-    for run in runs:
-        if run.get("error"):
-            rows.append([str(run.get("readers")), f"error: {run['error']}"] + ["-"] * 13)
-            continue
-        m = run["readers"]
-        connect = run.get("connect") or {}
-        window = run.get("window") or {}
-        base = run.get("rss_baseline_kib")
-        idle = run.get("rss_idle_kib")
-        busy = run.get("rss_streaming_kib")
-        clients = run.get("redis_clients_baseline")
-        notes = []
-        if window.get("ended_early"):
-            notes.append("jobs ended in window")
-        if window.get("closed_early"):
-            notes.append(f"{window['closed_early']} streams cut")
-        web_log = run.get("web_log") or {}
-        for key in ("subscription_lost", "tracebacks", "http_5xx"):
-            if web_log.get(key):
-                notes.append(f"{key} x{web_log[key]}")
-        for state in ("idle", "streaming"):
-            probes = run.get(f"healthz_{state}") or {}
-            answered = (probes.get("ms") or {}).get("n", 0)
-            if probes.get("failures") or answered < probes.get("requested", 0):
-                notes.append(
-                    f"/healthz {state}: {probes.get('failures', 0)} timed out, "
-                    f"{answered}/{probes.get('requested')} answered"
-                )
-        states = {s.get("status") for s in run.get("job_states") or []}
-        if "failed" in states:
-            notes.append("jobs failed")
-        rows.append(
-            [
-                str(m),
-                f"{connect.get('connected', 0)} in {fmt(connect.get('seconds'), 1)}s",
-                f"{window.get('jobs_streaming', '-')}/{run.get('jobs')}",
-                fmt(window.get("generated_tokens_per_s")),
-                fmt(window.get("demand_tokens_per_s")),
-                fmt(window.get("delivered_tokens_per_s")),
-                fmt(window.get("backlog_tokens_at_end")),
-                fmt((window.get("redis_commands") or {}).get("lrange")),
-                f"{fmt(_mib(base), 0)} / {fmt(_mib(idle), 0)} / {fmt(_mib(busy), 0)}",
-                f"{fmt(_per(idle, base, m), 1)} / {fmt(_per(busy, base, m), 1)}",
-                f"+{_delta(run.get('redis_clients_idle'), clients)} / "
-                f"+{_delta(run.get('redis_clients_streaming'), clients)}",
-                f"{fmt(run.get('web_redis_connections_baseline'))} / "
-                f"{fmt(run.get('web_redis_connections_idle'))} / "
-                f"{fmt(run.get('web_redis_connections_streaming'))}",
-                f"{fmt(_p(run.get('healthz_idle'), 'ms', 'p50'), 1)} / "
-                f"{fmt(_p(run.get('healthz_idle'), 'ms', 'p99'), 1)}",
-                f"{fmt(_p(run.get('healthz_streaming'), 'ms', 'p50'), 1)} / "
-                f"{fmt(_p(run.get('healthz_streaming'), 'ms', 'p99'), 1)}",
-                _fanout_cpu(window.get("cpu_percent") or {}),
-                "; ".join(notes) or "",
-            ]
-        )
-    header = [
-        "readers M",
-        "connected",
-        "jobs streaming",
-        "generated tok/s",
-        "demand tok/s",
-        "delivered tok/s",
-        "backlog (tokens)",
-        "log re-reads (LRANGE)",
-        "RSS MiB before / idle / busy",
-        "KiB per stream idle / busy",
-        "Redis clients +idle / +busy",
-        "web's Redis conns before / idle / busy",
-        "/healthz p50/p99 ms idle",
-        "/healthz p50/p99 ms busy",
-        "CPU % web / readers / worker / redis",
-        "notes",
-    ]
-    jobs = runs[0].get("jobs")
-    return [
-        f"### Fan-out: one gunicorn (gevent) process, {jobs} running jobs",
-        "",
-        *_table(header, rows),
-        "",
-    ]
-
-
-def _fanout_cpu(cpu: dict[str, float]) -> str:
-    worker = sum(v for k, v in cpu.items() if k.startswith("worker:"))
-    parts = [cpu.get("web"), cpu.get("readers"), worker if cpu else None, cpu.get("redis")]
-    return " / ".join(fmt(p) for p in parts)
-
-
-def _mib(kib: int | None) -> float | None:
-    return None if kib is None else kib / 1024
-
-
-def _per(value: int | None, base: int | None, m: int) -> float | None:
-    return None if value is None or base is None or not m else (value - base) / m
-
-
-def _delta(value: int | None, base: int | None) -> str:
-    return "-" if value is None or base is None else str(value - base)
+    return ["### Redis per decoding step (one worker)", "", *table(header, [row]), ""]
 
 
 def markdown(run: dict[str, Any]) -> str:

@@ -12,19 +12,18 @@ import redis
 from flask import Flask
 
 from tests.faultstack import wait_for
-from tests.integration.test_files_batches import (
+from tests.file_batches import (
     FIRST,
     bearer,
     content,
     create,
-    file_settings,
     job_ids_of,
     jsonl,
     line,
-    purge,
     run_jobs,
     upload,
 )
+from tests.integration.test_files_batches import file_settings, purge
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import JobStatus

@@ -17,7 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.faultstack import wait_for
-from tests.integration.test_messages_api import Reader, job_of, refused, store_of
+from tests.messages_client import Reader, job_of, refused, store_of
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.events import TokenEvent

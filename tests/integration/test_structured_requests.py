@@ -15,8 +15,8 @@ import pytest
 from flask import Flask
 
 from tests.faultstack import wait_for
-from tests.integration.test_messages_api import store_of
 from tests.integration.test_messages_tools import drive
+from tests.messages_client import store_of
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import FinishReason, Job

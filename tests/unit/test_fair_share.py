@@ -14,7 +14,8 @@ from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.fair_share import ReserveShares, keys_below_share, reserve_candidates
-from worker.engine.scheduled import ScheduledJob, make_scheduled_job
+from worker.engine.new_job import make_scheduled_job
+from worker.engine.scheduled import ScheduledJob
 
 
 @pytest.fixture(scope="module")

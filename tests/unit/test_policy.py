@@ -11,9 +11,10 @@ import pytest
 from trickle.params import GenerationParams
 from trickle.tokenizer import Tokenizer
 from worker.engine.batch import RunningBatch
+from worker.engine.new_job import make_scheduled_job
 from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill
 from worker.engine.request import EngineRequest
-from worker.engine.scheduled import ScheduledJob, make_scheduled_job
+from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 
 # A CPU-like model: a step grows with the batch (1: 2 ms, 16: 12 ms); prompts prefill fast.

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trickle.jobs import FinishReason, JobError
-from worker.engine.sequence import SequenceState, TokenOutcome
+from worker.engine.scheduled import TokenOutcome
+from worker.engine.sequence import SequenceState
 
 EOS = 0
 

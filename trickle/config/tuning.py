@@ -88,7 +88,7 @@ class ModelTuning(Section):
     tenant_reserve_lane: bool = True
     # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
     # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
-    # that would otherwise wait for a batch to end (worker/engine/scheduler.py), while one more
+    # that would otherwise wait for a batch to end (worker/engine/rebalance.py), while one more
     # lane stretches the running steps by at most that budget. They are never given a split's
     # half, so one is free for the next such job; on a CPU they share the cores while they run.
     # More than one, because arrivals come in clumps (docs/performance.md). 0 = none.

@@ -71,7 +71,7 @@ class ReserveShares:
 
     def __init__(self, lanes: int, lane_slots: int, tenants: bool = True):
         """``tenants``: the spare lanes are the tenants' reserve; else they are overflow lanes
-        (worker/engine/scheduler.py) and no key is ever below its share."""
+        (worker/engine/rebalance.py) and no key is ever below its share."""
         self.lanes = lanes  # spare lanes (0: none)
         self.tenants = tenants and lanes > 0  # False: every answer is "none"
         self.idle = 0  # spare lanes waiting for a job

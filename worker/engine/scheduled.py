@@ -1,7 +1,10 @@
 """A job as the scheduler holds it: its engine request, its sequence state, and its timings.
 
 Kept apart from the scheduler's threads so the batch and policy modules (and the worker's
-in-flight table and accounting) can use the job's shape without the lanes that run it.
+in-flight table and accounting) can use the job's shape without the lanes that run it. The
+sequence state is seen through ``SequenceView``, the members the worker uses, so the modules
+that decide about batches do not depend on how text is detokenized and stop strings matched
+(``worker.engine.sequence`` implements it; ``worker.engine.new_job`` builds a job with it).
 """
 
 from __future__ import annotations
@@ -11,13 +14,44 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from trickle.jobs import JobError
-from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
-from worker.engine.request import EngineRequest, SamplingKey
-from worker.engine.sequence import SequenceState
+from trickle.jobs import FinishReason, JobError
+from worker.engine.request import EngineRequest
 
 DEADLINE_ERROR = JobError("deadline_exceeded", "the job ran past limits.max_job_seconds")
+
+
+@dataclass(frozen=True)
+class TokenOutcome:
+    """What one generated token produced: the event to publish (if any) and whether it ended."""
+
+    index: int | None
+    text: str
+    finish_reason: FinishReason | None
+
+
+class SequenceView(Protocol):
+    """A job's generation state as the worker uses it: the engine callback feeds it tokens,
+    other threads ask it to stop, and the job's result reads what it produced."""
+
+    count: int  # tokens accounted for, resumed ones included
+    error: JobError | None
+    finish_reason: FinishReason | None
+    stop_sequence: str
+
+    @property
+    def output(self) -> str: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    @property
+    def stop_requested(self) -> FinishReason | None: ...
+
+    def on_token(self, token_id: int, is_last: bool) -> TokenOutcome: ...
+
+    def request_stop(self, reason: FinishReason, error: JobError | None = None) -> None: ...
+
+    def finish_without_token(self, reason: FinishReason) -> None: ...
 
 
 @dataclass
@@ -25,7 +59,7 @@ class ScheduledJob:
     job_id: str
     fence: str  # this worker's lease on the job: every write carries it
     request: EngineRequest
-    state: SequenceState
+    state: SequenceView
     deadline: float | None = None  # wall-clock time past which the job is stopped and failed
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
@@ -63,60 +97,3 @@ class ScheduledJob:
 
     def remaining_tokens(self) -> int:
         return self.request.max_new_tokens - len(self.generated_ids)
-
-
-class JobVocabulary(Protocol):
-    """What a job's state needs of its engine (``Engine`` is one): its tokenizer, and the ids
-    that end a job."""
-
-    tokenizer: Tokenizer
-
-    def stop_ids(self, params: GenerationParams) -> frozenset[int]: ...
-
-
-@dataclass(frozen=True)
-class Resume:
-    """What a job had already streamed before its previous worker died."""
-
-    text: str = ""
-    count: int = 0
-
-
-def make_scheduled_job(
-    engine: JobVocabulary,
-    job_id: str,
-    prompt_ids: list[int],
-    params: GenerationParams,
-    fence: str,
-    resume: Resume = Resume(),
-    deadline: float | None = None,
-    priority: int = 0,
-    tenant: str = "",
-    cache_partition: str = "",
-) -> ScheduledJob:
-    """Engine request plus per-job state; ``prompt_ids`` include any resumed text;
-    ``cache_partition``: whose cached prefixes it may use (worker.engine.prefix)."""
-    state = SequenceState(
-        engine.tokenizer,
-        prompt_ids,
-        params.max_tokens,
-        params.stop,
-        engine.stop_ids(params),
-        resumed_text=resume.text,
-        resumed_count=resume.count,
-    )
-    # A seed matters only when sampling; greedy jobs batch with everyone.
-    seed = None if params.is_greedy else params.seed
-    remaining = params.max_tokens - resume.count
-    sampling = SamplingKey.from_params(params, generated=resume.count)
-    request = EngineRequest(
-        prompt_ids,
-        remaining,
-        sampling,
-        seed,
-        cache_partition=cache_partition,
-        grammar=params.grammar,
-        grammar_replay=resume.text if params.grammar is not None else "",
-        top_logprobs=params.top_logprobs,
-    )
-    return ScheduledJob(job_id, fence, request, state, deadline, priority=priority, tenant=tenant)

@@ -9,16 +9,12 @@ cores finish well before one whole batch on one. Per-job limits (max tokens, sto
 cancellation) are enforced in the callback, which stops only its own sequence.
 
 Work moves between batches by *restarting* them, through one entry point
-(``restart_rows``, ``worker.engine.restart``; ``worker.engine.policy`` decides when): a
-newcomer that finds every lane busy joins a young batch, and a lane that falls idle while
-another runs several sequences takes half of them. The checks run when a job arrives, when a
-lane frees, and at every decoding step while jobs wait or a lane idles.
-
-The engine has spare lanes too. With named keys it is a reserve lane
-(``worker.engine.fair_share``): it runs only jobs of keys below their share of the other lanes
-while those are all busy, so one key's flood never makes another key's job wait for a batch to
-end. Without them they are overflow lanes: while every lane runs a batch with long to go, a job
-that no batch takes with a short pause starts on one at once (``RestartPolicy.overflow``).
+(``restart_rows``, ``worker.engine.restart``): a newcomer that finds every lane busy joins a
+young batch, and a lane that falls idle while another runs several sequences takes half of
+them. The checks run when a job arrives, when a lane frees, and at every decoding step while
+jobs wait or a lane idles. ``worker.engine.rebalance`` decides those moves, and what the spare
+lanes (the tenants' reserve, or overflow lanes) take, priced by ``worker.engine.policy``; this
+module runs the lanes and holds the lock every decision is taken under.
 """
 
 from __future__ import annotations
@@ -31,30 +27,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from trickle.jobs import FinishReason
+from worker.engine.admission_window import AdmissionWindow
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
 from worker.engine.engine import Engine
 from worker.engine.fair_share import ReserveShares
-from worker.engine.policy import (
-    RestartPolicy,
-    RestartRules,
-    batches_with,
-    halves,
-    runs_with_first,
-    takes_along,
-)
+from worker.engine.policy import RestartPolicy, RestartRules, halves, runs_with_first
 from worker.engine.prefix import PrefixTable
+from worker.engine.rebalance import Rebalancer, by_priority, split_in_flight
 from worker.engine.restart import RowResume, resume_rows
-from worker.engine.scheduled import Resume, ScheduledJob, make_scheduled_job
+from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 
-__all__ = [
-    "BatchScheduler",
-    "Resume",
-    "RowResume",
-    "ScheduledJob",
-    "StepSink",
-    "make_scheduled_job",
-]
+__all__ = ["BatchScheduler", "RowResume", "ScheduledJob", "StepSink"]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +77,7 @@ class BatchScheduler:
         self._on_restart = on_restart  # called with True for a split, False for a join
         self._publish_step = publish_step
         self._max_batch_size = max_batch_size
-        self._max_batch_wait = max_batch_wait_ms / 1000.0
-        self._quiet_after = quiet_start_after_ms / 1000.0
+        self._window = AdmissionWindow(max_batch_wait_ms, quiet_start_after_ms)
         self._step_times = step_times or StepTimes(engine.warm_step_seconds)
         rules = RestartRules(
             max_batch_size,
@@ -107,20 +90,15 @@ class BatchScheduler:
                 else prefill_seconds_per_token
             ),
         )
-        self._policy = RestartPolicy(rules, self._step_times)
         self._prefixes = prefixes or PrefixTable((), 0, 1)
         self._pending: list[ScheduledJob] = []
-        # When the job before the latest one arrived: after a quiet spell a job starts at once.
-        self._previous_arrival = float("-inf")
-        self._latest_arrival = float("-inf")
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
-        self._lane_count = engine_threads
         self._reserve = ReserveShares(
             reserve_threads, max_batch_size * engine_threads, tenants=not overflow
         )
-        # The spare lanes' role: the tenants' reserve, else (any at all) overflow lanes.
-        self._overflow = bool(self._reserve.lanes) and not self._reserve.tenants
+        policy = RestartPolicy(rules, self._step_times)
+        self._rebalancer = Rebalancer(policy, self._reserve, engine_threads)
         # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
         # an arrival wakes only a lane that may take it, not every lane per job.
         lock = threading.RLock()
@@ -186,7 +164,7 @@ class BatchScheduler:
                     job.request = dataclasses.replace(
                         job.request, prefix=found.prefix, cache_partition=found.partition
                     )
-            self._previous_arrival, self._latest_arrival = self._latest_arrival, time.monotonic()
+            self._window.arrived()
             self._pending.append(job)
             self._rebalance()
             self._cond.notify()
@@ -202,31 +180,11 @@ class BatchScheduler:
     # -- moving work between batches (under the lock) ------------------------------------------
 
     def _rebalance(self) -> None:
-        """Apply the policy: with every lane busy, each waiting job joins the batch that is
-        smallest with it (by restarting it); with a lane idle and nothing waiting, the lane
-        takes half of a busy batch. One split at a time (its half goes to the idle lane)."""
-        if self._split_in_flight():
-            return
-        now = time.monotonic()
-        if self._pending and self._idle_lanes == 0:
-            below = self._reserve.below(self._pending, self._running)
-            overflow = self._overflow_open(now)
-            for job in sorted(self._pending, key=lambda job: job.priority):
-                if job.tenant in below and self._reserve.idle:
-                    continue  # the reserve lane starts it at once, pausing no running batch
-                join = self._policy.join(self._joinable(job, below), job, now)
-                if overflow and (join is None or join.long):
-                    continue  # an idle overflow lane starts it at once: no stream pauses long
-                if join is None:
-                    continue
-                self._pending.remove(job)
-                self.restart_rows(join.batch, joiners=[job], long=join.long)
-            if overflow and self._pending:
-                self._spare_cond.notify()  # an idle overflow lane takes them
-        elif not self._pending and self._idle_lanes > 0:
-            split = self._policy.split([b for b in self._running if not b.reserve], now)
-            if split is not None:
-                self.restart_rows(split.batch, split=True, long=split.long)
+        """Let the rebalancer move work between lanes now (``worker.engine.rebalance``)."""
+        if self._rebalancer.rebalance(
+            self._pending, self._running, self._idle_lanes, self.restart_rows
+        ):
+            self._spare_cond.notify()  # an idle overflow lane takes them
 
     def restart_rows(
         self,
@@ -276,36 +234,6 @@ class BatchScheduler:
                     return batch
             return None
 
-    def _joinable(self, job: ScheduledJob, below: set[str]) -> list[RunningBatch]:
-        """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share
-        (an overflow lane's, any)."""
-        return [
-            batch
-            for batch in self._running
-            if not batch.reserve or self._overflow or job.tenant in below
-        ]
-
-    def _overflow_open(self, now: float) -> bool:
-        """Whether an idle overflow lane should take a waiting job no batch takes with a short
-        pause: every ordinary lane runs a batch, and the policy says none ends soon."""
-        if not self._overflow or not self._reserve.idle or self._idle_lanes:
-            return False
-        ordinary = [batch for batch in self._running if not batch.reserve]
-        spares = len(self._running) - len(ordinary)
-        return len(ordinary) >= self._lane_count and self._policy.overflow(ordinary, now, spares)
-
-    def _spare_candidates(self) -> list[ScheduledJob]:
-        """The waiting jobs an idle spare lane may take, most urgent first: those of keys below
-        their share (the tenants' reserve), or every one while overflow is open."""
-        if not self._overflow:
-            return self._reserve.candidates(self._pending, self._running)
-        if not self._overflow_open(time.monotonic()):
-            return []
-        return sorted(self._pending, key=lambda job: job.priority)
-
-    def _split_in_flight(self) -> bool:
-        return any(batch.split for batch in self._running)
-
     # -- the lanes -----------------------------------------------------------------------------
 
     def _run(self, reserve: bool = False) -> None:
@@ -345,7 +273,9 @@ class BatchScheduler:
             self._reserve.idle += 1
             try:
                 while not self._closed:
-                    candidates = [] if self._idle_lanes else self._spare_candidates()
+                    candidates = self._rebalancer.spare_candidates(
+                        self._pending, self._running, self._idle_lanes
+                    )
                     if candidates:
                         break
                     # Shares also change as sequences end: look again now and then.
@@ -364,12 +294,12 @@ class BatchScheduler:
         another idle lane took the jobs meanwhile (two lanes can wait out windows at once).
         Called under the lock."""
         # While a split is in flight its other half is on its way here: take it with the rest.
-        while (not self._pending or self._split_in_flight()) and not self._closed:
+        while (not self._pending or split_in_flight(self._running)) and not self._closed:
             self._rebalance()  # this lane is idle: is a busy batch worth sharing with it?
             self._cond.wait()
         if self._closed:
             return None
-        deadline = time.monotonic() + self._admission_window()
+        deadline = time.monotonic() + self._window.seconds(len(self._pending))
         while len(self._pending) < self._max_batch_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -377,45 +307,11 @@ class BatchScheduler:
             self._cond.wait(remaining)
         if not self._pending:
             return []
-        # Interactive before batch work; arrival order within a priority (sort is stable).
-        waiting = sorted(self._pending, key=lambda job: job.priority)
-        batch = self._share(runs_with_first(waiting))
+        compatible = runs_with_first(by_priority(self._pending))
+        batch = self._rebalancer.share(compatible, self._pending, self._running, self._idle_lanes)
         chosen = {id(job) for job in batch}
         self._pending = [job for job in self._pending if id(job) not in chosen]
         return batch
-
-    def _share(self, compatible: list[ScheduledJob]) -> list[ScheduledJob]:
-        """This lane's share of the waiting jobs that can run together: lanes free at the same
-        moment divide them (half batches on two cores finish well before a whole one on one
-        core), and a lane free beside a busy one leaves it the jobs that even out their loads
-        when they can join it by a restart (a burst that found one lane busy with its first
-        job no longer piles onto the other). Called under the lock."""
-        take = -(-len(compatible) // max(self._idle_lanes, 1))
-        lanes = self._lane_count
-        if self._idle_lanes < lanes and take > 1:
-            first = compatible[0].request
-            busy = sum(
-                b.load() for b in self._running if not b.reserve and batches_with(b.jobs[0], first)
-            )
-            fair = max(-(-(len(compatible) + busy) // lanes), 1)
-            left = compatible[fair:]
-            # Only for a short join: a job left waiting on a long one may find it refused.
-            join = None
-            if left:
-                below = self._reserve.below(self._pending, self._running)
-                join = self._policy.join(self._joinable(left[0], below), left[0], time.monotonic())
-            if fair < take and join is not None and not join.long:
-                take = fair
-        return compatible[: min(take, self._max_batch_size)]
-
-    def _admission_window(self) -> float:
-        """How long a lane waits for company: the configured window while jobs arrive close
-        together, none after a quiet spell (``quiet_start_after_ms`` without an arrival), where
-        waiting only delays a lone job; a burst that follows still joins it by a restart."""
-        gap = self._latest_arrival - self._previous_arrival
-        if self._quiet_after > 0 and len(self._pending) == 1 and gap > self._quiet_after:
-            return 0.0
-        return self._max_batch_wait
 
     def _run_batch(
         self, batch: list[ScheduledJob], reserve: bool = False
@@ -480,20 +376,9 @@ class BatchScheduler:
             carried = [*survivors, *running.joiners]
             if not carried:
                 return None, going_on
-            room = self._max_batch_size - len(carried)
-            if running.reserve and self._reserve.tenants:
-                waiting = self._reserve.candidates(self._pending, self._running)
-            else:  # jobs the idle reserve lane is about to take are left to it
-                left_to_reserve = (
-                    self._reserve.below(self._pending, self._running)
-                    if self._reserve.idle
-                    else set()
-                )
-                waiting = sorted(
-                    (job for job in self._pending if job.tenant not in left_to_reserve),
-                    key=lambda job: job.priority,
-                )
-            fits = takes_along(carried, waiting, self._running, room, running.reserve)
+            fits = self._rebalancer.take_along(
+                carried, self._pending, self._running, running.reserve
+            )
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
             return self._reserve.hand_over([*carried, *fits], running.reserve), going_on

@@ -6,23 +6,17 @@ Pure logic (no Redis, no CTranslate2), called from the engine callback for every
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from trickle.jobs import FinishReason, JobError
 from worker.engine.detok import Decoder, IncrementalDetokenizer
+from worker.engine.scheduled import TokenOutcome
 from worker.engine.stops import StopMatcher
 
 
-@dataclass(frozen=True)
-class TokenOutcome:
-    """What one generated token produced: the event to publish (if any) and whether it ended."""
-
-    index: int | None
-    text: str
-    finish_reason: FinishReason | None
-
-
 class SequenceState:
+    """One job's ``SequenceView`` (worker.engine.scheduled): what the scheduler's lanes feed
+    tokens to and what the job's result is read from."""
+
     def __init__(
         self,
         decoder: Decoder,
