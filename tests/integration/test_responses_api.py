@@ -16,12 +16,12 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from tests.faultstack import wait_for
+from tests.messages_client import append
 from trickle import keys
 from trickle.config.sections import AuthSettings
 from trickle.config.settings import Settings
-from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, JobResult, JobStatus
-from trickle.store.job_store import JobStore, StepAppend
+from trickle.store.job_store import JobStore
 from web.services import services
 
 
@@ -41,14 +41,6 @@ def background(client: FlaskClient, **body: Any) -> tuple[str, str]:
     assert reply.status_code == 200, reply.get_json()
     response_id = reply.get_json()["id"]
     return response_id, "job_" + response_id.removeprefix("resp_")
-
-
-def append(store: JobStore, job_id: str, fence: str, first: int, count: int) -> None:
-    tokens = [TokenEvent(job_id, i, f"<{i}>", -0.5) for i in range(first, first + count)]
-    pipe = store.redis.pipeline(transaction=False)
-    store.queue_step(pipe, [StepAppend(job_id, fence, tokens, time.time())])
-    (reply,) = pipe.execute()
-    assert not store.step_outcome([StepAppend(job_id, fence, tokens)], reply).fenced_out
 
 
 def finish(store: JobStore, job_id: str, fence: str, count: int) -> None:
