@@ -2,7 +2,7 @@
 detokenization (multi-byte characters split into byte-fallback pieces, a stray continuation
 byte that forms no character, pieces with and without the word-boundary marker).
 
-Built like the demo model (``ops.model_builders.demo.bigram_spec``) from a table where each
+Built like the demo model (``ops.model_builders.demo.save_bigram_model``) from a table where each
 id of the cycle has one likely successor, so CTranslate2 itself produces the ids at serving time.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from ops.model_builders.demo import bigram_spec
+from ops.model_builders.demo import save_bigram_model
 
 # After the prompt "The" (whose last piece starts the cycle) the model writes these pieces
 # in a loop. Every id occurs once, so a bigram table can script it.
@@ -50,6 +50,6 @@ def build_scripted_model(output_dir: Path, tokenizer_path: Path) -> Path:
     table[ending, sp.eos_id()] = 0.0
     table[ending, ids[0]] = -5.0
     pieces = [sp.id_to_piece(i) for i in range(vocab)]
-    bigram_spec(table, pieces).save(str(output_dir))
+    save_bigram_model(table, pieces, output_dir)
     shutil.copy(tokenizer_path, output_dir / "tokenizer.model")
     return output_dir

@@ -20,7 +20,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
-from ops.model_builders.demo import bigram_spec
+from ops.model_builders.demo import save_bigram_model
 
 CALL = [
     "<tool_",
@@ -70,5 +70,5 @@ def build_tool_model(output_dir: Path, demo_tokenizer: Path) -> Path:
             table[current, :] = -30.0
             table[current, following] = 0.0
     pieces = [sp.id_to_piece(i) for i in range(vocab)]
-    bigram_spec(table, pieces).save(str(output_dir))
+    save_bigram_model(table, pieces, output_dir)
     return output_dir

@@ -15,9 +15,8 @@ from typing import Any
 import sentencepiece as spm
 
 from bench.harness.models import MODELS_DIR, TOKENIZER_FILE
-from ops.model_builders.demo import bigram_log_probs, bigram_spec, build_demo_model, encode_corpus
+from ops.model_builders.demo import bigram_log_probs, save_bigram_model, build_demo_model, encode_corpus
 from trickle.config.settings import DEFAULT_MODEL_DIR
-from worker.engine.model_hints import write_hints
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -74,8 +73,7 @@ def build_json_model(directory: Path = MODELS_DIR / "bench-json") -> Path:
     staging = directory.with_name(directory.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    bigram_spec(table, pieces).save(str(staging))
+    save_bigram_model(table, pieces, staging)
     shutil.copy(demo / TOKENIZER_FILE, staging / TOKENIZER_FILE)
-    write_hints(staging, "float32", "exact bigram table, as the demo model")
     staging.rename(directory)
     return directory

@@ -342,6 +342,20 @@ def bigram_spec(
     return spec
 
 
+def save_bigram_model(
+    table: FloatArray, pieces: Sequence[str], directory: Path, circuit: EndCircuit | None = None
+) -> None:
+    """Save ``bigram_spec(table, pieces, circuit)`` into ``directory`` with its float32 hint.
+
+    Every bigram model is exact only in float32: under ``auto`` CTranslate2 quantizes to int8
+    on CPUs that have it, and whether int8 rounding still keeps a scripted model's greedy path
+    depends on the CPU's kernels (a tool script that held on one machine left its script on an
+    AVX2-only one). So the hint is written here, with the weights, never by each caller.
+    """
+    bigram_spec(table, pieces, circuit).save(str(directory))
+    write_hints(directory, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)
+
+
 # --- build steps ----------------------------------------------------------------------------
 
 
@@ -354,9 +368,8 @@ def _build_into(staging: Path) -> None:
     table = bigram_log_probs(sequences, sp.get_piece_size())
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     circuit = demo_circuit(sp)
-    bigram_spec(table, pieces, circuit).save(str(staging))
+    save_bigram_model(table, pieces, staging, circuit)
     (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
-    write_hints(staging, DEMO_COMPUTE_TYPE, DEMO_COMPUTE_WHY)
     (staging / BUILD_FILE).write_text(DEMO_BUILD + "\n")
     generator = ctranslate2.Generator(str(staging), device="cpu")
     error = max_logprob_error(generator, table, circuit, sequences)

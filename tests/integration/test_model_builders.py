@@ -22,6 +22,7 @@ from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 from ops.model_builders import demo as demo_model
 from ops.model_builders import demo_end
 from ops.model_builders import random_llama as random_model
+from worker.engine.model_hints import resolve_compute_type
 
 MAX_MODEL_BYTES = 50 * 1024 * 1024
 PROMPTS = [
@@ -94,9 +95,17 @@ def test_verification_sees_a_model_without_its_end_bias(tmp_path: Path, demo_dir
     sp = demo_model.load_tokenizer(demo_dir / demo_model.TOKENIZER_FILE)
     table = demo_model.bigram_log_probs(demo_model.encode_corpus(sp, demo_model.collect_corpus()))
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    demo_model.bigram_spec(table, pieces).save(str(tmp_path))
+    demo_model.save_bigram_model(table, pieces, tmp_path)
     (tmp_path / demo_model.TOKENIZER_FILE).write_bytes((demo_dir / "tokenizer.model").read_bytes())
     assert demo_model.verify_demo_model(tmp_path) > 1.0
+
+
+def test_every_bigram_model_is_served_in_float32(tmp_path: Path) -> None:
+    """A scripted model's greedy path holds only at float32; ``auto`` is int8 on most CPUs."""
+    table = np.full((4, 4), -30.0, dtype=np.float32)
+    demo_model.save_bigram_model(table, ["<unk>", "<s>", "</s>", "a"], tmp_path)
+    assert resolve_compute_type(tmp_path, "auto") == "float32"
+    assert resolve_compute_type(tmp_path, "int8") == "int8"  # explicit configuration wins
 
 
 def test_end_bias_grows_after_sentence_ends_only(tokenizer: spm.SentencePieceProcessor) -> None:

@@ -22,7 +22,7 @@ import requests
 
 from ops.model_builders.demo import (
     bigram_log_probs,
-    bigram_spec,
+    save_bigram_model,
     collect_corpus,
     encode_corpus,
     load_tokenizer,
@@ -67,7 +67,7 @@ def own_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     shutil.copytree(demo_model_dir, path)
     sp = load_tokenizer(path / "tokenizer.model")
     table = bigram_log_probs(encode_corpus(sp, collect_corpus()))
-    bigram_spec(table, [sp.id_to_piece(i) for i in range(sp.get_piece_size())]).save(str(path))
+    save_bigram_model(table, [sp.id_to_piece(i) for i in range(sp.get_piece_size())], path)
     tokenizer = Tokenizer(path / "tokenizer.model")
     ids = greedy_ids(path, PROMPT, 24)
     k = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i] and ids[i] != tokenizer.eos_id)
