@@ -18,7 +18,7 @@ from trickle import keys
 from trickle.jobs import Job
 from web.auth import current_key
 from web.batch_finalize import batch_result_ttl, cancel_pending
-from web.batch_requests import failed_item, jobs_for_item, parse_line
+from web.batch_requests import check_line_size, failed_item, jobs_for_item, parse_line
 from web.batch_store import BatchItem, BatchRecord, BatchStore
 from web.body import decode_utf8
 from web.errors import HttpError
@@ -35,7 +35,8 @@ YIELD_EVERY = 25
 
 def count_lines(svc: Services, file_id: str) -> int:
     """Non-blank lines of a stored file, read a chunk at a time."""
-    return sum(1 for _end, line in lines_of(svc.files.chunks(file_id)) if line.strip())
+    lines = lines_of(svc.files.chunks(file_id), max_line=svc.settings.web.max_body_bytes)
+    return sum(1 for _end, line in lines if line.strip())
 
 
 def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
@@ -59,7 +60,8 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     number = batch.total
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
-    for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset):
+    max_line = svc.settings.web.max_body_bytes
+    for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset, max_line):
         if line.strip():
             group.append((end, line))
         if len(group) == INGEST_LINES:
@@ -141,6 +143,7 @@ def _item(
     limits = svc.settings.limits
     custom_id = ""
     try:
+        check_line_size(number, len(raw), svc.settings.web.max_body_bytes)
         text = decode_utf8(raw, f"line {number}", f"line {number}")
         item = parse_line(number, text, (batch.endpoint,))
         custom_id = item.custom_id

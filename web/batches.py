@@ -29,7 +29,7 @@ from web.batch_objects import batch_object
 from web.batch_output import finished_slices, output_line
 from web.batch_pending import Reservation
 from web.batch_quota import check_batch_storage
-from web.batch_requests import parse_line, parse_request
+from web.batch_requests import check_line_size, parse_line, parse_request
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, read_body
 from web.errors import HttpError, invalid, not_found, too_many, unavailable
@@ -94,6 +94,9 @@ def _create_batch() -> Response:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
+    max_line = svc.settings.web.max_body_bytes
+    for number, line in lines:
+        check_line_size(number, len(line.encode()), max_line)
     items = [parse_line(number, line, BATCH_URLS) for number, line in in_turns(lines)]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)

@@ -215,9 +215,14 @@ class FileStore:
         return sum(record.bytes for record in self.owned(owner))
 
 
-def lines_of(chunks: Iterator[bytes], start: int = 0) -> Iterator[tuple[int, bytes]]:
+def lines_of(
+    chunks: Iterator[bytes], start: int = 0, max_line: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """(offset just past the line, the line without its "\\n") for each line of a chunked
-    file from byte ``start`` on; a last line without "\\n" counts."""
+    file from byte ``start`` on; a last line without "\\n" counts. A line longer than
+    ``max_line`` comes cut to ``max_line + 1`` bytes (enough to tell it is too long): a file's
+    one 60 MB line never sits whole in a web process."""
+    keep = None if max_line is None else max_line + 1
     offset = 0
     carry = b""
     for chunk in chunks:
@@ -233,10 +238,11 @@ def lines_of(chunks: Iterator[bytes], start: int = 0) -> Iterator[tuple[int, byt
             end = data.find(b"\n", begin)
             if end < 0:
                 break
-            yield offset - len(carry) + end + 1, data[begin:end]
+            # A newline is never in ``carry``, so ``end`` is in this chunk wherever carry was cut.
+            yield offset - len(carry) + end + 1, data[begin:end][:keep]
             begin = end + 1
         offset += len(chunk)
-        carry = data[begin:]
+        carry = data[begin:][:keep]
     if carry:
         yield offset, carry
 
