@@ -190,6 +190,30 @@ def files_of(owner: str) -> str:
     return f"{PREFIX}:files:{{{owner or 'open'}}}"
 
 
+def files_held(owner: str) -> str:
+    """Sorted set of what counts against an owner's file storage (its files, uploads under
+    way, batch outputs) by the moment each hold lapses; with ``files_held_bytes``, the per-key
+    quota's one source, kept by a script (web/file_store.py) so concurrent uploads cannot
+    both take the last room."""
+    return f"{files_of(owner)}:held"
+
+
+def files_held_bytes(owner: str) -> str:
+    """Hash of each held file's bytes (its metadata included)."""
+    return f"{files_of(owner)}:held-bytes"
+
+
+def batch_inputs_held(owner: str) -> str:
+    """Sorted set of an owner's live batches by the moment their input stops counting (the
+    batch's expiry): ``limits.max_batch_input_bytes_per_key``'s holds, as ``files_held``."""
+    return f"{batches_of(owner)}:held"
+
+
+def batch_inputs_held_bytes(owner: str) -> str:
+    """Hash of each live batch's input bytes."""
+    return f"{batches_of(owner)}:held-bytes"
+
+
 def idempotency_shard(scope: str, key: str) -> int:
     """The shard an idempotency key lives in; the jobs its request creates are drawn there, so
     the key and their records are written in one script on one slot (see ``idempotency``)."""

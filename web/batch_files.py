@@ -15,13 +15,22 @@ from typing import Any
 from trickle.jobs import BATCH_PRIORITY
 from web.auth import current_owner
 from web.batch_ingest import count_lines, ingest
-from web.batch_quota import check_batch_storage
+from web.batch_quota import hold_batch_storage
 from web.batch_requests import BATCH_ENDPOINTS
 from web.batch_store import BatchRecord, BatchStore, new_batch_id
 from web.body import parse_json
 from web.errors import invalid, too_many
+from web.file_store import FileRecord
 from web.files import visible_file
-from web.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
+from web.idempotency import (
+    HEADER,
+    Created,
+    IdempotencyKey,
+    earlier,
+    matching,
+    requested_key,
+    ttl_seconds,
+)
 from web.services import Services
 
 FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
@@ -60,11 +69,35 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
     first = earlier(svc, key)
     if first is not None:
         return _earlier(store, first.batch_id)
-    check_batch_storage(svc, store, source.bytes, "input_file_id")  # its lines are kept
+    batch_id = new_batch_id()
+    held = hold_batch_storage(svc, store, batch_id, source.bytes, "input_file_id")
+    try:
+        batch = _create(svc, store, key, batch_id, source, endpoint, metadata)
+    except BaseException:
+        held.release(batch_id)
+        raise
+    if batch.id != batch_id or batch.stage == "failed":  # another request's batch, or none
+        held.release(batch_id)  # that keeps lines
+    if batch.stage == "validating":
+        batch = ingest(svc, store, batch)
+    return batch
+
+
+def _create(
+    svc: Services,
+    store: BatchStore,
+    key: IdempotencyKey | None,
+    batch_id: str,
+    source: FileRecord,
+    endpoint: str,
+    metadata: dict[str, str] | None,
+) -> BatchRecord:
+    """The batch's record, ``validating`` (or ``failed`` for an input that cannot make one);
+    with ``key``, the batch its first request made."""
     lines = count_lines(svc, source.id)
     now = time.time()
     batch = BatchRecord(
-        new_batch_id(), current_owner(), now, endpoint, 0, stage="validating",
+        batch_id, current_owner(), now, endpoint, 0, stage="validating",
         input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
     )  # fmt: skip
     limit = svc.settings.limits.max_batch_requests
@@ -87,8 +120,6 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
         if found is not None:  # a concurrent first request won: its batch
             return _earlier(store, matching(key, found).batch_id)
         store.index(batch)
-    if batch.stage == "validating":
-        batch = ingest(svc, store, batch)
     return batch
 
 

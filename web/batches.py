@@ -28,7 +28,7 @@ from web.batch_ingest import ingest
 from web.batch_objects import batch_object
 from web.batch_output import finished_slices, output_line
 from web.batch_pending import Reservation
-from web.batch_quota import check_batch_storage
+from web.batch_quota import hold_batch_storage
 from web.batch_requests import check_line_size, parse_line, parse_request
 from web.batch_store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.body import decode_utf8, read_body
@@ -88,7 +88,24 @@ def _create_batch() -> Response:
     first = earlier(svc, key)
     if first is not None:
         return _replay(svc, first.batch_id)
-    check_batch_storage(svc, _store(svc), len(raw), "input")
+    batch_id = new_batch_id()
+    held = hold_batch_storage(svc, _store(svc), batch_id, len(raw), "input")
+    try:
+        response, made = _create_from_lines(svc, key, raw, batch_id)
+    except BaseException:
+        held.release(batch_id)
+        raise
+    if not made:  # a concurrent first request with the key made its batch instead
+        held.release(batch_id)
+    return response
+
+
+def _create_from_lines(
+    svc: Services, key: IdempotencyKey | None, raw: bytes, batch_id: str
+) -> tuple[Response, bool]:
+    """The JSONL body's batch, its input already held; False with the batch another request
+    with the same key made."""
+    limits = svc.settings.limits
     lines = _input_lines(raw)
     if not lines:
         raise invalid("input", "the batch input has no requests")
@@ -102,7 +119,7 @@ def _create_batch() -> Response:
     parsed = _parse_requests(svc, items)
     reservation = _reserve_jobs(svc, parsed)
     try:
-        return _create(svc, key, items, parsed, reservation, len(raw))
+        return _create(svc, key, items, parsed, reservation, batch_id, len(raw))
     finally:
         reservation.release()  # a no-op once the fan-out owns it
 
@@ -113,11 +130,13 @@ def _create(
     items: list[BatchItem],
     parsed: dict[int, OpenAIRequest],
     reservation: Reservation,
+    batch_id: str,
     input_bytes: int,
-) -> Response:
+) -> tuple[Response, bool]:
     """The batch's jobs and record, then their messages in the background: the fan-out takes
     over ``reservation`` and ends it once every message is sent. ``input_bytes``: the body's,
-    which the batch holds against the key's storage (web.batch_quota)."""
+    which the batch holds against the key's storage (web.batch_quota). False with the batch
+    a concurrent first request with the same key made instead."""
     jobs = []
     for index, req in in_turns(parsed.items()):
         item = items[index]
@@ -137,15 +156,15 @@ def _create(
     urls = {item.url for item in items}
     now = time.time()
     endpoint = urls.pop() if len(urls) == 1 else "mixed"
-    batch = BatchRecord(new_batch_id(), current_owner(), now, endpoint, len(items))
+    batch = BatchRecord(batch_id, current_owner(), now, endpoint, len(items))
     batch.in_progress_at = now
     batch.input_bytes = input_bytes
     store = _store(svc)
     found = _record(svc, store, key, batch, items, jobs)
     if found is not None:  # a concurrent first request with the key won: its batch
-        return _replay(svc, found.batch_id)
+        return _replay(svc, found.batch_id), False
     enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
-    return _created_response(svc, batch, [job.id for job in jobs])
+    return _created_response(svc, batch, [job.id for job in jobs]), True
 
 
 def _record(

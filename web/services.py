@@ -131,7 +131,7 @@ class Services:
             if self._binary_redis is None:
                 self._binary_redis = connect_pooled(self.settings.redis, binary=True)
             client = self._binary_redis
-        return FileStore(client, self.settings.files.retention_seconds)
+        return FileStore(client, self.settings.files)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that

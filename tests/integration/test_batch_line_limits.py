@@ -44,7 +44,8 @@ def client(
     owner = keys.files_of(digest_of_entry(FIRST))
     for file_id in redis_client.zrange(owner, 0, -1):
         redis_client.delete(keys.file(str(file_id)), keys.file_chunks(str(file_id)))
-    redis_client.delete(owner)
+    held = [keys.files_held(digest_of_entry(FIRST)), keys.files_held_bytes(digest_of_entry(FIRST))]
+    redis_client.delete(owner, *held)
     yield make_app(line_settings).test_client()
 
 

@@ -72,7 +72,9 @@ def client(app: Flask, redis_client: redis.Redis) -> Iterator[FlaskClient]:
         owner = keys.files_of(_digest(key))
         for file_id in redis_client.zrange(owner, 0, -1):
             redis_client.delete(keys.file(file_id), keys.file_chunks(file_id))
-        redis_client.delete(owner)
+        redis_client.delete(
+            owner, keys.files_held(_digest(key)), keys.files_held_bytes(_digest(key))
+        )
     yield app.test_client()
 
 
