@@ -47,6 +47,7 @@ from web.idempotency import (
 from web.key_policy import check_key_policy
 from web.openai.requests import OpenAIRequest
 from web.openai.routes import jobs_for_request
+from web.ratelimit import counted_read
 from web.response_models import Batch
 from web.services import Services, services
 from web.submission import admission_cost, enqueue_many
@@ -280,6 +281,7 @@ def _reserve_jobs(svc: Services, parsed: dict[int, OpenAIRequest]) -> Reservatio
 
 
 @blueprint.get("/v1/batches")
+@counted_read
 def list_batches() -> Response:
     svc = services()
     store = _store(svc)
@@ -331,6 +333,7 @@ def cancel_batch(batch_id: str) -> Response:
 
 
 @blueprint.get("/v1/batches/<batch_id>/output")
+@counted_read
 def batch_output(batch_id: str) -> Response:
     """OpenAI Batch output JSONL for the requests that have finished, in input order."""
     svc = services()

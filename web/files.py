@@ -27,6 +27,7 @@ from web.file_store import (
     FileWriter,
 )
 from web.follow import owned_by
+from web.ratelimit import counted_read
 from web.services import services
 
 blueprint = Blueprint("files", __name__)
@@ -149,6 +150,7 @@ def _discard(writers: list[FileWriter]) -> None:
 
 
 @blueprint.get("/v1/files")
+@counted_read
 def list_files() -> Response:
     """A page of the caller's files, read a slice at a time (never all of the key's)."""
     svc = services()
@@ -203,6 +205,7 @@ def get_file(file_id: str) -> Response:
 
 
 @blueprint.get("/v1/files/<file_id>/content")
+@counted_read
 def file_content(file_id: str) -> Response:
     store = services().files
     record = visible_file(store, file_id)
