@@ -2,7 +2,8 @@
 ``completion_window``, ``metadata``.
 
 The batch is recorded ``validating`` (so a concurrent read sees it), then its input file is read
-into jobs group by group (``web.batch_ingest``); the answer is the batch once the input is read.
+into jobs group by group (``web.batch_ingest``); the answer is the batch once the input is read,
+or as far as a named key's ``max_queued_jobs`` lets it be read for now (the rest waits).
 A malformed line fails on its own, in the error file; an input that cannot make a batch at all
 (no line, more than ``limits.max_batch_requests``) makes a ``failed`` batch with ``errors``.
 """
