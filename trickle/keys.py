@@ -185,6 +185,12 @@ def file_chunks(file_id: str) -> str:
     return f"{file(file_id)}:chunks"
 
 
+def file_readers(file_id: str) -> str:
+    """Set of the batches reading the file as their input (until their reading ends): a file
+    a batch is still reading cannot be deleted (409), so no batch is cut short silently."""
+    return f"{file(file_id)}:readers"
+
+
 def files_of(owner: str) -> str:
     """Sorted set of an owner's file ids by creation time: listing and the per-key quota."""
     return f"{PREFIX}:files:{{{owner or 'open'}}}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
 from web.auth import current_owner
 from web.batch_ingest import count_lines, ingest
@@ -80,6 +81,9 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
     if batch.id != batch_id or batch.stage == "failed":  # another request's batch, or none
         held.release(batch_id)  # that keeps lines
     if batch.stage == "validating":
+        readers = keys.file_readers(source.id)  # the file is kept until its reading ends
+        svc.redis.sadd(readers, batch.id)
+        svc.redis.expire(readers, svc.settings.files.retention_seconds)
         batch = ingest(svc, store, batch)
     return batch
 

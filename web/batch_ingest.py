@@ -70,7 +70,9 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
     max_line = svc.settings.web.max_body_bytes
+    read_to = offset
     for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset, max_line):
+        read_to = end
         if line.strip():
             group.append((end, line))
         if len(group) == INGEST_LINES:
@@ -87,11 +89,38 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
                 return
             if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
                 cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
-                group = []
-                break
+                _read(svc, batch)
+                store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+                return
     if group and _write_group(svc, store, batch, group, number, seen, jobs_made)[2]:
         return
+    _read(svc, batch)
+    if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
+        _fail_cut_short(svc, store, batch, read_to)
+        return
     store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+
+
+def _read(svc: Services, batch: BatchRecord) -> None:
+    """The batch no longer reads its input file: the file may be deleted."""
+    assert batch.input_file_id is not None
+    svc.redis.srem(keys.file_readers(batch.input_file_id), batch.id)
+
+
+def _fail_cut_short(svc: Services, store: BatchStore, batch: BatchRecord, read_to: int) -> None:
+    """The input file ended before its size: the batch fails, naming why, and the jobs of its
+    lines read so far stop (never a batch that ends ``completed`` with part of its input)."""
+    latest = store.record(batch.id) or batch
+    cancel_pending(svc, store, latest)
+    now = time.time()
+    error = {
+        "code": "input_file_unavailable",
+        "message": f"the input file {batch.input_file_id} was deleted or expired while it was "
+        f"read, after {read_to} of its {batch.input_bytes} bytes",
+        "param": "input_file_id",
+        "line": None,
+    }
+    store.update(batch.id, stage="failed", failed_at=now, errors=[error])
 
 
 def _read_so_far(store: BatchStore, batch: BatchRecord) -> tuple[set[str], int]:

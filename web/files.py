@@ -14,9 +14,11 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from werkzeug.exceptions import HTTPException
 from werkzeug.formparser import FormDataParser
 
+from trickle import keys
 from trickle.config.sections import FileSettings
 from trickle.store.held_quota import QuotaFull
 from web.auth import current_owner
+from web.batch_finalize import batch_store
 from web.errors import HttpError, invalid, not_found
 from web.file_store import (
     MAX_FILENAME_CHARS,
@@ -28,7 +30,7 @@ from web.file_store import (
 )
 from web.follow import owned_by
 from web.ratelimit import counted_read
-from web.services import services
+from web.services import Services, services
 
 blueprint = Blueprint("files", __name__)
 
@@ -221,10 +223,29 @@ def file_content(file_id: str) -> Response:
 
 @blueprint.delete("/v1/files/<file_id>")
 def delete_file(file_id: str) -> Response:
-    store = services().files
+    svc = services()
+    store = svc.files
     record = visible_file(store, file_id)
+    _check_unread(svc, record)
     store.delete(record)
     return jsonify({"id": record.id, "object": "file", "deleted": True})
+
+
+def _check_unread(svc: Services, record: FileRecord) -> None:
+    """409 while a batch still reads the file as its input: deleting it would cut the batch
+    short (a batch that meets its input gone anyway fails ``input_file_unavailable``)."""
+    readers = sorted(svc.redis.smembers(keys.file_readers(record.id)))
+    for batch_id in readers:
+        reading = batch_store(svc).record(str(batch_id))
+        if reading is not None and reading.stage == "validating":
+            raise HttpError(
+                409,
+                "invalid_request_error",
+                f"file {record.id!r} is the input of batch {batch_id!r}, whose input is still "
+                "being read; retry once the batch is in_progress, or cancel it",
+                "file_id",
+                code="file_in_use",
+            )
 
 
 def visible_file(store: FileStore, file_id: str, param: str = "file_id") -> FileRecord:
