@@ -78,12 +78,7 @@ mutate: install-dev demo-model
 	$(BIN)/mutmut results
 
 lint: install-dev
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
-	@# Dead code: any unused function, class, method or property ([tool.vulture]).
-	! $(BIN)/vulture | grep -E 'unused (function|class|method|property)'
+	BIN=$(BIN) .ci/lint
 
 clean:
 	rm -rf $(VENV) models .trickle mutants .coverage .coverage.*
