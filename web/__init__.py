@@ -13,7 +13,8 @@ from web.auth import install_auth
 from web.batch_sweeper import BatchSweeper
 from web.cors import install_cors
 from web.errors import register_error_handlers
-from web.services import EXTENSION_KEY, Services
+from web.services import EXTENSION_KEY
+from web.wiring import build_services
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -28,7 +29,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.url_map.strict_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
+    app.extensions[EXTENSION_KEY] = svc = build_services(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
     sweeper = BatchSweeper(svc)
     svc.on_close.append(sweeper.close)
