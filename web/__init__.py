@@ -9,10 +9,10 @@ from flask import Flask
 
 from trickle.config.settings import Settings, load_settings
 from trickle.telemetry.tracing import Tracing
-from web.auth import install_auth
-from web.batch_sweeper import BatchSweeper
-from web.cors import install_cors
-from web.errors import register_error_handlers
+from web.admission.auth import install_auth
+from web.batches.sweeper import BatchSweeper
+from web.common.cors import install_cors
+from web.common.errors import register_error_handlers
 from web.services import EXTENSION_KEY
 from web.wiring import build_services
 
@@ -35,11 +35,17 @@ def create_app(settings: Settings | None = None) -> Flask:
     svc.on_close.append(sweeper.close)
     sweeper.start()
 
-    from web import batches, files, health, jobs, metrics, page, scaling, stream, stream_access
+    from web import page
     from web.anthropic import errors as anthropic_errors
     from web.anthropic import routes as anthropic_routes
+    from web.batches import files
+    from web.batches import routes as batches
+    from web.jobs import routes as jobs
     from web.openai import routes as openai_routes
     from web.openai.responses_api import routes as responses_routes
+    from web.operations import health, metrics, scaling
+    from web.streams import access as stream_access
+    from web.streams import routes as stream
 
     # Hook order matters: preflights are answered before any credential check, and a stream
     # token is checked before the API key it stands in for.

@@ -25,15 +25,15 @@ if TYPE_CHECKING:
     from trickle.config.settings import Settings
     from trickle.queue import QueueReader
     from trickle.store.job_store import JobStore
-    from web.admission_depth import AdmissionDepth
-    from web.answer_budget import AnswerBudget
-    from web.batch_pending import PendingBatchJobs
-    from web.file_store import FileStore
-    from web.hub import TokenHub
-    from web.ratelimit import RateLimiter
-    from web.request_models import RequestModels
-    from web.responses_store import ResponseStore
-    from web.stream_tokens import StreamTokens
+    from web.admission.depth import AdmissionDepth
+    from web.admission.ratelimit import RateLimiter
+    from web.batches.file_store import FileStore
+    from web.batches.pending import PendingBatchJobs
+    from web.common.answer_budget import AnswerBudget
+    from web.common.request_models import RequestModels
+    from web.openai.responses_api.store import ResponseStore
+    from web.streams.hub import TokenHub
+    from web.streams.tokens import StreamTokens
 
 EXTENSION_KEY = "trickle"
 
@@ -63,7 +63,7 @@ class Services:
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
-    # Stopped with the Services (the batch sweeper's thread, web/batch_sweeper.py).
+    # Stopped with the Services (the batch sweeper's thread, web/batches/sweeper.py).
     on_close: list[Callable[[], None]] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _budgets: dict[str, AnswerBudget] = field(default_factory=dict)

@@ -8,16 +8,16 @@ from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
 from trickle.tenants import TenantTable
-from web.admission_depth import AdmissionDepth
-from web.answer_budget import AnswerBudget
-from web.batch_pending import PendingBatchJobs
-from web.file_store import FileStore
-from web.hub import TokenHub
-from web.ratelimit import RateLimiter
-from web.request_models import RequestModels
-from web.responses_store import ResponseStore
+from web.admission.depth import AdmissionDepth
+from web.admission.ratelimit import RateLimiter
+from web.batches.file_store import FileStore
+from web.batches.pending import PendingBatchJobs
+from web.common.answer_budget import AnswerBudget
+from web.common.request_models import RequestModels
+from web.openai.responses_api.store import ResponseStore
 from web.services import Services
-from web.stream_tokens import StreamTokens, load_secret
+from web.streams.hub import TokenHub
+from web.streams.tokens import StreamTokens, load_secret
 
 
 def build_services(settings: Settings) -> Services:
