@@ -53,7 +53,7 @@ class Services:
     admission_depth: AdmissionDepth
     # Stored Responses API responses; a record lives as long as its job can.
     responses: ResponseStore
-    # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
+    # Batch jobs accepted here whose task messages are still being sent (web/batches/pending.py).
     pending_batch: PendingBatchJobs
     # The parts built on first use, from what they are built of (web.wiring says how).
     files_over: Callable[[Any], FileStore]  # a FileStore over a client that answers bytes
