@@ -22,7 +22,7 @@ from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import BATCH_PRIORITY
 from trickle.tenants import build_keys, digest_of_entry
-from web.batch_sweeper import BatchSweeper, sweep
+from web.batches.sweeper import BatchSweeper, sweep
 from web.services import services
 
 KEY, NAME, CAP, LINES = "queue-cap-key", "capped", 5, 12

@@ -20,7 +20,7 @@ from trickle import keys
 from trickle.config.sections import AuthSettings, FileSettings
 from trickle.config.settings import Settings
 from trickle.tenants import digest_of_entry
-from web import file_store
+from web.batches import file_store
 
 MAX_BODY = 8192
 
@@ -60,7 +60,7 @@ def test_a_file_line_past_the_body_limit_fails_alone_never_read_whole(
             held.append(len(found))
             yield end, found
 
-    monkeypatch.setattr("web.batch_ingest.lines_of", watched)
+    monkeypatch.setattr("web.batches.ingest.lines_of", watched)
     huge = line("big", messages=[{"role": "user", "content": "word " * 50_000}])
     data = jsonl(line("a"), huge, line("b"))
     assert len(data) > 30 * MAX_BODY

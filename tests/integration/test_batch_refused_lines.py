@@ -12,7 +12,7 @@ from flask import Flask
 from tests.clients import batch_line, jsonl
 from trickle import keys
 from trickle.config.settings import Settings
-from web.batch_store import MAX_ERROR_MESSAGE_CHARS
+from web.batches.store import MAX_ERROR_MESSAGE_CHARS
 
 LONG_PROMPT = "The socket " * 5_000  # 55 KB: within the body limit, far over 256 tokens
 

@@ -23,7 +23,7 @@ from trickle import keys
 from trickle.config.sections import AuthSettings, FileSettings
 from trickle.config.settings import Settings
 from trickle.tenants import digest_of_entry
-from web import file_store
+from web.batches import file_store
 from web.services import services
 
 QUOTA = 500_000

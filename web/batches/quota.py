@@ -1,0 +1,64 @@
+"""A key's batch storage: the input its live batches hold in Redis, bounded per key.
+
+A batch keeps every line (its body included) in its items list until the batch expires, for
+its output file: a JSONL body's only copy, and a file batch's second one. Without a bound, one
+key could pin Redis memory with batch after batch, whatever the job backlog allows (a line may
+be refused, or make one short job, and still be stored). A batch's input bytes (the JSONL body,
+or its input file's size) are held under its id before it is recorded, until it expires;
+``limits.max_batch_input_bytes_per_key`` bounds their sum per key (the anonymous callers share
+one). The hold is taken by one script (``trickle.store.held_quota``), so two batches created at
+the same moment cannot both take the last room.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from trickle import keys
+from trickle.store.held_quota import HeldQuota, QuotaFull
+from web.admission.auth import current_owner
+from web.batches.store import BatchStore
+from web.common.errors import HttpError
+from web.services import Services
+
+QUOTA_CODE = "batch_storage_full"
+
+
+def batch_inputs(svc: Services, owner: str) -> HeldQuota:
+    """The owner's batch-input holds (no bound on their count: the job backlog is one)."""
+    return HeldQuota(
+        svc.redis,
+        keys.batch_inputs_held(owner),
+        keys.batch_inputs_held_bytes(owner),
+        svc.settings.limits.max_batch_input_bytes_per_key,
+        sys.maxsize,
+    )
+
+
+def hold_batch_storage(
+    svc: Services, store: BatchStore, batch_id: str, adding: int, param: str
+) -> HeldQuota:
+    """Hold ``adding`` bytes for the batch ``batch_id`` until it expires, or refuse (429 naming
+    ``param``) a batch whose input would take the caller's live batches past the limit; the
+    message tells the caller's own figures only. The caller releases the hold should the
+    batch not be made."""
+    limit = svc.settings.limits.max_batch_input_bytes_per_key
+    quota = batch_inputs(svc, current_owner())
+    try:
+        quota.hold(batch_id, adding, time.time() + store.ttl_seconds)
+    except QuotaFull as exc:
+        lapse = quota.first_lapse()
+        wait = 1 if lapse is None else max(1, math.ceil(lapse - time.time()))
+        raise HttpError(
+            429,
+            QUOTA_CODE,
+            f"this batch's input is {adding} bytes and this key's live batches hold "
+            f"{exc.used}: limits.max_batch_input_bytes_per_key is {limit} per key; retry once "
+            "earlier batches expire",
+            param,
+            headers={"Retry-After": str(wait)},
+            code=QUOTA_CODE,
+        ) from exc
+    return quota
