@@ -131,3 +131,21 @@ def test_a_list_reads_one_page_of_records(app: Flask, monkeypatch: pytest.Monkey
     assert pages == ids
     unknown = client.get("/v1/files?after=file-" + "0" * 24, headers=bearer(FIRST))
     assert unknown.status_code == 400 and unknown.get_json()["error"]["param"] == "after"
+
+
+def test_a_batch_waits_for_room_for_its_output(app: Flask, redis_client: redis.Redis) -> None:
+    """Outputs count against the key's storage and are never refused, so a batch is refused
+    while the key's files fill it (the probe: two 448-byte lines made a 3.2 MiB output file,
+    outside the quota)."""
+    client = app.test_client()
+    for _ in range(2):
+        assert upload(client, b"x" * 190_000, "user_data").status_code == 200
+    held = keys.files_held_bytes(digest_of_entry(FIRST))
+    first = redis_client.hkeys(held)[0]
+    redis_client.hincrby(held, first, QUOTA)  # the key's outputs filled its storage
+    body = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+    refused = client.post("/v1/batches", data=body, headers=bearer(FIRST))
+    assert refused.status_code == 429
+    error = refused.get_json()["error"]
+    assert (error["code"], error["param"]) == ("file_storage_full", "input")
+    assert "files.max_bytes_per_key" in error["message"]

@@ -44,6 +44,7 @@ def hold_batch_storage(
     ``param``) a batch whose input would take the caller's live batches past the limit; the
     message tells the caller's own figures only. The caller releases the hold should the
     batch not be made."""
+    check_output_room(svc, param)
     limit = svc.settings.limits.max_batch_input_bytes_per_key
     quota = batch_inputs(svc, current_owner())
     try:
@@ -62,3 +63,23 @@ def hold_batch_storage(
             code=QUOTA_CODE,
         ) from exc
     return quota
+
+
+def check_output_room(svc: Services, param: str) -> None:
+    """A batch's output files count against the key's file storage and are never refused
+    (the requests ran): so a new batch is refused (429 ``file_storage_full`` naming ``param``)
+    while the key's files already fill that storage, and what outputs can overrun it is bounded
+    by the batches in flight."""
+    files = svc.settings.files
+    used = svc.files.quota(current_owner()).used()
+    if used < files.max_bytes_per_key:
+        return
+    raise HttpError(
+        429,
+        "file_storage_full",
+        f"this key's files hold {used} bytes and files.max_bytes_per_key is "
+        f"{files.max_bytes_per_key}: a batch's output would have no room; delete files (outputs "
+        "included) or wait for them to expire",
+        param,
+        code="file_storage_full",
+    )
