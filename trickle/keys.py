@@ -185,9 +185,39 @@ def file_chunks(file_id: str) -> str:
     return f"{file(file_id)}:chunks"
 
 
+def file_readers(file_id: str) -> str:
+    """Set of the batches reading the file as their input (until their reading ends): a file
+    a batch is still reading cannot be deleted (409), so no batch is cut short silently."""
+    return f"{file(file_id)}:readers"
+
+
 def files_of(owner: str) -> str:
     """Sorted set of an owner's file ids by creation time: listing and the per-key quota."""
     return f"{PREFIX}:files:{{{owner or 'open'}}}"
+
+
+def files_held(owner: str) -> str:
+    """Sorted set of what counts against an owner's file storage (its files, uploads under
+    way, batch outputs) by the moment each hold lapses; with ``files_held_bytes``, the per-key
+    quota's one source, kept by a script (trickle/store/held_quota.py) so concurrent uploads cannot
+    both take the last room."""
+    return f"{files_of(owner)}:held"
+
+
+def files_held_bytes(owner: str) -> str:
+    """Hash of each held file's bytes (its metadata included)."""
+    return f"{files_of(owner)}:held-bytes"
+
+
+def batch_inputs_held(owner: str) -> str:
+    """Sorted set of an owner's live batches by the moment their input stops counting (the
+    batch's expiry): ``limits.max_batch_input_bytes_per_key``'s holds, as ``files_held``."""
+    return f"{batches_of(owner)}:held"
+
+
+def batch_inputs_held_bytes(owner: str) -> str:
+    """Hash of each live batch's input bytes."""
+    return f"{batches_of(owner)}:held-bytes"
 
 
 def idempotency_shard(scope: str, key: str) -> int:

@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = svc = build_services(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
-    sweeper = BatchSweeper(svc)
+    sweeper = BatchSweeper(svc, app)
     svc.on_close.append(sweeper.close)
     sweeper.start()
 

@@ -43,7 +43,7 @@ def build_services(settings: Settings) -> Services:
         ),
         responses=ResponseStore(client, limits.queued_ttl_seconds + limits.result_ttl_seconds),
         pending_batch=PendingBatchJobs(),
-        files_over=lambda binary: FileStore(binary, settings.files.retention_seconds),
+        files_over=lambda binary: FileStore(binary, settings.files),
         budget_for=AnswerBudget,
         load_stream_tokens=lambda: StreamTokens(load_secret(client, settings.web.stream_secret)),
         tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,7 +56,12 @@ def client(
         )
     )
     for key in (FIRST, SECOND):  # each test starts with no batch of either key
-        redis_client.delete(keys.batches_of(digest_of_entry(key)))
+        owner = digest_of_entry(key)
+        redis_client.delete(
+            keys.batches_of(owner),
+            keys.batch_inputs_held(owner),
+            keys.batch_inputs_held_bytes(owner),
+        )
     yield app.test_client()
     celery = services(app).celery
     with celery.connection_for_write() as conn:
@@ -87,7 +93,9 @@ def test_a_keys_live_batches_bound_its_next_one_and_no_other_keys(
     again = post(client, other, SECOND).get_json()["error"]
     assert f"hold {len(other)}" in again["message"] and str(len(first)) not in again["message"]
     # Once the first key's batch has expired (its record gone), its room is back.
-    redis_client.delete(keys.batch(created.get_json()["id"]))
+    batch_id = created.get_json()["id"]
+    redis_client.delete(keys.batch(batch_id))
+    redis_client.zadd(keys.batch_inputs_held(digest_of_entry(FIRST)), {batch_id: 1})  # lapsed
     assert post(client, body(80, "d"), FIRST).status_code == 200
 
 
@@ -105,3 +113,23 @@ def test_a_file_batch_counts_its_input_file(client: FlaskClient) -> None:
     assert refused.status_code == 429
     assert refused.get_json()["error"]["param"] == "input_file_id"
     assert post(client, body(80, "g"), FIRST).get_json()["error"]["param"] == "input"
+
+
+def test_concurrent_batches_never_pass_the_bound(client: FlaskClient) -> None:
+    """Four batches at once, room for one: the hold is taken in one script, so exactly one
+    is made (the input read once, then written, let all four through)."""
+    app = client.application
+    start = threading.Barrier(4)
+    statuses: list[int] = []
+
+    def send(tag: str) -> None:
+        mine = app.test_client()
+        start.wait()
+        statuses.append(post(mine, body(80, tag), FIRST).status_code)
+
+    threads = [threading.Thread(target=send, args=(f"t{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200, 429, 429, 429], statuses

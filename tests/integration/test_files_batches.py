@@ -72,7 +72,9 @@ def client(app: Flask, redis_client: redis.Redis) -> Iterator[FlaskClient]:
         owner = keys.files_of(_digest(key))
         for file_id in redis_client.zrange(owner, 0, -1):
             redis_client.delete(keys.file(file_id), keys.file_chunks(file_id))
-        redis_client.delete(owner)
+        redis_client.delete(
+            owner, keys.files_held(_digest(key)), keys.files_held_bytes(_digest(key))
+        )
     yield app.test_client()
 
 
@@ -365,3 +367,59 @@ def test_an_idempotency_key_makes_one_file_batch(app: Flask, client: FlaskClient
     assert again["id"] == first["id"] and len(job_ids_of(app, first["id"])) == 2
     changed = client.post("/v1/batches", json={**body, "metadata": {"x": "y"}}, headers=headers)
     assert changed.status_code == 422
+
+
+def test_an_input_file_cannot_be_deleted_while_its_batch_reads_it(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe: deleting the input mid-read ended the batch ``completed`` with 1,951 of
+    5,000 lines and no error. The delete is refused (409) while the batch reads; once it is
+    in_progress the file may go."""
+    count = batch_ingest.INGEST_LINES * 2 + 10
+    file_id = upload(client, jsonl(*(line(f"d{i}") for i in range(count)))).get_json()["id"]
+    real = batch_ingest._write_group
+    deletes: list[Any] = []
+
+    def delete_between_groups(*args: Any) -> Any:
+        if not deletes:
+            deletes.append(app.test_client().delete(f"/v1/files/{file_id}", headers=bearer(FIRST)))
+        return real(*args)
+
+    monkeypatch.setattr(batch_ingest, "_write_group", delete_between_groups)
+    batch = create(client, file_id).get_json()
+    assert deletes[0].status_code == 409, deletes[0].get_data(as_text=True)
+    error = deletes[0].get_json()["error"]
+    assert (error["code"], error["param"]) == ("file_in_use", "file_id")
+    assert batch["status"] == "in_progress" and batch["request_counts"]["total"] == count
+    assert client.delete(f"/v1/files/{file_id}", headers=bearer(FIRST)).status_code == 200
+    purge(app)
+
+
+def test_a_batch_whose_input_goes_mid_read_fails_naming_it(
+    app: Flask, client: FlaskClient, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input that goes anyway (it expired, or a delete raced the batch's start) fails the
+    batch with a named error and stops the jobs of the lines read: never a silent cut."""
+    count = batch_ingest.INGEST_LINES * 2 + 10
+    padding = "u" * 520  # two chunks: the second is read after the first group
+    data = jsonl(*(line(f"e{i}", user=padding) for i in range(count)))
+    assert CHUNK_BYTES < len(data) < MAX_FILE
+    file_id = upload(client, data).get_json()["id"]
+    real = batch_ingest._write_group
+    groups: list[int] = []
+
+    def expire_after_one(*args: Any) -> Any:
+        found = real(*args)
+        if not groups:
+            redis_client.delete(keys.file(file_id), keys.file_chunks(file_id))
+        groups.append(1)
+        return found
+
+    monkeypatch.setattr(batch_ingest, "_write_group", expire_after_one)
+    batch = create(client, file_id).get_json()
+    assert batch["status"] == "failed", batch
+    (error,) = batch["errors"]["data"]
+    assert (error["code"], error["param"]) == ("input_file_unavailable", "input_file_id")
+    first_job = services(app).store.get(job_ids_of(app, batch["id"])[0])
+    assert first_job is not None and first_job.status is JobStatus.CANCELED
+    purge(app)

@@ -122,6 +122,7 @@ def client(app: Flask) -> FlaskClient:
         ),
         (
             {
+                "tools": [WEATHER],
                 "messages": [
                     ASK,
                     CALLED,
@@ -129,7 +130,7 @@ def client(app: Flask) -> FlaskClient:
                         "role": "user",
                         "content": [{"type": "tool_result", "tool_use_id": "toolu_9"}],
                     },
-                ]
+                ],
             },
             ("messages[2].content[0].tool_use_id", "'toolu_9'"),
         ),
@@ -142,7 +143,20 @@ def client(app: Flask) -> FlaskClient:
             },
             ("messages[1].content[0].input",),
         ),
-        ({"messages": [ASK, CALLED]}, ("messages[1].content", "tool_use")),
+        ({"tools": [WEATHER], "messages": [ASK, CALLED]}, ("messages[1].content", "tool_use")),
+        # What Anthropic refuses too: a repeated tool_use id, a call of a tool not declared,
+        # an empty content list anywhere but a final assistant turn.
+        (
+            {"tools": [WEATHER], "messages": [ASK, CALLED, RESULT, CALLED, RESULT]},
+            ("messages[3].content[1].id", "'toolu_1'", "unique"),
+        ),
+        ({"messages": [ASK, CALLED, RESULT]}, ("messages[1].content[1].name", "'get_weather'")),
+        (
+            {"tools": [{**WEATHER, "name": "get_time"}], "messages": [ASK, CALLED, RESULT]},
+            ("messages[1].content[1].name", "not in tools"),
+        ),
+        ({"messages": [ASK, {"role": "assistant", "content": []}, ASK]}, ("messages[1].content",)),
+        ({"messages": [{"role": "user", "content": []}]}, ("messages[0].content", "non-empty")),
     ],
 )
 def test_tool_requests_refused_by_field(

@@ -86,12 +86,38 @@ def test_over_the_requests_limit_is_429_naming_it(client: FlaskClient) -> None:
     assert post(client, "b").status_code == 202  # another key is not held back
 
 
-def test_over_the_tokens_limit_is_429_and_reserves_nothing(client: FlaskClient) -> None:
+def test_over_the_tokens_limit_is_429_and_reserves_no_tokens(client: FlaskClient) -> None:
     refused = post(client, "a", max_tokens=60)
     assert refused.status_code == 429
     assert "50 tokens per minute" in refused.get_json()["error"]["message"]
-    assert refused.headers["x-ratelimit-remaining-requests"] == "3"  # not counted
+    assert refused.headers["x-ratelimit-remaining-requests"] == "2"  # a refusal costs work
+    assert refused.headers["x-ratelimit-remaining-tokens"] == "50"
     assert post(client, "a", max_tokens=8).status_code == 202
+
+
+def test_every_request_that_costs_work_is_counted(client: FlaskClient) -> None:
+    """The probe: ~150 count_tokens calls left a key's remaining requests at its limit.
+    Uploads, deletes, lists, count_tokens and refused requests all count now; a cheap read
+    of one thing does not."""
+    a = key(client, "a")
+    counted = [
+        client.post(
+            "/v1/messages/count_tokens",
+            json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]},
+            headers=a,
+        ),
+        client.post("/v1/jobs", json={"prompt": 7}, headers=a),  # refused: 400
+        client.get("/v1/files", headers=a),
+    ]
+    assert [response.status_code for response in counted] == [200, 400, 200]
+    assert counted[-1].headers["x-ratelimit-remaining-requests"] == "0"
+    assert client.get("/v1/models", headers=a).status_code == 200  # uncounted
+    refused = client.delete("/v1/files/file-" + "0" * 24, headers=a)
+    assert refused.status_code == 429
+    error = refused.get_json()["error"]
+    assert "3 requests per minute" in error["message"] and "requests_per_minute" in error["message"]
+    upload = client.post("/v1/files", data={"purpose": "batch"}, headers=a)
+    assert upload.status_code == 429  # before the body is read
 
 
 def test_an_unknown_key_is_401_without_anyones_headers(client: FlaskClient) -> None:

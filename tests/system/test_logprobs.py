@@ -7,9 +7,13 @@ be the alternative it was drawn from: greedy, it is the first, with the same log
 from __future__ import annotations
 
 import math
+import threading
+import time
+from typing import Any
 
 import openai
 import pytest
+import requests
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +114,39 @@ def test_responses_report_alternatives_in_the_output_text(client: openai.OpenAI)
     for entry in part.logprobs:  # type: ignore[union-attr]
         assert len(entry.top_logprobs) == 4
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-5)
+
+
+def test_a_big_answer_is_written_in_pieces_while_the_process_serves(stack_url: str) -> None:
+    """The probe: ``n=8`` with ``top_logprobs`` 20 made a 22 MiB body rendered in one go,
+    ``/healthz`` stalled about 2 s. The body now arrives in pieces (chunked, no length), every
+    choice whole, and the process answers its probe meanwhile."""
+    body: dict[str, Any] = {
+        "model": "demo", "messages": [{"role": "user", "content": "The socket module"}],
+        "max_tokens": 256, "n": 8, "logprobs": True, "top_logprobs": 20, "ignore_eos": True,
+    }  # fmt: skip
+    probes: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        while not done.is_set():
+            start = time.monotonic()
+            requests.get(f"{stack_url}/healthz", timeout=10)
+            probes.append(time.monotonic() - start)
+            time.sleep(0.01)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        answer = requests.post(f"{stack_url}/v1/chat/completions", json=body, timeout=120)
+    finally:
+        done.set()
+        prober.join()
+    assert answer.status_code == 200
+    assert "Content-Length" not in answer.headers  # streamed, not one string
+    choices = answer.json()["choices"]
+    assert len(choices) == 8
+    for choice in choices:
+        content = choice["logprobs"]["content"]
+        assert len(content) == 256 and all(len(x["top_logprobs"]) == 20 for x in content)
+        assert "".join(x["token"] for x in content) == choice["message"]["content"]
+    assert probes and max(probes) < 1.0, max(probes)

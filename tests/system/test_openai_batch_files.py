@@ -176,6 +176,49 @@ def test_an_upload_and_a_download_are_never_held_whole(
     assert after_upload < 16 * 2**20 and after_download < 16 * 2**20
 
 
+@pytest.mark.timeout(180)
+def test_one_huge_batch_line_fails_alone_and_freezes_nothing(
+    bulk_web: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    """The probe: one 32 MiB line stalled /healthz 2.7-3.1 s and grew the web process by
+    1.2 GiB (read whole, its prompt tokenized whole). A line is a body now: past
+    ``web.max_body_bytes`` it fails alone with 413, read cut at that size."""
+    url, process = bulk_web
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", max_retries=0, timeout=120)
+    huge = chat_line("huge", model="bulk", messages=[{"role": "user", "content": "word " * 2**23}])
+    data = jsonl([chat_line("small", model="bulk", max_tokens=1), huge])
+    assert len(data) > 32 * 2**20
+    uploaded = client.files.create(file=("huge.jsonl", data), purpose="batch")
+    (worker,) = psutil.Process(process.pid).children()
+    before = worker.memory_info().rss
+    created: list[Any] = []
+    creating = threading.Thread(
+        target=lambda: created.append(
+            client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+        )
+    )
+    creating.start()
+    waits = []
+    while creating.is_alive():
+        asked = time.monotonic()
+        assert requests.get(f"{url}/healthz", timeout=30).ok
+        waits.append(time.monotonic() - asked)
+        time.sleep(0.02)
+    grew = worker.memory_info().rss - before
+    (batch,) = created
+    try:
+        assert batch.request_counts.total == 2 and batch.request_counts.failed == 1, batch
+        print(
+            f"one 40 MiB line: /healthz slowest {max(waits) * 1000:.0f} ms, grew {grew >> 20} MiB"
+        )
+        assert max(waits) < 1.0 and grew < 64 * 2**20
+    finally:
+        client.batches.cancel(batch.id)
+        client.files.delete(uploaded.id)
+
+
 @pytest.mark.timeout(300)
 def test_a_10000_line_batch_leaves_the_web_process_answering(
     bulk_web: tuple[str, subprocess.Popen[bytes]],

@@ -33,3 +33,11 @@ def test_reading_from_an_offset_gives_the_rest(size: int) -> None:
 def test_a_file_ending_in_a_newline_has_no_empty_last_line() -> None:
     assert list(lines_of(iter([b"a\nb\n"]))) == [(2, b"a"), (4, b"b")]
     assert list(lines_of(iter([b""]))) == []
+
+
+@pytest.mark.parametrize("size", [1, 3, 8, 64])
+def test_a_line_past_max_line_comes_cut_with_its_true_offset(size: int) -> None:
+    data = b"short\n" + b"x" * 50 + b"\nok\n" + b"y" * 20
+    found = list(lines_of(chunked(data, size), max_line=10))
+    assert [line for _end, line in found] == [b"short", b"x" * 11, b"ok", b"y" * 11]
+    assert [end for end, _line in found] == [6, 57, 60, len(data)]

@@ -34,7 +34,12 @@ def test_exact_key_strings() -> None:
     assert keys.batches_of("") == "trickle:batches:{open}"
     assert keys.file("file-1") == "trickle:file:{file-1}"
     assert keys.file_chunks("file-1") == "trickle:file:{file-1}:chunks"
+    assert keys.file_readers("file-1") == "trickle:file:{file-1}:readers"
     assert keys.files_of("k") == "trickle:files:{k}"
+    assert keys.files_held("k") == "trickle:files:{k}:held"
+    assert keys.files_held_bytes("k") == "trickle:files:{k}:held-bytes"
+    assert keys.batch_inputs_held("k") == "trickle:batches:{k}:held"
+    assert keys.batch_inputs_held_bytes("k") == "trickle:batches:{k}:held-bytes"
     assert keys.STREAM_SECRET == "trickle:stream-secret"
     assert keys.response("resp_1") == "trickle:response:{resp_1}"
     assert keys.idempotency("", "abc") == (

@@ -147,6 +147,8 @@ class FileSettings(Section):
 
     max_file_bytes: int = 67_108_864
     max_bytes_per_key: int = 268_435_456
+    # Live files per key (uploads and batch outputs): each costs a record whatever its size.
+    max_files_per_key: int = 1000
     # An uploaded file, and a batch's output and error files, are deleted after this long.
     retention_seconds: int = 604_800
     # How long a batch's finished requests keep their results (and the batch its record) for

@@ -20,9 +20,12 @@ def forbidden(code: str, message: str, param: str) -> HttpError:
     return HttpError(403, "permission_error", message, param, code=code)
 
 
-def check_key_policy(svc: Services, key: KeySettings | None, jobs: list[Job]) -> None:
+def check_key_policy(
+    svc: Services, key: KeySettings | None, jobs: list[Job], queue_cap: bool = True
+) -> None:
     """403 for a model or priority the key may not use, 429 past its max_queued_jobs (per
-    model and priority: interactive and batch jobs each have that many places)."""
+    model and priority: interactive and batch jobs each have that many places); without
+    ``queue_cap``, the caller makes the jobs wait for room instead (a file batch's lines)."""
     if key is None or not jobs:
         return
     per_model = Counter(job.model for job in jobs)
@@ -44,7 +47,7 @@ def check_key_policy(svc: Services, key: KeySettings | None, jobs: list[Job]) ->
             f"{'batch only' if key.max_priority >= 9 else 'nothing more urgent'})",
             "priority",
         )
-    if key.max_queued_jobs:
+    if key.max_queued_jobs and queue_cap:
         # Per priority: the key's batch backlog does not close its own interactive queue.
         for (model, priority), adding in Counter((j.model, j.priority) for j in jobs).items():
             waiting = svc.queues.depth(model, key.name, priority)

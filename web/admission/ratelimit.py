@@ -3,9 +3,11 @@ the way OpenAI reports them.
 
 The caller is its tenant (a named key's own limits, or ``[rate_limits]`` where it sets none;
 an ``[auth] api_keys`` entry, ``[rate_limits]``), or its address when no keys are configured.
-Tokens are reserved at submission as prompt tokens plus ``max_tokens`` (what the job may
-cost), as OpenAI counts them. Both limits are checked before either is counted, so a refused
-request reserves nothing.
+Every request that costs work counts against ``requests_per_minute`` before its view runs:
+each ``POST`` and ``DELETE`` (uploads, ``count_tokens``, cancels, and the requests refused
+later for their content, whose refusal cost work too), and the reads marked ``@counted_read``
+(lists, downloads). Tokens are reserved at submission as prompt tokens plus ``max_tokens``
+(what the job may cost), as OpenAI counts them; a request refused for its tokens reserves none.
 
 Every ``/v1`` answer to a limited caller carries ``x-ratelimit-{limit,remaining,reset}-requests``
 and the same three for tokens (a limit that is 0, unlimited, sends none), read from the caller's
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from flask import Flask, Response, request
+from flask import Flask, Response, current_app, request
 from flask_limiter import Limiter
 from limits import RateLimitItem, RateLimitItemPerMinute
 
@@ -37,6 +41,16 @@ from web.admission.auth import current_key, current_owner, route_access, stream_
 from web.common.errors import too_many
 
 KINDS = ("requests", "tokens")
+COUNTED_READ = "trickle_counted_read"
+# Methods that read one thing cheaply, uncounted unless their view is ``@counted_read``.
+READS = frozenset({"GET", "HEAD", "OPTIONS"})
+View = TypeVar("View", bound=Callable[..., object])
+
+
+def counted_read(view: View) -> View:
+    """Mark a read that costs work (a list, a download) as counted in requests_per_minute."""
+    setattr(view, COUNTED_READ, True)
+    return view
 
 
 @dataclass(frozen=True)
@@ -105,18 +119,33 @@ class RateLimiter:
         if not self.enabled:
             return  # no hook at all: an unlimited deployment pays nothing per request
         self._limiter.init_app(app)
+        app.before_request(self.count_request)
         app.after_request(self.add_headers)
 
+    def count_request(self) -> None:
+        """Count the request against requests_per_minute before its view runs (429 past it),
+        unless it is an uncounted read or no key's request (a probe, a stream token's)."""
+        if route_access() != "api" or stream_grant():
+            return
+        view = current_app.view_functions.get(request.endpoint or "")
+        if request.method in READS and not getattr(view, COUNTED_READ, False):
+            return
+        self._take({"requests": 1})
+
     def admit(self, tokens: int) -> None:
-        """Count one request costing ``tokens`` against the caller, or refuse it with 429."""
+        """Reserve ``tokens`` against the caller's tokens_per_minute, or refuse with 429 (the
+        request itself was counted when it arrived)."""
+        self._take({"tokens": tokens})
+
+    def _take(self, costs: dict[str, int]) -> None:
+        """Count ``costs`` (per kind) against the caller's limits once all of them fit."""
         if not self.enabled:
             return
         limits = caller_limits(self._defaults)
         if limits is None:
             return
         strategy = self._limiter.limiter
-        costs = {"requests": 1, "tokens": tokens}
-        items = limits.items()
+        items = {kind: item for kind, item in limits.items().items() if kind in costs}
         for kind, item in items.items():
             if not strategy.test(item, limits.subject, kind, cost=costs[kind]):
                 reset = strategy.get_window_stats(item, limits.subject, kind).reset_time

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from gevent import get_hub, monkey
 
 from trickle.jobs import Job, Usage, new_job_id
 from trickle.params import GenerationParams
@@ -30,12 +31,30 @@ log = logging.getLogger(__name__)
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
 
 
+# Characters a prompt may have for its tokenization to run on the event loop (about 1 ms);
+# a longer one (up to the body limit's megabyte, tens of ms) is tokenized on a thread.
+INLINE_TOKENIZE_CHARS = 16_384
+
+
 def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
+    """The prompt's ids. A long prompt is tokenized off the event loop (SentencePiece lets go
+    of the GIL), so one request's megabyte never stalls the process's other requests."""
     try:
         tokenizer = svc.tokenizer(model)
     except ValueError as exc:
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
-    return tokenizer.encode(prompt)
+    if len(prompt) <= INLINE_TOKENIZE_CHARS:
+        return tokenizer.encode(prompt)
+    return off_the_loop(tokenizer.encode, prompt)
+
+
+def off_the_loop(work: Callable[[str], list[int]], text: str) -> list[int]:
+    """``work(text)`` on gevent's thread pool when this process runs gevent's hub (gunicorn's
+    workers); directly elsewhere (a test's app, a threaded server), where no loop waits."""
+    if not monkey.is_module_patched("threading"):
+        return work(text)
+    result: list[int] = get_hub().threadpool.apply(work, (text,))
+    return result
 
 
 def prepare_job(

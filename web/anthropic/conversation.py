@@ -62,8 +62,10 @@ def message_tools(
     return tool_use(definitions, names, FIELDS, choice_kind, named, parallel, parser)
 
 
-def conversation_turns(messages: list[AnthropicMessage]) -> list[ChatTurn]:
-    """The turns, tool results checked against the calls of the assistant turn before them."""
+def conversation_turns(messages: list[AnthropicMessage], declared: set[str]) -> list[ChatTurn]:
+    """The turns, tool results checked against the calls of the assistant turn before them,
+    and the calls against the ``declared`` tools (``_check_tool_blocks``)."""
+    _check_tool_blocks(messages, declared)
     turns: list[ChatTurn] = []
     called: set[str] = set()  # the ids of the last assistant turn's calls
     for index, message in enumerate(messages):
@@ -96,6 +98,35 @@ def conversation_turns(messages: list[AnthropicMessage]) -> list[ChatTurn]:
         if texts or not results:
             _append(turns, ChatTurn("user", "".join(texts)))
     return turns
+
+
+def _check_tool_blocks(messages: list[AnthropicMessage], declared: set[str]) -> None:
+    """What Anthropic refuses (400 naming the field): an empty ``content`` list anywhere but
+    a final assistant turn, a ``tool_use`` id used twice, a ``tool_use`` of a tool the
+    request does not declare."""
+    seen: set[str] = set()
+    last = len(messages) - 1
+    for index, message in enumerate(messages):
+        if isinstance(message.content, str):
+            continue
+        if not message.content and not (index == last and message.role == "assistant"):
+            raise invalid(
+                f"messages[{index}].content",
+                f"messages[{index}]: all messages must have non-empty content except for the "
+                "optional final assistant message",
+            )
+        for at, block in enumerate(message.content):
+            if not isinstance(block, AnthropicToolUseBlock):
+                continue
+            where = f"messages[{index}].content[{at}]"
+            if block.id in seen:
+                raise invalid(f"{where}.id", f"tool_use ids must be unique: {block.id!r} repeats")
+            seen.add(block.id)
+            if block.name not in declared:
+                raise invalid(
+                    f"{where}.name",
+                    f"tool_use block names tool {block.name!r}, which is not in tools",
+                )
 
 
 def _result_text(result: AnthropicToolResultBlock) -> str:

@@ -90,7 +90,8 @@ def prompt_of(
 ) -> str:
     """The conversation (and tools) through the model's chat template; a final assistant
     turn is continued, not closed."""
-    turns = conversation_turns(req.messages)
+    declared = {tool.name for tool in req.tools or ()}
+    turns = conversation_turns(req.messages, declared)
     system = req.system if isinstance(req.system, str) else ""
     if isinstance(req.system, list):
         system = "".join(block.text for block in req.system)

@@ -19,11 +19,20 @@ from typing import Any, cast
 import redis
 
 from trickle import keys
+from trickle.config.sections import FileSettings
+from trickle.store.held_quota import HeldQuota
 from web.common.response_models import FileObject, FilePurpose
 
 CHUNK_BYTES = 262_144
 FILE_ID_PATTERN = re.compile(r"file-[0-9a-f]{24}")
 UPLOAD_PURPOSES = ("batch", "user_data")
+MAX_FILENAME_CHARS = 512
+# What a file's record and index entries cost besides its bytes and name, held with them.
+RECORD_BYTES = 256
+# Records read per round trip when a list pages through a key's files.
+LIST_SLICE = 100
+# An upload's hold lapses this long after its last chunk (its process died mid-upload).
+UPLOAD_HOLD_SECONDS = 600
 
 
 def new_file_id() -> str:
@@ -89,21 +98,44 @@ class FileTooLarge(Exception):
 
 
 class FileWriter:
-    """Appends a new file's bytes to its chunk list as they arrive, a chunk per RPUSH.
+    """Appends a new file's bytes to its chunk list as they arrive, a chunk per RPUSH, each
+    chunk's bytes held against the owner's quota before it is written.
 
     The file does not exist until ``FileStore.commit`` writes its record: chunks of an upload
-    that fails or whose process dies are never listed and expire with their TTL. Has the
-    ``write``/``seek`` a multipart parser's stream factory needs.
+    that fails or whose process dies are never listed and expire with their TTL, and their
+    hold lapses ``UPLOAD_HOLD_SECONDS`` after the last chunk. Has the ``write``/``seek`` a
+    multipart parser's stream factory needs.
     """
 
-    def __init__(self, client: redis.Redis, file_id: str, limit: int, ttl_seconds: int):
+    def __init__(
+        self,
+        client: redis.Redis,
+        file_id: str,
+        limit: int,
+        ttl_seconds: int,
+        quota: HeldQuota,
+        enforce: bool = True,
+    ):
         self.redis = client
         self.file_id = file_id
         self.limit = limit
         self.ttl_seconds = ttl_seconds
+        self.quota = quota
+        self.enforce = enforce
         self.size = 0
         self._buffer = bytearray()
         self._started = False
+
+    def open(self, filename: str) -> FileWriter:
+        """Holds the record's cost (its name included) before any byte: refused past the
+        key's file count or room (QuotaFull)."""
+        self.hold(RECORD_BYTES + len(filename.encode()))
+        return self
+
+    def hold(self, adding: int) -> None:
+        self.quota.hold(
+            self.file_id, adding, time.time() + UPLOAD_HOLD_SECONDS, enforce=self.enforce
+        )
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
@@ -127,9 +159,13 @@ class FileWriter:
         return self.size
 
     def discard(self) -> None:
-        self.redis.delete(keys.file_chunks(self.file_id))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(keys.file_chunks(self.file_id))
+        self.quota.release(self.file_id, pipe)
+        pipe.execute()
 
     def _push(self, chunk: bytes) -> None:
+        self.hold(len(chunk))  # QuotaFull past the key's storage, before the bytes go out
         pipe = self.redis.pipeline(transaction=False)
         pipe.rpush(keys.file_chunks(self.file_id), chunk)
         if not self._started:
@@ -139,12 +175,29 @@ class FileWriter:
 
 
 class FileStore:
-    def __init__(self, client: redis.Redis, retention_seconds: int):
+    def __init__(self, client: redis.Redis, settings: FileSettings):
         self.redis = client
-        self.retention_seconds = retention_seconds
+        self.settings = settings
+        self.retention_seconds = settings.retention_seconds
 
-    def writer(self, limit: int) -> FileWriter:
-        return FileWriter(self.redis, new_file_id(), limit, self.retention_seconds)
+    def quota(self, owner: str) -> HeldQuota:
+        """The owner's file storage: ``files.max_bytes_per_key`` and ``max_files_per_key``."""
+        return HeldQuota(
+            self.redis,
+            keys.files_held(owner),
+            keys.files_held_bytes(owner),
+            self.settings.max_bytes_per_key,
+            self.settings.max_files_per_key,
+        )
+
+    def writer(self, owner: str, filename: str, limit: int, enforce: bool = True) -> FileWriter:
+        """A new file's writer, its record's cost held already (QuotaFull when refused);
+        ``enforce`` False: its bytes count against the owner's storage but are never refused
+        (a batch's output, which must be kept whole)."""
+        writer = FileWriter(
+            self.redis, new_file_id(), limit, self.retention_seconds, self.quota(owner), enforce
+        )
+        return writer.open(filename)
 
     def record_for(self, writer: FileWriter, owner: str, filename: str, purpose: str) -> FileRecord:
         now = int(time.time())
@@ -159,8 +212,9 @@ class FileStore:
         )
 
     def commit(self, record: FileRecord, pipe: Any = None) -> None:
-        """Makes a written file visible: its record, and its place in the owner's index (on
-        ``pipe`` when given, so it lands with the caller's other writes)."""
+        """Makes a written file visible: its record, its place in the owner's index, and its
+        hold kept until it expires (on ``pipe`` when given, so it lands with the caller's
+        other writes)."""
         own = pipe is None
         pipe = pipe if pipe is not None else self.redis.pipeline(transaction=False)
         pipe.hset(keys.file(record.id), mapping=record.to_hash())
@@ -169,6 +223,7 @@ class FileStore:
         # Scored by the moment, not created_at's whole seconds: the list keeps upload order.
         pipe.zadd(keys.files_of(record.owner), {record.id: time.time()})
         pipe.expire(keys.files_of(record.owner), self.retention_seconds)
+        self.quota(record.owner).keep(pipe, record.id, record.expires_at)
         if own:
             pipe.execute()
 
@@ -193,31 +248,66 @@ class FileStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(keys.file(record.id), keys.file_chunks(record.id))
         pipe.zrem(keys.files_of(record.owner), record.id)
+        self.quota(record.owner).release(record.id, pipe)
         pipe.execute()
 
-    def owned(self, owner: str) -> list[FileRecord]:
-        """The owner's live files, oldest first; ids whose file expired leave the index."""
-        ids = [_str(raw) for raw in self.redis.zrange(keys.files_of(owner), 0, -1)]
+    def page(
+        self, owner: str, limit: int, after: str | None, newest_first: bool, purpose: str | None
+    ) -> tuple[list[FileRecord], bool] | None:
+        """Up to ``limit`` of the owner's live files after the file ``after`` (None: from the
+        start), and whether more follow; None when ``after`` is not the owner's. Records are
+        read a slice at a time, never all of the key's: ids whose file expired leave the
+        index."""
+        index = keys.files_of(owner)
+        start = 0
+        if after is not None:
+            rank = (self.redis.zrevrank if newest_first else self.redis.zrank)(index, after)
+            if rank is None:
+                return None
+            start = int(rank) + 1  # type: ignore[arg-type]
+        found: list[FileRecord] = []
+        # A page and one more tells has_more; a filter may skip records, so it reads slices.
+        read = limit + 1 if purpose is None else max(limit + 1, LIST_SLICE)
+        while len(found) <= limit:
+            ids = [
+                _str(raw)
+                for raw in self.redis.zrange(index, start, start + read - 1, desc=newest_first)
+            ]
+            if not ids:
+                break
+            live, gone = self._live(owner, ids, purpose)
+            found += live
+            start += len(ids) - gone  # the ids that left the index moved the rest up
+        return found[:limit], len(found) > limit
+
+    def _live(
+        self, owner: str, ids: list[str], purpose: str | None
+    ) -> tuple[list[FileRecord], int]:
+        """The live records of ``ids`` (of ``purpose``), and how many left the index."""
         pipe = self.redis.pipeline(transaction=False)
         for file_id in ids:
             pipe.hgetall(keys.file(file_id))
         found, gone = [], []
         for file_id, fields in zip(ids, pipe.execute(), strict=True):
-            if fields:
-                found.append(FileRecord.from_hash(_text(fields)))
-            else:
+            if not fields:
                 gone.append(file_id)
+                continue
+            record = FileRecord.from_hash(_text(fields))
+            if purpose is None or record.purpose == purpose:
+                found.append(record)
         if gone:
             self.redis.zrem(keys.files_of(owner), *gone)
-        return found
-
-    def used_bytes(self, owner: str) -> int:
-        return sum(record.bytes for record in self.owned(owner))
+        return found, len(gone)
 
 
-def lines_of(chunks: Iterator[bytes], start: int = 0) -> Iterator[tuple[int, bytes]]:
+def lines_of(
+    chunks: Iterator[bytes], start: int = 0, max_line: int | None = None
+) -> Iterator[tuple[int, bytes]]:
     """(offset just past the line, the line without its "\\n") for each line of a chunked
-    file from byte ``start`` on; a last line without "\\n" counts."""
+    file from byte ``start`` on; a last line without "\\n" counts. A line longer than
+    ``max_line`` comes cut to ``max_line + 1`` bytes (enough to tell it is too long): a file's
+    one 60 MB line never sits whole in a web process."""
+    keep = None if max_line is None else max_line + 1
     offset = 0
     carry = b""
     for chunk in chunks:
@@ -233,10 +323,11 @@ def lines_of(chunks: Iterator[bytes], start: int = 0) -> Iterator[tuple[int, byt
             end = data.find(b"\n", begin)
             if end < 0:
                 break
-            yield offset - len(carry) + end + 1, data[begin:end]
+            # A newline is never in ``carry``, so ``end`` is in this chunk wherever carry was cut.
+            yield offset - len(carry) + end + 1, data[begin:end][:keep]
             begin = end + 1
         offset += len(chunk)
-        carry = data[begin:]
+        carry = data[begin:][:keep]
     if carry:
         yield offset, carry
 

@@ -14,10 +14,22 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from werkzeug.exceptions import HTTPException
 from werkzeug.formparser import FormDataParser
 
+from trickle import keys
+from trickle.config.sections import FileSettings
+from trickle.store.held_quota import QuotaFull
 from web.admission.auth import current_owner
-from web.batches.file_store import UPLOAD_PURPOSES, FileRecord, FileStore, FileTooLarge, FileWriter
+from web.admission.ratelimit import counted_read
+from web.batches.file_store import (
+    MAX_FILENAME_CHARS,
+    UPLOAD_PURPOSES,
+    FileRecord,
+    FileStore,
+    FileTooLarge,
+    FileWriter,
+)
+from web.batches.finalize import batch_store
 from web.common.errors import HttpError, invalid, not_found
-from web.services import services
+from web.services import Services, services
 from web.streams.follow import owned_by
 
 blueprint = Blueprint("files", __name__)
@@ -39,15 +51,16 @@ def upload_file() -> Response:
     owner = current_owner()
     if request.mimetype != "multipart/form-data":
         raise invalid("file", "upload the file as multipart/form-data, in a field named 'file'")
-    room = settings.max_bytes_per_key - store.used_bytes(owner)
-    limit = min(settings.max_file_bytes, max(room, 0))
     length = request.content_length
     if length is not None and length > settings.max_file_bytes + FORM_OVERHEAD_BYTES:
         raise _too_large(settings.max_file_bytes, "the file")
     writers: list[FileWriter] = []
 
-    def stream_factory(**_part: Any) -> FileWriter:
-        writers.append(store.writer(limit))
+    def stream_factory(**part: Any) -> FileWriter:
+        filename = part.get("filename") or "file"
+        if len(filename) > MAX_FILENAME_CHARS:
+            raise invalid("file", f"a filename is at most {MAX_FILENAME_CHARS} characters")
+        writers.append(store.writer(owner, filename, settings.max_file_bytes))
         return writers[-1]
 
     try:
@@ -69,14 +82,38 @@ def upload_file() -> Response:
         store.commit(record)
     except FileTooLarge as exc:
         _discard(writers)
-        if limit < settings.max_file_bytes:
-            raise _too_large(limit, "the key's remaining file storage") from exc
         raise _too_large(settings.max_file_bytes, "the file") from exc
+    except QuotaFull as exc:
+        _discard(writers)
+        raise _storage_full(settings, exc) from exc
     except BaseException:
         _discard(writers)
         raise
     _discard([other for other in writers if other is not writer])
     return jsonify(record.to_object())
+
+
+def _storage_full(settings: FileSettings, full: QuotaFull) -> HttpError:
+    """The key's files fill its storage (413 naming ``file`` and the limit), or its file
+    count (429): the key's own figures only."""
+    if full.kind == "count":
+        return HttpError(
+            429,
+            "file_storage_full",
+            f"this key has {full.used} live files; files.max_files_per_key is "
+            f"{settings.max_files_per_key}: delete files or wait for them to expire",
+            "file",
+            code="file_storage_full",
+        )
+    return HttpError(
+        413,
+        "request_too_large",
+        f"the key's remaining file storage is too small: its files hold {full.used} bytes and "
+        f"files.max_bytes_per_key is {settings.max_bytes_per_key} (names and records count "
+        "too); delete files or wait for them to expire",
+        "file",
+        code="file_storage_full",
+    )
 
 
 def _parse(stream_factory: Any, max_file_bytes: int) -> tuple[Any, Any]:
@@ -115,19 +152,31 @@ def _discard(writers: list[FileWriter]) -> None:
 
 
 @blueprint.get("/v1/files")
+@counted_read
 def list_files() -> Response:
+    """A page of the caller's files, read a slice at a time (never all of the key's)."""
     svc = services()
-    purpose = request.args.get("purpose")
     order = request.args.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid("order", "order must be 'asc' or 'desc'")
     limit = page_limit(MAX_LIST_LIMIT, MAX_LIST_LIMIT)
-    found = svc.files.owned(current_owner())
-    if order == "desc":
-        found.reverse()
-    if purpose is not None:
-        found = [record for record in found if record.purpose == purpose]
-    return jsonify(page([record.to_object() for record in found], limit))
+    after = request.args.get("after")
+    found = svc.files.page(
+        current_owner(), limit, after, order == "desc", request.args.get("purpose")
+    )
+    if found is None:
+        raise invalid("after", f"{after!r} is not in this list")
+    records, more = found
+    data = [record.to_object() for record in records]
+    return jsonify(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": more,
+        }
+    )
 
 
 def page_limit(default: int, most: int) -> int:
@@ -138,17 +187,6 @@ def page_limit(default: int, most: int) -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= most:
         raise invalid("limit", f"limit must be an integer from 1 to {most}")
     return int(raw)
-
-
-def page(objects: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page of ``objects`` (in list order): those after the ``after`` id."""
-    after = request.args.get("after")
-    if after is not None:
-        ids = [item["id"] for item in objects]
-        if after not in ids:
-            raise invalid("after", f"{after!r} is not in this list")
-        objects = objects[ids.index(after) + 1 :]
-    return cursor_page(objects[: limit + 1], limit)
 
 
 def cursor_page(objects: Sequence[Mapping[str, Any]], limit: int) -> dict[str, Any]:
@@ -169,6 +207,7 @@ def get_file(file_id: str) -> Response:
 
 
 @blueprint.get("/v1/files/<file_id>/content")
+@counted_read
 def file_content(file_id: str) -> Response:
     store = services().files
     record = visible_file(store, file_id)
@@ -184,10 +223,29 @@ def file_content(file_id: str) -> Response:
 
 @blueprint.delete("/v1/files/<file_id>")
 def delete_file(file_id: str) -> Response:
-    store = services().files
+    svc = services()
+    store = svc.files
     record = visible_file(store, file_id)
+    _check_unread(svc, record)
     store.delete(record)
     return jsonify({"id": record.id, "object": "file", "deleted": True})
+
+
+def _check_unread(svc: Services, record: FileRecord) -> None:
+    """409 while a batch still reads the file as its input: deleting it would cut the batch
+    short (a batch that meets its input gone anyway fails ``input_file_unavailable``)."""
+    readers = sorted(svc.redis.smembers(keys.file_readers(record.id)))
+    for batch_id in readers:
+        reading = batch_store(svc).record(str(batch_id))
+        if reading is not None and reading.stage == "validating":
+            raise HttpError(
+                409,
+                "invalid_request_error",
+                f"file {record.id!r} is the input of batch {batch_id!r}, whose input is still "
+                "being read; retry once the batch is in_progress, or cancel it",
+                "file_id",
+                code="file_in_use",
+            )
 
 
 def visible_file(store: FileStore, file_id: str, param: str = "file_id") -> FileRecord:

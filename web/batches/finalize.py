@@ -114,7 +114,12 @@ def _write_files(
     """The output file (requests that succeeded) and the error file (the rest), in input
     order; a file with no line is not made. Returns their ids and line counts."""
     files = svc.files
-    output, errors = files.writer(sys.maxsize), files.writer(sys.maxsize)
+    # Counted against the owner's storage (a batch's output may be thousands of times its
+    # input), never refused: the requests ran, their results are kept whole.
+    output, errors = (
+        files.writer(batch.owner, _filename(batch, name), sys.maxsize, enforce=False)
+        for name in ("output", "error")
+    )
     written = {id(output): 0, id(errors): 0}
     for index, item, state, jobs in finished_slices(svc, store, batch):
         line = output_line(svc, batch, index, item, state, jobs)
@@ -131,9 +136,12 @@ def _write_files(
     return ids[0], ids[1], written[id(output)], written[id(errors)]
 
 
+def _filename(batch: BatchRecord, name: str) -> str:
+    return f"{batch.id}_{name}.jsonl"
+
+
 def _keep(svc: Services, batch: BatchRecord, writer: FileWriter, name: str) -> str:
     writer.finish()
     files = svc.files
-    filename = f"{batch.id}_{name}.jsonl"
-    files.commit(files.record_for(writer, batch.owner, filename, "batch_output"))
+    files.commit(files.record_for(writer, batch.owner, _filename(batch, name), "batch_output"))
     return writer.file_id

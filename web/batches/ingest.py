@@ -6,22 +6,31 @@ event loop gets a turn: a 10,000-line batch never sits whole in a web process, a
 its other requests for longer than one group. A lease names the process reading; if that
 process dies, the next read of the batch finds the lease gone and resumes from the offset
 recorded with the last group, so every line becomes jobs exactly once.
+
+A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses before the
+first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
+``validating`` with its offset, and a later read of the batch or the sweeper's next turn
+resumes it once the workers have taken jobs.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from trickle import keys
-from trickle.jobs import Job
+from trickle.jobs import BATCH_PRIORITY, Job
+from trickle.tenants import KeySettings
 from web.admission.auth import current_key
 from web.admission.key_policy import check_key_policy
 from web.admission.submission import admission_cost, enqueue_many
 from web.batches.file_store import lines_of
 from web.batches.finalize import batch_result_ttl, cancel_pending
-from web.batches.lines import failed_item, jobs_for_item, parse_line
+from web.batches.lines import check_line_size, failed_item, jobs_for_item, parse_line
+from web.batches.pending import Reservation
 from web.batches.store import BatchItem, BatchRecord, BatchStore
 from web.common.body import decode_utf8
 from web.common.errors import HttpError
@@ -35,7 +44,8 @@ YIELD_EVERY = 25
 
 def count_lines(svc: Services, file_id: str) -> int:
     """Non-blank lines of a stored file, read a chunk at a time."""
-    return sum(1 for _end, line in lines_of(svc.files.chunks(file_id)) if line.strip())
+    lines = lines_of(svc.files.chunks(file_id), max_line=svc.settings.web.max_body_bytes)
+    return sum(1 for _end, line in lines if line.strip())
 
 
 def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
@@ -59,11 +69,18 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     number = batch.total
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
-    for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset):
+    max_line = svc.settings.web.max_body_bytes
+    read_to = offset
+    for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset, max_line):
+        read_to = end
         if line.strip():
             group.append((end, line))
         if len(group) == INGEST_LINES:
-            number, jobs_made = _write_group(svc, store, batch, group, number, seen, jobs_made)
+            number, jobs_made, paused = _write_group(
+                svc, store, batch, group, number, seen, jobs_made
+            )
+            if paused:  # the key's queue is full: the rest waits (module docstring)
+                return
             svc.redis.expire(lease, INGEST_LEASE_SECONDS)
             group = []
             time.sleep(0)  # under gevent: the process's other requests run between groups
@@ -72,11 +89,38 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
                 return
             if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
                 cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
-                group = []
-                break
-    if group:
-        _write_group(svc, store, batch, group, number, seen, jobs_made)
+                _read(svc, batch)
+                store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+                return
+    if group and _write_group(svc, store, batch, group, number, seen, jobs_made)[2]:
+        return
+    _read(svc, batch)
+    if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
+        _fail_cut_short(svc, store, batch, read_to)
+        return
     store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+
+
+def _read(svc: Services, batch: BatchRecord) -> None:
+    """The batch no longer reads its input file: the file may be deleted."""
+    assert batch.input_file_id is not None
+    svc.redis.srem(keys.file_readers(batch.input_file_id), batch.id)
+
+
+def _fail_cut_short(svc: Services, store: BatchStore, batch: BatchRecord, read_to: int) -> None:
+    """The input file ended before its size: the batch fails, naming why, and the jobs of its
+    lines read so far stop (never a batch that ends ``completed`` with part of its input)."""
+    latest = store.record(batch.id) or batch
+    cancel_pending(svc, store, latest)
+    now = time.time()
+    error = {
+        "code": "input_file_unavailable",
+        "message": f"the input file {batch.input_file_id} was deleted or expired while it was "
+        f"read, after {read_to} of its {batch.input_bytes} bytes",
+        "param": "input_file_id",
+        "line": None,
+    }
+    store.update(batch.id, stage="failed", failed_at=now, errors=[error])
 
 
 def _read_so_far(store: BatchStore, batch: BatchRecord) -> tuple[set[str], int]:
@@ -102,36 +146,95 @@ def _write_group(
     number: int,
     seen: set[str],
     jobs_made: int,
-) -> tuple[int, int]:
+) -> tuple[int, int, bool]:
     """One group of lines: its jobs, its items and the new offset in one transaction, then
-    the jobs to the queues. Returns the lines and jobs read so far."""
+    the jobs to the queues. Returns the lines and jobs read so far, and whether the reading
+    paused at a line the key's queue has no room for yet (it is read again on resuming)."""
     items: list[BatchItem] = []
     jobs: list[Job] = []
-    for _end, raw in group:
-        number += 1
-        item, item_jobs = _item(svc, batch, number, raw, seen, jobs_made + len(jobs))
-        items.append(item)
-        jobs += item_jobs
-        if number % YIELD_EVERY == 0:
-            time.sleep(0)  # a line costs a parse, a template and a tokenization: take turns
-    if jobs:
-        try:
-            svc.rate_limiter.admit(admission_cost(jobs))
-        except HttpError as exc:  # over the key's tokens per minute: this group fails
-            for item in items:
-                if item.job_ids:
-                    _refuse(item, exc)
-            jobs = []
-    offset = group[-1][0]
+    room = KeyRoom(svc, current_key())
+    offset, paused = group[0][0], False
+    try:
+        for end, raw in group:
+            item, item_jobs = _item(svc, batch, number + 1, raw, seen, jobs_made + len(jobs))
+            if not room.take(item_jobs):
+                paused = True
+                break
+            number += 1
+            offset = end
+            items.append(item)
+            jobs += item_jobs
+            if number % YIELD_EVERY == 0:
+                time.sleep(0)  # a line costs a parse, a template and a tokenization: take turns
+        if not items:
+            return number, jobs_made, paused
+        if jobs:
+            try:
+                svc.rate_limiter.admit(admission_cost(jobs))
+            except HttpError as exc:  # over the key's tokens per minute: this group fails
+                for item in items:
+                    if item.job_ids:
+                        _refuse(item, exc)
+                jobs = []
 
-    def writes(pipe: Any) -> None:
-        pipe.rpush(keys.batch_items(batch.id), *[json.dumps(item.to_dict()) for item in items])
-        store.update(batch.id, pipe, total=number, ingest_offset=offset)
+        def writes(pipe: Any) -> None:
+            pipe.rpush(keys.batch_items(batch.id), *[json.dumps(it.to_dict()) for it in items])
+            store.update(batch.id, pipe, total=number, ingest_offset=offset)
 
-    svc.store.create_many(jobs, also=writes)
-    if jobs:
-        enqueue_many(svc, jobs, recorded=True)
-    return number, jobs_made + len(jobs)
+        svc.store.create_many(jobs, also=writes)
+        if jobs:
+            enqueue_many(svc, jobs, recorded=True, on_sent=room.hand_over())
+    finally:
+        room.release()  # a no-op once the fan-out owns the places
+    return number, jobs_made + len(jobs), paused
+
+
+class KeyRoom:
+    """The places a named key's ``max_queued_jobs`` leaves its batch jobs, per model: a line
+    whose jobs find none waits (the reading pauses and resumes later, on a read of the batch
+    or the sweeper's turn) instead of failing ``key_queue_full``. The places are reserved with
+    the jobs accepted but not yet sent (``web.batch_pending``), so a group's lines, or two
+    batches, never overshoot the cap. A line that could never fit fails as it did."""
+
+    def __init__(self, svc: Services, key: KeySettings | None):
+        self._svc = svc
+        self._key = key
+        self._waiting: dict[str, int] = {}
+        self._held: list[Reservation] = []
+
+    def take(self, jobs: list[Job]) -> bool:
+        key = self._key
+        if key is None or not key.max_queued_jobs or not jobs:
+            return True
+        adding = Counter(job.model for job in jobs)
+        if max(adding.values()) > key.max_queued_jobs:
+            check_key_policy(self._svc, key, jobs)  # raises key_queue_full: it never fits
+        for model in adding:
+            if model not in self._waiting:
+                self._waiting[model] = self._svc.queues.depth(model, key.name, BATCH_PRIORITY)
+        reserved = self._svc.pending_batch.reserve_within(
+            key.name, adding, self._waiting, key.max_queued_jobs
+        )
+        if isinstance(reserved, str):
+            return False
+        self._held.append(reserved)
+        return True
+
+    def hand_over(self) -> Callable[[], None]:
+        """The places go to whoever calls the result (the fan-out, once the jobs are sent)."""
+        handed = [reservation.hand_over() for reservation in self._held]
+        self._held = []
+
+        def release_all() -> None:
+            for release in handed:
+                release()
+
+        return release_all
+
+    def release(self) -> None:
+        for reservation in self._held:
+            reservation.release()
+        self._held = []
 
 
 def _item(
@@ -141,6 +244,7 @@ def _item(
     limits = svc.settings.limits
     custom_id = ""
     try:
+        check_line_size(number, len(raw), svc.settings.web.max_body_bytes)
         text = decode_utf8(raw, f"line {number}", f"line {number}")
         item = parse_line(number, text, (batch.endpoint,))
         custom_id = item.custom_id
@@ -157,7 +261,7 @@ def _item(
                 f"the batch would make more than {limits.max_batch_jobs} jobs "
                 "(limits.max_batch_jobs)", f"line {number}", code="batch_job_limit",
             )  # fmt: skip
-        check_key_policy(svc, current_key(), jobs)
+        check_key_policy(svc, current_key(), jobs, queue_cap=False)  # KeyRoom waits instead
     except HttpError as exc:
         return failed_item(custom_id, batch.endpoint, exc), []
     item.job_ids = [job.id for job in jobs]

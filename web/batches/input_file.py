@@ -2,7 +2,8 @@
 ``completion_window``, ``metadata``.
 
 The batch is recorded ``validating`` (so a concurrent read sees it), then its input file is read
-into jobs group by group (``web.batches.ingest``); the answer is the batch once the input is read.
+into jobs group by group (``web.batch_ingest``); the answer is the batch once the input is read,
+or as far as a named key's ``max_queued_jobs`` lets it be read for now (the rest waits).
 A malformed line fails on its own, in the error file; an input that cannot make a batch at all
 (no line, more than ``limits.max_batch_requests``) makes a ``failed`` batch with ``errors``.
 """
@@ -12,13 +13,23 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
 from web.admission.auth import current_owner
-from web.admission.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
+from web.admission.idempotency import (
+    HEADER,
+    Created,
+    IdempotencyKey,
+    earlier,
+    matching,
+    requested_key,
+    ttl_seconds,
+)
+from web.batches.file_store import FileRecord
 from web.batches.files import visible_file
 from web.batches.ingest import count_lines, ingest
 from web.batches.lines import BATCH_ENDPOINTS
-from web.batches.quota import check_batch_storage
+from web.batches.quota import hold_batch_storage
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
 from web.common.body import parse_json
 from web.common.errors import invalid, too_many
@@ -60,11 +71,38 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
     first = earlier(svc, key)
     if first is not None:
         return _earlier(store, first.batch_id)
-    check_batch_storage(svc, store, source.bytes, "input_file_id")  # its lines are kept
+    batch_id = new_batch_id()
+    held = hold_batch_storage(svc, store, batch_id, source.bytes, "input_file_id")
+    try:
+        batch = _create(svc, store, key, batch_id, source, endpoint, metadata)
+    except BaseException:
+        held.release(batch_id)
+        raise
+    if batch.id != batch_id or batch.stage == "failed":  # another request's batch, or none
+        held.release(batch_id)  # that keeps lines
+    if batch.stage == "validating":
+        readers = keys.file_readers(source.id)  # the file is kept until its reading ends
+        svc.redis.sadd(readers, batch.id)
+        svc.redis.expire(readers, svc.settings.files.retention_seconds)
+        batch = ingest(svc, store, batch)
+    return batch
+
+
+def _create(
+    svc: Services,
+    store: BatchStore,
+    key: IdempotencyKey | None,
+    batch_id: str,
+    source: FileRecord,
+    endpoint: str,
+    metadata: dict[str, str] | None,
+) -> BatchRecord:
+    """The batch's record, ``validating`` (or ``failed`` for an input that cannot make one);
+    with ``key``, the batch its first request made."""
     lines = count_lines(svc, source.id)
     now = time.time()
     batch = BatchRecord(
-        new_batch_id(), current_owner(), now, endpoint, 0, stage="validating",
+        batch_id, current_owner(), now, endpoint, 0, stage="validating",
         input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
     )  # fmt: skip
     limit = svc.settings.limits.max_batch_requests
@@ -87,8 +125,6 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
         if found is not None:  # a concurrent first request won: its batch
             return _earlier(store, matching(key, found).batch_id)
         store.index(batch)
-    if batch.stage == "validating":
-        batch = ingest(svc, store, batch)
     return batch
 
 

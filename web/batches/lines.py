@@ -32,6 +32,28 @@ from web.services import Services
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
+def check_line_size(number: int, size: int, limit: int) -> None:
+    """A line is a request body: past ``web.max_body_bytes`` it is refused, 413 naming
+    ``line N``, as the same body sent to its endpoint would be (before it is parsed, let alone
+    tokenized)."""
+    if size > limit:
+        raise HttpError(
+            413,
+            "request_too_large",
+            f"line {number} is more than {limit} bytes; a batch line is a request body, "
+            "limited as one (web.max_body_bytes)",
+            f"line {number}",
+        )
+
+
+def check_line_sizes(lines: list[tuple[int, str]], limit: int) -> None:
+    """``check_line_size`` for a JSONL body's numbered lines (only the long ones are encoded:
+    a character is at most 4 bytes)."""
+    for number, line in lines:
+        if 4 * len(line) > limit:
+            check_line_size(number, len(line.encode()), limit)
+
+
 def parse_line(number: int, line: str, urls: tuple[str, ...]) -> BatchItem:
     """A line's envelope (custom_id, method, url, body); 400 naming ``line N.<field>``."""
     where = f"line {number}"

@@ -4,18 +4,20 @@ A batch keeps every line (its body included) in its items list until the batch e
 its output file: a JSONL body's only copy, and a file batch's second one. Without a bound, one
 key could pin Redis memory with batch after batch, whatever the job backlog allows (a line may
 be refused, or make one short job, and still be stored). A batch's input bytes (the JSONL body,
-or its input file's size) are recorded with it and count until its record expires;
+or its input file's size) are held under its id before it is recorded, until it expires;
 ``limits.max_batch_input_bytes_per_key`` bounds their sum per key (the anonymous callers share
-one). Two batches created at the same moment may both fit the same room: the bound is exact
-for a key that sends one batch at a time, and off by at most one batch otherwise.
+one). The hold is taken by one script (``trickle.store.held_quota``), so two batches created at
+the same moment cannot both take the last room.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 from trickle import keys
+from trickle.store.held_quota import HeldQuota, QuotaFull
 from web.admission.auth import current_owner
 from web.batches.store import BatchStore
 from web.common.errors import HttpError
@@ -24,37 +26,60 @@ from web.services import Services
 QUOTA_CODE = "batch_storage_full"
 
 
-def stored_input_bytes(store: BatchStore, owner: str) -> tuple[int, float | None]:
-    """The input bytes of the owner's live batches, and the creation time of the oldest."""
-    listed = store.redis.zrange(keys.batches_of(owner), 0, -1, withscores=True)
-    if not listed:
-        return 0, None
-    pipe = store.redis.pipeline(transaction=False)
-    for batch_id, _created in listed:
-        pipe.hget(keys.batch(batch_id), "input_bytes")
-    total, oldest = 0, None
-    for (_batch_id, created), value in zip(listed, pipe.execute(), strict=True):
-        if value is not None:  # an expired batch's record is gone, and so is its input
-            total += int(value)
-            oldest = created if oldest is None else min(oldest, created)
-    return total, oldest
+def batch_inputs(svc: Services, owner: str) -> HeldQuota:
+    """The owner's batch-input holds (no bound on their count: the job backlog is one)."""
+    return HeldQuota(
+        svc.redis,
+        keys.batch_inputs_held(owner),
+        keys.batch_inputs_held_bytes(owner),
+        svc.settings.limits.max_batch_input_bytes_per_key,
+        sys.maxsize,
+    )
 
 
-def check_batch_storage(svc: Services, store: BatchStore, adding: int, param: str) -> None:
-    """Refuse (429 naming ``param``) a batch whose input would take the caller's live batches
-    past the limit; the message tells the caller's own figures only."""
+def hold_batch_storage(
+    svc: Services, store: BatchStore, batch_id: str, adding: int, param: str
+) -> HeldQuota:
+    """Hold ``adding`` bytes for the batch ``batch_id`` until it expires, or refuse (429 naming
+    ``param``) a batch whose input would take the caller's live batches past the limit; the
+    message tells the caller's own figures only. The caller releases the hold should the
+    batch not be made."""
+    check_output_room(svc, param)
     limit = svc.settings.limits.max_batch_input_bytes_per_key
-    used, oldest = stored_input_bytes(store, current_owner())
-    if used + adding <= limit:
+    quota = batch_inputs(svc, current_owner())
+    try:
+        quota.hold(batch_id, adding, time.time() + store.ttl_seconds)
+    except QuotaFull as exc:
+        lapse = quota.first_lapse()
+        wait = 1 if lapse is None else max(1, math.ceil(lapse - time.time()))
+        raise HttpError(
+            429,
+            QUOTA_CODE,
+            f"this batch's input is {adding} bytes and this key's live batches hold "
+            f"{exc.used}: limits.max_batch_input_bytes_per_key is {limit} per key; retry once "
+            "earlier batches expire",
+            param,
+            headers={"Retry-After": str(wait)},
+            code=QUOTA_CODE,
+        ) from exc
+    return quota
+
+
+def check_output_room(svc: Services, param: str) -> None:
+    """A batch's output files count against the key's file storage and are never refused
+    (the requests ran): so a new batch is refused (429 ``file_storage_full`` naming ``param``)
+    while the key's files already fill that storage, and what outputs can overrun it is bounded
+    by the batches in flight."""
+    files = svc.settings.files
+    used = svc.files.quota(current_owner()).used()
+    if used < files.max_bytes_per_key:
         return
-    wait = 1 if oldest is None else max(1, math.ceil(oldest + store.ttl_seconds - time.time()))
     raise HttpError(
         429,
-        QUOTA_CODE,
-        f"this batch's input is {adding} bytes and this key's live batches hold {used}: "
-        f"limits.max_batch_input_bytes_per_key is {limit} per key; retry once earlier batches "
-        "expire",
+        "file_storage_full",
+        f"this key's files hold {used} bytes and files.max_bytes_per_key is "
+        f"{files.max_bytes_per_key}: a batch's output would have no room; delete files (outputs "
+        "included) or wait for them to expire",
         param,
-        headers={"Retry-After": str(wait)},
-        code=QUOTA_CODE,
+        code="file_storage_full",
     )

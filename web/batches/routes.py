@@ -32,16 +32,17 @@ from web.admission.idempotency import (
     ttl_seconds,
 )
 from web.admission.key_policy import check_key_policy
+from web.admission.ratelimit import counted_read
 from web.admission.submission import admission_cost, enqueue_many
 from web.batches.files import cursor_page, page_limit
 from web.batches.finalize import batch_result_ttl, batch_store, cancel_pending, settle
 from web.batches.ingest import ingest
 from web.batches.input_file import create_file_batch, file_batch_request
-from web.batches.lines import parse_line, parse_request
+from web.batches.lines import check_line_sizes, parse_line, parse_request
 from web.batches.objects import batch_object
 from web.batches.output import finished_slices, output_line
 from web.batches.pending import Reservation
-from web.batches.quota import check_batch_storage
+from web.batches.quota import hold_batch_storage
 from web.batches.store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.common.body import decode_utf8, read_body
 from web.common.errors import HttpError, invalid, not_found, too_many, unavailable
@@ -88,18 +89,35 @@ def _create_batch() -> Response:
     first = earlier(svc, key)
     if first is not None:
         return _replay(svc, first.batch_id)
-    check_batch_storage(svc, _store(svc), len(raw), "input")
+    batch_id = new_batch_id()
+    held = hold_batch_storage(svc, _store(svc), batch_id, len(raw), "input")
+    made = False
+    try:
+        response, made = _create_from_lines(svc, key, raw, batch_id)
+    finally:
+        if not made:  # refused, or a concurrent first request with the key made its batch
+            held.release(batch_id)
+    return response
+
+
+def _create_from_lines(
+    svc: Services, key: IdempotencyKey | None, raw: bytes, batch_id: str
+) -> tuple[Response, bool]:
+    """The JSONL body's batch, its input already held; False with the batch another request
+    with the same key made."""
+    limits = svc.settings.limits
     lines = _input_lines(raw)
     if not lines:
         raise invalid("input", "the batch input has no requests")
     if len(lines) > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
+    check_line_sizes(lines, svc.settings.web.max_body_bytes)
     items = [parse_line(number, line, BATCH_URLS) for number, line in in_turns(lines)]
     _check_unique_ids(items)
     parsed = _parse_requests(svc, items)
     reservation = _reserve_jobs(svc, parsed)
     try:
-        return _create(svc, key, items, parsed, reservation, len(raw))
+        return _create(svc, key, items, parsed, reservation, batch_id, len(raw))
     finally:
         reservation.release()  # a no-op once the fan-out owns it
 
@@ -110,11 +128,13 @@ def _create(
     items: list[BatchItem],
     parsed: dict[int, OpenAIRequest],
     reservation: Reservation,
+    batch_id: str,
     input_bytes: int,
-) -> Response:
+) -> tuple[Response, bool]:
     """The batch's jobs and record, then their messages in the background: the fan-out takes
     over ``reservation`` and ends it once every message is sent. ``input_bytes``: the body's,
-    which the batch holds against the key's storage (web.batches.quota)."""
+    which the batch holds against the key's storage (web.batch_quota). False with the batch
+    a concurrent first request with the same key made instead."""
     jobs = []
     for index, req in in_turns(parsed.items()):
         item = items[index]
@@ -134,15 +154,15 @@ def _create(
     urls = {item.url for item in items}
     now = time.time()
     endpoint = urls.pop() if len(urls) == 1 else "mixed"
-    batch = BatchRecord(new_batch_id(), current_owner(), now, endpoint, len(items))
+    batch = BatchRecord(batch_id, current_owner(), now, endpoint, len(items))
     batch.in_progress_at = now
     batch.input_bytes = input_bytes
     store = _store(svc)
     found = _record(svc, store, key, batch, items, jobs)
     if found is not None:  # a concurrent first request with the key won: its batch
-        return _replay(svc, found.batch_id)
+        return _replay(svc, found.batch_id), False
     enqueue_many(svc, jobs, recorded=True, on_sent=reservation.hand_over())
-    return _created_response(svc, batch, [job.id for job in jobs])
+    return _created_response(svc, batch, [job.id for job in jobs]), True
 
 
 def _record(
@@ -258,6 +278,7 @@ def _reserve_jobs(svc: Services, parsed: dict[int, OpenAIRequest]) -> Reservatio
 
 
 @blueprint.get("/v1/batches")
+@counted_read
 def list_batches() -> Response:
     svc = services()
     store = _store(svc)
@@ -309,6 +330,7 @@ def cancel_batch(batch_id: str) -> Response:
 
 
 @blueprint.get("/v1/batches/<batch_id>/output")
+@counted_read
 def batch_output(batch_id: str) -> Response:
     """OpenAI Batch output JSONL for the requests that have finished, in input order."""
     svc = services()

@@ -14,20 +14,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import redis
+from flask import Flask, g
 
 from trickle import keys
 from web.batches.finalize import batch_store, settle
-from web.batches.store import FINAL_STAGES
+from web.batches.ingest import ingest
+from web.batches.store import FINAL_STAGES, BatchRecord
 from web.services import Services
 
 log = logging.getLogger(__name__)
 
 
 class BatchSweeper:
-    def __init__(self, svc: Services):
+    def __init__(self, svc: Services, app: Flask | None = None):
         self._svc = svc
+        self._app = app
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -43,19 +47,31 @@ class BatchSweeper:
     def close(self) -> None:
         self._stop.set()
 
+    def resume(self, batch: BatchRecord) -> BatchRecord:
+        """Reads on a batch's input as its owner would (its key's policy and limits), in a
+        request context of the owner's: the reading takes the caller from Flask's ``g``."""
+        assert self._app is not None
+        with self._app.test_request_context("/v1/batches", method="GET"):
+            g.api_key_digest = batch.owner
+            g.api_key = self._svc.tenants.by_digest(batch.owner) if batch.owner else None
+            return ingest(self._svc, batch_store(self._svc), batch)
+
     def _run(self, interval: float) -> None:
         while not self._stop.wait(interval):
             try:
-                sweep(self._svc, interval)
+                sweep(self._svc, interval, self.resume if self._app is not None else None)
             except redis.RedisError as exc:  # Redis away: the next turn tries again
                 log.warning("batch sweep skipped: redis unavailable: %s", exc)
             except Exception:  # one bad batch must not end the sweeps of every other
                 log.exception("batch sweep failed")
 
 
-def sweep(svc: Services, interval: float) -> int:
-    """Settles every unsettled batch that is due; returns how many reached a final stage
-    (0 when another process holds this turn)."""
+def sweep(
+    svc: Services, interval: float, resume: Callable[[BatchRecord], BatchRecord] | None = None
+) -> int:
+    """Settles every unsettled batch that is due, after ``resume`` reads on the input of a
+    batch still ``validating``; returns how many reached a final stage (0 when another process
+    holds this turn)."""
     if not svc.redis.set(keys.batch_sweep(), "1", nx=True, px=max(int(interval * 1000), 1)):
         return 0
     store = batch_store(svc)
@@ -65,6 +81,8 @@ def sweep(svc: Services, interval: float) -> int:
         if batch is None or batch.stage in FINAL_STAGES:
             store.settled(batch_id)  # expired, or ended by a read or at validation
             continue
+        if batch.stage == "validating" and resume is not None:
+            batch = resume(batch)  # its reading paused (the key's queue was full) or died
         found, _tally = settle(svc, store, batch)
         settled += found.stage in FINAL_STAGES
         time.sleep(0)  # under gevent: the process's requests run between batches

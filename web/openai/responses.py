@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job
 from web.common.tools.calls import ParsedAnswer, call_id
+from web.openai.json_pieces import Lazy
 from web.openai.requests import OpenAIRequest, RequestKind
 
 
@@ -67,25 +68,31 @@ def forced_as_certain(logprob: float | None) -> float:
     return 0.0 if logprob is None else logprob
 
 
-def completion_logprobs(events: Sequence[TokenEvent], text_offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    events: Sequence[TokenEvent], text_offset: int, lazy: bool = False
+) -> dict[str, Any]:
     """Legacy completions shape: each token's alternatives (the sampled token alone for a
-    request that asked for none)."""
-    offsets = []
-    for event in events:
-        offsets.append(text_offset)
-        text_offset += len(event.text)
-    return {
-        "tokens": [event.text for event in events],
-        "token_logprobs": [forced_as_certain(event.logprob) for event in events],
-        "top_logprobs": [
+    request that asked for none); ``lazy``: arrays made as they are written (json_pieces)."""
+
+    def offsets() -> Iterator[int]:
+        at = text_offset
+        for event in events:
+            yield at
+            at += len(event.text)
+
+    arrays = {
+        "tokens": (event.text for event in events),
+        "token_logprobs": (forced_as_certain(event.logprob) for event in events),
+        "top_logprobs": (
             dict(event.top) if event.top else {event.text: forced_as_certain(event.logprob)}
             for event in events
-        ],
-        "text_offset": offsets,
+        ),
+        "text_offset": offsets(),
     }
+    return {name: Lazy(array) if lazy else list(array) for name, array in arrays.items()}
 
 
-def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
+def chat_logprobs(events: Sequence[TokenEvent], top: int, lazy: bool = False) -> dict[str, Any]:
     def entry(event: TokenEvent) -> dict[str, Any]:
         return {
             "token": event.text,
@@ -101,7 +108,8 @@ def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
             ]
         return [entry(event)] if top > 0 else []
 
-    return {"content": [{**entry(event), "top_logprobs": alternatives(event)} for event in events]}
+    content = ({**entry(event), "top_logprobs": alternatives(event)} for event in events)
+    return {"content": Lazy(content) if lazy else list(content)}
 
 
 def _base(envelope: Envelope, kind: str) -> dict[str, Any]:
@@ -206,11 +214,15 @@ def choice_prompts(req: OpenAIRequest) -> list[str]:
 
 
 def result_object(
-    req: OpenAIRequest, envelope: Envelope, finished: Sequence[tuple[Job, list[TokenEvent]]]
+    req: OpenAIRequest,
+    envelope: Envelope,
+    finished: Sequence[tuple[Job, list[TokenEvent]]],
+    lazy: bool = False,
 ) -> dict[str, Any]:
-    """The whole non-streamed response, from each choice's finished job and its tokens."""
+    """The whole non-streamed response, from each choice's finished job and its tokens;
+    ``lazy``: its logprobs arrays made as ``json_pieces`` writes them."""
     choices = [
-        _choice(req, index, job, events, prompt)
+        _choice(req, index, job, events, prompt, lazy)
         for index, ((job, events), prompt) in enumerate(
             zip(finished, choice_prompts(req), strict=True)
         )
@@ -223,17 +235,17 @@ def result_object(
 
 
 def _choice(
-    req: OpenAIRequest, index: int, job: Job, events: list[TokenEvent], prompt: str
+    req: OpenAIRequest, index: int, job: Job, events: list[TokenEvent], prompt: str, lazy: bool
 ) -> dict[str, Any]:
     reason = finish_reason(job)
     wants_logprobs = req.logprobs is not None
     if req.kind is RequestKind.CHAT:
-        logprobs = chat_logprobs(events, req.logprobs or 0) if wants_logprobs else None
+        logprobs = chat_logprobs(events, req.logprobs or 0, lazy) if wants_logprobs else None
         answer = req.tools.parse(job.output) if req.tools is not None else None
         if answer is not None:
             choice = chat_choice(index, job.output, tool_finish_reason(job, answer), logprobs)
             return {**choice, "message": tool_message(job, answer)}
         return chat_choice(index, job.output, reason, logprobs)
     text = (prompt if req.echo else "") + job.output
-    logprobs = completion_logprobs(events, 0) if wants_logprobs else None
+    logprobs = completion_logprobs(events, 0, lazy) if wants_logprobs else None
     return completion_choice(index, text, reason, logprobs)

@@ -30,6 +30,7 @@ from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found, unavailable
 from web.common.response_models import Model, ModelList
 from web.openai import responses as shapes
+from web.openai.json_pieces import json_pieces
 from web.openai.requests import (
     OpenAIRequest,
     RequestKind,
@@ -131,9 +132,11 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         response.call_on_close(lambda: close_all(followers))
         return response
     try:
-        return jsonify(_complete(svc, req, jobs, envelope))
+        answer = _complete(svc, req, jobs, envelope)
     except redis.RedisError as exc:  # the jobs exist: name them, so a retry need not copy them
         raise created_unavailable(jobs, exc) from exc
+    # Written in pieces: with logprobs an answer may run to tens of MiB (web.openai.json_pieces).
+    return Response(stream_with_context(json_pieces(answer)), mimetype="application/json")
 
 
 def created_unavailable(jobs: list[Job], exc: Exception) -> HttpError:
@@ -213,7 +216,7 @@ def _complete(
         # The replay log only for logprobs: the finished job already holds its output.
         events = svc.store.tokens(job.id) if req.logprobs is not None else []
         finished.append((done, events))
-    return shapes.result_object(req, envelope, finished)
+    return shapes.result_object(req, envelope, finished, lazy=True)
 
 
 def _stream(

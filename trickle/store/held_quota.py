@@ -1,0 +1,112 @@
+"""A per-owner quota whose holds are taken atomically, before what they pay for is written.
+
+Checking the room, then writing, lets concurrent writers each see the same room and all take it
+(six 52 MiB uploads stored 313 MiB against a 256 MiB quota). Here one script drops the holds
+that lapsed, refuses a new holder past the count or bytes past the room, and adds the bytes, so
+the sum never passes the quota. A hold lapses at its own time (what it pays for expires, or its
+writer died) without anyone's help, and a holder's bytes are released when it is deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+# Holds what counts against a quota, atomically: lapsed holds go, then a new holder (past the
+# count) or bytes past the room are refused, else the bytes are added and the hold renewed.
+# KEYS: holds (zset: holder -> lapses at), bytes (hash: holder -> bytes).
+# ARGV: holder, bytes to add, max bytes (-1: count them, refuse nothing), max holders, now,
+# lapses at, TTL of both keys (only ever lengthened: other holds may last longer).
+# Returns {0, used} or {-1, used} (bytes) or {-2, holders}.
+HOLD_SCRIPT = """
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[5])
+for _, holder in ipairs(lapsed) do redis.call('HDEL', KEYS[2], holder) end
+if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[5]) end
+local adding = tonumber(ARGV[2])
+local used = 0
+for _, held in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(held) end
+if tonumber(ARGV[3]) >= 0 then
+  local holders = redis.call('ZCARD', KEYS[1])
+  if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and holders >= tonumber(ARGV[4]) then
+    return {-2, holders}
+  end
+  if used + adding > tonumber(ARGV[3]) then return {-1, used} end
+end
+redis.call('HINCRBY', KEYS[2], ARGV[1], adding)
+redis.call('ZADD', KEYS[1], ARGV[6], ARGV[1])
+for _, key in ipairs(KEYS) do
+  if redis.call('TTL', key) < tonumber(ARGV[7]) then redis.call('EXPIRE', key, ARGV[7]) end
+end
+return {0, used + adding}
+"""
+
+
+class QuotaFull(Exception):
+    """A hold was refused: ``kind`` is ``bytes`` (no room) or ``count`` (too many holders);
+    ``used`` the owner's bytes, or holders, at that moment."""
+
+    def __init__(self, kind: str, used: int):
+        super().__init__(f"{kind} quota full at {used}")
+        self.kind = kind
+        self.used = used
+
+
+class HeldQuota:
+    """One owner's holds against a per-key quota (``HOLD_SCRIPT``): bytes are held before
+    they are written, by one script, so concurrent writers never both take the last room; a
+    hold lapses at its time (a file's expiry, a dead upload's lease) without anyone's help."""
+
+    def __init__(
+        self, client: redis.Redis, held: str, held_bytes: str, max_bytes: int, max_holders: int
+    ):
+        self.redis = client
+        self.keys = [held, held_bytes]
+        self.max_bytes = max_bytes
+        self.max_holders = max_holders
+        self._script = client.register_script(HOLD_SCRIPT)
+
+    def hold(self, holder: str, adding: int, lapses_at: float, enforce: bool = True) -> int:
+        """Adds ``adding`` bytes to ``holder``'s hold, renewed to ``lapses_at``; raises
+        QuotaFull past the quota unless ``enforce`` is False (bytes that must be kept, such as
+        a batch's output, still count). Returns the bytes held in all."""
+        now = time.time()
+        ttl = max(1, int(lapses_at - now) + 1)
+        limit = self.max_bytes if enforce else -1
+        status, used = self._script(
+            keys=self.keys,
+            args=[holder, adding, limit, self.max_holders, now, lapses_at, ttl],
+        )
+        if int(status) == -1:
+            raise QuotaFull("bytes", int(used))
+        if int(status) == -2:
+            raise QuotaFull("count", int(used))
+        return int(used)
+
+    def keep(self, pipe: Any, holder: str, lapses_at: float) -> None:
+        """Renews ``holder``'s hold to ``lapses_at`` on ``pipe``: what it pays for is kept
+        until then (a file committed: its expiry, the longest any hold of the owner lasts)."""
+        pipe.zadd(self.keys[0], {holder: lapses_at}, xx=True)
+        for key in self.keys:
+            pipe.expire(key, max(1, int(lapses_at - time.time()) + 1))
+
+    def release(self, holder: str, pipe: Any = None) -> None:
+        target = pipe if pipe is not None else self.redis.pipeline(transaction=False)
+        target.zrem(self.keys[0], holder)
+        target.hdel(self.keys[1], holder)
+        if pipe is None:
+            target.execute()
+
+    def first_lapse(self) -> float | None:
+        """When the earliest hold lapses (room comes back), None without one."""
+        first = self.redis.zrange(self.keys[0], 0, 0, withscores=True)
+        return float(first[0][1]) if first else None
+
+    def used(self) -> int:
+        """The bytes held now by holds not lapsed."""
+        held: list[Any] = list(self.redis.zrangebyscore(self.keys[0], time.time(), "+inf"))
+        if not held:
+            return 0
+        values = self.redis.hmget(self.keys[1], held)
+        return sum(int(value) for value in values if value is not None)
