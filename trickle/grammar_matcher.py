@@ -16,7 +16,7 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 
 # How many compiled grammars one engine process keeps (most recently used).
 CACHED_GRAMMARS = 64
@@ -31,9 +31,16 @@ class GrammarFailed(ValueError):
 
 
 def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    """The model's vocabulary as llguidance sees it (bytes per id, the end tokens)."""
+    """The model's vocabulary as llguidance sees it (bytes per id, the end tokens): a Hugging
+    Face tokenizer read by llguidance itself from its tokenizer.json, SentencePiece through
+    ``token_bytes``."""
+    ends = sorted(tokenizer.end_ids) or None
+    if tokenizer.huggingface_json is not None:
+        return llguidance.LLTokenizer(
+            tokenizer.huggingface_json, n_vocab=tokenizer.vocab_size, eos_token=ends
+        )
     wrapper = llguidance.TokenizerWrapper(_Vocabulary(tokenizer))
-    return llguidance.LLTokenizer(wrapper, eos_token=sorted(tokenizer.end_ids) or None)
+    return llguidance.LLTokenizer(wrapper, eos_token=ends)
 
 
 class _Vocabulary:

@@ -18,7 +18,7 @@ from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
 from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer, load_tokenizer
 from web.admission_depth import AdmissionDepth
 from web.answer_budget import AnswerBudget
 from web.batch_pending import PendingBatchJobs
@@ -106,7 +106,7 @@ class Services:
         with self._lock:
             if model not in self._tokenizers:
                 spec = self.settings.model(model)
-                self._tokenizers[model] = Tokenizer.for_model(spec)
+                self._tokenizers[model] = load_tokenizer(spec)
             return self._tokenizers[model]
 
     def answer_budget(self, model: str) -> AnswerBudget:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 from worker.engine.request import Logprob, Scored
 from worker.engine.sampling import log_softmax
 
