@@ -10,6 +10,7 @@ served with another tokenizer would answer garbage.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -40,10 +41,13 @@ def tokenizer_file(model: ModelSettings) -> Path:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def load_tokenizer(model: ModelSettings) -> Tokenizer:
     """The model's tokenizer, adding the start token as its files say, and ending on the tokens
     its configuration or files name (generation_config.json's eos_token_id, and
-    tokenizer_config.json's eos_token when it names a token)."""
+    tokenizer_config.json's eos_token when it names a token). One per process and model: the
+    web tier's chat templates, prompt limits and grammar checks share it; callers only read
+    it."""
     profile = model_profile(model)
     path = tokenizer_file(model)
     tokenizer: Tokenizer
