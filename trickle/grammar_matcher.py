@@ -53,7 +53,7 @@ class _Vocabulary:
         ends = sorted(tokenizer.end_ids)
         self.eos_token_id = ends[0] if ends else tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id if tokenizer.bos_id >= 0 else None
-        self.special_token_ids = [i for i, token in enumerate(self.tokens) if token[:1] == b"\xff"]
+        self.special_token_ids = sorted(tokenizer.special_ids)
 
     def __call__(self, text: str) -> list[int]:
         return self._tokenizer.encode_text(text)

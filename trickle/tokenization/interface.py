@@ -29,6 +29,8 @@ class Tokenizer(ABC):
     unk_id: int
     add_bos: bool
     end_ids: frozenset[int]
+    # Ids with no text (control pieces, Hugging Face's special tokens): decoded as nothing.
+    special_ids: frozenset[int]
     # The tokenizer.json text, for libraries that read a Hugging Face tokenizer themselves
     # (llguidance); None for SentencePiece.
     huggingface_json: str | None = None

@@ -28,6 +28,9 @@ class SentencePieceTokenizer(Tokenizer):
         self.unk_id = self._sp.unk_id()
         self._decode_ids = _fast_decoder(self._sp)
         self.end_ids = frozenset([self.eos_id] if self.eos_id >= 0 else [])
+        self.special_ids = frozenset(
+            i for i in range(self.vocab_size) if self._sp.is_control(i) or self._sp.is_unknown(i)
+        )
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self._sp.encode(text, out_type=int)
