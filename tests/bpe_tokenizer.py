@@ -1,16 +1,28 @@
-"""A byte-level BPE tokenizer, laid out as ``ct2-transformers-converter --copy_files
-tokenizer.json tokenizer_config.json generation_config.json`` leaves a Llama 3, Qwen or SmolLM2
-model: trained here, deterministically, with the ``tokenizers`` trainer (ByteLevel pre-tokenizer
-and decoder, ChatML's special tokens) on the demo model's corpus (stdlib docstrings) plus text
-with accents, emoji, CJK and code, so those have merged tokens and split ones.
+"""Hugging Face tokenizer.json fixtures.
+
+A byte-level BPE tokenizer, laid out as ``ct2-transformers-converter --copy_files tokenizer.json
+tokenizer_config.json generation_config.json`` leaves a Llama 3, Qwen or SmolLM2 model: trained
+here, deterministically, with the ``tokenizers`` trainer (ByteLevel pre-tokenizer and decoder,
+ChatML's special tokens) on the demo model's corpus (stdlib docstrings) plus text with accents,
+emoji, CJK and code, so those have merged tokens and split ones. And a SentencePiece model
+converted to a Llama 2-style tokenizer.json.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    trainers,
+)
 
 from ops.model_builders.demo import collect_corpus
 
@@ -73,3 +85,32 @@ def write_bpe_tokenizer(directory: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     generation = {"bos_token_id": tokenizer.token_to_id(IM_START), "eos_token_id": ends}
     (directory / "generation_config.json").write_text(json.dumps(generation, indent=2))
     return directory
+
+
+def write_sentencepiece_style(sentencepiece_model: Path, path: Path) -> Path:
+    """A SentencePiece model as a Llama 2-style tokenizer.json: its pieces and scores as a
+    Unigram with byte fallback, the dummy-prefix space as a normalizer, and Llama 2's decoder
+    (``▁`` to a space, byte pieces to bytes, fused, the first space stripped)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto: Any = sentencepiece_model_pb2.ModelProto()  # generated code, without type stubs
+    proto.ParseFromString(sentencepiece_model.read_bytes())
+    control = {proto.SentencePiece.CONTROL, proto.SentencePiece.UNKNOWN}
+    vocab = [(piece.piece, piece.score) for piece in proto.pieces]
+    tokenizer = Tokenizer(models.Unigram(vocab, unk_id=0, byte_fallback=True))
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    tokenizer.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    specials = [piece.piece for piece in proto.pieces if piece.type in control]
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    return path

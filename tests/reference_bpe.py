@@ -1,7 +1,8 @@
 """A second byte-level BPE encoder, written out plainly from tokenizer.json's merges: the
 oracle the ``tokenizers`` library is checked against (GPT-2's algorithm: split the text with
 the pre-tokenizer's pattern, map each byte to its printable character, then apply the
-lowest-ranked merge until none applies; added tokens are cut out first)."""
+lowest-ranked merge until none applies; added tokens are cut out first, and digits split one
+by one first where the pre-tokenizer says so, as SmolLM2's and StarCoder's do)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ from trickle.tokenization.piece_bytes import unicode_to_byte
 GPT2_PATTERN = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
+# The Digits pre-tokenizer with individual_digits: every numeric character alone.
+DIGIT = regex.compile(r"(\p{N})")
 
 
 class ReferenceBPE:
     def __init__(self, path: Path):
         spec = json.loads(path.read_text(encoding="utf-8"))
         model = spec["model"]
-        if model["type"] != "BPE" or "ByteLevel" not in json.dumps(spec["pre_tokenizer"]):
+        pre = json.dumps(spec["pre_tokenizer"])
+        if model["type"] != "BPE" or "ByteLevel" not in pre:
             raise ValueError("the reference encodes byte-level BPE only")
+        self.digits_apart = '"individual_digits": true' in pre
         self.vocab: dict[str, int] = model["vocab"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
         self.ranks = {pair: rank for rank, pair in enumerate(merges)}
@@ -40,8 +45,9 @@ class ReferenceBPE:
             if part in self.added:
                 ids.append(self.added[part])
             elif part:
-                for word in GPT2_PATTERN.findall(part):
-                    ids.extend(self.vocab[piece] for piece in self._merge(word))
+                for chunk in DIGIT.split(part) if self.digits_apart else [part]:
+                    for word in GPT2_PATTERN.findall(chunk):
+                        ids.extend(self.vocab[piece] for piece in self._merge(word))
         return ids
 
     def _merge(self, word: str) -> list[str]:

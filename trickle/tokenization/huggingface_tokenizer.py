@@ -9,13 +9,14 @@ exact bytes come from the decoder's family (``trickle.tokenization.piece_bytes``
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import tokenizers
 
 from trickle.tokenization.interface import SPECIAL_MARK, Tokenizer
-from trickle.tokenization.piece_bytes import speller
+from trickle.tokenization.piece_bytes import SPACE, speller
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -39,7 +40,6 @@ class HuggingFaceTokenizer(Tokenizer):
         backend.no_truncation()
         self._backend = backend
         self.huggingface_json = backend.to_str()
-        described = json.loads(self.huggingface_json)
         vocabulary = backend.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocabulary.values(), default=-1) + 1
         self._pieces = [""] * self.vocab_size
@@ -48,8 +48,20 @@ class HuggingFaceTokenizer(Tokenizer):
         added = backend.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, token in added.items() if token.special)
         self._added_ids = frozenset(added)
-        self._spell = speller(described.get("decoder"))
+        decoder = backend.decoder
+        spelling = speller(json.loads(decoder.__getstate__()) if decoder is not None else None)
+        self._spell = spelling.spell
         self._bytes = self._vocabulary_bytes(frozenset(vocabulary.values()))
+        # SentencePiece-style text is decoded here, as SentencePiece does: the library's
+        # ByteFallback decoder turns every byte of a run that holds invalid UTF-8 into U+FFFD,
+        # valid ones too, so a later byte would change text already streamed.
+        self._text_bytes: list[bytes] | None = None
+        self._strips_first_space = spelling.strips_first_space
+        if spelling.sentencepiece_style:
+            self._text_bytes = [
+                b"" if index in self.special_ids else spelled
+                for index, spelled in enumerate(self._bytes)
+            ]
         self._byte_ids = self._single_byte_ids()
         leading = backend.encode("", add_special_tokens=True).ids
         self.bos_id = self.piece_id(bos_token) if bos_token else -1
@@ -57,7 +69,7 @@ class HuggingFaceTokenizer(Tokenizer):
             self.bos_id = leading[0]
         self.add_bos = bool(leading) if add_bos is None else add_bos
         self.eos_id = self.piece_id(eos_token) if eos_token else -1
-        self.unk_id = self.piece_id(str((described.get("model") or {}).get("unk_token") or ""))
+        self.unk_id = _unknown_id(backend)
         self.end_ids = frozenset([self.eos_id] if self.eos_id >= 0 else [])
 
     @property
@@ -71,17 +83,41 @@ class HuggingFaceTokenizer(Tokenizer):
         return ids
 
     def encode_text(self, text: str) -> list[int]:
-        """The tokenizer's own ids when they spell ``text`` (no prefix space was added), else
-        one id per byte."""
+        """The tokenizer's own ids when they spell ``text``; where a SentencePiece-style
+        normalizer prepended a space, the first id without it; else one id per byte."""
         ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
         wanted = text.encode()
-        if b"".join(self._bytes[i] for i in ids) == wanted:
+        spelled = b"".join(self._bytes[i] for i in ids)
+        if spelled == wanted:
             return ids
-        spelled = [self._byte_ids.get(byte, -1) for byte in wanted]
-        return spelled if -1 not in spelled else ids
+        if ids and spelled == b" " + wanted:
+            bare = self._pieces[ids[0]][1:]
+            bare_id = self.piece_id(bare) if bare else -1
+            head = [bare_id] if bare_id >= 0 else self._spelled_by_bytes(bare.replace(SPACE, " "))
+            if b"".join(self._bytes[i] for i in [*head, *ids[1:]]) == wanted:
+                return [*head, *ids[1:]]
+        return self._spelled_by_bytes(text) or ids
+
+    def _spelled_by_bytes(self, text: str) -> list[int]:
+        """One id per byte of ``text``; empty where the vocabulary lacks a byte."""
+        ids = [self._byte_ids.get(byte, -1) for byte in text.encode()]
+        return [] if -1 in ids else ids
 
     def decode(self, ids: list[int]) -> str:
-        return str(self._backend.decode(self._in_vocabulary(ids, -1), skip_special_tokens=True))
+        ids = self._in_vocabulary(ids, -1)
+        if self._text_bytes is None:
+            return str(self._backend.decode(ids, skip_special_tokens=True))
+        spelled = self._text_bytes
+        if self.special_ids.isdisjoint(ids):
+            text = b"".join([spelled[i] for i in ids]).decode("utf-8", "replace")
+        else:  # as in SentencePiece, a special token ends a run of bytes
+            special = self.special_ids.__contains__
+            text = "".join(
+                b"".join([spelled[i] for i in run]).decode("utf-8", "replace")
+                for is_special, run in itertools.groupby(ids, special)
+                if not is_special
+            )
+        return text[1:] if self._strips_first_space and text[:1] == " " else text
 
     def to_pieces(self, ids: list[int]) -> list[str]:
         pieces = self._pieces
@@ -116,3 +152,16 @@ class HuggingFaceTokenizer(Tokenizer):
             if len(spelled) == 1 and index not in self._added_ids:
                 found.setdefault(spelled[0], index)
         return found
+
+
+def _unknown_id(backend: tokenizers.Tokenizer) -> int:
+    """The model's unknown token (BPE and WordPiece name it, Unigram gives its id); -1: none."""
+    model = backend.model
+    name = getattr(model, "unk_token", None)
+    if isinstance(name, str):
+        found = backend.token_to_id(name)
+        return -1 if found is None else int(found)
+    if type(model).__name__ == "Unigram":
+        unknown = json.loads(model.__getstate__()).get("unk_id")
+        return unknown if isinstance(unknown, int) else -1
+    return -1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 SPACE = "\u2581"
@@ -37,12 +38,29 @@ def unicode_to_byte() -> dict[str, int]:
     return table
 
 
-def speller(decoder: dict[str, Any] | None) -> Callable[[str], bytes]:
+# Each byte-level character to the character of its byte's value, so that ``str.translate``
+# then ``encode("latin-1")`` gives the bytes (a vocabulary of 49,152 strings in a few ms).
+_TO_LATIN1 = {ord(char): byte for char, byte in unicode_to_byte().items()}
+_BYTE_LEVEL_CHARS = frozenset(unicode_to_byte())
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a decoder spells each vocabulary string (``spell``), and for the SentencePiece-style
+    family whether it drops the text's first space (Llama 2's ``Strip``, ``Metaspace``'s
+    prepended space): that family's text is then the ids' bytes joined, decoded once."""
+
+    spell: Callable[[str], bytes]
+    sentencepiece_style: bool = False
+    strips_first_space: bool = False
+
+
+def speller(decoder: dict[str, Any] | None) -> Spelling:
     """How the decoder described by tokenizer.json's ``decoder`` spells one vocabulary string."""
     steps = list(_flatten(decoder))
     kinds = {step.get("type") for step in steps}
     if "ByteLevel" in kinds:
-        return _byte_level
+        return Spelling(_byte_level)
     spaces = "Metaspace" in kinds or any(_replaces_space(step) for step in steps)
     byte_fallback = "ByteFallback" in kinds
 
@@ -53,15 +71,14 @@ def speller(decoder: dict[str, Any] | None) -> Callable[[str], bytes]:
                 return bytes([int(byte.group(1), 16)])
         return (piece.replace(SPACE, " ") if spaces else piece).encode()
 
-    return spell
+    strips = any(_strips_first_space(step) for step in steps)
+    return Spelling(spell, spaces or byte_fallback, strips)
 
 
 def _byte_level(piece: str) -> bytes:
-    table = unicode_to_byte()
-    try:
-        return bytes(table[char] for char in piece)
-    except KeyError:  # not a byte-level string (a hand-added token): its own text
+    if not _BYTE_LEVEL_CHARS.issuperset(piece):  # not a byte-level string: its own text
         return piece.encode()
+    return piece.translate(_TO_LATIN1).encode("latin-1")
 
 
 def _flatten(decoder: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
@@ -72,6 +89,15 @@ def _flatten(decoder: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
             yield from _flatten(step)
     else:
         yield decoder
+
+
+def _strips_first_space(step: dict[str, Any]) -> bool:
+    if step.get("type") == "Strip":
+        return step.get("content") == " " and int(step.get("start") or 0) >= 1
+    if step.get("type") == "Metaspace":
+        scheme = step.get("prepend_scheme")
+        return scheme in ("first", "always") if scheme else bool(step.get("add_prefix_space"))
+    return False
 
 
 def _replaces_space(step: dict[str, Any]) -> bool:
