@@ -9,6 +9,7 @@ exact bytes come from the decoder's family (``trickle.tokenization.piece_bytes``
 
 from __future__ import annotations
 
+import codecs
 import itertools
 import json
 from pathlib import Path
@@ -17,6 +18,18 @@ import tokenizers
 
 from trickle.tokenization.interface import SPECIAL_MARK, Tokenizer
 from trickle.tokenization.piece_bytes import SPACE, speller
+
+# SentencePiece's rule for bytes that form no character: one U+FFFD per byte (Python's
+# "replace" gives one per maximal invalid sequence, so a cut 3-byte character is one).
+BYTEWISE = "trickle-bytewise-replace"
+
+
+def _bytewise(error: UnicodeError) -> tuple[str, int]:
+    assert isinstance(error, UnicodeDecodeError)
+    return "\ufffd" * (error.end - error.start), error.end
+
+
+codecs.register_error(BYTEWISE, _bytewise)
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -46,12 +59,14 @@ class HuggingFaceTokenizer(Tokenizer):
         for piece, index in vocabulary.items():
             self._pieces[index] = piece
         added = backend.get_added_tokens_decoder()
-        self.special_ids = frozenset(i for i, token in added.items() if token.special)
+        # Special tokens, and any id the file skips (a hole in the numbering): no text.
+        holes = frozenset(range(self.vocab_size)) - frozenset(vocabulary.values())
+        self.special_ids = frozenset(i for i, token in added.items() if token.special) | holes
         self._added_ids = frozenset(added)
         decoder = backend.decoder
         spelling = speller(json.loads(decoder.__getstate__()) if decoder is not None else None)
         self._spell = spelling.spell
-        self._bytes = self._vocabulary_bytes(frozenset(vocabulary.values()))
+        self._bytes = self._vocabulary_bytes()
         # SentencePiece-style text is decoded here, as SentencePiece does: the library's
         # ByteFallback decoder turns every byte of a run that holds invalid UTF-8 into U+FFFD,
         # valid ones too, so a later byte would change text already streamed.
@@ -109,15 +124,20 @@ class HuggingFaceTokenizer(Tokenizer):
             return str(self._backend.decode(ids, skip_special_tokens=True))
         spelled = self._text_bytes
         if self.special_ids.isdisjoint(ids):
-            text = b"".join([spelled[i] for i in ids]).decode("utf-8", "replace")
+            text = b"".join([spelled[i] for i in ids]).decode("utf-8", BYTEWISE)
         else:  # as in SentencePiece, a special token ends a run of bytes
             special = self.special_ids.__contains__
             text = "".join(
-                b"".join([spelled[i] for i in run]).decode("utf-8", "replace")
+                b"".join([spelled[i] for i in run]).decode("utf-8", BYTEWISE)
                 for is_special, run in itertools.groupby(ids, special)
                 if not is_special
             )
-        return text[1:] if self._strips_first_space and text[:1] == " " else text
+        if self._strips_first_space and text[:1] == " ":
+            # The space a normalizer prepended (the first piece's marker), not a space byte.
+            first = next((i for i in ids if i not in self.special_ids), -1)
+            if self._pieces[first].startswith(SPACE):
+                return text[1:]
+        return text
 
     def to_pieces(self, ids: list[int]) -> list[str]:
         pieces = self._pieces
@@ -130,13 +150,12 @@ class HuggingFaceTokenizer(Tokenizer):
     def token_bytes(self) -> list[bytes]:
         return list(self._bytes)
 
-    def _vocabulary_bytes(self, present: frozenset[int]) -> list[bytes]:
+    def _vocabulary_bytes(self) -> list[bytes]:
         """Each id's bytes: a special token's name behind the mark, an added token's own text
-        (the decoder passes it through), a vocabulary string by the decoder's family. An id
-        the file skips (a hole in the numbering) is a special token with no name."""
+        (the decoder passes it through), a vocabulary string by the decoder's family."""
         out: list[bytes] = []
         for index, piece in enumerate(self._pieces):
-            if index in self.special_ids or index not in present:
+            if index in self.special_ids:
                 out.append(SPECIAL_MARK + piece.encode())
             elif index in self._added_ids:
                 out.append(piece.encode())
@@ -148,8 +167,9 @@ class HuggingFaceTokenizer(Tokenizer):
         """An id for each byte a vocabulary string stands for alone (byte-level BPE has all
         256; SentencePiece-style ones their ``<0xAB>`` pieces)."""
         found: dict[int, int] = {}
+        not_spelled = self._added_ids | self.special_ids
         for index, spelled in enumerate(self._bytes):
-            if len(spelled) == 1 and index not in self._added_ids:
+            if len(spelled) == 1 and index not in not_spelled:
                 found.setdefault(spelled[0], index)
         return found
 
