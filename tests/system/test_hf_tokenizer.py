@@ -30,7 +30,7 @@ from tests.faultstack import FaultStack, build_fault_stack
 from trickle.config.sections import ModelSettings
 from trickle.tokenization import load_tokenizer
 from trickle.tokenization.huggingface_tokenizer import HuggingFaceTokenizer
-from web.chat_template import ChatTurn, render_chat
+from web.common.chat_template import ChatTurn, render_chat
 from worker.engine.model_hints import write_hints
 
 # The scripted model's cycle, by each token's bytes: "é", "😀" and "中" split into single bytes,

@@ -29,7 +29,7 @@ from ops.model_builders.demo import (
 )
 from tests.faultstack import FaultStack, build_fault_stack
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
-from web.chat_template import ChatTurn, render_chat
+from web.common.chat_template import ChatTurn, render_chat
 
 PROMPT = "The socket module"
 TEMPLATE = (
