@@ -195,7 +195,12 @@ def test_logprobs_bytes_add_up_to_the_text(client: openai.OpenAI) -> None:
         == (choice.message.content or "").encode()
     )
     assert all(bytes(entry.bytes or []).decode() == entry.token for entry in entries)
+    # The likeliest alternative is the scripted token, a lone byte of a character written as
+    # OpenAI writes it ("bytes:\\xc3"), with that byte.
     assert all(len(entry.top_logprobs) == 2 for entry in entries)
+    tops = [entry.top_logprobs[0] for entry in entries]
+    assert [bytes(top.bytes or []) for top in tops] == (CYCLE * 2)[:30]
+    assert tops[3].token == "bytes:\\xc3" and tops[1].token == "a"
 
 
 def test_echo_and_end_token(client: openai.OpenAI) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from tests.bpe_tokenizer import IM_END, IM_START, MULTILINGUAL, train_bpe, training_text
 from tests.reference_bpe import ReferenceBPE
 from trickle.config.sections import ModelSettings
+from trickle.events import alternative_bytes, alternative_text
 from trickle.grammar_matcher import MatcherCache
 from trickle.tokenization import load_tokenizer
 from trickle.tokenization.huggingface_tokenizer import HuggingFaceTokenizer
@@ -155,6 +156,15 @@ def test_grammars_run_on_the_vocabulary(tokenizer: HuggingFaceTokenizer) -> None
     assert matcher.consume_tokens(tokenizer.encode_text(answer))
     assert matcher.is_accepting()
     assert sorted(cache.vocabulary.eos_tokens) == sorted(tokenizer.end_ids)
+
+
+def test_alternatives_carry_each_ids_bytes(tokenizer: HuggingFaceTokenizer) -> None:
+    """A logprobs alternative's text and bytes: a lone byte of a character as OpenAI writes it
+    ("bytes:\\xe4"), its bytes exact."""
+    for spelled in tokenizer.token_bytes():
+        text = alternative_text(spelled)
+        assert alternative_bytes(text) == list(spelled)
+        assert text.startswith("bytes:") or text == spelled.decode()
 
 
 def test_ids_past_the_vocabulary_decode_to_nothing(tokenizer: HuggingFaceTokenizer) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trickle.events import TokenEvent, encode_text
+from trickle.events import TokenEvent, alternative_bytes, encode_text
 from trickle.jobs import FinishReason, Job
 from web.common.tools.calls import ParsedAnswer, call_id
 from web.openai.requests import OpenAIRequest, RequestKind
@@ -96,7 +96,7 @@ def chat_logprobs(events: Sequence[TokenEvent], top: int) -> dict[str, Any]:
     def alternatives(event: TokenEvent) -> list[dict[str, Any]]:
         if event.top:
             return [
-                {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+                {"token": text, "logprob": logprob, "bytes": alternative_bytes(text)}
                 for text, logprob in event.top[:top]
             ]
         return [entry(event)] if top > 0 else []
