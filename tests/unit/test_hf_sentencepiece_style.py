@@ -63,7 +63,9 @@ def test_encoding_and_decoding_agree(
     assert converted.encode_text(text) == sentencepiece.encode_text(text)
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300)
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300, deadline=None
+)
 @given(st.lists(st.integers(1, 1999), max_size=20))
 def test_any_ids_decode_and_stream_as_sentencepiece(
     sentencepiece: SentencePieceTokenizer, converted: HuggingFaceTokenizer, ids: list[int]

@@ -85,7 +85,9 @@ def test_token_bytes_spell_the_text(tokenizer: HuggingFaceTokenizer, corpus: lis
         assert b"".join(token_bytes[i] for i in exact) == text.encode()
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200, deadline=None
+)
 @given(st.lists(st.integers(3, 1023), max_size=16))
 def test_token_bytes_are_what_decode_joins(tokenizer: HuggingFaceTokenizer, ids: list[int]) -> None:
     """Any ids, split characters and invalid UTF-8 included: the decoder's text is the
@@ -138,7 +140,9 @@ def test_streaming_never_sends_half_a_character(tokenizer: HuggingFaceTokenizer,
     assert all("\ufffd" not in chunk for chunk in chunks), chunks
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300)
+@settings(
+    suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=300, deadline=None
+)
 @given(st.lists(st.integers(0, 1023), max_size=24), st.text(max_size=6))
 def test_streamed_text_is_the_decode_of_all_ids(
     tokenizer: HuggingFaceTokenizer, ids: list[int], prompt: str
