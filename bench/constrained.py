@@ -30,7 +30,7 @@ from bench.harness.models import prepare
 from bench.harness.stats import median
 from trickle.closure import Closer
 from trickle.grammar_matcher import MatcherCache
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.constrained import ConstrainedRun, Sampling, TokenSink
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.request import Logprob
@@ -60,7 +60,7 @@ def collector(out: list[int]) -> TokenSink:
 
 def measure(key: str, max_tokens: int, runs: int) -> dict[str, Any]:
     path = model_path(key)
-    tokenizer = Tokenizer(path / "tokenizer.model")
+    tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
     generator = ctranslate2.Generator(
         str(path), device="cpu", compute_type=resolve_compute_type(path, "auto"), intra_threads=1
     )

@@ -15,7 +15,7 @@ import ctranslate2
 
 from bench.harness.models import prepare, prompt_pieces
 from bench.harness.stats import median
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.alternatives import row_logits, scored
 from worker.engine.model_hints import resolve_compute_type
 
@@ -59,7 +59,7 @@ def main() -> None:
             compute_type=resolve_compute_type(path, "auto"),
             intra_threads=1,
         )
-        tokenizer = Tokenizer(model.tokenizer_path)
+        tokenizer = SentencePieceTokenizer(model.tokenizer_path)
         texts = [t.decode("utf-8", "replace") for t in tokenizer.token_bytes()]
         prompt = prompt_pieces(model)
         plain: list[float] = []

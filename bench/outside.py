@@ -42,7 +42,7 @@ from bench.harness.log import progress
 from bench.harness.stats import percentile
 from ops.redis_server import free_port
 from trickle.config.settings import PROJECT_ROOT
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.model_hints import resolve_compute_type
 
 PROMPT = "The socket module"
@@ -65,7 +65,7 @@ class Arrival:
 
 def engine_capacity(path: Path, max_tokens: int) -> tuple[float, str]:
     """CTranslate2 alone: the best batch-32 tokens/s over compute types and 1-2 intra threads."""
-    tokenizer = Tokenizer(path / models.TOKENIZER_FILE, add_bos=True)
+    tokenizer = SentencePieceTokenizer(path / models.TOKENIZER_FILE, add_bos=True)
     pieces = tokenizer.to_pieces(tokenizer.encode(PROMPT))
     hinted = resolve_compute_type(path, "auto")
     compute_types = [hinted] if hinted != "auto" else ["int8", "float32"]

@@ -28,7 +28,7 @@ from bench.harness.params import RunParams
 from bench.harness.stack import Stack
 from bench.harness.stats import percentile
 from trickle.config.settings import PROJECT_ROOT
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 WORDS = [
     "the",
@@ -51,7 +51,7 @@ WORDS = [
 
 def system_prompt(model: models.PreparedModel, tokens: int) -> str:
     """Docstring-flavoured text of about ``tokens`` tokens (as the model's tokenizer counts)."""
-    tokenizer = Tokenizer(model.tokenizer_path, add_bos=False)
+    tokenizer = SentencePieceTokenizer(model.tokenizer_path, add_bos=False)
     words: list[str] = []
     while len(tokenizer.encode(" ".join(words))) < tokens:
         words.extend(WORDS[(len(words) * 7) % len(WORDS)] for _ in range(50))
@@ -107,7 +107,7 @@ async def run(port: int, model: str, system: str, chats: int, max_tokens: int) -
 def engine_alone(model: models.PreparedModel, system: str, user: str) -> dict[str, float]:
     """CTranslate2 alone, same knobs as the worker: the chat's time to first token with the
     system prompt as a cached static prompt (a hit), prefilled with the turn, and without it."""
-    tokenizer = Tokenizer(model.tokenizer_path, add_bos=True)
+    tokenizer = SentencePieceTokenizer(model.tokenizer_path, add_bos=True)
     template = f"System: {system}\nUser: {user}\nAssistant:"
     whole = tokenizer.to_pieces(tokenizer.encode(template))
     head = len(tokenizer.encode(f"System: {system}")) - 4

@@ -29,6 +29,7 @@ PRELOADED = (
     "numpy",
     "ctranslate2",
     "sentencepiece",
+    "tokenizers",
     "celery.bin.celery",
     "celery.apps.worker",
     "celery.worker.consumer",

@@ -48,6 +48,15 @@ def llama_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def bpe_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level BPE tokenizer.json with ChatML's special tokens, its tokenizer_config.json
+    and generation_config.json (tests/bpe_tokenizer.py), trained here."""
+    from tests.bpe_tokenizer import write_bpe_tokenizer
+
+    return write_bpe_tokenizer(tmp_path_factory.mktemp("bpe-tokenizer"))
+
+
+@pytest.fixture(scope="session")
 def scripted_model_dir(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Greedy output is a fixed cycle of byte-fallback and multi-byte pieces (an oracle)."""
     from tests.scripted_model import build_scripted_model

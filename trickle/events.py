@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -45,6 +46,27 @@ encode_text: Any = json.encoder.encode_basestring
 
 # A token's most likely alternatives at its step: (piece text, log-probability), best first.
 Alternatives = tuple[tuple[str, float], ...]
+
+# An alternative whose bytes are no UTF-8 text of their own (one byte of a character split
+# across tokens) is written as OpenAI writes it: "bytes:" and each byte as \xHH.
+BYTES_PREFIX = "bytes:"
+_HEX_BYTES = re.compile(r"(?:\\x[0-9a-f]{2})+")
+
+
+def alternative_text(spelled: bytes) -> str:
+    """A vocabulary entry's bytes as an alternative's text."""
+    try:
+        return spelled.decode("utf-8")
+    except UnicodeDecodeError:
+        return BYTES_PREFIX + "".join(f"\\x{byte:02x}" for byte in spelled)
+
+
+def alternative_bytes(text: str) -> list[int]:
+    """An alternative's bytes, the ones ``alternative_text`` wrote out included."""
+    hexes = text[len(BYTES_PREFIX) :]
+    if text.startswith(BYTES_PREFIX) and _HEX_BYTES.fullmatch(hexes):
+        return list(bytes.fromhex(hexes.replace("\\x", "")))
+    return list(text.encode("utf-8"))
 
 
 class TokenEvent:

@@ -16,7 +16,7 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 
 # How many compiled grammars one engine process keeps (most recently used).
 CACHED_GRAMMARS = 64
@@ -31,9 +31,16 @@ class GrammarFailed(ValueError):
 
 
 def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    """The model's vocabulary as llguidance sees it (bytes per id, the end tokens)."""
+    """The model's vocabulary as llguidance sees it (bytes per id, the end tokens): a Hugging
+    Face tokenizer read by llguidance itself from its tokenizer.json, SentencePiece through
+    ``token_bytes``."""
+    ends = sorted(tokenizer.end_ids) or None
+    if tokenizer.huggingface_json is not None:
+        return llguidance.LLTokenizer(
+            tokenizer.huggingface_json, n_vocab=tokenizer.vocab_size, eos_token=ends
+        )
     wrapper = llguidance.TokenizerWrapper(_Vocabulary(tokenizer))
-    return llguidance.LLTokenizer(wrapper, eos_token=sorted(tokenizer.end_ids) or None)
+    return llguidance.LLTokenizer(wrapper, eos_token=ends)
 
 
 class _Vocabulary:
@@ -46,7 +53,7 @@ class _Vocabulary:
         ends = sorted(tokenizer.end_ids)
         self.eos_token_id = ends[0] if ends else tokenizer.eos_id
         self.bos_token_id = tokenizer.bos_id if tokenizer.bos_id >= 0 else None
-        self.special_token_ids = [i for i, token in enumerate(self.tokens) if token[:1] == b"\xff"]
+        self.special_token_ids = sorted(tokenizer.special_ids)
 
     def __call__(self, text: str) -> list[int]:
         return self._tokenizer.encode_text(text)

@@ -4,8 +4,9 @@
 A converted model carries its chat template, its start and end tokens and whether its tokenizer
 adds the start token; many also end a turn with tokens besides the tokenizer's own end token
 (``generation_config.json``'s ``eos_token_id``, an int or a list). Without these files a model
-is served as before: the built-in template, ``<s>``/``</s>``, a start token added. Shared by the
-web tier (templates, prompt tokens) and the engine (end tokens), so both read one answer.
+is served as before: the built-in template, ``<s>``/``</s>``, the tokenizer's own start-token
+rule. Shared by the web tier (templates, prompt tokens) and the engine (end tokens), so both
+read one answer.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ class ModelProfile:
     chat_template: str = ""
     bos_token: str = "<s>"
     eos_token: str = "</s>"
-    add_bos: bool = True
+    # None: neither the configuration nor tokenizer_config.json says; SentencePiece then adds
+    # the start token, a Hugging Face tokenizer as its own post-processor does.
+    add_bos: bool | None = None
     # Ids besides the tokenizer's end token that end generation (generation_config.json, or
     # models.<name>.eos_token_ids); the engine adds the tokenizer's own.
     end_token_ids: tuple[int, ...] = ()
@@ -46,8 +49,8 @@ def model_profile(model: ModelSettings) -> ModelProfile:
     tokenizer = _read_json(directory / TOKENIZER_CONFIG)
     generation = _read_json(directory / GENERATION_CONFIG)
     add_bos = model.add_bos
-    if add_bos is None:
-        add_bos = bool(tokenizer.get("add_bos_token", True))
+    if add_bos is None and "add_bos_token" in tokenizer:
+        add_bos = bool(tokenizer["add_bos_token"])
     end_ids = model.eos_token_ids or _token_ids(
         generation.get("eos_token_id"), directory / GENERATION_CONFIG
     )

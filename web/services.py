@@ -17,7 +17,7 @@ from flask import Flask, current_app
 from trickle.store.redis_connection import connect_pooled
 from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -93,7 +93,7 @@ class Services:
         with self._lock:
             if model not in self._tokenizers:
                 spec = self.settings.model(model)
-                self._tokenizers[model] = Tokenizer.for_model(spec)
+                self._tokenizers[model] = load_tokenizer(spec)
             return self._tokenizers[model]
 
     def answer_budget(self, model: str) -> AnswerBudget:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 MODELS_DIR = PROJECT_ROOT / "models"
 TOKENIZER_FILE = "tokenizer.model"
@@ -118,7 +118,7 @@ def prepare(key: str, vocab_size: int | None = None) -> PreparedModel:
     demo_dir = build_demo_model(DEFAULT_MODEL_DIR)
     if choice.shape is None:
         # One-hot embeddings and the output projection, each vocab x vocab; the layer is tiny.
-        vocab = Tokenizer(demo_dir / TOKENIZER_FILE).vocab_size
+        vocab = SentencePieceTokenizer(demo_dir / TOKENIZER_FILE).vocab_size
         return PreparedModel(choice, demo_dir, 2 * vocab * vocab)
     from ops.model_builders.random_llama import build_random_llama
 
@@ -138,9 +138,9 @@ def prepare(key: str, vocab_size: int | None = None) -> PreparedModel:
 
 def prompt_ids(model: PreparedModel, text: str = PROMPT) -> list[int]:
     """The prompt as Trickle's worker encodes it (start token included, add_bos = true)."""
-    return Tokenizer(model.tokenizer_path, add_bos=True).encode(text)
+    return SentencePieceTokenizer(model.tokenizer_path, add_bos=True).encode(text)
 
 
 def prompt_pieces(model: PreparedModel, text: str = PROMPT) -> list[str]:
-    tokenizer = Tokenizer(model.tokenizer_path, add_bos=True)
+    tokenizer = SentencePieceTokenizer(model.tokenizer_path, add_bos=True)
     return tokenizer.to_pieces(tokenizer.encode(text))

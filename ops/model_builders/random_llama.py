@@ -2,7 +2,10 @@
 
 The demo bigram model exercises almost nothing of a transformer; these models run the same code
 paths as a converted Llama checkpoint (RMSNorm, rotary attention, gated SiLU FFN, pre-norm, no
-biases) at any size, from a fixed seed, with no download. Their output is random tokens.
+biases) at any size, from a fixed seed, with no download. Their output is random tokens. The
+vocabulary is a SentencePiece model's, or a Hugging Face tokenizer.json's laid out as
+``ct2-transformers-converter --copy_files tokenizer.json tokenizer_config.json
+generation_config.json`` leaves it.
 """
 
 from __future__ import annotations
@@ -12,17 +15,32 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
 from ctranslate2.specs import common_spec, model_spec, transformer_spec
 
-from ops.model_builders.demo import TOKENIZER_FILE, demo_model_ready, publish_model_dir
+from ops.model_builders.demo import MODEL_FILE, TOKENIZER_FILE, publish_model_dir
+from trickle.tokenization.huggingface_tokenizer import HuggingFaceTokenizer
 
 PARAMS_FILE = "random_model.json"
 LAYER_NORM_EPSILON = 1e-5
 EMBEDDING_STD = 0.02
+HUGGINGFACE_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """A tokenizer's strings in id order, its special tokens' strings, and the files that go
+    beside the model."""
+
+    pieces: list[str]
+    bos: str
+    eos: str
+    unk: str
+    files: dict[str, bytes]
 
 
 def build_random_llama(
@@ -40,13 +58,14 @@ def build_random_llama(
 ) -> Path:
     """Build a random Llama-style CTranslate2 model into ``output_dir``; return the path.
 
+    ``tokenizer_model``: a SentencePiece model file, or a directory with a Hugging Face
+    ``tokenizer.json`` (its tokenizer_config.json and generation_config.json are copied too).
     An existing model is reused only if it was built with the same parameters and tokenizer.
     The vocabulary is the tokenizer's pieces, padded with ``<extra_N>`` up to ``vocab_size``.
     """
     output_dir = Path(output_dir)
-    sp_bytes = Path(tokenizer_model).read_bytes()
-    sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
-    pieces = vocabulary(sp, vocab_size)
+    tokenizer = read_vocabulary(Path(tokenizer_model))
+    pieces = padded(tokenizer.pieces, vocab_size)
     _check_shape(d_model, num_heads, quantization)
     params = {
         "d_model": d_model,
@@ -56,18 +75,19 @@ def build_random_llama(
         "vocab_size": len(pieces),
         "seed": seed,
         "quantization": quantization,
-        "tokenizer_sha256": hashlib.sha256(sp_bytes).hexdigest(),
+        "tokenizer_sha256": _digest(tokenizer.files),
     }
     if not force and _built_with(output_dir, params):
         return output_dir
     rng = np.random.default_rng(seed)
-    spec = llama_spec(rng, pieces, d_model, num_layers, num_heads, ffn_dim, sp)
+    spec = llama_spec(rng, pieces, d_model, num_layers, num_heads, ffn_dim, tokenizer)
     spec.optimize(quantization=quantization)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
     try:
         spec.save(str(staging))
-        (staging / TOKENIZER_FILE).write_bytes(sp_bytes)
+        for name, content in tokenizer.files.items():
+            (staging / name).write_bytes(content)
         (staging / PARAMS_FILE).write_text(json.dumps(params, sort_keys=True) + "\n")
         publish_model_dir(staging, output_dir)
     finally:
@@ -75,9 +95,34 @@ def build_random_llama(
     return output_dir
 
 
-def vocabulary(sp: spm.SentencePieceProcessor, vocab_size: int | None = None) -> list[str]:
-    """The tokenizer's pieces in id order, padded with ``<extra_N>`` to ``vocab_size``."""
+def read_vocabulary(tokenizer_model: Path) -> Vocabulary:
+    """The vocabulary of a SentencePiece file, or of a directory's Hugging Face tokenizer."""
+    if tokenizer_model.is_dir():
+        files = {
+            name: (tokenizer_model / name).read_bytes()
+            for name in HUGGINGFACE_FILES
+            if (tokenizer_model / name).is_file()
+        }
+        config = json.loads(files.get("tokenizer_config.json", b"{}"))
+        names = [str(config.get(key) or "") for key in ("bos_token", "eos_token", "unk_token")]
+        hf = HuggingFaceTokenizer(tokenizer_model / HUGGINGFACE_FILES[0], None, *names[:2])
+        pieces = hf.to_pieces(list(range(hf.vocab_size)))
+        bos, eos, unk = (name or pieces[0] for name in names)  # none: any string it has
+        return Vocabulary(pieces, bos, eos, unk, files)
+    sp_bytes = tokenizer_model.read_bytes()
+    sp = spm.SentencePieceProcessor(model_proto=sp_bytes)
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    return Vocabulary(
+        pieces,
+        _piece_or(sp, sp.bos_id(), "<s>"),
+        _piece_or(sp, sp.eos_id(), "</s>"),
+        _piece_or(sp, sp.unk_id(), "<unk>"),
+        {TOKENIZER_FILE: sp_bytes},
+    )
+
+
+def padded(pieces: list[str], vocab_size: int | None = None) -> list[str]:
+    """The tokenizer's pieces in id order, padded with ``<extra_N>`` to ``vocab_size``."""
     if vocab_size is None:
         return pieces
     if vocab_size < len(pieces):
@@ -92,7 +137,7 @@ def llama_spec(
     num_layers: int,
     num_heads: int,
     ffn_dim: int,
-    sp: spm.SentencePieceProcessor,
+    tokenizer: Vocabulary,
 ) -> transformer_spec.TransformerDecoderModelSpec:
     """The spec the Llama converter would produce, filled with small random weights."""
     spec = transformer_spec.TransformerDecoderModelSpec.from_config(
@@ -113,7 +158,7 @@ def llama_spec(
     decoder.projection.weight = _linear_weight(rng, vocab, d_model)
     for layer in decoder.layer:
         _fill_layer(layer, rng, d_model, ffn_dim)
-    _set_config(spec.config, sp)
+    _set_config(spec.config, tokenizer)
     spec.register_vocabulary(pieces)
     spec.validate()
     return spec
@@ -137,11 +182,11 @@ def _fill_layer(
     ffn.linear_1.weight = _linear_weight(rng, d_model, ffn_dim)  # Down.
 
 
-def _set_config(config: model_spec.ModelConfig, sp: spm.SentencePieceProcessor) -> None:
+def _set_config(config: model_spec.ModelConfig, tokenizer: Vocabulary) -> None:
     """Special tokens from the tokenizer, so generation stops on its EOS."""
-    config.bos_token = _piece_or(sp, sp.bos_id(), "<s>")
-    config.eos_token = _piece_or(sp, sp.eos_id(), "</s>")
-    config.unk_token = _piece_or(sp, sp.unk_id(), "<unk>")
+    config.bos_token = tokenizer.bos
+    config.eos_token = tokenizer.eos
+    config.unk_token = tokenizer.unk
     config.layer_norm_epsilon = LAYER_NORM_EPSILON
 
 
@@ -170,9 +215,19 @@ def _check_shape(d_model: int, num_heads: int, quantization: str | None) -> None
         raise ValueError(f"unknown quantization {quantization!r}")
 
 
+def _digest(files: Mapping[str, bytes]) -> str:
+    """The tokenizer's files' hash (a SentencePiece model's: its bytes alone, as before)."""
+    if list(files) == [TOKENIZER_FILE]:
+        return hashlib.sha256(files[TOKENIZER_FILE]).hexdigest()
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return digest.hexdigest()
+
+
 def _built_with(output_dir: Path, params: Mapping[str, object]) -> bool:
     """Whether ``output_dir`` holds a finished model built from exactly ``params``."""
-    if not demo_model_ready(output_dir):
+    if not (output_dir / MODEL_FILE).is_file():
         return False
     try:
         stored = json.loads((output_dir / PARAMS_FILE).read_text())

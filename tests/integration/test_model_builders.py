@@ -236,8 +236,9 @@ def test_random_llama_streams_tokens(
 
 def test_random_llama_matches_a_numpy_llama(llama_dir: Path) -> None:
     sp = demo_model.load_tokenizer(llama_dir / demo_model.TOKENIZER_FILE)
+    vocabulary = random_model.read_vocabulary(llama_dir / demo_model.TOKENIZER_FILE)
     spec = random_model.llama_spec(
-        np.random.default_rng(0), random_model.vocabulary(sp), 64, 2, 4, 128, sp
+        np.random.default_rng(0), vocabulary.pieces, 64, 2, 4, 128, vocabulary
     )
     ids = [1, *sp.encode("Return the value of the attribute.")]
     generator = ctranslate2.Generator(str(llama_dir), device="cpu")

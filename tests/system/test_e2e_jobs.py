@@ -11,7 +11,7 @@ import requests
 from tests.clients import get_job, poll_until_finished, read_sse, submit
 from tests.metrics_text import parse_samples
 from trickle import keys
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 LONG = {"max_tokens": 1000, "ignore_eos": True}
 
@@ -25,9 +25,9 @@ def test_submit_then_poll_gets_the_final_text(stack_url: str, demo_model_dir: Pa
     assert final["finish_reason"] in ("length", "stop")
     assert final["output"].strip()
     usage = final["usage"]
-    assert usage["prompt_tokens"] == Tokenizer(demo_model_dir / "tokenizer.model").count(
-        "Return the"
-    )
+    assert usage["prompt_tokens"] == SentencePieceTokenizer(
+        demo_model_dir / "tokenizer.model"
+    ).count("Return the")
     assert 1 <= usage["completion_tokens"] <= 24
     metrics = final["metrics"]
     assert metrics["queue_seconds"] >= 0

@@ -28,7 +28,7 @@ from ops.model_builders.demo import (
     save_bigram_model,
 )
 from tests.faultstack import FaultStack, build_fault_stack
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from web.common.chat_template import ChatTurn, render_chat
 
 PROMPT = "The socket module"
@@ -51,8 +51,8 @@ class OwnModel:
 def greedy_ids(model_dir: Path, prompt: str, count: int) -> list[int]:
     import ctranslate2
 
-    pieces = Tokenizer(model_dir / "tokenizer.model", add_bos=False).to_pieces(
-        Tokenizer(model_dir / "tokenizer.model", add_bos=False).encode(prompt)
+    pieces = SentencePieceTokenizer(model_dir / "tokenizer.model", add_bos=False).to_pieces(
+        SentencePieceTokenizer(model_dir / "tokenizer.model", add_bos=False).encode(prompt)
     )
     generator = ctranslate2.Generator(str(model_dir), device="cpu", compute_type="float32")
     result = generator.generate_batch(
@@ -68,7 +68,7 @@ def own_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     sp = load_tokenizer(path / "tokenizer.model")
     table = bigram_log_probs(encode_corpus(sp, collect_corpus()))
     save_bigram_model(table, [sp.id_to_piece(i) for i in range(sp.get_piece_size())], path)
-    tokenizer = Tokenizer(path / "tokenizer.model")
+    tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
     ids = greedy_ids(path, PROMPT, 24)
     k = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i] and ids[i] != tokenizer.eos_id)
     (path / "tokenizer_config.json").write_text(
@@ -156,7 +156,7 @@ def test_the_models_own_template_and_start_token(
     result = client.chat.completions.create(model="own", messages=messages, max_tokens=2)  # type: ignore[arg-type]
     prompt = render_chat([ChatTurn(**m) for m in messages], TEMPLATE, "<s>", "</s>")
     assert prompt.startswith("<|system|>Be brief.</s>\n")  # the template's bos_token stripped
-    no_bos = Tokenizer(own_model.path / "tokenizer.model", add_bos=False)
+    no_bos = SentencePieceTokenizer(own_model.path / "tokenizer.model", add_bos=False)
     assert result.usage is not None and result.usage.prompt_tokens == no_bos.count(prompt)
     response = client.responses.create(
         model="own", instructions="Be brief.", input="What is a socket?", max_output_tokens=2

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from tests.clients import get_job, poll_until_finished
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_completion_is_a_job(client: openai.OpenAI, stack_url: str, demo_model_d
     assert choice.finish_reason in ("stop", "length")
     job = get_job(stack_url, result.id)  # the completion's id is a Trickle job id
     assert job["output"] == choice.text
-    tokenizer = Tokenizer(demo_model_dir / "tokenizer.model")
+    tokenizer = SentencePieceTokenizer(demo_model_dir / "tokenizer.model")
     assert result.usage is not None
     assert result.usage.prompt_tokens == tokenizer.count("The socket")
     assert result.usage.completion_tokens == job["usage"]["completion_tokens"]

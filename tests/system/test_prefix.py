@@ -20,7 +20,7 @@ import redis
 from tests.scheduler_harness import Harness, solo_outputs
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import ConfigError, settings_from_dict
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import load_tokenizer
 from worker.engine.engine import Engine
 from worker.engine.prefix import BOUNDARY_MARGIN, PrefixTable
 from worker.engine.request import EngineRequest, SamplingKey
@@ -170,7 +170,7 @@ def test_an_idle_engine_recycles_to_free_what_the_table_evicted(demo_model_dir: 
     """CTranslate2 never drops a cached state: once the budget is spent, a new prefix runs
     computed per batch; when the table has evicted enough of what is held, the next batch that
     finds the engine idle starts a new engine process, and the new prefix is cached."""
-    encode = Tokenizer.for_model(ModelSettings(name="demo", path=str(demo_model_dir))).encode
+    encode = load_tokenizer(ModelSettings(name="demo", path=str(demo_model_dir))).encode
     first, second = (
         encode(f"{opening} {SYSTEM}\nUser: hi") for opening in ("Be fair.", "Be kind.")
     )

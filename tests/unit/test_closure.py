@@ -13,7 +13,7 @@ import pytest
 
 from trickle.closure import Closer
 from trickle.grammar_matcher import MatcherCache
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -30,12 +30,12 @@ ANSWER = '{"name":"Ada } ] Lovelace","age":36,"tags":["math","engines"],"pet":{"
 
 
 @pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Tokenizer:
-    return Tokenizer(demo_model_dir / "tokenizer.model")
+def tokenizer(demo_model_dir: Path) -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(demo_model_dir / "tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def matchers(tokenizer: Tokenizer) -> MatcherCache:
+def matchers(tokenizer: SentencePieceTokenizer) -> MatcherCache:
     return MatcherCache(tokenizer)
 
 
@@ -46,7 +46,7 @@ def grammar(schema: dict[str, Any]) -> str:
 
 
 def test_every_prefix_of_an_answer_closes_into_a_valid_instance(
-    tokenizer: Tokenizer, matchers: MatcherCache
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache
 ) -> None:
     closer = Closer(tokenizer.token_bytes())
     vocabulary = tokenizer.token_bytes()
@@ -61,7 +61,9 @@ def test_every_prefix_of_an_answer_closes_into_a_valid_instance(
         assert matcher.try_consume_tokens(ids[cut:]) == len(ids) - cut  # left unchanged
 
 
-def test_a_closing_completion_is_short(tokenizer: Tokenizer, matchers: MatcherCache) -> None:
+def test_a_closing_completion_is_short(
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache
+) -> None:
     closer = Closer(tokenizer.token_bytes())
     matcher = matchers.matcher(grammar(PERSON))
     matcher.try_consume_tokens(tokenizer.encode_text('{"name":"Ada","age":3'))
@@ -71,13 +73,15 @@ def test_a_closing_completion_is_short(tokenizer: Tokenizer, matchers: MatcherCa
     assert b"".join(vocabulary[i] for i in closing) == b',"tags":[""]}'
 
 
-def test_a_complete_answer_needs_no_closing(tokenizer: Tokenizer, matchers: MatcherCache) -> None:
+def test_a_complete_answer_needs_no_closing(
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache
+) -> None:
     matcher = matchers.matcher(grammar(PERSON))
     matcher.try_consume_tokens(tokenizer.encode_text(ANSWER))
     assert Closer(tokenizer.token_bytes()).closing(matcher) == []
 
 
-def test_encode_text_spells_exactly_the_text(tokenizer: Tokenizer) -> None:
+def test_encode_text_spells_exactly_the_text(tokenizer: SentencePieceTokenizer) -> None:
     vocabulary = tokenizer.token_bytes()
     for text in ["{", ' {"a": 1}', "  two spaces", "héllo", "", "\n[1,2]"]:
         assert b"".join(vocabulary[i] for i in tokenizer.encode_text(text)) == text.encode()

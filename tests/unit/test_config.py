@@ -8,6 +8,7 @@ import pytest
 
 from trickle.config.sections import available_cores, derive_threads
 from trickle.config.settings import DEFAULT_CONFIG_PATH, ConfigError, Settings, load_settings
+from trickle.tokenization.loading import tokenizer_file
 
 
 def test_default_file_matches_embedded_defaults() -> None:
@@ -65,7 +66,10 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
     settings = load_settings(environ={"TRICKLE_CONFIG": str(path)})
     assert settings.default_model == "m"
     assert settings.models["m"].path == str((tmp_path / "weights" / "m").resolve())
-    assert settings.models["m"].tokenizer_path.endswith("weights/m/tokenizer.model")
+    tokenizer = tmp_path / "weights" / "m" / "tokenizer.model"
+    tokenizer.parent.mkdir(parents=True)
+    tokenizer.touch()
+    assert tokenizer_file(settings.models["m"]) == tokenizer.resolve()
 
 
 @pytest.mark.parametrize(

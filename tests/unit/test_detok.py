@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.detok import IncrementalDetokenizer
 
 TEXTS = [
@@ -21,12 +21,12 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Tokenizer:
-    return Tokenizer(demo_model_dir / "tokenizer.model")
+def tokenizer(demo_model_dir: Path) -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(demo_model_dir / "tokenizer.model")
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_streamed_pieces_equal_full_decode(tokenizer: Tokenizer, text: str) -> None:
+def test_streamed_pieces_equal_full_decode(tokenizer: SentencePieceTokenizer, text: str) -> None:
     ids = tokenizer.encode(text)[1:]  # drop <s>: decode it as generated text
     detok = IncrementalDetokenizer(tokenizer)
     pieces = [detok.add(token_id) for token_id in ids] + [detok.flush()]
@@ -34,7 +34,7 @@ def test_streamed_pieces_equal_full_decode(tokenizer: Tokenizer, text: str) -> N
     assert all("\ufffd" not in piece for piece in pieces), pieces
 
 
-def test_multibyte_characters_use_byte_fallback(tokenizer: Tokenizer) -> None:
+def test_multibyte_characters_use_byte_fallback(tokenizer: SentencePieceTokenizer) -> None:
     # The demo vocabulary has no piece for these characters: they arrive as several byte pieces.
     ids = tokenizer.encode("🎉")[1:]
     assert len([p for p in tokenizer.to_pieces(ids) if p.startswith("<0x")]) == 4
@@ -45,7 +45,7 @@ def test_multibyte_characters_use_byte_fallback(tokenizer: Tokenizer) -> None:
     assert emitted[-1].strip() == "🎉"
 
 
-def test_prompt_context_keeps_the_leading_space(tokenizer: Tokenizer) -> None:
+def test_prompt_context_keeps_the_leading_space(tokenizer: SentencePieceTokenizer) -> None:
     prompt = tokenizer.encode("The value")
     continuation = tokenizer.encode("The value of the")[len(prompt) :]
     detok = IncrementalDetokenizer(tokenizer, prompt)
@@ -53,14 +53,16 @@ def test_prompt_context_keeps_the_leading_space(tokenizer: Tokenizer) -> None:
     assert text == " of the"
 
 
-def test_incomplete_character_at_the_end_is_flushed_as_replacement(tokenizer: Tokenizer) -> None:
+def test_incomplete_character_at_the_end_is_flushed_as_replacement(
+    tokenizer: SentencePieceTokenizer,
+) -> None:
     ids = tokenizer.encode("🎉")[1:]
     detok = IncrementalDetokenizer(tokenizer)
     assert [detok.add(token_id) for token_id in ids[:-1]] == [""] * (len(ids) - 1)
     assert detok.flush().endswith("\ufffd")
 
 
-def test_ids_beyond_the_tokenizer_decode_as_unknown(tokenizer: Tokenizer) -> None:
+def test_ids_beyond_the_tokenizer_decode_as_unknown(tokenizer: SentencePieceTokenizer) -> None:
     # A model with a padded vocabulary may emit ids the tokenizer has no piece for.
     assert tokenizer.decode([tokenizer.vocab_size + 5]) == tokenizer.decode([0])
     assert tokenizer.to_pieces([tokenizer.vocab_size]) == ["<unk>"]
@@ -93,7 +95,9 @@ def test_an_incomplete_character_is_held_until_completed_or_flushed() -> None:
     assert detok.flush() == ""
 
 
-def test_a_long_stream_keeps_decoding_right_past_the_window_trim(tokenizer: Tokenizer) -> None:
+def test_a_long_stream_keeps_decoding_right_past_the_window_trim(
+    tokenizer: SentencePieceTokenizer,
+) -> None:
     text = " ".join(TEXTS) * 8  # several hundred ids: the window is trimmed many times
     ids = tokenizer.encode(text)[1:]
     assert len(ids) > 300
@@ -104,8 +108,9 @@ def test_a_long_stream_keeps_decoding_right_past_the_window_trim(tokenizer: Toke
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.integers(0, 1999), max_size=12))
 def test_the_tokenizers_decoder_is_sentencepieces_decode(
-    tokenizer: Tokenizer, ids: list[int]
+    tokenizer: SentencePieceTokenizer, ids: list[int]
 ) -> None:
-    """``Tokenizer.decode`` may call SentencePiece's C++ decoder directly (skipping its Python
-    wrapper's checks): it must give exactly what ``decode`` gives, byte-fallback pieces too."""
+    """``SentencePieceTokenizer.decode`` may call SentencePiece's C++ decoder directly
+    (skipping its Python wrapper's checks): it must give exactly what ``decode`` gives,
+    byte-fallback pieces too."""
     assert tokenizer.decode(ids) == tokenizer._sp.decode(ids)

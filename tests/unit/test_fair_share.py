@@ -11,7 +11,7 @@ import pytest
 from tests.unit.test_policy import Holder
 from trickle.jobs import FinishReason
 from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.fair_share import ReserveShares, keys_below_share, reserve_candidates
 from worker.engine.new_job import make_scheduled_job
@@ -20,7 +20,7 @@ from worker.engine.scheduled import ScheduledJob
 
 @pytest.fixture(scope="module")
 def holder(demo_model_dir: Path) -> Holder:
-    tokenizer = Tokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
+    tokenizer = SentencePieceTokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
     return Holder(tokenizer, tokenizer.eos_id)
 
 

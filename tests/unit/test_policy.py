@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.batch import RunningBatch
 from worker.engine.new_job import make_scheduled_job
 from worker.engine.policy import RestartPolicy, RestartRules, halves, restart_fill
@@ -27,7 +27,7 @@ RULES = RestartRules(16, max_stall=0.04, wait_ratio=4.0, split_gain_ratio=3.0,
 class Holder:
     """What make_scheduled_job reads from an engine."""
 
-    tokenizer: Tokenizer
+    tokenizer: SentencePieceTokenizer
     eos_id: int
 
     def stop_ids(self, params: GenerationParams) -> frozenset[int]:
@@ -36,7 +36,7 @@ class Holder:
 
 @pytest.fixture(scope="module")
 def holder(demo_model_dir: Path) -> Holder:
-    tokenizer = Tokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
+    tokenizer = SentencePieceTokenizer(str(demo_model_dir / "tokenizer.model"), add_bos=True)
     return Holder(tokenizer, tokenizer.eos_id)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, PositiveInt
@@ -228,6 +227,8 @@ class AuthSettings(Section):
 class ModelSettings(Section):
     name: str
     path: str
+    # The tokenizer file; empty: the directory's tokenizer.json, else tokenizer.model
+    # (trickle/tokenization/loading.py).
     tokenizer: str = ""
     device: str = "auto"
     device_index: Numbers = (0,)
@@ -289,10 +290,6 @@ class ModelSettings(Section):
         """These settings with engine threads left at 0 derived from ``cores``."""
         inter, intra = derive_threads(self.inter_threads, self.intra_threads, cores)
         return dataclasses.replace(self, inter_threads=inter, intra_threads=intra)
-
-    @property
-    def tokenizer_path(self) -> str:
-        return self.tokenizer or str(Path(self.path) / "tokenizer.model")
 
     @property
     def lanes(self) -> int:

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from trickle.closure import Closer
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
 from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 from web.common.errors import invalid
 
 # Shortest-answer lengths remembered per model (most recently used).

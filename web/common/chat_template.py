@@ -134,10 +134,12 @@ def render_chat(
     eos_token: str = "</s>",
     param: str = "messages",
     tools: list[dict[str, Any]] | None = None,
+    drop_bos: bool = True,
 ) -> str:
     """The prompt text for ``messages`` (and ``tools``, function definitions as Hugging Face
-    takes them); the tokenizer adds the start token itself. A failing template is a 400 on
-    ``param`` (the request field that holds the conversation)."""
+    takes them). ``drop_bos``: the tokenizer adds the start token itself (or cannot read it as
+    text), so a leading ``bos_token`` the template writes is dropped. A failing template is a
+    400 on ``param`` (the request field that holds the conversation)."""
     try:
         prompt = _compile(template or DEFAULT_CHAT_TEMPLATE).render(
             messages=[m.as_message() for m in messages],
@@ -150,5 +152,6 @@ def render_chat(
         raise invalid(param, f"the model's chat template refused the messages: {exc}") from exc
     except TemplateError as exc:
         raise invalid(param, f"the model's chat template failed: {exc}") from exc
-    # Templates written for Hugging Face often emit the start token as text; ours is added as an id.
-    return str(prompt).removeprefix(bos_token)
+    # Templates written for Hugging Face often emit the start token as text; ours is added as an
+    # id (a Hugging Face tokenizer that adds none reads it from the text, as transformers does).
+    return str(prompt).removeprefix(bos_token) if drop_bos else str(prompt)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from trickle.config.settings import ConfigError, Settings
+from trickle.config.settings import Settings
 from trickle.model_files import model_profile
 from trickle.params import GenerationParams
+from trickle.tokenization import load_tokenizer
 from web.common.chat_template import (
     DEFAULT_CHAT_TEMPLATE,
     ChatTurn,
@@ -122,7 +123,8 @@ def chat_prompt(
     model_settings = settings.model(model)
     try:
         profile = model_profile(model_settings)
-    except ConfigError as exc:  # the model directory's files are broken: not the client's fault
+        drop_bos = load_tokenizer(model_settings).drops_template_bos
+    except ValueError as exc:  # its files are broken (ConfigError too): not the client's fault
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
     template = profile.chat_template
     if tools is not None and not reads_tools(template):
@@ -136,7 +138,13 @@ def chat_prompt(
         template = DEFAULT_CHAT_TEMPLATE if fallback == "builtin" else fallback
     definitions = list(tools.definitions) if tools is not None else None
     return render_chat(
-        messages, template, profile.bos_token, profile.eos_token, param=param, tools=definitions
+        messages,
+        template,
+        profile.bos_token,
+        profile.eos_token,
+        param=param,
+        tools=definitions,
+        drop_bos=drop_bos,
     )
 
 

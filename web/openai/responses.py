@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trickle.events import TokenEvent, encode_text
+from trickle.events import TokenEvent, alternative_bytes, encode_text
 from trickle.jobs import FinishReason, Job
 from web.common.tools.calls import ParsedAnswer, call_id
 from web.openai.json_pieces import Lazy
@@ -103,7 +103,7 @@ def chat_logprobs(events: Sequence[TokenEvent], top: int, lazy: bool = False) ->
     def alternatives(event: TokenEvent) -> list[dict[str, Any]]:
         if event.top:
             return [
-                {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+                {"token": text, "logprob": logprob, "bytes": alternative_bytes(text)}
                 for text, logprob in event.top[:top]
             ]
         return [entry(event)] if top > 0 else []

@@ -16,7 +16,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from trickle.tokenizer import Tokenizer
+from trickle.events import alternative_text
+from trickle.tokenization import Tokenizer
+from trickle.tokenization.interface import SPECIAL_MARK
 from worker.engine.request import Logprob, Scored
 from worker.engine.sampling import log_softmax
 
@@ -63,7 +65,11 @@ class Scores:
     def _vocabulary_texts(self) -> list[str]:
         with self._lock:
             if not self._texts:
-                self._texts = [t.decode("utf-8", "replace") for t in self._tokenizer.token_bytes()]
+                special = self._tokenizer.special_ids  # named behind the mark: the name
+                self._texts = [
+                    alternative_text(spelled[len(SPECIAL_MARK) :] if i in special else spelled)
+                    for i, spelled in enumerate(self._tokenizer.token_bytes())
+                ]
             return self._texts
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from trickle.config.sections import ModelSettings, available_cores
 from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import load_tokenizer
 from worker.engine.batch_command import BatchCommand
 from worker.engine.flags import create_flags
 from worker.engine.prefix import SHARED
@@ -71,7 +71,7 @@ class Engine:
         self._process_settings = dataclasses.replace(
             model, inter_threads=model.inter_threads + model.spare_lanes_per_device(shares_slots)
         )
-        self.tokenizer = Tokenizer.for_model(model)
+        self.tokenizer = load_tokenizer(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of
         # earlier starts stay mapped here (a thread may still write a stale flag) until close.
         self._segments: list[SharedMemory] = []

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trickle.params import GenerationParams
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 from worker.engine.request import EngineRequest, SamplingKey
 from worker.engine.scheduled import ScheduledJob
 from worker.engine.sequence import SequenceState

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from trickle.config.sections import ModelSettings
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import Tokenizer
 
 # Ids dropped from a configured prefix's end: where its text meets the next, the tokenizer may
 # choose other pieces than for the text alone.

@@ -45,7 +45,7 @@ import numpy as np
 from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
 from trickle.grammar_matcher import MatcherCache
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization import load_tokenizer
 from worker.engine.alternatives import Scores
 from worker.engine.batch_command import BatchCommand
 from worker.engine.constrained import ConstrainedRun, Sampling, replay
@@ -104,7 +104,7 @@ class EngineRunner:
         self._ct2 = ctranslate2
         self.settings = model
         self.device = resolve_device(model.device)
-        self.tokenizer = Tokenizer.for_model(model)
+        self.tokenizer = load_tokenizer(model)
         self._compute_type = resolve_compute_type(model.path, model.compute_type)
         self.generator = ctranslate2.Generator(
             model.path,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, cast
 
-from trickle.events import TokenEvent, encode_text
+from trickle.events import TokenEvent, alternative_bytes, encode_text
 from trickle.jobs import FinishReason, Job, JobStatus
 from web.common.response_models import (
     IncompleteDetails,
@@ -156,7 +156,7 @@ def _part_logprob(token: TokenEvent) -> OutputLogprob:
         "bytes": list(token.text.encode("utf-8")),
         "logprob": _logprob(token.logprob),
         "top_logprobs": [
-            {"token": text, "bytes": list(text.encode("utf-8")), "logprob": logprob}
+            {"token": text, "bytes": alternative_bytes(text), "logprob": logprob}
             for text, logprob in token.top or ()
         ],
     }

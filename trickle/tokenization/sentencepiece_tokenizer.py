@@ -1,4 +1,4 @@
-"""SentencePiece tokenizer wrapper, light enough for the web tier to count prompt tokens."""
+"""SentencePiece (``tokenizer.model``): the demo model's tokenizer and Llama 2-era models'."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from typing import Any
 
 import sentencepiece as spm
 
-from trickle.config.sections import ModelSettings
-from trickle.model_files import model_profile
+from trickle.tokenization.interface import SPECIAL_MARK, Tokenizer
+
+SPACE = "\u2581"  # SentencePiece's word-boundary marker
 
 
-class Tokenizer:
-    """Encodes prompts to the token strings CTranslate2 expects and decodes ids back to text."""
+class SentencePieceTokenizer(Tokenizer):
+    """Encodes prompts to the pieces CTranslate2 expects and decodes ids back to text."""
 
     def __init__(self, model_path: str | Path, add_bos: bool = True):
         path = Path(model_path)
@@ -24,58 +25,40 @@ class Tokenizer:
         self.bos_id = self._sp.bos_id()
         self.eos_id = self._sp.eos_id()
         self.vocab_size = self._sp.get_piece_size()
-        self.unk_id = self._unk_id = self._sp.unk_id()
+        self.unk_id = self._sp.unk_id()
         self._decode_ids = _fast_decoder(self._sp)
-        # The ids that end generation (``for_model`` adds the model's own end tokens).
         self.end_ids = frozenset([self.eos_id] if self.eos_id >= 0 else [])
-
-    @classmethod
-    def for_model(cls, model: ModelSettings) -> Tokenizer:
-        """The model's tokenizer, adding the start token and ending on the tokens its
-        configuration or files say (generation_config.json's eos_token_id, and
-        tokenizer_config.json's eos_token when it names a piece)."""
-        profile = model_profile(model)
-        tokenizer = cls(model.tokenizer_path, add_bos=profile.add_bos)
-        ids = {*tokenizer.end_ids, *profile.end_token_ids}
-        for name in profile.end_token_names:
-            named = tokenizer.piece_id(name) if name else tokenizer.unk_id
-            if named != tokenizer.unk_id:
-                ids.add(named)
-        tokenizer.end_ids = frozenset(i for i in ids if i >= 0)
-        return tokenizer
+        self.special_ids = frozenset(
+            i for i in range(self.vocab_size) if self._sp.is_control(i) or self._sp.is_unknown(i)
+        )
 
     def encode(self, text: str) -> list[int]:
-        """Prompt ids as the model sees them (with the start token when the model wants one)."""
         ids: list[int] = self._sp.encode(text, out_type=int)
         if self.add_bos and self.bos_id >= 0:
             ids = [self.bos_id, *ids]
         return ids
 
-    def count(self, text: str) -> int:
-        return len(self.encode(text))
-
     def to_pieces(self, ids: list[int]) -> list[str]:
-        return [self._sp.id_to_piece(i) for i in self._in_vocabulary(ids)]
+        return [self._sp.id_to_piece(i) for i in self._in_vocabulary(ids, self.unk_id)]
 
     def piece_id(self, piece: str) -> int:
-        return int(self._sp.piece_to_id(piece))
+        found = int(self._sp.piece_to_id(piece))
+        return -1 if found == self.unk_id and piece != self._sp.id_to_piece(found) else found
 
     def token_bytes(self) -> list[bytes]:
-        """Every id's text as bytes, the way a grammar matcher sees the vocabulary: a control or
-        unknown piece is its name behind 0xFF (llguidance's mark for special tokens, which no
-        text can produce); ``_spell`` says the rest."""
+        """A control or unknown piece is its name behind the special mark; ``_spell`` says the
+        rest."""
         sp = self._sp
         return [
-            b"\xff" + sp.id_to_piece(i).encode()
+            SPECIAL_MARK + sp.id_to_piece(i).encode()
             if sp.is_control(i) or sp.is_unknown(i)
             else self._spell([i])
             for i in range(self.vocab_size)
         ]
 
     def encode_text(self, text: str) -> list[int]:
-        """Ids whose pieces spell exactly ``text`` (no start token, no added leading space):
-        SentencePiece's encoding with its dummy-prefix space taken off the first piece, or
-        byte pieces where that does not spell it."""
+        """SentencePiece's encoding with its dummy-prefix space taken off the first piece, or
+        byte pieces where that does not spell ``text``."""
         ids: list[int] = self._sp.encode(text, out_type=int)
         wanted = text.encode()
         spelled = self._spell(ids)
@@ -86,7 +69,7 @@ class Tokenizer:
             if not bare:
                 return ids[1:]
             bare_id = self._sp.piece_to_id(bare)
-            head = [bare_id] if bare_id != self._unk_id else self._byte_ids(bare)
+            head = [bare_id] if bare_id != self.unk_id else self._byte_ids(bare)
             if self._spell(head + ids[1:]) == wanted:
                 return head + ids[1:]
         return self._byte_ids(text)
@@ -98,7 +81,7 @@ class Tokenizer:
         return b"".join(
             bytes([int(sp.id_to_piece(i)[3:5], 16)])
             if sp.is_byte(i)
-            else sp.id_to_piece(i).replace("\u2581", " ").encode()
+            else sp.id_to_piece(i).replace(SPACE, " ").encode()
             for i in ids
         )
 
@@ -106,20 +89,12 @@ class Tokenizer:
         return [self._sp.piece_to_id(f"<0x{byte:02X}>") for byte in text.encode()]
 
     def decode(self, ids: list[int]) -> str:
-        return str(self._decode_ids(self._in_vocabulary(ids)))
-
-    def _in_vocabulary(self, ids: list[int]) -> list[int]:
-        """A model may have more output ids than the tokenizer has pieces (padded vocabularies):
-        those decode as the unknown piece instead of failing the whole batch."""
-        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):
-            return ids  # the usual case, checked in C (this runs twice per generated token)
-        unk = self._unk_id
-        return [i if 0 <= i < self.vocab_size else unk for i in ids]
+        return str(self._decode_ids(self._in_vocabulary(ids, self.unk_id)))
 
 
 def _fast_decoder(sp: Any) -> Callable[[list[int]], str]:
     """SentencePiece's C++ ``DecodeIds`` without its Python wrapper, which checks the input's
-    type and shape on every call: 0.6 instead of 4.6 µs, and the detokenizer decodes twice per
+    type and shape on every call (docs/performance.md), and the detokenizer decodes twice per
     generated token. It is a private attribute of the package (sentencepiece 0.2.1+), so it is
     used only where it exists, ``decode`` is the package's own, and the two agree on every
     piece; otherwise ``decode``."""
