@@ -1,6 +1,6 @@
 """Grammars for forced tool calls (``tool_choice`` required or a named function).
 
-The answer must be text the model's tool-call parser (``web.tools``) reads as calls, each
+The answer must be text the model's tool-call parser (``web.common.tools``) reads as calls, each
 naming one of the offered functions, with arguments its ``parameters`` schema accepts:
 
 - ``hermes``: ``<tool_call>{"name":"f","arguments":{...}}</tool_call>``, one newline allowed

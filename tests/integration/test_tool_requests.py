@@ -13,10 +13,10 @@ from flask import Flask
 
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import Settings
-from web.chat_template import ChatTurn, TurnCall, render_chat
-from web.errors import HttpError
+from web.common.chat_template import ChatTurn, TurnCall, render_chat
+from web.common.errors import HttpError
+from web.common.tools.definitions import chat_tools
 from web.openai.requests import chat_prompt
-from web.tools.definitions import chat_tools
 
 WEATHER: dict[str, Any] = {
     "type": "function",
@@ -139,7 +139,7 @@ def test_a_template_that_cannot_render_tools_is_a_400_unless_a_fallback_is_named
 
 
 def _chat_tool() -> Any:
-    from web.tools.models import ChatTool
+    from web.common.tools.models import ChatTool
 
     return ChatTool.model_validate(WEATHER)
 
