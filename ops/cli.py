@@ -1,8 +1,8 @@
 """The ``trickle`` command.
 
 Operators: ``demo-model`` builds the offline demo model, ``smollm2-model`` the default model
-(SmolLM2-135M-Instruct, from a pinned wheel's GGUF), ``up`` runs the whole stack, supervised
-(``ops.launcher``).
+(SmolLM2-135M-Instruct, from a pinned wheel's GGUF), ``gguf-model`` converts any Llama GGUF file,
+``up`` runs the whole stack, supervised (``ops.launcher``).
 Clients (talking to ``TRICKLE_URL``, default http://127.0.0.1:8000, with ``TRICKLE_API_KEY``
 as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
 """
@@ -33,6 +33,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     smol.add_argument("--cache-dir", type=Path, default=WHEEL_CACHE_DIR)
     smol.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
     smol.add_argument("--force", action="store_true", help="rebuild even if current")
+    gguf = commands.add_parser(
+        "gguf-model", help="convert a Llama-architecture GGUF file into a model directory"
+    )
+    gguf.add_argument("gguf", type=Path, help="the .gguf file")
+    gguf.add_argument("--output", type=Path, required=True, help="e.g. models/mymodel")
+    gguf.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
     up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")
     up.add_argument("-c", "--concurrency", default="", help="processes per type, e.g. worker=2")
     up.add_argument(
@@ -67,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return build_demo(args.output, args.force)
     if args.command == "smollm2-model":
         return build_smollm2(args.output, args.cache_dir, args.quantization, args.force)
+    if args.command == "gguf-model":
+        return convert_gguf_file(args.gguf, args.output, args.quantization)
     if args.command == "up":
         from ops.launcher import run_stack
 
@@ -131,6 +139,21 @@ def build_smollm2(output: Path, cache_dir: Path, quantization: str, force: bool)
         print(f"trickle: {exc}", file=sys.stderr)
         return 2
     print(f"SmolLM2-135M-Instruct ready at {output}")
+    return 0
+
+
+def convert_gguf_file(gguf: Path, output: Path, quantization: str) -> int:
+    from ops.model_builders.gguf_llama import build_from_gguf
+
+    print(f"converting {gguf} into {output} ({quantization}) ...", flush=True)
+    try:
+        build_from_gguf(
+            gguf, output, quantization=quantization, progress=lambda m: print(m, flush=True)
+        )
+    except ValueError as exc:
+        print(f"trickle: {exc}", file=sys.stderr)
+        return 2
+    print(f"model ready at {output}")
     return 0
 
 

