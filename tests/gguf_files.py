@@ -17,6 +17,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 from tokenizers import pre_tokenizers
 
+Q8_0 = GGMLQuantizationType.Q8_0
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a")]
 CHAT_TEMPLATE = (
@@ -30,7 +31,7 @@ def vocabulary() -> tuple[list[str], list[int]]:
     """Control tokens, the 256 byte-level symbols, then the merged tokens."""
     symbols = sorted(pre_tokenizers.ByteLevel.alphabet())
     tokens = SPECIALS + symbols + [left + right for left, right in MERGES]
-    types = [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - 3)
+    types = [TokenType.CONTROL] * len(SPECIALS) + [TokenType.NORMAL] * (len(tokens) - len(SPECIALS))
     return tokens, [int(t) for t in types]
 
 
@@ -101,6 +102,3 @@ def write_llama_gguf(path: Path, seed: int = 0, **overrides: Any) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-Q8_0 = GGMLQuantizationType.Q8_0
