@@ -101,12 +101,14 @@ class ConstrainedRun:
         self._generated: list[int] = []
         self._closing_length = 0
         self._since_refresh = REFRESH_EVERY
+        self._left = 0  # tokens the budget has left after those emitted
         self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
 
     def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
         """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted."""
         pieces = list(prompt)
         left = max_new
+        self._left = max_new
         while left > 0:
             call = _Call()
             owed = max(0, self._sampling.min_tokens - len(self._generated))
@@ -121,11 +123,11 @@ class ConstrainedRun:
                 forced = self._ending(call.refused_end, left)
                 closing = forced[-1:] != [call.refused_end]  # no room for the end: cut
             elif closing:
-                forced = self._closing()
+                forced = self._closing(left)
             else:
                 forced = self._replacement(call.logits)
                 if not self._leaves_room(forced, left):
-                    closing, forced = True, self._closing()
+                    closing, forced = True, self._closing(left)
             forced = forced[:left]
             if not forced:
                 return  # complete already: the batch's end finishes the job as cut
@@ -163,8 +165,7 @@ class ConstrainedRun:
         text = [t for t in forced if t not in self._end_ids]
         if probe.try_consume_tokens(text) < len(text):
             return True  # (an end token among them ends the answer complete)
-        length = self._closer.length(probe)
-        return length is None or len(forced) + length <= left
+        return self._closer.length(probe, left - len(forced)) is not None
 
     def _consume(self, token: int) -> bool:
         """Advance the matcher past ``token`` if the grammar allows it (else leave it as it
@@ -186,11 +187,11 @@ class ConstrainedRun:
         probe = self._matcher.deep_copy()
         if probe.try_consume_tokens([token]) != 1:
             return True  # rejected anyway: the rejection path picks an allowed token
-        length = self._closer.length(probe)
+        length = self._closer.length(probe, room)
         if length is None:
-            return True  # no closing completion in sight: cut where it stands
+            return False  # no way to close after it within the room: close now instead
         self._closing_length = length
-        return length <= room
+        return True
 
     def _emit(
         self, sink: TokenSink, token: int, logprob: Logprob, last: bool, consumed: bool = False
@@ -199,28 +200,33 @@ class ConstrainedRun:
         if not consumed and not self._consume(token):
             raise GrammarFailed(f"the grammar refused its own forced token {token}")
         self._generated.append(token)
+        self._left -= 1
         if self._since_refresh >= REFRESH_EVERY:
             self._since_refresh = 0
-            self._closing_length = self._closer.length(self._matcher) or 0
+            length = self._closer.length(self._matcher, self._left)
+            self._closing_length = self._left if length is None else length
         step = self._step
         self._step += 1
         return sink(0, step, token, logprob, last or token in self._end_ids)
 
     def _ending(self, end: int, left: int) -> list[int]:
-        """The model ended before the grammar could: the shortest completion, then its end
-        token when both fit (else the completion alone, and the answer ends as cut)."""
-        closing = self._closing()
-        return [*closing, end] if len(closing) < left else closing
+        """The model ended before the grammar could: a completion, then its end token when
+        both fit (else the completion alone, and the answer ends as cut)."""
+        closing = self._closer.closing(self._matcher, left - 1)
+        return self._closing(left) if closing is None else [*closing, end]
 
-    def _closing(self) -> list[int]:
-        return self._closer.closing(self._matcher) or []
+    def _closing(self, left: int) -> list[int]:
+        """A completion within ``left`` tokens (one was there when the last token was taken:
+        every token near the end is checked for room)."""
+        return self._closer.closing(self._matcher, left) or []
 
     def _replacement(self, logits: npt.NDArray[np.float64] | None) -> list[int]:
         """The best allowed token for the rejected step, then what the grammar forces."""
         allowed = allowed_mask(self._matcher, self._vocab_size)
         sampling = self._sampling
-        if len(self._generated) < sampling.min_tokens:
-            allowed[[i for i in self._end_ids if i < len(allowed)]] = False
+        ends = [i for i in self._end_ids if i < len(allowed)]
+        if len(self._generated) < sampling.min_tokens and not allowed[ends].all():
+            allowed[ends] = False  # (a complete answer with nothing else allowed still ends)
         candidates = np.flatnonzero(allowed)
         if not len(candidates):
             raise GrammarFailed("the grammar allows no token here")
