@@ -18,7 +18,7 @@ from __future__ import annotations
 import llguidance
 import numpy as np
 
-from trickle.closure_search import ClosingSearch
+from trickle.closure_search import MAX_EXPANSIONS, ClosingSearch
 from trickle.grammar_matcher import allowed_mask
 
 # Most preferred first. Inside a string: its closing quote (with what may follow it). Elsewhere:
@@ -31,6 +31,8 @@ STRING_PROBE = "a"
 
 # A completion longer than this is not searched for.
 MAX_CLOSING_TOKENS = 512
+# States a quick search expands (the engine's check of each token near max_tokens).
+QUICK_EXPANSIONS = 40
 
 
 class Closer:
@@ -47,14 +49,16 @@ class Closer:
         self._search = ClosingSearch(tokens, [*self._in_string, *self._preferred])
 
     def closing(
-        self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS
+        self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS, quick: bool = False
     ) -> list[int] | None:
         """Tokens that take ``matcher`` (left unchanged) to an accepting state, at most
-        ``limit`` of them; None when the search finds none that short."""
+        ``limit`` of them; None when the search finds none that short (``quick``: a search
+        of a few states only, for a check that has a way out of its own)."""
         greedy = self.greedy(matcher, limit)
         if greedy is not None:
             return greedy
-        return self._search.closing(matcher, min(limit, MAX_CLOSING_TOKENS))
+        expansions = QUICK_EXPANSIONS if quick else MAX_EXPANSIONS
+        return self._search.closing(matcher, min(limit, MAX_CLOSING_TOKENS), expansions)
 
     def shortest(
         self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS

@@ -79,15 +79,17 @@ class ClosingSearch:
         self._string_only = np.array([b >= 0 and b not in _OUTSIDE for b in firsts])
         self._after_value = np.array([b in _AFTER_VALUE for b in firsts])
 
-    def closing(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
+    def closing(
+        self, matcher: llguidance.LLMatcher, limit: int, most: int = MAX_EXPANSIONS
+    ) -> list[int] | None:
         """The fewest tokens that take ``matcher`` (left unchanged) to an accepting state, if
-        some take at most ``limit``; None when none do (or the search ran out of states)."""
+        some take at most ``limit``; None when none do (or ``most`` states were expanded)."""
         order = itertools.count()
         start = _State(matcher.deep_copy(), [], _Shape(False), None, 0)
         frontier: list[_Entry] = [(0, next(order), start)]
         best: dict[tuple[str, bool, bytes], int] = {}  # a key -> the longest run expanded
         expansions = 0
-        while frontier and expansions < MAX_EXPANSIONS:
+        while frontier and expansions < most:
             spent, _, state = heapq.heappop(frontier)
             if state.matcher.is_accepting():
                 return state.path
