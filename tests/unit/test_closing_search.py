@@ -6,43 +6,20 @@ does not run on this hypothesis: its ``from_schema`` calls a ``many.more`` that 
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import llguidance
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from tests.schema_answers import SHAPES, assert_valid, field_schema
 from trickle.closure import Closer
 from trickle.grammar import json_schema_grammar
 from trickle.grammar_matcher import MatcherCache, allowed_mask
 from trickle.tokenizer import Tokenizer
-
-# RFC 3339 as llguidance writes it (``T``/``Z`` in either case); jsonschema has no checker for
-# these without optional packages.
-_TIME = r"\d{2}:\d{2}:\d{2}(\.\d+)?([zZ]|[+-]\d{2}:\d{2})"
-_FORMATS = {
-    "date-time": re.compile(rf"\d{{4}}-\d{{2}}-\d{{2}}[tT]{_TIME}"),
-    "time": re.compile(_TIME),
-    "uri": re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S*"),
-}
-SHAPES: dict[str, dict[str, Any]] = {
-    "email": {"type": "string", "format": "email"},
-    "date-time": {"type": "string", "format": "date-time"},
-    "time": {"type": "string", "format": "time"},
-    "uri": {"type": "string", "format": "uri"},
-    "pattern": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3,5}(x|yz)$"},
-    "nested minLength": {
-        "type": "object",
-        "properties": {"a": {"type": "array", "items": {"type": "string", "minLength": 12}}},
-        "required": ["a"],
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -60,35 +37,10 @@ def closer(tokenizer: Tokenizer) -> Closer:
     return Closer(tokenizer.token_bytes())
 
 
-def field_schema(value: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"d": value}, "required": ["d"]}
-
-
-def check_answer(tokenizer: Tokenizer, schema: dict[str, Any], ids: list[int]) -> str:
+def check_answer(tokenizer: Tokenizer, schema: dict[str, Any], ids: list[int]) -> None:
     """The answer parses and validates, formats included (the grammar took every token, and
     ended accepting, in the search that found them)."""
-    text = b"".join(tokenizer.token_bytes()[i] for i in ids).decode()
-    value = json.loads(text)
-    validator = jsonschema.Draft202012Validator
-    validator(schema, format_checker=validator.FORMAT_CHECKER).validate(value)
-    for path, fmt in _formats(schema, value):
-        assert _FORMATS[fmt].fullmatch(path), (fmt, path)
-    return text
-
-
-def _formats(schema: Any, value: Any) -> list[tuple[str, str]]:
-    """(value, format) for the formats jsonschema cannot check here."""
-    found: list[tuple[str, str]] = []
-    if isinstance(schema, dict):
-        if schema.get("format") in _FORMATS and isinstance(value, str):
-            found.append((value, schema["format"]))
-        for key, sub in schema.get("properties", {}).items():
-            if isinstance(value, dict) and key in value:
-                found += _formats(sub, value[key])
-        if isinstance(schema.get("items"), dict) and isinstance(value, list):
-            for item in value:
-                found += _formats(schema["items"], item)
-    return found
+    assert_valid(schema, b"".join(tokenizer.token_bytes()[i] for i in ids).decode())
 
 
 def fight(
