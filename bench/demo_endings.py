@@ -21,7 +21,7 @@ import ctranslate2
 import numpy as np
 
 from ops.model_builders.demo import load_tokenizer
-from web.chat_template import ChatTurn, render_chat
+from web.common.chat_template import ChatTurn, render_chat
 
 PROMPTS = [
     "Hi",

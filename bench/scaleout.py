@@ -93,8 +93,8 @@ def web_main(url: str, job_ids: list[str], start: Any, seconds: float, results: 
     """A web process: the real hub, a follower per job it reads; reports CPU and deliveries."""
     from trickle.events import TokenEvent
     from trickle.store.job_store import JobStore
-    from web.follow import Done, JobFollower
-    from web.hub import TokenHub
+    from web.streams.follow import Done, JobFollower
+    from web.streams.hub import TokenHub
 
     store = JobStore(_client(url), 600, 600)
     hub = TokenHub(lambda: _subscriber(url))

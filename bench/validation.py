@@ -38,14 +38,14 @@ def per_call_us(call: Callable[[], Any], rounds: int = 7, number: int = 3000) ->
 
 
 def main() -> None:
-    from web import validation
+    from web.common import validation
     from web.openai import requests as openai_requests
 
     with tempfile.TemporaryDirectory() as model_dir:
         settings = settings_from_dict({"models": {"demo": {"path": model_dir}}})
         bound: dict[str, Any] = {"job": (), "completion": (), "chat": ()}
         if hasattr(validation, "validate"):  # pydantic models (issue 14), bound to the config
-            from web.request_models import RequestModels
+            from web.common.request_models import RequestModels
 
             models = RequestModels.bound_to(settings)
             bound = {

@@ -71,7 +71,7 @@ def job_republished(job_id: str) -> str:
 def job_readers(job_id: str) -> str:
     """Hash: how many streamed requests with an Idempotency-Key read the job now ("attached")
     and when the last one's client left ("left_at"), which starts the grace a retry has to
-    re-attach before the job is canceled (web/stream_hold.py)."""
+    re-attach before the job is canceled (web/streams/hold.py)."""
     return f"{job(job_id)}:readers"
 
 
@@ -164,7 +164,7 @@ def batches_of(owner: str) -> str:
 
 def batches_unsettled() -> str:
     """Sorted set of the batches not yet in a final stage, by creation time: what each web
-    process's sweeper (web/batch_sweeper.py) settles without waiting for a read."""
+    process's sweeper (web/batches/sweeper.py) settles without waiting for a read."""
     return f"{PREFIX}:batches-unsettled"
 
 
@@ -207,7 +207,7 @@ def _idempotency_digest(scope: str, key: str) -> str:
     return hashlib.sha256(f"{scope}\0{key}".encode()).hexdigest()
 
 
-# Flask-Limiter's counters (web/ratelimit.py): the `limits` library names them
+# Flask-Limiter's counters (web/admission/ratelimit.py): the `limits` library names them
 # "<prefix>:LIMITER/<subject>/<requests|tokens>/<amount>/1/minute" (a string, 60 s TTL).
 RATE_LIMIT_PREFIX = f"{PREFIX}:ratelimit"
 

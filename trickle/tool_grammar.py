@@ -1,8 +1,9 @@
 """Grammars for tool calls: forced ones (``tool_choice`` required or a named function), and
 ``strict`` tools under ``auto``.
 
-A forced answer must be text the model's tool-call parser (``web.tools``) reads as calls, each
-naming one of the offered functions, with arguments its ``parameters`` schema accepts:
+A forced answer must be text the model's tool-call parser (``web.common.tools``) reads as
+calls, each naming one of the offered functions, with arguments its ``parameters`` schema
+accepts:
 
 - ``hermes``: ``<tool_call>{"name":"f","arguments":{...}}</tool_call>``, one newline allowed
   inside the tags (templates write one there) and between calls;

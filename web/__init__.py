@@ -9,11 +9,12 @@ from flask import Flask
 
 from trickle.config.settings import Settings, load_settings
 from trickle.telemetry.tracing import Tracing
-from web.auth import install_auth
-from web.batch_sweeper import BatchSweeper
-from web.cors import install_cors
-from web.errors import register_error_handlers
-from web.services import EXTENSION_KEY, Services
+from web.admission.auth import install_auth
+from web.batches.sweeper import BatchSweeper
+from web.common.cors import install_cors
+from web.common.errors import register_error_handlers
+from web.services import EXTENSION_KEY
+from web.wiring import build_services
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -28,17 +29,23 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.url_map.strict_slashes = False
     app.config["MAX_CONTENT_LENGTH"] = settings.web.max_body_bytes
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions[EXTENSION_KEY] = svc = Services.create(settings)
+    app.extensions[EXTENSION_KEY] = svc = build_services(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
     sweeper = BatchSweeper(svc)
     svc.on_close.append(sweeper.close)
     sweeper.start()
 
-    from web import batches, files, health, jobs, metrics, page, scaling, stream, stream_access
+    from web import page
     from web.anthropic import errors as anthropic_errors
     from web.anthropic import routes as anthropic_routes
+    from web.batches import files
+    from web.batches import routes as batches
+    from web.jobs import routes as jobs
     from web.openai import routes as openai_routes
     from web.openai.responses_api import routes as responses_routes
+    from web.operations import health, metrics, scaling
+    from web.streams import access as stream_access
+    from web.streams import routes as stream
 
     # Hook order matters: preflights are answered before any credential check, and a stream
     # token is checked before the API key it stands in for.

@@ -1,10 +1,10 @@
 """The OpenAPI 3.1 description of every HTTP operation, served at ``/openapi.json``.
 
 The paths are written here; every schema is generated from the classes that validate requests
-(``web.request_models``, bound to the configuration's limits) and the types the response builders
-return (``web.response_models``), so the document and the server cannot disagree. CI fuzzes the
-running server from it (tests/system/test_schema_fuzz.py). The WebSocket route is described in the
-job-events operation, since OpenAPI cannot express it.
+(``web.common.request_models``, bound to the configuration's limits) and the types the response
+builders return (``web.common.response_models``), so the document and the server cannot disagree. CI
+fuzzes the running server from it (tests/system/test_schema_fuzz.py). The WebSocket route is
+described in the job-events operation, since OpenAPI cannot express it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from trickle.config.settings import Settings
 from web.anthropic import models as anthropic_models
 from web.anthropic.schema import ERROR as ANTHROPIC_ERROR
 from web.anthropic.schema import messages_paths
-from web.api_schema_files import batch_paths, file_paths
-from web.openapi_parts import (
+from web.batches.schema import batch_paths, file_paths
+from web.common.openapi_parts import (
     SSE,
     SSE_EVENT_SCHEMA,
     Part,
@@ -31,8 +31,8 @@ from web.openapi_parts import (
     reply,
     responses,
 )
-from web.request_models import RequestModels
-from web.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
+from web.common.request_models import RequestModels
+from web.common.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 

@@ -1,7 +1,7 @@
 """JSON for the errors gunicorn answers itself (a bad request line, 414, 431, bad chunking).
 
-Those requests never reach Flask, so ``web.errors`` cannot shape them; gunicorn writes them with
-``gunicorn.util.write_error``, which this replaces (at config load, before workers fork) with a
+Those requests never reach Flask, so ``web.common.errors`` cannot shape them; gunicorn writes them
+with ``gunicorn.util.write_error``, which this replaces (at config load, before workers fork) with a
 writer of the same ``{"error": {...}}`` body every other Trickle error has.
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flask import Blueprint, Response, send_from_directory
 
-from web.auth import open_route
+from web.admission.auth import open_route
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 

@@ -1,33 +1,39 @@
-"""What the web process shares between requests: settings, Redis, the queue client, the hub."""
+"""What the web process shares between requests: settings, Redis, the queue client, the hub.
+
+Every feature reads its parts here, so this module imports no feature at run time (only their
+types, for the checker): ``web.wiring`` builds the parts and hands them in.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
-from celery import Celery
 from flask import Flask, current_app
 
-from trickle.config.settings import Settings
-from trickle.jobs import INTERACTIVE_PRIORITY
-from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
-from trickle.store.job_store import JobStore
-from trickle.store.redis_connection import connect_pooled, connect_subscriber
+from trickle.store.redis_connection import connect_pooled
 from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from trickle.tokenizer import Tokenizer
-from web.admission_depth import AdmissionDepth
-from web.answer_budget import AnswerBudget
-from web.batch_pending import PendingBatchJobs
-from web.file_store import FileStore
-from web.hub import TokenHub
-from web.ratelimit import RateLimiter
-from web.request_models import RequestModels
-from web.responses_store import ResponseStore
-from web.stream_tokens import StreamTokens, load_secret
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from trickle.config.settings import Settings
+    from trickle.queue import QueueReader
+    from trickle.store.job_store import JobStore
+    from web.admission.depth import AdmissionDepth
+    from web.admission.ratelimit import RateLimiter
+    from web.batches.file_store import FileStore
+    from web.batches.pending import PendingBatchJobs
+    from web.common.answer_budget import AnswerBudget
+    from web.common.request_models import RequestModels
+    from web.openai.responses_api.store import ResponseStore
+    from web.streams.hub import TokenHub
+    from web.streams.tokens import StreamTokens
 
 EXTENSION_KEY = "trickle"
 
@@ -45,13 +51,19 @@ class Services:
     queues: QueueReader
     # The queue-full check's count: a recent reading far below the limit, exact near it.
     admission_depth: AdmissionDepth
+    # Stored Responses API responses; a record lives as long as its job can.
+    responses: ResponseStore
+    # Batch jobs accepted here whose task messages are still being sent (web/batches/pending.py).
+    pending_batch: PendingBatchJobs
+    # The parts built on first use, from what they are built of (web.wiring says how).
+    files_over: Callable[[Any], FileStore]  # a FileStore over a client that answers bytes
+    budget_for: Callable[[Tokenizer], AnswerBudget]
+    load_stream_tokens: Callable[[], StreamTokens]  # reads (or creates) the shared secret
     # The broker is the job store's own Redis: a job's task rides in its record's transaction.
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
-    # Batch jobs accepted here whose task messages are still being sent (web/batch_backlog.py).
-    pending_batch: PendingBatchJobs = field(default_factory=PendingBatchJobs)
-    # Stopped with the Services (the batch sweeper's thread, web/batch_sweeper.py).
+    # Stopped with the Services (the batch sweeper's thread, web/batches/sweeper.py).
     on_close: list[Callable[[], None]] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _budgets: dict[str, AnswerBudget] = field(default_factory=dict)
@@ -62,31 +74,6 @@ class Services:
     # held across ``stream_tokens``' Redis read blocked the whole process (every greenlet, the
     # holder too) when two requests asked for their first stream URL at once.
     _lock: threading.Lock = field(default_factory=lambda: threading.Lock())
-
-    @classmethod
-    def create(cls, settings: Settings) -> Services:
-        client = connect_pooled(settings.redis)
-        celery = make_celery(settings, settings.models)
-        limits = settings.limits
-        store = JobStore(client, limits.result_ttl_seconds, limits.queued_ttl_seconds)
-        queues = QueueReader(celery, store)
-        return cls(
-            settings=settings,
-            redis=client,
-            store=store,
-            celery=celery,
-            hub=TokenHub(lambda: connect_subscriber(settings.redis)),
-            rate_limiter=RateLimiter(settings),
-            requests=RequestModels.bound_to(settings),
-            queues=queues,
-            # Interactive jobs only: batch work has a bound of its own (limits.max_batch_backlog)
-            # and never closes the interactive queue.
-            admission_depth=AdmissionDepth(
-                lambda model: queues.depth(model, priority=INTERACTIVE_PRIORITY)
-            ),
-            tasks_ride_with_records=tasks_ride_with_records(settings, store.cluster),
-            tenants=TenantTable(settings.tenants),
-        )
 
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
@@ -114,14 +101,8 @@ class Services:
         tokenizer = self.tokenizer(model)
         with self._lock:
             if model not in self._budgets:
-                self._budgets[model] = AnswerBudget(tokenizer)
+                self._budgets[model] = self.budget_for(tokenizer)
             return self._budgets[model]
-
-    @property
-    def responses(self) -> ResponseStore:
-        """Stored Responses API responses; a record lives as long as its job can."""
-        limits = self.settings.limits
-        return ResponseStore(self.redis, limits.queued_ttl_seconds + limits.result_ttl_seconds)
 
     @property
     def files(self) -> FileStore:
@@ -131,15 +112,14 @@ class Services:
             if self._binary_redis is None:
                 self._binary_redis = connect_pooled(self.settings.redis, binary=True)
             client = self._binary_redis
-        return FileStore(client, self.settings.files.retention_seconds)
+        return self.files_over(client)
 
     def stream_tokens(self) -> StreamTokens:
         """The signer of stream tokens, its secret read (or created) on first use: an app that
         never hands out a stream URL never needs it, and start-up needs no Redis."""
         with self._lock:
             if self._stream_tokens is None:
-                secret = load_secret(self.redis, self.settings.web.stream_secret)
-                self._stream_tokens = StreamTokens(secret)
+                self._stream_tokens = self.load_stream_tokens()
             return self._stream_tokens
 
 

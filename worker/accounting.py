@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from trickle.joblog import log_job_event
 from trickle.jobs import Job, JobResult
 from trickle.telemetry.metric_defs import (
@@ -29,6 +31,7 @@ def account_finished(
     scheduled: ScheduledJob | None,
     resumed: int,
     key: str = DEFAULT_TENANT_LABEL,
+    hops: Mapping[str, float] | None = None,
 ) -> None:
     """Count the job and its tokens (for its ``key`` too: the owner's name), observe its
     latencies, and log how it ended.
@@ -71,4 +74,5 @@ def account_finished(
         completion_tokens=result.completion_tokens,
         error=result.error.type if result.error else None,
         **timings,
+        **(hops or {}),
     )

@@ -39,14 +39,26 @@ def record_job_trace(
         if timeline.last_token is not None:
             attributes["gen_ai.latency.time_in_model_decode"] = timeline.last_token - first
     request = tracing.record(job.trace_context, "llm_request", job.created_at, end, attributes)
-    hops: list[tuple[str, float | None, float | None]] = [
+    for name, start, stop in hops(job, timeline):
+        tracing.record(request, name, start, stop)
+
+
+def hops(job: Job, timeline: JobTimeline) -> list[tuple[str, float, float]]:
+    """The hops of one attempt that it lived through, as (name, start, end) wall-clock times."""
+    spans: list[tuple[str, float | None, float | None]] = [
         ("queue wait", job.created_at, timeline.claim_started),
         ("claim", timeline.claim_started, timeline.claimed),
         ("batch wait", timeline.scheduled, timeline.batch_started),
-        ("first step", timeline.batch_started, first),
-        ("first publish", first, timeline.first_published),
+        ("first step", timeline.batch_started, timeline.first_token),
+        ("first publish", timeline.first_token, timeline.first_published),
         ("generate", timeline.batch_started, timeline.last_token),
     ]
-    for name, start, stop in hops:
-        if start is not None and stop is not None:
-            tracing.record(request, name, start, stop)
+    return [(name, start, end) for name, start, end in spans if start and end]
+
+
+def hop_seconds(job: Job, timeline: JobTimeline) -> dict[str, float]:
+    """The hops' durations for the job log (``queue_wait_seconds``...): where a slow first token
+    waited, without a trace collector (``bench.outside`` reads them for its worst arrivals)."""
+    return {
+        f"{name.replace(' ', '_')}_seconds": end - start for name, start, end in hops(job, timeline)
+    }

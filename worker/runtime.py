@@ -35,7 +35,7 @@ from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.in_flight import InFlight
-from worker.job_trace import record_job_trace
+from worker.job_trace import hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
 from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
@@ -300,12 +300,12 @@ class WorkerRuntime:
                 time.time(),
                 stop_sequence=state.stop_sequence,
             )
-        self._finish(job, claim, result, scheduled, resumed=resumed)
+        timeline.batch_started = scheduled.batch_started_at
+        timeline.first_token = scheduled.first_token_at
+        timeline.first_published = scheduled.first_published_at
+        timeline.last_token = scheduled.last_token_at
+        self._finish(job, claim, result, scheduled, resumed=resumed, timeline=timeline)
         if job.trace_context and self.tracing.enabled:
-            timeline.batch_started = scheduled.batch_started_at
-            timeline.first_token = scheduled.first_token_at
-            timeline.first_published = scheduled.first_published_at
-            timeline.last_token = scheduled.last_token_at
             record_job_trace(self.tracing, job, result, timeline, claim.attempt)
 
     def _finish(
@@ -315,6 +315,7 @@ class WorkerRuntime:
         result: JobResult,
         scheduled: ScheduledJob | None = None,
         resumed: int = 0,
+        timeline: JobTimeline | None = None,
     ) -> None:
         """Store the final state (fenced), then account for it in metrics and the job log."""
         if result.error is not None:
@@ -323,7 +324,8 @@ class WorkerRuntime:
         if job.webhook_url:
             self._notify(job.id)
         key = tenant_label(self.tenants.name_of_owner(job.owner))
-        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key)
+        hops = hop_seconds(job, timeline) if timeline is not None else {}
+        account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key, hops)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:
         def observe(size: int) -> None:

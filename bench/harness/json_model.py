@@ -15,7 +15,12 @@ from typing import Any
 import sentencepiece as spm
 
 from bench.harness.models import MODELS_DIR, TOKENIZER_FILE
-from ops.model_builders.demo import bigram_log_probs, save_bigram_model, build_demo_model, encode_corpus
+from ops.model_builders.demo import (
+    bigram_log_probs,
+    build_demo_model,
+    encode_corpus,
+    save_bigram_model,
+)
 from trickle.config.settings import DEFAULT_MODEL_DIR
 
 PERSON: dict[str, Any] = {

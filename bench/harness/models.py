@@ -65,6 +65,14 @@ CHOICES: dict[str, ModelChoice] = {
         LlamaShape(640, 7, 10, 1728, 8000, "int8"),
         "random Llama-style, d_model 640, 7 layers, 10 heads, ffn 1728, vocab 8000, int8",
     ),
+    # The 46M model of the outside measurements (issue 53, bench.outside): about 115 tokens/s
+    # alone here, so a 128-token job runs about 1.1 s.
+    "46m-outside": ModelChoice(
+        "46m-outside",
+        "bench-46m-outside",
+        LlamaShape(512, 12, 8, 1536, 6000, "int8"),
+        "random Llama-style, d_model 512, 12 layers, 8 heads, ffn 1536, vocab 6000, int8",
+    ),
     "gpt2": ModelChoice(
         "gpt2",
         "bench-gpt2",

@@ -14,7 +14,7 @@ from flask import Flask
 
 from trickle import keys
 from trickle.config.settings import Settings
-from web import batches
+from web.batches import routes as batches
 from web.services import services
 
 

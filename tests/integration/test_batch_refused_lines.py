@@ -12,7 +12,7 @@ from flask import Flask
 from tests.clients import batch_line, jsonl
 from trickle import keys
 from trickle.config.settings import Settings
-from web.batch_store import MAX_ERROR_MESSAGE_CHARS
+from web.batches.store import MAX_ERROR_MESSAGE_CHARS
 
 LONG_PROMPT = "The socket " * 15_000  # about 165 KB, far over the test's 256-token limit
 

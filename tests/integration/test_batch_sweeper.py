@@ -27,7 +27,7 @@ from tests.integration.test_files_batches import file_settings, purge
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import JobStatus
-from web.batch_sweeper import sweep
+from web.batches.sweeper import sweep
 from web.services import services
 
 __all__ = ["file_settings"]  # the module's fixture, shared

@@ -32,8 +32,8 @@ from trickle.config.sections import AuthSettings, FileSettings
 from trickle.config.settings import Settings
 from trickle.jobs import JobStatus
 from trickle.tenants import digest_of_entry
-from web import batch_ingest
-from web.file_store import CHUNK_BYTES
+from web.batches import ingest as batch_ingest
+from web.batches.file_store import CHUNK_BYTES
 from web.services import services
 
 # Small enough that no test body spills to a temporary file in Flask's test client.

@@ -20,8 +20,8 @@ from trickle.events import (
 from trickle.jobs import Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
-from web.follow import JobFollower, Status
-from web.hub import Delivery, Signal, TokenHub
+from web.streams.follow import JobFollower, Status
+from web.streams.hub import Delivery, Signal, TokenHub
 
 
 class ManualSubscriber:

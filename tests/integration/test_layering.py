@@ -16,8 +16,9 @@ from trickle.config.settings import PROJECT_ROOT
 
 def test_the_web_tier_never_imports_ctranslate2() -> None:
     probe = (
-        "import sys, web, web.openai.routes, web.openai.responses_api.routes, web.batches;"
-        "import web.stream, web.metrics, web.page, web.scaling, web.health, web.api_schema;"
+        "import sys, web, web.openai.routes, web.openai.responses_api.routes, web.batches.routes;"
+        "import web.streams.routes, web.operations.metrics, web.page, web.operations.scaling;"
+        "import web.operations.health, web.api_schema;"
         "print('ctranslate2' in sys.modules)"
     )
     result = subprocess.run(

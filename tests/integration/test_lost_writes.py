@@ -26,7 +26,7 @@ from trickle.events import JobMessage, TokenEvent, TokenRun
 from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
-from web.follow import Done, JobFollower
+from web.streams.follow import Done, JobFollower
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher
 

@@ -25,8 +25,8 @@ from trickle.jobs import FinishReason, JobResult, JobStatus
 from trickle.store.job_store import JobStore, StepAppend
 from web.anthropic.models import messages_models
 from web.anthropic.request import parse_messages
+from web.common.tools.calls import tool_use_id
 from web.openai.requests import parse_chat_request
-from web.tools.calls import tool_use_id
 
 WEATHER = {
     "name": "get_weather",

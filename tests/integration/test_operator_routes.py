@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from trickle.config.sections import AuthSettings
 from trickle.config.settings import Settings
 from trickle.tenants import KeySettings
-from web.auth import view_access
+from web.admission.auth import view_access
 
 API_KEY, METRICS_TOKEN, NAMED_KEY = "plain-key", "scrape-token", "carol-key"
 OPERATOR_PATHS = ["/metrics", "/metrics/", "/scaling/demo", "/scaling/demo/"]

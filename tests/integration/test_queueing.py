@@ -32,7 +32,7 @@ from trickle.queue import (
 )
 from trickle.store.job_store import JobStore
 from trickle.tenants import build_keys
-from web.admission_depth import AdmissionDepth
+from web.admission.depth import AdmissionDepth
 
 
 def on_private_redis(settings: Settings, client: redis.Redis) -> Settings:

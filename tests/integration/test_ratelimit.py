@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from trickle.config.sections import RateLimitSettings
 from trickle.config.settings import Settings
 from trickle.tenants import build_keys
-from web.ratelimit import reset_text
+from web.admission.ratelimit import reset_text
 
 HEADERS = [
     f"x-ratelimit-{what}-{kind}"

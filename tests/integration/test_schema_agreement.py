@@ -13,8 +13,8 @@ from flask import Flask
 from trickle.config.settings import Settings
 from web.anthropic.models import messages_models
 from web.api_schema import component_schemas
-from web.request_models import RequestModels
-from web.validation import validate
+from web.common.request_models import RequestModels
+from web.common.validation import validate
 
 OPERATIONS = {
     "JobRequest": "/v1/jobs",
@@ -54,7 +54,7 @@ def models(settings: Settings) -> RequestModels:
 
 
 # A component's name is API (clients generate types from it): renaming a class in Python must not
-# rename its schema (web.response_models.PUBLISHED_NAMES keeps the published one).
+# rename its schema (web.common.response_models.PUBLISHED_NAMES keeps the published one).
 PUBLISHED_SCHEMAS = {
     *("JobRequest", "CompletionRequest", "ChatCompletionRequest", "ResponseCreateRequest"),
     *("ChatMessage", "InputMessage", "InputText", "ResponseStreamOptions"),

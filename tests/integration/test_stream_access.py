@@ -22,7 +22,7 @@ from trickle import keys
 from trickle.config.sections import AuthSettings, WebSettings
 from trickle.config.settings import ConfigError, Settings, load_settings
 from web.services import services
-from web.stream_tokens import StreamTokens, load_secret
+from web.streams.tokens import StreamTokens, load_secret
 
 KEY = "stream-access-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

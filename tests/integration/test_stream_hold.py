@@ -1,4 +1,4 @@
-"""The grace a keyed stream's jobs get when their client leaves (web/stream_hold.py): a job is
+"""The grace a keyed stream's jobs get when their client leaves (web/streams/hold.py): a job is
 canceled only once no reader is attached and the last one left at least the grace ago. On the
 test Redis, in process; the timers are not armed here (no unfinished jobs are handed over), the
 expiry is called at chosen moments instead."""
@@ -15,8 +15,8 @@ from flask import Flask
 from trickle.config.settings import Settings
 from trickle.jobs import Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
-from web import stream_hold
 from web.services import Services, services
+from web.streams import hold as stream_hold
 
 GRACE = 5.0
 

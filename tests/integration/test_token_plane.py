@@ -20,7 +20,7 @@ from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
-from web.hub import Signal, TokenHub
+from web.streams.hub import Signal, TokenHub
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher
 

@@ -13,11 +13,11 @@ from flask import Flask
 
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import Settings
-from web.chat_template import ChatTurn, TurnCall, render_chat
-from web.errors import HttpError
+from web.common.chat_template import ChatTurn, TurnCall, render_chat
+from web.common.errors import HttpError
+from web.common.tools.definitions import chat_tools
+from web.common.tools.models import ChatTool
 from web.openai.requests import chat_prompt
-from web.tools.definitions import chat_tools
-from web.tools.models import ChatTool
 
 WEATHER: dict[str, Any] = {
     "type": "function",
@@ -141,7 +141,7 @@ def test_a_template_that_cannot_render_tools_is_a_400_unless_a_fallback_is_named
 
 
 def _chat_tool() -> Any:
-    from web.tools.models import ChatTool
+    from web.common.tools.models import ChatTool
 
     return ChatTool.model_validate(WEATHER)
 

@@ -22,14 +22,14 @@ import requests
 
 from ops.model_builders.demo import (
     bigram_log_probs,
-    save_bigram_model,
     collect_corpus,
     encode_corpus,
     load_tokenizer,
+    save_bigram_model,
 )
 from tests.faultstack import FaultStack, build_fault_stack
 from trickle.tokenizer import Tokenizer
-from web.chat_template import ChatTurn, render_chat
+from web.common.chat_template import ChatTurn, render_chat
 
 PROMPT = "The socket module"
 TEMPLATE = (

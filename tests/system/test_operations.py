@@ -79,6 +79,12 @@ def test_every_job_event_is_one_json_log_line(stack_url: str, log_dir: Path) -> 
     assert finished["model"] == "demo" and finished["status"] == "succeeded"
     assert finished["completion_tokens"] == 12
     assert finished["ttft_seconds"] > 0 and finished["e2e_seconds"] >= finished["ttft_seconds"]
+    # Where the first token's wait went, hop by hop: the hops before it add up to its TTFT.
+    before_first = ("queue_wait", "claim", "batch_wait", "first_step")
+    hops = [finished[f"{hop}_seconds"] for hop in before_first]
+    assert all(seconds >= 0 for seconds in hops)
+    assert sum(hops) <= finished["ttft_seconds"] + 0.002
+    assert finished["generate_seconds"] > 0
     assert events[0]["worker"].startswith("main@")
 
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from web.admission_depth import AdmissionDepth
+from web.admission.depth import AdmissionDepth
 
 
 class Broker:

@@ -1,8 +1,8 @@
-"""The places batches hold while their messages are sent (web/batch_pending.py)."""
+"""The places batches hold while their messages are sent (web/batches/pending.py)."""
 
 from __future__ import annotations
 
-from web.batch_pending import PendingBatchJobs
+from web.batches.pending import PendingBatchJobs
 
 
 def test_a_reservation_counts_until_released_and_only_for_its_key() -> None:

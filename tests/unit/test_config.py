@@ -84,6 +84,9 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("", {"TRICKLE__MODELS__DEMO__TUNING__OVERFLOW_LANES": "-1"}, "demo.tuning.overflow_lanes"),
         ("[tuning]\npublish_intervall_ms = 1\n", {}, "tuning.publish_intervall_ms: unknown key"),
         ("[models.demo.tuning]\nlanes = 1\n", {}, "models.demo.tuning.lanes: unknown key"),
+        # The tuning knobs' old places are gone (CHANGELOG.md): unknown keys, named.
+        ("[worker]\npublish_interval_ms = 5\n", {}, "worker.publish_interval_ms: unknown key"),
+        ("[models.demo]\noverflow_lanes = 1\n", {}, "models.demo.overflow_lanes: unknown key"),
         (
             "",
             {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},

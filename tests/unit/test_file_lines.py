@@ -1,5 +1,5 @@
-"""``web.file_store.lines_of``: a chunked file's lines and the offset just past each, from any
-byte on; the offsets are what a resumed batch reading starts from."""
+"""``web.batches.file_store.lines_of``: a chunked file's lines and the offset just past each, from
+any byte on; the offsets are what a resumed batch reading starts from."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from web.file_store import lines_of
+from web.batches.file_store import lines_of
 
 TEXT = b'{"a": 1}\n\n{"b": 22}\r\n{"c": "x\xe2\x80\xa8y"}\nlast'
 

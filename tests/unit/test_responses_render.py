@@ -10,8 +10,8 @@ import pytest
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job, JobStatus
 from trickle.params import GenerationParams
-from web.chat_template import ChatTurn, render_chat
-from web.errors import HttpError
+from web.common.chat_template import ChatTurn, render_chat
+from web.common.errors import HttpError
 from web.openai.responses_api.render import (
     HEAD_EVENTS,
     DeltaTemplate,
@@ -19,8 +19,8 @@ from web.openai.responses_api.render import (
     head_events,
     tail_events,
 )
-from web.responses_store import StoredResponse
-from web.sse_events import typed_event
+from web.openai.responses_api.store import StoredResponse
+from web.streams.sse_events import typed_event
 
 RECORD = StoredResponse(
     id="resp_" + "a" * 32,

@@ -11,10 +11,10 @@ import pytest
 
 from trickle.jobs import FinishReason, Job, JobStatus
 from trickle.params import GenerationParams
-from web.chat_template import ChatTurn, TurnCall
+from web.common.chat_template import ChatTurn, TurnCall
+from web.common.tools.registry import make_parser
+from web.openai.responses_api.store import StoredResponse
 from web.openai.responses_api.tool_events import ToolEvents, read_whole
-from web.responses_store import StoredResponse
-from web.tools.registry import make_parser
 
 RECORD = StoredResponse(
     id="resp_" + "b" * 32,

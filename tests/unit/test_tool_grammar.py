@@ -14,8 +14,8 @@ import pytest
 from tests.llg_tokenizer import llg_tokenizer, matches
 from trickle.grammar import GrammarError
 from trickle.tool_grammar import ToolSchema, tool_call_grammar
-from web.tools.calls import parse_answer
-from web.tools.registry import make_parser
+from web.common.tools.calls import parse_answer
+from web.common.tools.registry import make_parser
 
 WEATHER = ToolSchema(
     "get_weather",

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from web.tools.calls import ParsedAnswer, call_id, call_item_id, parse_answer
-from web.tools.parser import CallArguments, CallEnd, CallStart, Event, Text
-from web.tools.registry import make_parser
+from web.common.tools.calls import ParsedAnswer, call_id, call_item_id, parse_answer
+from web.common.tools.parser import CallArguments, CallEnd, CallStart, Event, Text
+from web.common.tools.registry import make_parser
 
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}</tool_call>'
 TWO = (

@@ -1,4 +1,5 @@
-"""web.turns: long loops take turns, and garbage collection pauses only while a batch is made."""
+"""web.common.turns: long loops take turns, and garbage collection pauses only while a batch is
+made."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from web.turns import collection_paused, in_groups, in_turns
+from web.common.turns import collection_paused, in_groups, in_turns
 
 
 def test_in_turns_yields_every_item_and_a_turn_after_each_stretch(

@@ -8,8 +8,8 @@ import pytest
 
 from trickle.config.settings import Settings
 from trickle.params import GenerationParams
-from web.errors import HttpError
-from web.request_models import (
+from web.common.errors import HttpError
+from web.common.request_models import (
     MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_TOP_K,
@@ -17,7 +17,7 @@ from web.request_models import (
     MIN_TOP_P,
     RequestModels,
 )
-from web.validation import (
+from web.common.validation import (
     check_prompt_length,
     generation_params,
     parse_after,

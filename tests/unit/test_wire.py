@@ -21,7 +21,7 @@ from trickle.events import (
 )
 from trickle.jobs import READ_FIELDS
 from web.openai import responses as shapes
-from web.stream import tokens_sse, ws_frame
+from web.streams.routes import tokens_sse, ws_frame
 
 # Every code point but lone surrogates (a token's text is valid UTF-8), control characters,
 # quotes, backslashes, U+2028 and the NUL that stands in for a template's text included.

@@ -257,7 +257,7 @@ class ModelSettings(Section):
     # Token ids that end generation besides the tokenizer's end token; empty: those of the
     # directory's generation_config.json (eos_token_id).
     eos_token_ids: Numbers = ()
-    # How the web tier finds tool calls in this model's answers (web/tools): "hermes" for
+    # How the web tier finds tool calls in this model's answers (web/common/tools): "hermes" for
     # <tool_call>{"name": ..., "arguments": {...}}</tool_call> (what the built-in template asks
     # for), "json" for an answer that is the call object itself (or a list of them).
     tool_call_parser: Literal["hermes", "json"] = "hermes"

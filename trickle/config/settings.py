@@ -10,7 +10,6 @@ coerces every value, so an error names its key path (``limits.max_prompt_tokens`
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import tomllib
@@ -24,7 +23,6 @@ from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import PydanticBaseSettingsSource
 
-from trickle.config.renamed import RenameConflict, move_env_names, move_file_keys, warn
 from trickle.config.sections import (
     AuthSettings,
     AutoscaleSettings,
@@ -174,14 +172,6 @@ def settings_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
 
 
 def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None) -> Settings:
-    raw = copy.deepcopy(raw)
-    try:
-        moved = move_file_keys(raw)
-        env, moved_env = move_env_names(env, ENV_PREFIX)
-    except RenameConflict as exc:
-        raise ConfigError(str(exc)) from None
-    warn(moved + moved_env)
-
     class Layers(_Layers):
         @classmethod
         def settings_customise_sources(

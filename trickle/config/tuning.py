@@ -43,7 +43,8 @@ class TuningSettings(Section):
     share_lag_tokens: NonNegativeFloat = 4096.0
     # A stream writes at most once per this interval after the first token (tokens that arrive
     # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
-    # job's messages; the pace still grows with a process's streams (web.stream.stream_pace).
+    # job's messages; the pace still grows with a process's streams
+    # (web.streams.routes.stream_pace).
     stream_flush_interval_ms: NonNegativeFloat = 0.0
 
 

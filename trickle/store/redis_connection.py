@@ -107,7 +107,7 @@ class CheckedWithoutYield(redis.Connection):
 
 def connect_subscriber(settings: RedisSettings) -> Any:
     """A client for pub/sub. It blocks on reads, so it must not time out on quiet channels; it
-    pings on its own (web.subscriber); and a broken connection must surface instead of being
+    pings on its own (web.streams.subscriber); and a broken connection must surface instead of being
     retried behind its back, since messages sent meanwhile are lost and readers must re-read."""
     options = {
         **client_options(settings),

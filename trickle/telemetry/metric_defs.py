@@ -1,7 +1,8 @@
 """The metrics Trickle exports: names, help, label names and histogram buckets.
 
 Shared contract: workers record into Redis (``telemetry.metrics``), the web tier exposes them in
-Prometheus text format at /metrics (``web.metrics``). Names follow the ecosystem (vLLM, TGI).
+Prometheus text format at /metrics (``web.operations.metrics``). Names follow the ecosystem (vLLM,
+TGI).
 """
 
 from __future__ import annotations

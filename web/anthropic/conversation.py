@@ -23,9 +23,9 @@ from web.anthropic.models import (
     AnthropicToolResultBlock,
     AnthropicToolUseBlock,
 )
-from web.chat_template import ChatTurn, TurnCall
-from web.errors import invalid
-from web.tools.definitions import ToolFields, ToolUse, tool_use
+from web.common.chat_template import ChatTurn, TurnCall
+from web.common.errors import invalid
+from web.common.tools.definitions import ToolFields, ToolUse, tool_use
 
 ERROR_PREFIX = "Error: "
 FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema")

@@ -13,7 +13,7 @@ import json
 from flask import Flask, Response, request
 
 from web.anthropic.models import AnthropicError
-from web.errors import HttpError
+from web.common.errors import HttpError
 
 PREFIX = "/v1/messages"
 # Anthropic's error types by HTTP status (their documented table; 503 is Trickle's Redis or

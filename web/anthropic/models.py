@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from typing_extensions import TypedDict
 
 from trickle.config.settings import Settings
-from web.request_models import (
+from web.common.request_models import (
     MAX_TOP_K,
     MIN_TOP_P,
     STRICT,
@@ -24,7 +24,7 @@ from web.request_models import (
     Text,
     max_tokens_field,
 )
-from web.tools.models import MAX_TOOLS, Strict, ToolName
+from web.common.tools.models import MAX_TOOLS, Strict, ToolName
 
 # Anthropic's temperature range (OpenAI's goes to 2).
 MAX_TEMPERATURE = 1.0

@@ -19,7 +19,7 @@ from web.anthropic.models import (
     MessageObject,
     StopReason,
 )
-from web.sse_events import typed_event
+from web.streams.sse_events import typed_event
 
 MESSAGE_PREFIX = "msg_"
 JOB_PREFIX = "job_"

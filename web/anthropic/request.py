@@ -20,12 +20,12 @@ from trickle.config.settings import Settings
 from trickle.params import GenerationParams
 from web.anthropic.conversation import conversation_turns, message_tools
 from web.anthropic.models import VERSION_PATTERN, CountTokensRequest, MessagesRequest
-from web.chat_template import ChatTurn
-from web.errors import invalid
+from web.common.chat_template import ChatTurn
+from web.common.errors import invalid
+from web.common.structured import constrained
+from web.common.tools.definitions import ToolUse
+from web.common.validation import served_model, validate
 from web.openai.requests import chat_prompt
-from web.structured import constrained
-from web.tools.definitions import ToolUse
-from web.validation import served_model, validate
 
 ROLES = ("user", "assistant")
 VERSION_HEADER = "anthropic-version"

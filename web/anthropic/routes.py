@@ -17,20 +17,20 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
+from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.admission.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
 from web.anthropic.errors import anthropic_error, from_http_error
 from web.anthropic.models import messages_models
 from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
 from web.anthropic.stream import TextWriter, ToolWriter
 from web.anthropic.tool_blocks import blocks_of_whole_answer
-from web.body import read_json_body
-from web.errors import HttpError, invalid, not_found, unavailable
-from web.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
-from web.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.common.body import read_json_body
+from web.common.errors import HttpError, invalid, not_found, unavailable
+from web.common.validation import parse_after
 from web.services import Services, services
-from web.stream import SSE_HEADERS, stream_pace
-from web.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
-from web.validation import parse_after
+from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
+from web.streams.routes import SSE_HEADERS, stream_pace
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("anthropic", __name__)

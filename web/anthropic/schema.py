@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from web.anthropic.models import VERSION_PATTERN
-from web.openapi_parts import (
+from web.common.openapi_parts import (
     Part,
     body,
     json_ok,

@@ -16,8 +16,8 @@ from trickle.events import TokenRun
 from trickle.jobs import Job
 from web.anthropic import render
 from web.anthropic.tool_blocks import ToolBlocks
-from web.sse_events import typed_event
-from web.tools.parser import ToolCallParser
+from web.common.tools.parser import ToolCallParser
+from web.streams.sse_events import typed_event
 
 
 class TextWriter:

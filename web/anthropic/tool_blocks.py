@@ -1,5 +1,5 @@
 """A message with tools: its content blocks, and their stream events, from the tool-call
-parser's reading of the job's text (``web.tools``, the parsers the OpenAI routes use).
+parser's reading of the job's text (``web.common.tools``, the parsers the OpenAI routes use).
 
 Text becomes ``text`` blocks and calls ``tool_use`` blocks (``toolu_...`` ids derived from the
 job), in the order the answer holds them. A stream opens each block with
@@ -17,8 +17,8 @@ from typing import Any
 from trickle.jobs import Job
 from web.anthropic.models import AnthropicContent, StopReason
 from web.anthropic.render import stop_reason
-from web.tools.calls import tool_use_id
-from web.tools.parser import CallArguments, CallEnd, CallStart, Event, Text, ToolCallParser
+from web.common.tools.calls import tool_use_id
+from web.common.tools.parser import CallArguments, CallEnd, CallStart, Event, Text, ToolCallParser
 
 
 class ToolBlocks:

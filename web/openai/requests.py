@@ -1,7 +1,7 @@
 """Parse OpenAI-style completion and chat requests into Trickle jobs' parameters.
 
-The shapes live in ``web.request_models``: fields Trickle cannot honour are accepted only with
-their no-op value and refused otherwise, with a 400 naming them; what the schema cannot say
+The shapes live in ``web.common.request_models``: fields Trickle cannot honour are accepted only
+with their no-op value and refused otherwise, with a 400 naming them; what the schema cannot say
 (cross-field rules, the chat template) is checked here.
 """
 
@@ -15,12 +15,23 @@ from typing import Any
 from trickle.config.settings import ConfigError, Settings
 from trickle.model_files import model_profile
 from trickle.params import GenerationParams
-from web.chat_template import DEFAULT_CHAT_TEMPLATE, ChatTurn, TurnCall, reads_tools, render_chat
-from web.errors import invalid, unavailable
-from web.request_models import ChatCompletionRequest, ChatMessage, CompletionRequest, OpenAIFields
-from web.structured import constrained, format_grammar
-from web.tools.definitions import ToolUse, chat_tools
-from web.validation import generation_params, served_model, validate
+from web.common.chat_template import (
+    DEFAULT_CHAT_TEMPLATE,
+    ChatTurn,
+    TurnCall,
+    reads_tools,
+    render_chat,
+)
+from web.common.errors import invalid, unavailable
+from web.common.request_models import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    OpenAIFields,
+)
+from web.common.structured import constrained, format_grammar
+from web.common.tools.definitions import ToolUse, chat_tools
+from web.common.validation import generation_params, served_model, validate
 
 
 class RequestKind(str, Enum):

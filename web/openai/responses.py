@@ -9,8 +9,8 @@ from typing import Any
 
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job
+from web.common.tools.calls import ParsedAnswer, call_id
 from web.openai.requests import OpenAIRequest, RequestKind
-from web.tools.calls import ParsedAnswer, call_id
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 workers, token stream and result store are exactly those of ``/v1/jobs`` and each job is visible
 at ``/v1/jobs/<id>``. Streams are SSE ``data:`` lines; a client that disconnects cancels its jobs,
 after a grace for its retry to re-attach when the request carries an Idempotency-Key
-(web/stream_hold.py). A canceled job is never reported complete: its retry is a 409 and its
+(web/streams/hold.py). A canceled job is never reported complete: its retry is a 409 and its
 stream ends with an error event, never ``finish_reason: "stop"``.
 """
 
@@ -24,19 +24,11 @@ from flask import Blueprint, Response, jsonify, stream_with_context
 from trickle.capacity import live_workers
 from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
-from web import stream_hold
-from web.body import read_json_body
-from web.errors import HttpError, not_found, unavailable
-from web.follow import (
-    Done,
-    JobFollower,
-    KeepAlive,
-    close_all,
-    follow_many,
-    open_followers,
-    wait_for_job,
-)
-from web.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.admission.submission import admit, cancel_many, enqueue_all, prepare_job
+from web.common.body import read_json_body
+from web.common.errors import HttpError, not_found, unavailable
+from web.common.response_models import Model, ModelList
 from web.openai import responses as shapes
 from web.openai.requests import (
     OpenAIRequest,
@@ -45,10 +37,18 @@ from web.openai.requests import (
     parse_completion_request,
 )
 from web.openai.tool_chat import ToolChoiceStream
-from web.response_models import Model, ModelList
 from web.services import Services, services
-from web.stream import SSE_HEADERS, stream_pace
-from web.submission import admit, cancel_many, enqueue_all, prepare_job
+from web.streams import hold as stream_hold
+from web.streams.follow import (
+    Done,
+    JobFollower,
+    KeepAlive,
+    close_all,
+    follow_many,
+    open_followers,
+    wait_for_job,
+)
+from web.streams.routes import SSE_HEADERS, stream_pace
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
@@ -225,7 +225,7 @@ def _stream(
     held: bool = False,
 ) -> Iterator[str]:
     """``held``: the request carries an Idempotency-Key, so a client that leaves gets the
-    grace to re-attach before its jobs are canceled (web/stream_hold.py)."""
+    grace to re-attach before its jobs are canceled (web/streams/hold.py)."""
     chat = req.kind is RequestKind.CHAT
     # Logprobs and continuous usage are per token; otherwise a wake-up's tokens are one chunk.
     per_token = req.logprobs is not None or req.continuous_usage

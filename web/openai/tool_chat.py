@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from trickle.jobs import Job
+from web.common.tools.calls import ParsedAnswer, call_id
+from web.common.tools.parser import CallArguments, CallStart, Event, Text, ToolCallParser
 from web.openai.responses import Envelope, chat_chunk, tool_finish_reason
-from web.tools.calls import ParsedAnswer, call_id
-from web.tools.parser import CallArguments, CallStart, Event, Text, ToolCallParser
 
 
 class ToolChoiceStream:

@@ -17,22 +17,22 @@ from flask import Response, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
-from web import stream_hold
-from web.errors import invalid, not_found, unavailable
-from web.follow import (
+from web.admission.submission import cancel_many
+from web.common.errors import invalid, not_found, unavailable
+from web.common.tools.parser import ToolCallParser
+from web.openai.responses_api import render, tool_events
+from web.openai.responses_api.store import StoredResponse
+from web.services import Services
+from web.streams import hold as stream_hold
+from web.streams.follow import (
     Done,
     JobFollower,
     JobNotFound,
     KeepAlive,
     follow_many,
 )
-from web.openai.responses_api import render, tool_events
-from web.responses_store import StoredResponse
-from web.services import Services
-from web.sse_events import typed_event
-from web.stream import SSE_HEADERS, stream_pace
-from web.submission import cancel_many
-from web.tools.parser import ToolCallParser
+from web.streams.routes import SSE_HEADERS, stream_pace
+from web.streams.sse_events import typed_event
 
 log = logging.getLogger(__name__)
 

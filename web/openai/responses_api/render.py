@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from trickle.events import TokenEvent, encode_text
 from trickle.jobs import FinishReason, Job, JobStatus
-from web.response_models import (
+from web.common.response_models import (
     IncompleteDetails,
     ItemStatus,
     OutputLogprob,
@@ -33,8 +33,8 @@ from web.response_models import (
     ResponseUsage,
     ToolChoice,
 )
-from web.responses_store import StoredResponse
-from web.sse_events import typed_event
+from web.openai.responses_api.store import StoredResponse
+from web.streams.sse_events import typed_event
 
 HEAD_EVENTS = 4  # created, in_progress, output_item.added, content_part.added
 TAIL_EVENTS = 4  # output_text.done, content_part.done, output_item.done, the final one

@@ -3,8 +3,8 @@ translation into a conversation and generation parameters.
 
 Fields Trickle cannot honour (reasoning) are accepted only with their no-op value and refused
 by name otherwise, as on the other OpenAI routes; ``text.format`` and forced tool calls are
-kept by constrained decoding (``web.structured``). Function tools, ``function_call`` and
-``function_call_output`` items are the conversation's tool calls and results (``web.tools``).
+kept by constrained decoding (``web.common.structured``). Function tools, ``function_call`` and
+``function_call_output`` items are the conversation's tool calls and results (``web.common.tools``).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 from trickle.config.settings import Settings
 from trickle.params import GenerationParams
-from web.chat_template import ChatTurn, TurnCall
-from web.errors import invalid
-from web.format_models import TextFormat
-from web.request_models import InputMessage, ResponseCreateRequest
-from web.structured import constrained, format_echo, format_grammar
-from web.tools.definitions import Choice, ToolUse, choice_name, responses_tools
-from web.tools.models import FunctionCallItem, FunctionCallOutputItem
-from web.validation import generation_params, served_model, validate
+from web.common.chat_template import ChatTurn, TurnCall
+from web.common.errors import invalid
+from web.common.format_models import TextFormat
+from web.common.request_models import InputMessage, ResponseCreateRequest
+from web.common.structured import constrained, format_echo, format_grammar
+from web.common.tools.definitions import Choice, ToolUse, choice_name, responses_tools
+from web.common.tools.models import FunctionCallItem, FunctionCallOutputItem
+from web.common.validation import generation_params, served_model, validate
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

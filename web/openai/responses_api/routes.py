@@ -14,16 +14,14 @@ import logging
 from flask import Blueprint, Response, jsonify, request
 
 from trickle.jobs import Job
-from web import stream_hold
-from web.auth import current_owner
-from web.body import read_json_body
-from web.chat_template import ChatTurn, TurnCall
-from web.errors import HttpError, invalid, not_found
-from web.follow import (
-    owned_by,
-    wait_for_job,
-)
-from web.idempotency import IdempotencyKey, earlier, requested_key
+from web.admission.auth import current_owner
+from web.admission.idempotency import IdempotencyKey, earlier, requested_key
+from web.admission.submission import admit, enqueue, prepare_job
+from web.common.body import read_json_body
+from web.common.chat_template import ChatTurn, TurnCall
+from web.common.errors import HttpError, invalid, not_found
+from web.common.response_models import ResponseObject
+from web.common.tools.calls import call_id
 from web.openai.requests import chat_prompt
 from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.event_stream import (
@@ -34,11 +32,13 @@ from web.openai.responses_api.event_stream import (
     tool_parser,
 )
 from web.openai.responses_api.request import ResponseRequest, parse_response_request
-from web.response_models import ResponseObject
-from web.responses_store import StoredResponse, response_id_for
+from web.openai.responses_api.store import StoredResponse, response_id_for
 from web.services import Services, services
-from web.submission import admit, enqueue, prepare_job
-from web.tools.calls import call_id
+from web.streams import hold as stream_hold
+from web.streams.follow import (
+    owned_by,
+    wait_for_job,
+)
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
@@ -56,7 +56,7 @@ def create_response() -> Response:
     record, job = _submit(svc, req, key)
     if req.stream:
         # A keyed foreground stream whose client leaves gets the grace to re-attach: its
-        # retry replays from the first event (web/stream_hold.py).
+        # retry replays from the first event (web/streams/hold.py).
         held = key is not None and not req.background and stream_hold.grace_seconds(svc) > 0
         return event_stream(svc, record, job, -1, cancel_on_close=not req.background, held=held)
     if req.background:

@@ -19,11 +19,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from trickle.jobs import Job
+from web.common.response_models import ResponseObject, ResponseStatus
+from web.common.tools.calls import call_id, call_item_id
+from web.common.tools.parser import CallArguments, CallEnd, CallStart, Event, Text, ToolCallParser
 from web.openai.responses_api import render
-from web.response_models import ResponseObject, ResponseStatus
-from web.responses_store import StoredResponse
-from web.tools.calls import call_id, call_item_id
-from web.tools.parser import CallArguments, CallEnd, CallStart, Event, Text, ToolCallParser
+from web.openai.responses_api.store import StoredResponse
 
 HEAD_EVENTS = 2  # created, in_progress
 

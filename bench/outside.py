@@ -1,0 +1,265 @@
+"""Load as an outsider measures it, so the inside benchmarks can be held to the same figures.
+
+    .venv/bin/python -m bench.outside [--model 46m-outside] [--rates 0.15,0.3,0.5]
+        [--requests 120] [--max-tokens 128] [--seed 7] [--out DIR]
+
+The method (issue 53): the stack started as ``make up`` starts it (``trickle up``, a fresh
+embedded Redis, the Procfile's web and worker), the model served by environment variables alone
+(``TRICKLE_DEFAULT_MODEL``, ``TRICKLE__MODELS__<NAME>__PATH``); open-loop Poisson arrivals
+(seeded) of streamed ``/v1/completions`` ("The socket module", ``ignore_eos``, temperature 0,
+``stream_options.include_usage``) from one asyncio ``httpx`` client with keep-alive, TTFT timed
+from just before each request is sent; the rate a fraction of CTranslate2's own
+``generate_batch(32)`` tokens/s on the same model (best of its compute types and 1-2 intra
+threads), measured in the same run before the stack starts.
+
+What ``bench.load`` does not: for the worst five arrivals of each rate it prints where each
+waited, hop by hop, from the worker's job log (``queue_wait``, ``claim``, ``batch_wait``,
+``first_step``, ``first_publish``: worker/job_trace.py), so a slow first token is named, not
+guessed. Run it on a quiet machine (load average under 1); it says the load it started under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ctranslate2
+import httpx
+
+from bench.harness import models
+from bench.harness.log import progress
+from bench.harness.stats import percentile
+from ops.redis_server import free_port
+from trickle.config.settings import PROJECT_ROOT
+from trickle.tokenizer import Tokenizer
+from worker.engine.model_hints import resolve_compute_type
+
+PROMPT = "The socket module"
+SERVED_NAME = "outside"
+JOB_LINE = re.compile(r"INFO:trickle\.jobs:(\{.*\})")
+HOPS = ("queue_wait", "claim", "batch_wait", "first_step", "first_publish")
+
+
+@dataclass
+class Arrival:
+    sent_at: float = 0.0
+    job_id: str = ""
+    token_times: list[float] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return (self.token_times[0] - self.sent_at) * 1000 if self.token_times else None
+
+
+def engine_capacity(path: Path, max_tokens: int) -> tuple[float, str]:
+    """CTranslate2 alone: the best batch-32 tokens/s over compute types and 1-2 intra threads."""
+    tokenizer = Tokenizer(path / models.TOKENIZER_FILE, add_bos=True)
+    pieces = tokenizer.to_pieces(tokenizer.encode(PROMPT))
+    hinted = resolve_compute_type(path, "auto")
+    compute_types = [hinted] if hinted != "auto" else ["int8", "float32"]
+    best, how = 0.0, ""
+    for compute_type in compute_types:
+        for intra in (1, 2):
+            generator = ctranslate2.Generator(
+                str(path), device="cpu", compute_type=compute_type, intra_threads=intra
+            )
+            options = {"max_length": max_tokens, "end_token": [], "sampling_topk": 1}
+            generator.generate_batch([pieces] * 32, **options)  # warm
+            for _ in range(2):
+                began = time.perf_counter()
+                results = generator.generate_batch([pieces] * 32, **options)
+                tokens = sum(len(r.sequences_ids[0]) for r in results)
+                rate = tokens / (time.perf_counter() - began)
+                if rate > best:
+                    best, how = rate, f"{compute_type}, intra_threads {intra}"
+            del generator
+    return best, how
+
+
+def start_stack(path: Path, work: Path, port: int) -> subprocess.Popen[bytes]:
+    """``make up``'s stack with the model served by configuration, its output in work/up.log."""
+    env = {
+        **os.environ,
+        "TRICKLE_PORT": str(port),
+        "TRICKLE__REDIS__URL": f"redis://127.0.0.1:{free_port()}/0",
+        "TRICKLE_DEFAULT_MODEL": SERVED_NAME,
+        f"TRICKLE__MODELS__{SERVED_NAME.upper()}__PATH": str(path),
+    }
+    trickle = Path(sys.executable).parent / "trickle"
+    log = (work / "up.log").open("wb")
+    process = subprocess.Popen(
+        [str(trickle), "up", "--data-dir", str(work)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=PROJECT_ROOT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None:
+            break
+        time.sleep(0.5)
+    process.terminate()
+    raise RuntimeError(f"the stack did not get ready; see {work / 'up.log'}")
+
+
+async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> None:
+    body = {
+        "model": SERVED_NAME,
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    arrival.sent_at = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                arrival.error = f"HTTP {response.status_code}"
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                arrival.job_id = arrival.job_id or chunk.get("id", "")
+                if any(choice.get("text") for choice in chunk.get("choices") or ()):
+                    arrival.token_times.append(time.perf_counter())
+    except httpx.HTTPError as exc:
+        arrival.error = type(exc).__name__
+
+
+async def run_rate(port: int, rate: float, count: int, max_tokens: int, seed: int) -> list[Arrival]:
+    rng = random.Random(seed)
+    arrivals = [Arrival() for _ in range(count)]
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits
+    ) as client:
+        tasks = []
+        for arrival in arrivals:
+            tasks.append(asyncio.create_task(send(client, arrival, max_tokens)))
+            await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+    return arrivals
+
+
+def job_lines(log: Path) -> dict[str, dict[str, Any]]:
+    """Each job's ``finished`` line from the worker's job log."""
+    finished: dict[str, dict[str, Any]] = {}
+    for match in JOB_LINE.finditer(log.read_text("utf-8", "replace")):
+        event = json.loads(match[1])
+        if event.get("event") == "finished":
+            finished[event["job_id"]] = event
+    return finished
+
+
+def summarize(
+    rate_x: float, req_s: float, arrivals: list[Arrival], jobs: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    ok = [a for a in arrivals if a.ttft_ms is not None and not a.error]
+    ttfts = [a.ttft_ms for a in ok if a.ttft_ms is not None]
+    itls = [
+        (b - a) * 1000 for x in ok for a, b in zip(x.token_times, x.token_times[1:], strict=False)
+    ]
+    span = max(a.token_times[-1] for a in ok) - min(a.sent_at for a in ok) if ok else 0
+    worst = sorted(ok, key=lambda a: a.ttft_ms or 0, reverse=True)[:5]
+    return {
+        "rate_x": rate_x,
+        "requests_per_second": req_s,
+        "ok": len(ok),
+        "failed": len(arrivals) - len(ok),
+        "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
+        "itl_ms_p99": percentile(itls, 99),
+        "tokens_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
+        "worst": [
+            {
+                "job_id": a.job_id,
+                "ttft_ms": a.ttft_ms,
+                "worker_ttft_ms": 1000 * jobs.get(a.job_id, {}).get("ttft_seconds", float("nan")),
+                **{hop: 1000 * jobs.get(a.job_id, {}).get(f"{hop}_seconds", 0.0) for hop in HOPS},
+            }
+            for a in worst
+        ],
+    }
+
+
+def print_report(model: str, capacity: float, how: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n## {model}: engine batch-32 {capacity:,.0f} tok/s ({how})\n")
+    print("| load | req/s | TTFT p50 | TTFT p99 | ITL p99 | tok/s served | failed |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for row in rows:
+        t = row["ttft_ms"]
+        print(
+            f"| {row['rate_x']}x | {row['requests_per_second']:.2f} | {t['p50']:.0f} ms | "
+            f"{t['p99']:.0f} ms | {row['itl_ms_p99']:.0f} ms | "
+            f"{row['tokens_per_second']:.0f} | {row['failed']} |"
+        )
+    print("\nThe worst five of each load, hop by hop (ms; worker log):\n")
+    print("| load | client TTFT | worker TTFT | " + " | ".join(HOPS) + " |")
+    print("|---|--:|--:|" + "--:|" * len(HOPS))
+    for row in rows:
+        for w in row["worst"]:
+            hops = " | ".join(f"{w[hop]:.0f}" for hop in HOPS)
+            print(f"| {row['rate_x']}x | {w['ttft_ms']:.0f} | {w['worker_ttft_ms']:.0f} | {hops} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="46m-outside", help="a bench model key, or a path")
+    parser.add_argument("--rates", default="0.15,0.3,0.5")
+    parser.add_argument("--requests", type=int, default=120)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
+    progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures suspect)'}")
+    path = Path(args.model) if "/" in args.model else models.prepare(args.model).path
+    capacity, how = engine_capacity(path, args.max_tokens)
+    progress(f"engine alone, batch 32: {capacity:,.0f} tok/s ({how})")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trickle-outside-") as work_dir:
+        work, port = Path(work_dir), free_port()
+        stack = start_stack(path, work, port)
+        try:
+            for rate_x in (float(r) for r in args.rates.split(",")):
+                req_s = rate_x * capacity / args.max_tokens
+                progress(f"{rate_x}x: {req_s:.2f} req/s, {args.requests} requests")
+                arrivals = asyncio.run(
+                    run_rate(port, req_s, args.requests, args.max_tokens, args.seed)
+                )
+                time.sleep(3)  # the finished lines are written just after the results
+                rows.append(summarize(rate_x, req_s, arrivals, job_lines(work / "up.log")))
+        finally:
+            stack.terminate()
+            stack.wait(30)
+    print_report(args.model, capacity, how, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"outside-{Path(args.model).name}-{int(time.time())}.json"
+    out.write_text(json.dumps({"model": args.model, "capacity": capacity, "rows": rows}, indent=1))
+    progress(f"raw figures: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,2 @@
+"""OpenAI's Batch and Files APIs: the routes, the batch and file stores in Redis, ingest of an
+input file, and the settling of finished batches into output and error files."""

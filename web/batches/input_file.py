@@ -1,0 +1,155 @@
+"""``POST /v1/batches`` as OpenAI's client sends it: ``input_file_id``, ``endpoint``,
+``completion_window``, ``metadata``.
+
+The batch is recorded ``validating`` (so a concurrent read sees it), then its input file is read
+into jobs group by group (``web.batches.ingest``); the answer is the batch once the input is read.
+A malformed line fails on its own, in the error file; an input that cannot make a batch at all
+(no line, more than ``limits.max_batch_requests``) makes a ``failed`` batch with ``errors``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from trickle.jobs import BATCH_PRIORITY
+from web.admission.auth import current_owner
+from web.admission.idempotency import HEADER, Created, earlier, matching, requested_key, ttl_seconds
+from web.batches.files import visible_file
+from web.batches.ingest import count_lines, ingest
+from web.batches.lines import BATCH_ENDPOINTS
+from web.batches.quota import check_batch_storage
+from web.batches.store import BatchRecord, BatchStore, new_batch_id
+from web.common.body import parse_json
+from web.common.errors import invalid, too_many
+from web.services import Services
+
+FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
+COMPLETION_WINDOWS = ("24h",)
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+BACKLOG_RETRY_AFTER_SECONDS = 30
+
+
+def file_batch_request(raw: bytes) -> dict[str, Any] | None:
+    """The body as a file batch's request (one JSON object naming ``input_file_id``); None
+    for anything else, which is JSONL input for the route that takes it."""
+    if not raw.lstrip().startswith(b"{"):
+        return None
+    try:
+        document = parse_json(raw.decode("utf-8"))
+    except ValueError:  # JSON errors, bad UTF-8: JSONL input, judged line by line there
+        return None
+    if isinstance(document, dict) and "input_file_id" in document:
+        return document
+    return None
+
+
+def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) -> BatchRecord:
+    input_file_id, endpoint, metadata = _checked(body)
+    source = visible_file(svc.files, input_file_id, "input_file_id")
+    if source.purpose != "batch":
+        raise invalid(
+            "input_file_id",
+            f"file {input_file_id!r} has purpose {source.purpose!r}; a batch reads 'batch' files",
+        )
+    key = requested_key(body)
+    if key is not None and svc.store.cluster:
+        raise invalid(HEADER, f"{HEADER} on /v1/batches needs a single Redis")
+    first = earlier(svc, key)
+    if first is not None:
+        return _earlier(store, first.batch_id)
+    check_batch_storage(svc, store, source.bytes, "input_file_id")  # its lines are kept
+    lines = count_lines(svc, source.id)
+    now = time.time()
+    batch = BatchRecord(
+        new_batch_id(), current_owner(), now, endpoint, 0, stage="validating",
+        input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
+    )  # fmt: skip
+    limit = svc.settings.limits.max_batch_requests
+    if lines == 0:
+        _fail(batch, now, "empty_file", "the input file has no requests")
+    elif lines > limit:
+        _fail(batch, now, "too_many_requests", f"{lines} requests; the limit is {limit}")
+    else:
+        _check_backlog(svc, lines)
+    if key is None:
+        store.create(batch, [])
+    else:
+        record = Created(key.fingerprint, [], batch.id).to_json()
+        found = svc.store.create_once(
+            key.redis_key,
+            record,
+            ttl_seconds(svc),
+            lambda pipe: store.queue_create(pipe, batch, []),
+        )
+        if found is not None:  # a concurrent first request won: its batch
+            return _earlier(store, matching(key, found).batch_id)
+        store.index(batch)
+    if batch.stage == "validating":
+        batch = ingest(svc, store, batch)
+    return batch
+
+
+def _checked(body: dict[str, Any]) -> tuple[str, str, dict[str, str] | None]:
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise invalid(unknown[0], f"unknown field {unknown[0]!r}; a batch takes {list(FIELDS)}")
+    input_file_id = body.get("input_file_id")
+    if not isinstance(input_file_id, str) or not input_file_id:
+        raise invalid("input_file_id", "input_file_id must be a file id (a string)")
+    endpoint = body.get("endpoint")
+    if endpoint not in BATCH_ENDPOINTS:
+        raise invalid("endpoint", f"endpoint must be one of {list(BATCH_ENDPOINTS)}")
+    if body.get("completion_window") not in COMPLETION_WINDOWS:
+        raise invalid("completion_window", f"completion_window must be one of {COMPLETION_WINDOWS}")
+    return input_file_id, str(endpoint), _metadata(body.get("metadata"))
+
+
+def _metadata(value: Any) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 string pairs, keys to 64 characters, values to 512."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
+        raise invalid(
+            "metadata", f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs"
+        )
+    for name, text in value.items():
+        if len(name) > MAX_METADATA_KEY or not isinstance(text, str):
+            raise invalid(
+                f"metadata.{name}", "metadata keys are at most 64 characters, values strings"
+            )
+        if len(text) > MAX_METADATA_VALUE:
+            raise invalid(f"metadata.{name}", "metadata values are at most 512 characters")
+    return dict(value)
+
+
+def _fail(batch: BatchRecord, now: float, code: str, message: str) -> None:
+    batch.stage, batch.failed_at = "failed", now
+    batch.errors = [{"code": code, "message": message, "param": "input_file_id", "line": None}]
+
+
+def _check_backlog(svc: Services, adding: int) -> None:
+    """A batch is refused while the caller's own batch backlog is full: its batch-priority jobs
+    waiting for any served model (lines are read later, so their models are not known yet).
+    The 429 names the caller's limit, never the depth of other callers' work."""
+    limit = svc.settings.limits.max_batch_backlog
+    tenant = svc.tenants.name_of_owner(current_owner())
+    waiting = sum(
+        svc.queues.depth(model, tenant, BATCH_PRIORITY) for model in svc.settings.served_models()
+    )
+    if waiting + adding > limit:
+        raise too_many(
+            "batch_queue_full",
+            f"no room for {adding} more batch jobs of this key "
+            f"(limits.max_batch_backlog = {limit} per key); retry later",
+            BACKLOG_RETRY_AFTER_SECONDS,
+        )
+
+
+def _earlier(store: BatchStore, batch_id: str) -> BatchRecord:
+    found = store.record(batch_id)
+    if found is None:
+        raise invalid(HEADER, f"the batch of this {HEADER} has expired")
+    return found

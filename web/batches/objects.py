@@ -1,0 +1,52 @@
+"""The batch object OpenAI's clients parse, from a batch's record and its requests' states."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import cast
+
+from web.batches.store import FINAL_STAGES, BatchRecord
+from web.common.response_models import Batch, BatchErrors, BatchStatus
+from web.services import Services
+
+
+def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batch:
+    """``tally``: the requests' states (pending, completed, failed) of a batch not final yet;
+    a final batch's counts are its files' lines."""
+    if batch.stage in FINAL_STAGES:
+        completed, failed = batch.completed or 0, batch.failed or 0
+    else:
+        completed, failed = tally["completed"], tally["failed"]
+    status = cast(BatchStatus, batch.stage)
+    if batch.cancelling_at is not None and status in ("validating", "in_progress"):
+        status = "cancelling"
+    window = svc.settings.files.batch_window_seconds
+    return {
+        "id": batch.id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "errors": cast(BatchErrors, {"object": "list", "data": batch.errors})
+        if batch.errors
+        else None,
+        "input_file_id": batch.input_file_id,
+        "completion_window": "24h",
+        "status": status,
+        "output_file_id": batch.output_file_id,
+        "error_file_id": batch.error_file_id,
+        "created_at": int(batch.created_at),
+        "in_progress_at": _seconds(batch.in_progress_at),
+        "expires_at": int(batch.created_at + window),
+        "finalizing_at": _seconds(batch.finalizing_at),
+        "completed_at": _seconds(batch.completed_at),
+        "failed_at": _seconds(batch.failed_at),
+        "expired_at": _seconds(batch.expired_at),
+        "cancelling_at": _seconds(batch.cancelling_at),
+        "cancelled_at": _seconds(batch.cancelled_at),
+        "request_counts": {"total": batch.total, "completed": completed, "failed": failed},
+        "metadata": batch.metadata,
+        "output_url": f"/v1/batches/{batch.id}/output",
+    }
+
+
+def _seconds(moment: float | None) -> int | None:
+    return None if moment is None else int(moment)

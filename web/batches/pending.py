@@ -1,0 +1,64 @@
+"""Batch jobs accepted but not yet on the broker, for the batch backlog bound
+(web/batches/routes.py).
+
+The broker counts the batch jobs that wait (``QueueReader.depth`` at batch priority), but a
+batch's task messages are sent in the background after it is accepted (about a second per
+10,000 jobs, ``submission.enqueue_many``), so batches accepted within that second would each
+find the old count and pass. So each web process also counts the batch jobs it has accepted
+whose messages are not all sent yet (``PendingBatchJobs``), and a batch reserves its jobs there
+in the same step that checks the bound: two concurrent batches of one process never both take
+the last places. Several web processes can overshoot the bound only by what the others accept
+within one fan-out. The reservation ends when the batch's messages are sent, or when the
+request fails before anything was created.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+
+class Reservation:
+    """Places one batch holds until its messages are sent; ``release`` is idempotent."""
+
+    def __init__(self, pending: PendingBatchJobs, counts: Mapping[tuple[str, str], int]):
+        self._pending = pending
+        self._counts = dict(counts)
+
+    def release(self) -> None:
+        counts, self._counts = self._counts, {}
+        self._pending.remove(counts)
+
+    def hand_over(self) -> Callable[[], None]:
+        """The places move to whoever calls the returned function (the fan-out, once every
+        message is sent); this reservation then holds none."""
+        counts, self._counts = self._counts, {}
+        return Reservation(self._pending, counts).release
+
+
+class PendingBatchJobs:
+    """Per (model, tenant): batch jobs accepted here whose task messages are not all sent."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: Counter[tuple[str, str]] = Counter()
+
+    def reserve_within(
+        self, tenant: str, adding: Mapping[str, int], waiting: Mapping[str, int], limit: int
+    ) -> Reservation | str:
+        """Reserve ``adding`` jobs per model if each model's ``waiting`` (the broker's count)
+        plus what is pending here stays within ``limit``; else the first model that would not."""
+        with self._lock:
+            for model, count in adding.items():
+                if waiting[model] + self._pending[model, tenant] + count > limit:
+                    return model
+            counts = {(model, tenant): count for model, count in adding.items()}
+            self._pending.update(counts)
+        return Reservation(self, counts)
+
+    def remove(self, counts: Mapping[tuple[str, str], int]) -> None:
+        with self._lock:
+            self._pending.subtract(counts)
+            for where in [where for where, count in self._pending.items() if count <= 0]:
+                del self._pending[where]

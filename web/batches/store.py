@@ -1,0 +1,255 @@
+"""Batches in Redis: a hash per batch and a list of its requests, each mapped to its jobs.
+
+A batch holds no results of its own: its status, counts and output are derived from its jobs,
+which run through the same queue and workers as everything else (at batch priority).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from trickle import keys
+from web.common.turns import in_turns
+
+BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
+# A refused line's stored error message is cut here: some messages quote the input (a model
+# name), and the input may be as long as the whole batch allows.
+MAX_ERROR_MESSAGE_CHARS = 500
+
+
+def new_batch_id() -> str:
+    return "batch_" + secrets.token_hex(16)
+
+
+def is_batch_id(value: str) -> bool:
+    """Whether ``value`` is a batch id (see ``trickle.jobs.is_job_id`` for why this matters)."""
+    return BATCH_ID_PATTERN.fullmatch(value) is not None
+
+
+@dataclass
+class BatchItem:
+    """One input line: its jobs when valid, else the error it was refused with.
+
+    A refused line keeps only what the output file says of it (its ``custom_id`` and error):
+    its body, which may hold a prompt far over the token limit, is dropped at once, so lines no
+    job, backlog or token limit counts cannot fill Redis for the batch's lifetime.
+    """
+
+    custom_id: str
+    url: str
+    body: dict[str, Any]
+    job_ids: list[str] = field(default_factory=list)
+    error_status: int | None = None
+    error: dict[str, Any] | None = None
+
+    def refuse(self, status: int, error: dict[str, Any]) -> None:
+        message = str(error.get("message", ""))
+        if len(message) > MAX_ERROR_MESSAGE_CHARS:
+            message = message[:MAX_ERROR_MESSAGE_CHARS] + "..."
+        self.error_status, self.error = status, {**error, "message": message}
+        self.body, self.job_ids = {}, []
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {
+                "custom_id": self.custom_id,
+                "url": self.url,
+                "error_status": self.error_status,
+                "error": self.error,
+            }
+        return {
+            "custom_id": self.custom_id,
+            "url": self.url,
+            "body": self.body,
+            "job_ids": self.job_ids,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchItem:
+        return cls(
+            custom_id=str(data["custom_id"]),
+            url=str(data["url"]),
+            body=dict(data.get("body") or {}),
+            job_ids=[str(job_id) for job_id in data.get("job_ids") or []],
+            error_status=data.get("error_status"),
+            error=data.get("error"),
+        )
+
+
+# Stages a batch's record holds; ``in_progress`` also while it is being cancelled (its
+# ``cancelling_at`` tells), ``finalizing`` while one web process writes its output files.
+STAGES = ("validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelled")
+FINAL_STAGES = ("completed", "failed", "expired", "cancelled")
+# Every optional field a record may hold, stored as JSON when set.
+_OPTIONAL = (
+    "cancelling_at",
+    "input_file_id",
+    "metadata",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelled_at",
+    "output_file_id",
+    "error_file_id",
+    "errors",
+    "completed",
+    "failed",
+    "ingest_offset",
+    "input_bytes",
+)
+
+
+@dataclass
+class BatchRecord:
+    """A batch's hash: who made it, when, for which endpoint, and the stage it reached. Until
+    it is final its counts come from its jobs; the object the API answers is
+    ``web.common.response_models.Batch``."""
+
+    id: str
+    owner: str
+    created_at: float
+    endpoint: str
+    total: int
+    stage: str = "in_progress"
+    cancelling_at: float | None = None
+    input_file_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    in_progress_at: float | None = None
+    finalizing_at: float | None = None
+    completed_at: float | None = None
+    failed_at: float | None = None
+    expired_at: float | None = None
+    cancelled_at: float | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    errors: list[dict[str, Any]] | None = None
+    # The final counts, once the output files are written.
+    completed: int | None = None
+    failed: int | None = None
+    # A file batch's input is read up to this byte (a resumed reading starts there).
+    ingest_offset: int | None = None
+    # The input it holds (its JSONL body, or its input file's size): web.batches.quota.
+    input_bytes: int | None = None
+
+    def to_hash(self) -> dict[str, str]:
+        fields = {
+            "id": self.id,
+            "owner": self.owner,
+            "created_at": repr(self.created_at),
+            "endpoint": self.endpoint,
+            "total": str(self.total),
+            "stage": self.stage,
+        }
+        for name in _OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = json.dumps(value)
+        return fields
+
+    @classmethod
+    def from_hash(cls, fields: dict[str, str]) -> BatchRecord:
+        optional = {name: json.loads(fields[name]) for name in _OPTIONAL if name in fields}
+        return cls(
+            id=fields["id"],
+            owner=fields.get("owner", ""),
+            created_at=float(fields["created_at"]),
+            endpoint=fields["endpoint"],
+            total=int(fields["total"]),
+            stage=fields.get("stage", "in_progress"),
+            **optional,
+        )
+
+
+class BatchStore:
+    def __init__(self, client: redis.Redis, ttl_seconds: int):
+        self.redis: Any = client
+        self.ttl_seconds = ttl_seconds
+
+    def create(self, batch: BatchRecord, items: list[BatchItem]) -> None:
+        pipe = self.redis.pipeline(transaction=True)
+        self.queue_create(pipe, batch, items)
+        pipe.execute()
+        self.index(batch)
+
+    def index(self, batch: BatchRecord) -> None:
+        """Lists a created batch under its owner (another slot on a cluster: its own call)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(keys.batches_of(batch.owner), {batch.id: batch.created_at})
+        pipe.expire(keys.batches_of(batch.owner), self.ttl_seconds)
+        pipe.zadd(keys.batches_unsettled(), {batch.id: batch.created_at})
+        # Batches no sweep saw end (sweeping off) leave the set once their record is gone.
+        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", batch.created_at - self.ttl_seconds)
+        pipe.execute()
+
+    def unsettled(self) -> list[str]:
+        """The batches not yet in a final stage (or gone since), oldest first."""
+        return list(self.redis.zrange(keys.batches_unsettled(), 0, -1))
+
+    def settled(self, batch_id: str) -> None:
+        self.redis.zrem(keys.batches_unsettled(), batch_id)
+
+    def queue_create(self, pipe: Any, batch: BatchRecord, items: list[BatchItem]) -> None:
+        """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's
+        recorder: the batch, its jobs and the key then land in one script)."""
+        pipe.hset(keys.batch(batch.id), mapping=batch.to_hash())
+        if items:
+            entries = [json.dumps(item.to_dict()) for item in in_turns(items, 200)]
+            pipe.rpush(keys.batch_items(batch.id), *entries)
+        pipe.expire(keys.batch(batch.id), self.ttl_seconds)
+        pipe.expire(keys.batch_items(batch.id), self.ttl_seconds)
+
+    def get(self, batch_id: str) -> tuple[BatchRecord, list[BatchItem]] | None:
+        if not is_batch_id(batch_id):
+            return None
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hgetall(keys.batch(batch_id))
+        pipe.lrange(keys.batch_items(batch_id), 0, -1)
+        fields, entries = pipe.execute()
+        if not fields:
+            return None
+        items = [BatchItem.from_dict(json.loads(entry)) for entry in entries]
+        return BatchRecord.from_hash(fields), items
+
+    def mark_cancelled(self, batch_id: str, now: float) -> None:
+        self.redis.hsetnx(keys.batch(batch_id), "cancelling_at", json.dumps(now))
+
+    def update(self, batch_id: str, pipe: Any = None, **values: Any) -> None:
+        """Sets optional fields (JSON) and ``stage``/``total`` (plain), on ``pipe`` if given."""
+        fields = {
+            name: (str(value) if name in ("stage", "total") else json.dumps(value))
+            for name, value in values.items()
+        }
+        (pipe if pipe is not None else self.redis).hset(keys.batch(batch_id), mapping=fields)
+
+    def items(self, batch_id: str, start: int, count: int) -> list[BatchItem]:
+        """``count`` of the batch's items from ``start``: a large batch is read in slices."""
+        entries = self.redis.lrange(keys.batch_items(batch_id), start, start + count - 1)
+        return [BatchItem.from_dict(json.loads(entry)) for entry in entries]
+
+    def record(self, batch_id: str) -> BatchRecord | None:
+        if not is_batch_id(batch_id):
+            return None
+        fields = self.redis.hgetall(keys.batch(batch_id))
+        return BatchRecord.from_hash(fields) if fields else None
+
+    def owned(self, owner: str) -> list[str]:
+        """The owner's batch ids, newest first (ids whose batch expired are left out later)."""
+        return list(self.redis.zrevrange(keys.batches_of(owner), 0, -1))
+
+    def job_statuses(self, items: list[BatchItem]) -> dict[str, str]:
+        """The status of every job of the batch (missing: expired)."""
+        job_ids = [job_id for item in items for job_id in item.job_ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(keys.job(job_id), "status")
+        return {
+            job_id: str(s or "expired") for job_id, s in zip(job_ids, pipe.execute(), strict=True)
+        }

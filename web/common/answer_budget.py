@@ -1,0 +1,65 @@
+"""Whether a constrained answer can fit its budget, checked before the job exists.
+
+The engine closes an answer that ``max_tokens`` would cut with a completion its grammar allows
+(``trickle.closure``); a budget below the shortest whole answer cannot be met at all, and the
+answer would be cut where it stands, unparseable. So such a request is a 400 naming
+``max_tokens``, with the shortest answer's length in the model's own tokens: the fewest a search
+over the grammar's states finds (``trickle.closure_search``), not a greedy walk's estimate, so a
+budget some whole answer fits is never refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from trickle.closure import Closer
+from trickle.grammar_matcher import GrammarFailed, MatcherCache
+from trickle.params import GenerationParams
+from trickle.tokenizer import Tokenizer
+from web.common.errors import invalid
+
+# Shortest-answer lengths remembered per model (most recently used).
+CACHED_LENGTHS = 256
+
+
+class AnswerBudget:
+    """One model's vocabulary as grammars see it, and the shortest answer of each grammar."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._matchers = MatcherCache(tokenizer)
+        self._closer = Closer(tokenizer.token_bytes())
+        self._lengths: OrderedDict[str, int | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def shortest(self, grammar: str) -> int | None:
+        """The fewest tokens a whole answer takes (None: not found within the closer's reach,
+        so not known to be too long)."""
+        with self._lock:
+            if grammar in self._lengths:
+                self._lengths.move_to_end(grammar)
+                return self._lengths[grammar]
+        closing = self._closer.shortest(self._matchers.matcher(grammar))
+        length = None if closing is None else len(closing)
+        with self._lock:
+            self._lengths[grammar] = length
+            while len(self._lengths) > CACHED_LENGTHS:
+                self._lengths.popitem(last=False)
+        return length
+
+    def check(self, params: GenerationParams, model: str) -> None:
+        """A 400 on ``max_tokens`` when no whole answer fits it (or on the grammar, when it
+        cannot run on this vocabulary)."""
+        if params.grammar is None:
+            return
+        try:
+            shortest = self.shortest(params.grammar)
+        except GrammarFailed as exc:
+            message = f"the answer's grammar cannot run on model {model!r}: {exc}"
+            raise invalid(None, message) from None
+        if shortest is not None and shortest > params.max_tokens:
+            raise invalid(
+                "max_tokens",
+                f"the shortest answer the schema or tool call allows is {shortest} tokens on "
+                f"model {model!r}; max_tokens is {params.max_tokens}",
+            )

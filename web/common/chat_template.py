@@ -1,0 +1,154 @@
+"""Chat messages to a prompt string, through the model's Jinja template (as Hugging Face does).
+
+Templates run in Jinja's immutable sandbox: a template comes from configuration, but it should
+still not be able to reach into the server. They read what Hugging Face's ``apply_chat_template``
+gives them: ``messages`` (an assistant's ``tool_calls`` with their arguments as a mapping, a
+tool result's ``tool_call_id``), ``tools`` (function definitions, or None), ``bos_token``,
+``eos_token``, ``add_generation_prompt``, and its ``tojson`` filter (no HTML escaping).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, NoReturn
+
+from jinja2 import TemplateError, meta
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from web.common.errors import invalid
+
+# Works with any model, the demo bigram included: "System: ...\nUser: ...\nAssistant:". With
+# tools, a system line lists them and asks for hermes-style calls (the default tool_call_parser);
+# an assistant's calls are written back the same way, a tool's result as "Tool: ...".
+DEFAULT_CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "System: You can call these functions. To call one, write "
+    '<tool_call>{"name": "<name>", "arguments": {<arguments>}}</tool_call>\n'
+    "{% for tool in tools %}{{ (tool.function or tool) | tojson }}\n{% endfor %}"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{{ message.role | capitalize }}: {{ message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    '<tool_call>{"name": {{ call.function.name | tojson }}, '
+    '"arguments": {{ call.function.arguments | tojson }}}</tool_call>'
+    "{% endfor %}{{ '\\n' }}"  # a newline right after a block tag would be trimmed
+    "{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TurnCall:
+    """A tool call an assistant made earlier in the conversation."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI's clients send it back
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """One message of a conversation as the template reads it (the request's message, whatever
+    its shape on the wire, reduced to a role, its text, and its tool calls or the call it
+    answers)."""
+
+    role: str
+    content: str
+    tool_calls: tuple[TurnCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def as_message(self) -> dict[str, Any]:
+        """The message as Hugging Face templates read it: keys only when they apply (templates
+        test ``message.tool_calls is defined``), arguments as a mapping when they are a JSON
+        object (templates write them with ``tojson``; vLLM hands them over the same way)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Hugging Face's ``tojson``: plain JSON (Jinja's own escapes ``<`` and ``'`` for HTML)."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+class TemplateRefused(TemplateError):
+    """The template itself refused the conversation (``raise_exception``, as Hugging Face's
+    templates do for, say, roles out of order): its message is the client's answer."""
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise TemplateRefused(message)
+
+
+@lru_cache(maxsize=32)
+def _compile(template: str) -> Any:
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    environment.globals["raise_exception"] = _raise_exception
+    environment.filters["tojson"] = _tojson
+    return environment.from_string(template)
+
+
+@lru_cache(maxsize=32)
+def reads_tools(template: str) -> bool:
+    """Whether the template uses ``tools`` at all (one that never reads it would drop them)."""
+    environment = ImmutableSandboxedEnvironment()
+    try:
+        names = meta.find_undeclared_variables(environment.parse(template or DEFAULT_CHAT_TEMPLATE))
+    except TemplateError:
+        return False  # rendering reports the error itself
+    return "tools" in names
+
+
+def render_chat(
+    messages: list[ChatTurn],
+    template: str = "",
+    bos_token: str = "<s>",
+    eos_token: str = "</s>",
+    param: str = "messages",
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """The prompt text for ``messages`` (and ``tools``, function definitions as Hugging Face
+    takes them); the tokenizer adds the start token itself. A failing template is a 400 on
+    ``param`` (the request field that holds the conversation)."""
+    try:
+        prompt = _compile(template or DEFAULT_CHAT_TEMPLATE).render(
+            messages=[m.as_message() for m in messages],
+            tools=tools or None,
+            add_generation_prompt=True,
+            bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except TemplateRefused as exc:
+        raise invalid(param, f"the model's chat template refused the messages: {exc}") from exc
+    except TemplateError as exc:
+        raise invalid(param, f"the model's chat template failed: {exc}") from exc
+    # Templates written for Hugging Face often emit the start token as text; ours is added as an id.
+    return str(prompt).removeprefix(bos_token)

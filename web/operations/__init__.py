@@ -1,0 +1,1 @@
+"""What operators and autoscalers read: health and readiness, ``/metrics`` and ``/scaling``."""

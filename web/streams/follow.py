@@ -1,0 +1,362 @@
+"""Follow one job's tokens exactly once, in order, whenever the reader connects.
+
+The reader subscribes first, then reads the replay log, then applies live events, skipping
+indexes it already has and re-reading the log when it sees a gap, a reconnect or a quiet spell.
+Transport-free: the SSE and WebSocket views only format what this yields.
+
+Status events are derived from what the reader already reads, layered on the token path: the
+first snapshot gives the status at connection, a claim's message (``CLAIMED_MESSAGE``) says
+running, a requeue's (``STATUS_MESSAGE``) sends the reader to re-read the job, and a live token
+seen while the last status said queued means running. A finished job's done message carries its
+record (``RECORD_MESSAGE``): a reader holding every token ends on it without a read. A
+``Status`` goes out only when the status differs from the last one sent, before the tokens it
+precedes (after them for the final status, which comes right before ``Done``). Tokens are
+untouched: still exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from enum import Enum
+from typing import NamedTuple
+
+from trickle.events import FinalRecord, TokenEvent, TokenRun
+from trickle.jobs import Job, JobStatus
+from trickle.store.job_store import JobStore
+from web.streams.hub import Delivery, Signal, Subscription, TokenHub
+
+
+@dataclass(frozen=True)
+class Done:
+    job: Job
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    pass
+
+
+@dataclass(frozen=True)
+class Status:
+    """The job's status changed (or the reader just connected). ``position``: queued jobs
+    ahead of it, when queued and known (see ``JobStore.queue_position``)."""
+
+    status: JobStatus
+    position: int | None = None
+
+
+FollowEvent = TokenRun | Status | Done | KeepAlive
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+def visible_to(job: Job, owner: str) -> bool:
+    """With API keys, a job exists only for the key that created it."""
+    return owned_by(job.owner, owner)
+
+
+def owned_by(job_owner: str, caller: str) -> bool:
+    """``visible_to`` for a job's owner digest alone (read without the job)."""
+    return not caller or job_owner == caller
+
+
+def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) -> Job | None:
+    """Block until the job ends or ``seconds`` pass; returns its latest state (None if unknown).
+
+    Subscribing before the first read means a completion cannot slip between read and wait.
+    A waiter hears only the job's done signal and reads only its status until the end: what it
+    costs Redis does not grow with the job's tokens.
+    """
+    deadline = time.monotonic() + seconds
+    with hub.watch(job_id) as subscription:
+        while True:
+            status = store.status(job_id)
+            if status is None or status.is_terminal:
+                break
+            heard = _await_signal(subscription, deadline)
+            if isinstance(heard, Job):
+                return heard  # the record its done signal carried: what a read would give
+            if not heard:
+                break
+    return store.get(job_id)
+
+
+def _await_signal(subscription: Subscription, deadline: float) -> bool | Job:
+    """Wait for a reason to look again (done, a reconnect, a quiet second); False once the
+    deadline passed; the finished job when its done signal carried its record. Tokens (a local
+    stream of the same job shares the feed) are no reason."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        delivery = subscription.get(min(remaining, 1.0))
+        if delivery is not None and delivery.record is not None:
+            return delivery.record.job
+        if delivery is None or delivery.signal is not None:
+            return True
+    return False
+
+
+# A pace shorter than this is not worth a timer and a greenlet switch per chunk: the publisher
+# already paces each job's messages.
+MIN_PAUSE_SECONDS = 0.002
+
+
+class Resync(str, Enum):
+    """Why a follower must re-read the job and its log instead of trusting live messages."""
+
+    QUIET = "quiet"  # nothing arrived within the keep-alive interval
+    SIGNAL = "signal"  # done, a reconnect, a status change or an overflow
+    GAP = "gap"  # a live token skipped an index
+
+
+class JobFollower:
+    def __init__(
+        self,
+        store: JobStore,
+        hub: TokenHub,
+        job_id: str,
+        after: int,
+        owner: str = "",
+        statuses: bool = True,
+    ):
+        """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
+        another API key's job (``owner`` is the caller's key digest, "" without keys).
+        ``statuses=False``: a reader with no use for ``Status`` events (an OpenAI stream) gets
+        none, and no queue position is read for it."""
+        self._store = store
+        self._statuses = statuses
+        self._job_id = job_id
+        self._next = after + 1
+        self._subscription: Subscription = hub.subscribe(job_id)
+        try:
+            job, events = store.snapshot(job_id, self._next)
+            if job is None or not visible_to(job, owner):
+                raise JobNotFound(job_id)
+        except BaseException:
+            self.close()  # a failed first read (Redis away, unknown id) leaks nothing
+            raise
+        self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
+        self._status: JobStatus | None = None  # the last status sent
+        self.trace_context = job.trace_context
+
+    def close(self) -> None:
+        """Drop the hub subscription; idempotent, so the view and the generator may both call
+        it (a response never iterated, or a client gone mid-stream, still ends here)."""
+        self._subscription.close()
+
+    def chunks(
+        self, keepalive_seconds: float, pace: Callable[[], float] = lambda: 0.0
+    ) -> Generator[list[FollowEvent], None, None]:
+        """Events grouped by wake-up: everything that arrived while the reader was busy goes
+        out together, so a slow connection gets one write per wake-up, not one per token.
+
+        ``pace()`` gives the least time between chunks (the first token is never held): with
+        thousands of readers, a bounded number of wake-ups per second instead of one per reader
+        per decoding step is what keeps a web process responsive.
+        """
+        try:
+            job, pending = self._first
+            live = False  # pending came from the channel, not from a snapshot with the status
+            last_chunk = 0.0
+            while True:
+                run = self._take(pending)
+                tokens: list[FollowEvent] = [run] if run is not None else []
+                if job.status.is_terminal:
+                    yield [*tokens, *self._status_change(job.status), Done(job)]
+                    return
+                change = self._status_change(job.status, live_tokens=live and bool(tokens))
+                if change or tokens:
+                    yield [*change, *tokens]
+                if tokens:  # a status alone never delays the first token
+                    last_chunk = time.monotonic()
+                pause = last_chunk + pace() - time.monotonic()
+                if pause > MIN_PAUSE_SECONDS:
+                    time.sleep(pause)  # a greenlet sleep under gevent
+                heard = self._wait(keepalive_seconds)
+                pending, live = heard.tokens, heard.resync is None
+                if heard.final is not None:
+                    job = heard.final  # every token is in pending or sent: it ends next pass
+                elif heard.resync is not None:
+                    if heard.resync is Resync.QUIET:
+                        yield [KeepAlive()]
+                    latest, events = self._store.snapshot(self._job_id, self._next)
+                    if latest is None:  # expired while we waited
+                        return
+                    job, pending = latest, _runs(events)
+                elif heard.claimed and job.status is JobStatus.QUEUED:
+                    job = dataclasses.replace(job, status=JobStatus.RUNNING)
+        finally:
+            self.close()
+
+    def _status_change(self, status: JobStatus, live_tokens: bool = False) -> list[Status]:
+        """A ``Status`` if the job's status differs from the last one sent, else nothing."""
+        if live_tokens and status is JobStatus.QUEUED:
+            status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
+        if status is self._status or not self._statuses:
+            return []
+        self._status = status
+        position = self._store.queue_position(self._job_id) if status is JobStatus.QUEUED else None
+        return [Status(status, position)]
+
+    def _take(self, runs: list[TokenRun]) -> TokenRun | None:
+        """The tokens of ``runs`` from the next index on, as one run (None: nothing new)."""
+        taken: list[TokenRun] = []
+        for run in runs:
+            if run.end <= self._next:
+                continue  # had them already
+            if run.first > self._next:
+                break  # a gap (a snapshot never has one; ``_wait`` sends live gaps to the log)
+            taken.append(run.starting_at(self._next))
+            self._next = run.end
+        return TokenRun.joined(taken) if taken else None
+
+    def _wait(self, timeout: float) -> Heard:
+        """Live tokens that continue the sequence (all that are queued), or why the log must be
+        re-read: a quiet spell, a signal (done, a requeue, a reconnect) or a gap. Two signals
+        need no read: a claim (the job runs now), and a done signal with the job's record when
+        the tokens reach its end (the read was done by the script that finished the job)."""
+        deliveries = self._subscription.get_all(timeout)
+        if not deliveries:
+            return Heard([], Resync.QUIET)
+        if not self._statuses:
+            # Claimed or requeued: news only for status events; the tokens' own order (a gap
+            # sends it to the log) and the done signal keep such a reader whole without it.
+            deliveries = [d for d in deliveries if d.signal not in _STATUS_SIGNALS]
+        record = _final_record(deliveries)
+        claimed = any(delivery.signal is Signal.CLAIMED for delivery in deliveries)
+        if record is None and any(d.signal not in (None, Signal.CLAIMED) for d in deliveries):
+            return Heard([], Resync.SIGNAL)
+        expected = self._next
+        fresh = []
+        for delivery in deliveries:
+            run = delivery.tokens
+            if run is None or run.end <= expected:
+                continue
+            if run.first > expected:
+                return Heard([], Resync.GAP)
+            fresh.append(run)
+            expected = run.end
+        if record is None:
+            return Heard(fresh, claimed=claimed)
+        if expected != record.logged:
+            return Heard([], Resync.SIGNAL)  # tokens went missing: the log has them
+        return Heard(fresh, final=record.job)
+
+
+class Heard(NamedTuple):
+    """What one wake-up brought a follower: live tokens, or why to re-read the job; the job's
+    final state when its done signal carried it; whether it was claimed meanwhile."""
+
+    tokens: list[TokenRun]
+    resync: Resync | None = None
+    final: Job | None = None
+    claimed: bool = False
+
+
+_STATUS_SIGNALS = (Signal.STATUS, Signal.CLAIMED)
+
+
+def _final_record(deliveries: list[Delivery]) -> FinalRecord | None:
+    """The record of a done signal among ``deliveries``, if no other signal asks for a read: a
+    claim or requeue (STATUS) is superseded by the end, a reconnect (RESYNC) is not."""
+    record = next((d.record for d in deliveries if d.signal is Signal.DONE and d.record), None)
+    if record is None or any(d.signal is Signal.RESYNC for d in deliveries):
+        return None
+    return record
+
+
+def _runs(events: list[TokenEvent]) -> list[TokenRun]:
+    """A snapshot's tokens (consecutive, from the log) as one run."""
+    return [TokenRun.from_events(events)] if events else []
+
+
+def open_followers(
+    store: JobStore, hub: TokenHub, job_ids: list[str], owner: str = "", statuses: bool = True
+) -> list[JobFollower]:
+    """A follower per job from the start, or none at all: a failure closes those opened."""
+    followers: list[JobFollower] = []
+    try:
+        for job_id in job_ids:
+            followers.append(JobFollower(store, hub, job_id, -1, owner, statuses))
+    except BaseException:
+        close_all(followers)
+        raise
+    return followers
+
+
+def close_all(followers: list[JobFollower]) -> None:
+    for follower in followers:
+        follower.close()
+
+
+def follow_many(
+    followers: list[JobFollower],
+    keepalive_seconds: float,
+    pace: Callable[[], float] = lambda: 0.0,
+) -> Generator[list[tuple[int, FollowEvent]], None, None]:
+    """Interleave several jobs' events as they arrive, tagged with the follower's position and
+    grouped by wake-up (everything that arrived meanwhile), so a caller writes once per group,
+    not once per token; ``pace`` as in ``JobFollower.chunks``.
+
+    One reader thread per job (a greenlet under gevent) feeds a shared queue; closing this
+    generator stops them all after their current wait.
+    """
+    if len(followers) == 1:
+        chunks = followers[0].chunks(keepalive_seconds, pace)
+        try:
+            for chunk in chunks:
+                yield [(0, event) for event in chunk]
+        finally:
+            chunks.close()
+        return
+    merged: queue.SimpleQueue[tuple[int, FollowEvent | None]] = queue.SimpleQueue()
+    stop = threading.Event()
+
+    def pump(position: int, follower: JobFollower) -> None:
+        chunks = follower.chunks(keepalive_seconds, pace)
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                for event in chunk:
+                    if not isinstance(event, KeepAlive):
+                        merged.put((position, event))
+        finally:
+            chunks.close()
+            merged.put((position, None))
+
+    threads = [
+        threading.Thread(target=pump, args=(i, f), daemon=True) for i, f in enumerate(followers)
+    ]
+    for thread in threads:
+        thread.start()
+    running = len(threads)
+    try:
+        while running:
+            try:
+                first = merged.get(timeout=keepalive_seconds)
+            except queue.Empty:
+                yield [(-1, KeepAlive())]
+                continue
+            group: list[tuple[int, FollowEvent]] = []
+            item: tuple[int, FollowEvent | None] | None = first
+            while item is not None:
+                position, event = item
+                if event is None:
+                    running -= 1
+                else:
+                    group.append((position, event))
+                try:
+                    item = merged.get_nowait()
+                except queue.Empty:
+                    item = None
+            if group:
+                yield group
+    finally:
+        stop.set()
+        close_all(followers)  # the count drops now; each pump ends at its next wake-up
