@@ -15,14 +15,17 @@ it small:
   uppercase letters, bytes past ASCII; every other byte is a class of its own), the shortest
   and the longest allowed one, besides the closing tokens (``"``, ``}``...): a grammar that
   treats all letters alike (a string, an email's local part) is explored once, not per letter;
-- two states whose masks (and acceptance) are equal are taken as one, keeping the one that
-  consumed more bytes (in a string with a minimum length or a pattern's repetition, more
-  progress is never further from the end).
+- two states are one when their masks are equal and so is their JSON shape (``_Shape``: the
+  brackets, separators and literals of the completion so far, string contents and digits left
+  out, so an array's item count or an object's depth tells states apart); the first reached
+  (fewest tokens) is kept, and a later one only where it consumed more bytes without its mask
+  changing (in a string with a minimum length or a pattern's repetition, that progress is
+  never further from the end).
 
 Both are exact for the grammars a JSON Schema yields but for patterns that tell apart letters
 of one class and still allow the same next tokens; there the search may return a longer
-completion than the shortest, never an invalid one, since every state it reaches is one the
-matcher accepted.
+completion than the shortest, or none within its bound, never an invalid one, since every
+state it reaches is one the matcher accepted.
 """
 
 from __future__ import annotations
