@@ -1,13 +1,16 @@
 """The short way out of a grammar: the tokens that close whatever is open.
 
-When ``max_tokens`` is about to cut a constrained answer, the engine ends it with these tokens
-instead, so the answer still parses (docs/structured-output.md). The completion is found
-greedily: tokens the grammar forces first (llguidance's fast-forward: keys, ``:``, the rest of
-a literal), else the first allowed token of ``CLOSERS`` (a closing quote or bracket ends the
-innermost open value; ``0`` is the shortest JSON value), else the shortest allowed token. For
-JSON that is the shortest completion in tokens but for minimum lengths and patterns, where it
-takes the shortest allowed token each step; a greedy walk never backtracks, so each step costs
-one mask.
+When ``max_tokens`` is about to cut a constrained answer, or the model ends before its grammar
+does, the engine ends it with these tokens instead, so the answer still parses and validates
+(docs/structured-output.md); the web tier refuses a budget that no whole answer fits.
+
+Two ways find a completion. First a greedy walk, one mask a token: tokens the grammar forces
+(llguidance's fast-forward: keys, ``:``, the rest of a literal), else the first allowed of
+``CLOSERS`` (a closing quote or bracket ends the innermost open value; ``0`` is the shortest
+JSON value), else the shortest allowed token. It finds most completions at once, but never
+backtracks, so it can circle where the way out is one particular character (an email's ``@``).
+Where it finds none within the limit, a bounded search over the matcher's states does
+(``trickle.closure_search``): a limit is only reported unmet when that search finds nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import llguidance
 import numpy as np
 
+from trickle.closure_search import MAX_EXPANSIONS, ClosingSearch
 from trickle.grammar_matcher import allowed_mask
 
 # Most preferred first. Inside a string: its closing quote (with what may follow it). Elsewhere:
@@ -25,8 +29,10 @@ CLOSERS = ("}}", "]}", "}]", "]]", "}", "]", ",", "0", '""', "{}", "[]", '"', "{
 # A letter the grammar allows only inside a string (JSON keywords aside, which are forced).
 STRING_PROBE = "a"
 
-# A completion longer than this is not searched for (the answer is then cut where it stands).
+# A completion longer than this is not searched for.
 MAX_CLOSING_TOKENS = 512
+# States a quick search expands (the engine's check of each token near max_tokens).
+QUICK_EXPANSIONS = 40
 
 
 class Closer:
@@ -40,13 +46,39 @@ class Closer:
         # Special tokens last: a closing completion never needs one.
         self._lengths = np.array([len(t) if t and t[:1] != b"\xff" else 1 << 20 for t in tokens])
         self._vocab_size = len(tokens)
+        self._search = ClosingSearch(tokens, [*self._in_string, *self._preferred])
 
-    def closing(self, matcher: llguidance.LLMatcher) -> list[int] | None:
-        """The tokens that take ``matcher`` (left unchanged) to an accepting state; None when
-        none is found within ``MAX_CLOSING_TOKENS``."""
+    def closing(
+        self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS, quick: bool = False
+    ) -> list[int] | None:
+        """Tokens that take ``matcher`` (left unchanged) to an accepting state, at most
+        ``limit`` of them; None when the search finds none that short (``quick``: a search
+        of a few states only, for a check that has a way out of its own)."""
+        greedy = self.greedy(matcher, limit)
+        if greedy is not None:
+            return greedy
+        expansions = QUICK_EXPANSIONS if quick else MAX_EXPANSIONS
+        return self._search.closing(matcher, min(limit, MAX_CLOSING_TOKENS), expansions)
+
+    def shortest(
+        self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS
+    ) -> list[int] | None:
+        """The fewest tokens that take ``matcher`` to an accepting state (within ``limit``):
+        the search, bounded by what the greedy walk found."""
+        greedy = self.greedy(matcher, limit)
+        bound = limit if greedy is None else len(greedy) - 1
+        found = self._search.closing(matcher, min(bound, MAX_CLOSING_TOKENS))
+        return greedy if found is None else found
+
+    def length(self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS) -> int | None:
+        closing = self.closing(matcher, limit)
+        return None if closing is None else len(closing)
+
+    def greedy(self, matcher: llguidance.LLMatcher, limit: int) -> list[int] | None:
+        """The greedy walk's completion, if it is at most ``limit`` tokens."""
         probe = matcher.deep_copy()
         out: list[int] = []
-        while len(out) <= MAX_CLOSING_TOKENS:
+        while len(out) <= limit:
             if probe.is_accepting():
                 return out
             forced = probe.compute_ff_tokens()
@@ -56,10 +88,6 @@ class Closer:
                 return None
             out.extend(forced)
         return None
-
-    def length(self, matcher: llguidance.LLMatcher) -> int | None:
-        closing = self.closing(matcher)
-        return None if closing is None else len(closing)
 
     def _pick(self, matcher: llguidance.LLMatcher) -> int:
         allowed = allowed_mask(matcher, self._vocab_size)

@@ -126,9 +126,9 @@ def chat_format(schema: dict[str, Any]) -> dict[str, Any]:
         ),
         (
             "/v1/responses",
-            {"input": "x", "tools": [{**FLAT_TOOL, "strict": True}]},
-            "tools[0].strict",
-            "strict",
+            {"input": "x", "tools": [{**FLAT_TOOL, "strict": True, "parameters": UNENFORCEABLE}]},
+            "tools[0].parameters",
+            "'uniqueItems'",
         ),
         (
             "/v1/messages",
@@ -305,3 +305,25 @@ def test_anthropic_any_and_a_named_tool_are_tool_use_blocks(app: Flask) -> None:
         (block,) = answer["content"]  # one call: parallel use disabled
         assert block["type"] == "tool_use" and block["input"] == {"city": "Oslo"}
         assert answer["stop_reason"] == "tool_use"
+
+
+def test_strict_tools_under_auto_allow_text_or_calls_held_to_the_tools(app: Flask) -> None:
+    """The answer's grammar is lazy: text stays text, a call is read as a call, on every route;
+    under ``none`` strict tools are no reason for a 400."""
+    strict_chat = {**CHAT_TOOL, "function": {**CHAT_TOOL["function"], "strict": True}}
+    routes = [
+        ("/v1/chat/completions", {"messages": ASK, "tools": [strict_chat], "max_tokens": 200}),
+        ("/v1/responses", {"input": "x", "tools": [{**FLAT_TOOL, "strict": True}]}),
+        (
+            "/v1/messages",
+            {"max_tokens": 200, "messages": ASK, "tools": [{**MESSAGES_TOOL, "strict": True}]},
+        ),
+    ]
+    for route, body in routes:
+        job, _ = submitted(app, route, body, ["Sunny."], FinishReason.STOP)
+        assert job.params.grammar is not None and "lazy" in job.params.grammar, route
+        _, answer = submitted(app, route, body, [CALL], FinishReason.STOP)
+        assert "get_weather" in json.dumps(answer) and "<tool_call>" not in json.dumps(answer)
+    for route, body in routes[:2]:
+        job, _ = submitted(app, route, {**body, "tool_choice": "none"}, ["Hi"], FinishReason.STOP)
+        assert job.params.grammar is None, route

@@ -16,6 +16,7 @@ from trickle.config.settings import Settings
 from web.common.chat_template import ChatTurn, TurnCall, render_chat
 from web.common.errors import HttpError
 from web.common.tools.definitions import chat_tools
+from web.common.tools.models import ChatTool
 from web.openai.requests import chat_prompt
 
 WEATHER: dict[str, Any] = {
@@ -23,6 +24,7 @@ WEATHER: dict[str, Any] = {
     "function": {"name": "get_weather", "parameters": {"type": "object"}},
 }
 FLAT: dict[str, Any] = {"type": "function", "name": "get_weather"}
+UNENFORCEABLE: dict[str, Any] = {"name": "f", "parameters": {"type": "object", "not": {}}}
 ASK = [{"role": "user", "content": "Weather?"}]
 NO_TOOLS_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
 
@@ -43,9 +45,9 @@ NO_TOOLS_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
         ),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
-        (
-            {"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-            "tools[0].function.strict",
+        (  # strict under auto: a schema constrained decoding cannot keep
+            {"tools": [{"type": "function", "function": {**UNENFORCEABLE, "strict": True}}]},
+            "tools[0].function.parameters",
         ),
         ({"tools": [WEATHER], "logprobs": True}, "logprobs"),
         ({"messages": [{"role": "tool", "content": "sunny"}]}, "messages[0].tool_call_id"),
@@ -89,7 +91,7 @@ def test_chat_tool_requests_refused_by_field(
         ({"tools": [{**FLAT, "name": "bad.name"}]}, "tools[0].name"),
         ({"tools": [FLAT], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [{**FLAT, "strict": True}]}, "tools[0].strict"),
+        ({"tools": [{**FLAT, **UNENFORCEABLE, "strict": True}]}, "tools[0].parameters"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         (
@@ -171,3 +173,23 @@ def test_the_built_in_template_renders_tools_calls_and_results_as_hugging_face_p
         "{% if m.tool_call_id is defined %}{{ m.tool_call_id }}{% endif %}|{% endfor %}"
     )
     assert render_chat(turns, template) == "user|assistantParis|toolcall_1|"
+
+
+def _tool(name: str, strict: bool | None, parameters: dict[str, Any] | None = None) -> ChatTool:
+    function = {"name": name, "parameters": parameters or {"type": "object"}, "strict": strict}
+    return ChatTool.model_validate({"type": "function", "function": function})
+
+
+def test_strict_tools_are_constrained_under_every_choice_where_a_call_can_happen() -> None:
+    """auto: a lazy grammar (text, or calls held to the tools); none: no call, no grammar;
+    no strict tool under auto: parsed only, as before."""
+    strict, loose = _tool("get_weather", True), _tool("f", None, UNENFORCEABLE["parameters"])
+    auto = chat_tools([strict, loose], "auto", None, "hermes")
+    assert auto is not None and auto.grammar is not None and not auto.forced
+    assert auto.parser == "hermes" and auto.choice == "auto"
+    none = chat_tools([strict], "none", None, "hermes")
+    assert none is not None and none.grammar is None and none.parser is None
+    plain = chat_tools([_tool("get_weather", False)], None, None, "hermes")
+    assert plain is not None and plain.grammar is None and plain.parser == "hermes"
+    required = chat_tools([strict], "required", None, "hermes")
+    assert required is not None and required.forced and required.grammar != auto.grammar

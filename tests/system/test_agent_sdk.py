@@ -6,6 +6,7 @@ because the demo model ends its answers. The demo bigram never writes a tool cal
 sees one piece of context): one whole loop takes its call from the scripted tool model
 (``tests.tool_model``), another forces it on the demo model itself (``tool_choice: required``,
 held to the tool's schema by constrained decoding); the demo model writes the final answer.
+Every tool here is the SDK's default ``@function_tool``, strict; without a tool_choice it is auto.
 """
 
 from __future__ import annotations
@@ -64,9 +65,9 @@ class ToolModelFirst(OpenAIResponsesModel):
 
 
 def weather_tool(cities: list[str]) -> Any:
-    # Not strict: a strict tool is refused where calls are not forced (nothing holds plain text
-    # answers to it), and after a forced call the SDK goes back to ``auto``.
-    @function_tool(strict_mode=False)
+    # The SDK's default: a strict tool. Under ``auto`` (no tool_choice, and after a forced
+    # call) a call the model opens is held to its schema; text stays text.
+    @function_tool
     def get_weather(city: str) -> str:
         """The weather in a city."""
         cities.append(city)

@@ -18,8 +18,10 @@ import jsonschema
 import llguidance
 import pytest
 
+from tests.schema_answers import SHAPES, assert_valid, field_schema
 from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
+from trickle.grammar import json_schema_grammar
 from trickle.grammar_matcher import MatcherCache
 from worker.engine.engine import Engine
 from worker.engine.request import EngineRequest, SamplingKey, Scored
@@ -181,3 +183,26 @@ def test_a_model_that_ends_early_gets_its_answer_closed(demo_model_dir: Path) ->
             jsonschema.validate(json.loads(text_of(engine, ids)), text_schema)
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_formats_and_patterns_validate_greedy_sampled_and_cut(engine: Engine, shape: str) -> None:
+    """Where the model fights the grammar hardest (the random-weight Llama), and where a model
+    that wants to end inside the string is refused: every answer parses and validates, its
+    format or pattern included, whole or cut at max_tokens, from the shortest budget up."""
+    schema = field_schema(SHAPES[shape])
+    grammar = json_schema_grammar(schema, "response_format")
+    shortest = Closer(engine.tokenizer.token_bytes()).shortest(
+        MatcherCache(engine.tokenizer).matcher(grammar)
+    )
+    assert shortest is not None
+    prompt = engine.tokenizer.encode("A record, as JSON: ")
+    for budget in (len(shortest), len(shortest) + 7, 60):
+        for sampling in (GREEDY, SAMPLED):
+            ids: list[int] = []
+            engine.generate(
+                [EngineRequest(prompt, budget, sampling, grammar=grammar, seed=budget)],
+                collect(ids),
+            )
+            assert len(ids) <= budget
+            assert_valid(schema, text_of(engine, ids))

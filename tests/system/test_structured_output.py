@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.clients import get_job
+from tests.schema_answers import SHAPES, assert_valid, field_schema
 
 
 class Weather(BaseModel):
@@ -209,3 +210,30 @@ def test_anthropic_any_is_a_tool_use_block_that_validates(stack_url: str) -> Non
         assert block.type == "tool_use" and block.name == "get_weather"
         jsonschema.validate(block.input, tool["input_schema"])
         assert message.stop_reason in ("tool_use", "max_tokens")
+
+
+@pytest.mark.parametrize("shape", ["email", "date-time", "uri", "pattern"])
+def test_a_format_the_model_wants_to_end_inside_is_answered_validly(
+    client: openai.OpenAI, shape: str
+) -> None:
+    """Was a 500 (GrammarFailed: the grammar refused its own forced token) at temperature 0:
+    the demo model ends inside the string, and the closing walk dead-ended there. Now every
+    budget from the shortest answer up is answered, whole or cut, and the answer validates."""
+    schema = field_schema(SHAPES[shape])
+    response_format: Any = {
+        "type": "json_schema",
+        "json_schema": {"name": "record", "schema": schema, "strict": True},
+    }
+    for max_tokens in (24, 60, 256):
+        for temperature in (0.0, 1.0):
+            answer = client.chat.completions.create(
+                model="demo",
+                messages=ASK,  # type: ignore[arg-type]
+                max_tokens=max_tokens,
+                temperature=temperature,
+                seed=max_tokens,
+                response_format=response_format,
+            )
+            choice = answer.choices[0]
+            assert choice.finish_reason in ("stop", "length")
+            assert_valid(schema, choice.message.content or "")

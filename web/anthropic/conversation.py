@@ -28,7 +28,7 @@ from web.common.errors import invalid
 from web.common.tools.definitions import ToolFields, ToolUse, tool_use
 
 ERROR_PREFIX = "Error: "
-FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema", "tools[{}].strict")
+FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema")
 
 
 def message_tools(
@@ -52,6 +52,7 @@ def message_tools(
             "name": tool.name,
             **({"description": tool.description} if tool.description is not None else {}),
             "parameters": tool.input_schema,
+            **({"strict": True} if tool.strict else {}),
         }
         for tool in tools or ()
     ]

@@ -24,7 +24,7 @@ from web.common.request_models import (
     Text,
     max_tokens_field,
 )
-from web.common.tools.models import MAX_TOOLS, ToolName
+from web.common.tools.models import MAX_TOOLS, Strict, ToolName
 
 # Anthropic's temperature range (OpenAI's goes to 2).
 MAX_TEMPERATURE = 1.0
@@ -112,6 +112,7 @@ class AnthropicTool(BaseModel):
     description: str | None = None
     input_schema: dict[str, Any]
     type: Literal["custom"] | None = None
+    strict: Strict = None
     cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
 
 

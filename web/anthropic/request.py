@@ -99,7 +99,7 @@ def prompt_of(
     if turns[-1].role != "assistant":
         return chat_prompt([*head, *turns], settings, model, tools=tools)
     prefill = turns.pop()
-    if prefill.content and tools is not None and tools.grammar is not None:
+    if prefill.content and tools is not None and tools.forced:
         last = len(req.messages) - 1
         raise invalid(
             f"messages[{last}].content",

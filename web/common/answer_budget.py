@@ -1,9 +1,11 @@
 """Whether a constrained answer can fit its budget, checked before the job exists.
 
-The engine closes an answer that ``max_tokens`` would cut with the shortest completion its
-grammar allows (``trickle.closure``); a budget below the shortest whole answer cannot be met
-at all, and the answer would be cut where it stands, unparseable. So such a request is a 400
-naming ``max_tokens``, with the shortest answer's length in the model's own tokens.
+The engine closes an answer that ``max_tokens`` would cut with a completion its grammar allows
+(``trickle.closure``); a budget below the shortest whole answer cannot be met at all, and the
+answer would be cut where it stands, unparseable. So such a request is a 400 naming
+``max_tokens``, with the shortest answer's length in the model's own tokens: the fewest a search
+over the grammar's states finds (``trickle.closure_search``), not a greedy walk's estimate, so a
+budget some whole answer fits is never refused.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class AnswerBudget:
             if grammar in self._lengths:
                 self._lengths.move_to_end(grammar)
                 return self._lengths[grammar]
-        length = self._closer.length(self._matchers.matcher(grammar))
+        closing = self._closer.shortest(self._matchers.matcher(grammar))
+        length = None if closing is None else len(closing)
         with self._lock:
             self._lengths[grammar] = length
             while len(self._lengths) > CACHED_LENGTHS:

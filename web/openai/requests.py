@@ -98,16 +98,17 @@ def parse_chat_request(
 
 
 def answer_grammar(request: ChatCompletionRequest, tools: ToolUse | None) -> str | None:
-    """What the answer must match: the forced call's grammar, or ``response_format``'s."""
+    """What the answer must match: the forced call's grammar, or ``response_format``'s (which
+    leaves no room for the calls ``auto`` allows), or strict tools' under ``auto``."""
     fmt = format_grammar(request.response_format, "response_format")
-    forced = tools.grammar if tools is not None else None
+    forced = tools.grammar if tools is not None and tools.forced else None
     if forced is not None and fmt is not None:
         raise invalid(
             "response_format",
             "response_format cannot be combined with a forced tool call (tool_choice "
             "'required' or a named function): the answer is the call",
         )
-    return forced or fmt
+    return forced or fmt or (tools.grammar if tools is not None else None)
 
 
 def chat_prompt(

@@ -101,12 +101,18 @@ class ConstrainedRun:
         self._generated: list[int] = []
         self._closing_length = 0
         self._since_refresh = REFRESH_EVERY
+        self._left = 0  # tokens the budget has left after those emitted
+        # A completion from the matcher's state, once known: near the end each token is
+        # checked against it first (one copy), before any search.
+        self._escape: list[int] | None = None
+        self._pending: list[int] | None = None  # the escape after the token being checked
         self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
 
     def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
         """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted."""
         pieces = list(prompt)
         left = max_new
+        self._left = max_new
         while left > 0:
             call = _Call()
             owed = max(0, self._sampling.min_tokens - len(self._generated))
@@ -121,11 +127,11 @@ class ConstrainedRun:
                 forced = self._ending(call.refused_end, left)
                 closing = forced[-1:] != [call.refused_end]  # no room for the end: cut
             elif closing:
-                forced = self._closing()
+                forced = self._closing(left)
             else:
                 forced = self._replacement(call.logits)
                 if not self._leaves_room(forced, left):
-                    closing, forced = True, self._closing()
+                    closing, forced = True, self._closing(left)
             forced = forced[:left]
             if not forced:
                 return  # complete already: the batch's end finishes the job as cut
@@ -140,6 +146,7 @@ class ConstrainedRun:
         def on_token(step: Any) -> bool:
             token = int(step.token_id)
             room = left - len(call.accepted) - 1  # tokens left after this one
+            self._pending = None
             if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
                 call.closing = True
                 return True
@@ -151,6 +158,7 @@ class ConstrainedRun:
                 return True
             call.accepted.append(token)
             self._since_refresh += 1
+            self._advance_escape(token, self._pending)
             stop = self._emit(sink, token, self._score(step), bool(step.is_last), consumed=True)
             call.ended = stop
             return stop
@@ -163,8 +171,7 @@ class ConstrainedRun:
         text = [t for t in forced if t not in self._end_ids]
         if probe.try_consume_tokens(text) < len(text):
             return True  # (an end token among them ends the answer complete)
-        length = self._closer.length(probe)
-        return length is None or len(forced) + length <= left
+        return self._way_out(probe, left - len(forced), None) is not None
 
     def _consume(self, token: int) -> bool:
         """Advance the matcher past ``token`` if the grammar allows it (else leave it as it
@@ -186,41 +193,81 @@ class ConstrainedRun:
         probe = self._matcher.deep_copy()
         if probe.try_consume_tokens([token]) != 1:
             return True  # rejected anyway: the rejection path picks an allowed token
-        length = self._closer.length(probe)
-        if length is None:
-            return True  # no closing completion in sight: cut where it stands
-        self._closing_length = length
-        return length <= room
+        way_out = self._way_out(probe, room, token)
+        if way_out is None:
+            return False  # no way to close after it within the room: close now instead
+        self._closing_length = len(way_out)
+        self._pending = way_out
+        return True
+
+    def _way_out(
+        self, probe: llguidance.LLMatcher, room: int, token: int | None
+    ) -> list[int] | None:
+        """A completion from ``probe`` (the state after ``token``) within ``room`` tokens: the
+        known escape when it still works there, else a quick search; None when neither finds
+        one (the caller then closes from where it stands, as the escape there fits)."""
+        escape = self._escape
+        if escape and token is not None and escape[0] == token:
+            return escape[1:] if len(escape) - 1 <= room else None
+        if escape and len(escape) <= room:
+            trial = probe.deep_copy()
+            if trial.try_consume_tokens(escape) == len(escape) and trial.is_accepting():
+                return escape
+        return self._closer.closing(probe, room, quick=True)
+
+    def _advance_escape(self, token: int, known: list[int] | None) -> None:
+        """The escape after ``token`` was taken: ``known`` when the room check found one, the
+        rest of the escape when the token was its first, else unknown."""
+        escape = self._escape
+        if known is not None:
+            self._escape = known
+        elif escape and escape[0] == token:
+            self._escape = escape[1:]
+        else:
+            self._escape = None
 
     def _emit(
         self, sink: TokenSink, token: int, logprob: Logprob, last: bool, consumed: bool = False
     ) -> bool:
         """Send one token to the worker (consuming it in the matcher unless done already)."""
-        if not consumed and not self._consume(token):
-            raise GrammarFailed(f"the grammar refused its own forced token {token}")
+        if not consumed:
+            if not self._consume(token):
+                raise GrammarFailed(f"the grammar refused its own forced token {token}")
+            self._advance_escape(token, None)
         self._generated.append(token)
+        self._left -= 1
         if self._since_refresh >= REFRESH_EVERY:
             self._since_refresh = 0
-            self._closing_length = self._closer.length(self._matcher) or 0
+            self._escape = self._completion(self._left)
+            self._closing_length = self._left if self._escape is None else len(self._escape)
         step = self._step
         self._step += 1
         return sink(0, step, token, logprob, last or token in self._end_ids)
 
     def _ending(self, end: int, left: int) -> list[int]:
-        """The model ended before the grammar could: the shortest completion, then its end
-        token when both fit (else the completion alone, and the answer ends as cut)."""
-        closing = self._closing()
-        return [*closing, end] if len(closing) < left else closing
+        """The model ended before the grammar could: a completion, then its end token when
+        both fit (else the completion alone, and the answer ends as cut)."""
+        closing = self._completion(left - 1)
+        return self._closing(left) if closing is None else [*closing, end]
 
-    def _closing(self) -> list[int]:
-        return self._closer.closing(self._matcher) or []
+    def _closing(self, left: int) -> list[int]:
+        """A completion within ``left`` tokens (one was there when the last token was taken:
+        every token near the end is checked for room)."""
+        return self._completion(left) or []
+
+    def _completion(self, limit: int) -> list[int] | None:
+        """The escape if it fits ``limit``, else one searched for from the matcher's state."""
+        if self._escape is not None and len(self._escape) <= limit:
+            return self._escape
+        return self._closer.closing(self._matcher, limit)
 
     def _replacement(self, logits: npt.NDArray[np.float64] | None) -> list[int]:
         """The best allowed token for the rejected step, then what the grammar forces."""
         allowed = allowed_mask(self._matcher, self._vocab_size)
         sampling = self._sampling
-        if len(self._generated) < sampling.min_tokens:
-            allowed[[i for i in self._end_ids if i < len(allowed)]] = False
+        ends = [i for i in self._end_ids if i < len(allowed)]
+        if len(self._generated) < sampling.min_tokens and not allowed[ends].all():
+            allowed[ends] = False  # (a complete answer with nothing else allowed still ends)
         candidates = np.flatnonzero(allowed)
         if not len(candidates):
             raise GrammarFailed("the grammar allows no token here")

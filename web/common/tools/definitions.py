@@ -1,9 +1,11 @@
 """A request's tools checked and reduced to what generation and parsing need (``ToolUse``).
 
 What the schema cannot say is checked here, each refusal naming its field: duplicate names,
-a ``tool_choice`` naming an absent tool, ``strict`` tools whose calls are not forced. A forced
-call (``required`` or a named function) gets the grammar that constrained decoding enforces
-(``trickle.tool_grammar``); a schema it cannot enforce is a 400 naming the tool's schema.
+a ``tool_choice`` naming an absent tool. A forced call (``required`` or a named function) gets
+the grammar that constrained decoding enforces (``trickle.tool_grammar``), and so does an
+``auto`` answer among whose tools one is ``strict``: text, or calls held to the tools from the
+moment the model opens one. A strict schema it cannot enforce is a 400 naming the tool's
+schema. Under ``none`` no call can happen, so ``strict`` asks nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from trickle.grammar import GrammarError
-from trickle.tool_grammar import Parser, ToolSchema, tool_call_grammar
+from trickle.tool_grammar import Parser, ToolSchema, auto_tool_grammar, tool_call_grammar
 from web.common.errors import invalid
 from web.common.structured import grammar_refused
 from web.common.tools.calls import ParsedAnswer, parse_answer
@@ -31,30 +33,29 @@ Choice = Literal["none", "auto", "required"] | dict[str, str]
 
 @dataclass(frozen=True)
 class ToolFields:
-    """Where a route's request puts a tool's name, schema and ``strict`` (``{}``: its index)."""
+    """Where a route's request puts a tool's name and schema (``{}``: its index)."""
 
     name: str
     schema: str
-    strict: str
 
 
-CHAT_FIELDS = ToolFields(
-    "tools[{}].function.name", "tools[{}].function.parameters", "tools[{}].function.strict"
-)
-RESPONSES_FIELDS = ToolFields("tools[{}].name", "tools[{}].parameters", "tools[{}].strict")
+CHAT_FIELDS = ToolFields("tools[{}].function.name", "tools[{}].function.parameters")
+RESPONSES_FIELDS = ToolFields("tools[{}].name", "tools[{}].parameters")
 
 
 @dataclass(frozen=True)
 class ToolUse:
     """The tools of one request: their definitions as templates read them, and how the answer
     is parsed (``parser`` None: ``tool_choice`` none, the answer is text). A forced call
-    (``required`` or a named function) has the ``grammar`` the engine enforces."""
+    (``required`` or a named function) has the ``grammar`` the engine enforces, and so has an
+    ``auto`` answer with a strict tool (``forced`` False: it may be text)."""
 
     definitions: tuple[dict[str, Any], ...]
     parser: str | None
     max_calls: int | None  # 1 with parallel_tool_calls false
     grammar: str | None = None
     choice: Choice = "auto"  # as a response echoes it
+    forced: bool = False  # the answer is calls (required or a named function)
 
     def new_parser(self) -> ToolCallParser | None:
         return None if self.parser is None else make_parser(self.parser, self.max_calls)
@@ -112,30 +113,30 @@ def tool_use(
         raise invalid("tool_choice", "tool_choice forces a tool call, but there are no tools")
     if not definitions:
         return None  # "none" and "auto" without tools choose nothing
-    for index, definition in enumerate(definitions):
-        if definition.get("strict") and not forced:
-            raise invalid(
-                fields.strict.format(index),
-                "strict: true is kept only where calls are forced (tool_choice 'required' or a "
-                "named function): with 'auto' the answer may be text, and is not constrained",
-            )
     # The definitions as Hugging Face templates take them ({"type": "function", "function"}).
     functions = tuple({"type": "function", "function": d} for d in definitions)
     max_calls = 1 if parallel is False else None
-    if not forced:
-        parsed = None if choice == "none" else parser
-        return ToolUse(functions, parsed, max_calls, choice="none" if parsed is None else "auto")
+    if choice == "none" and not forced:
+        return ToolUse(functions, None, max_calls, choice="none")
+    strict = [bool(d.get("strict")) for d in definitions]
+    if not forced and not any(strict):
+        return ToolUse(functions, parser, max_calls)  # parsed, not constrained
     chosen = [index for index, name in enumerate(names) if named in (None, name)]
     schemas = [
-        ToolSchema(names[i], definitions[i].get("parameters"), fields.schema.format(i))
+        ToolSchema(
+            names[i], definitions[i].get("parameters"), fields.schema.format(i), forced or strict[i]
+        )
         for i in chosen
     ]
     try:
+        if not forced:
+            grammar = auto_tool_grammar(schemas, _parser_name(parser), max_calls)
+            return ToolUse(functions, parser, max_calls, grammar)
         grammar = tool_call_grammar(schemas, _parser_name(parser), max_calls)
     except GrammarError as exc:
         raise grammar_refused(exc) from None
     echo: Choice = "required" if named is None else {"type": "function", "name": named}
-    return ToolUse(functions, parser, max_calls, grammar, echo)
+    return ToolUse(functions, parser, max_calls, grammar, echo, forced=True)
 
 
 def _parser_name(parser: str) -> Parser:

@@ -2,8 +2,8 @@
 ``tool_choice``, the assistant's ``tool_calls`` and the ``tool`` messages sent back, and the
 Responses API's flat function tools and ``function_call`` / ``function_call_output`` items.
 
-A tool's ``strict: true`` promises arguments that match the schema: kept where calls are forced
-(``tool_choice`` required or named), by constrained decoding (docs/structured-output.md).
+A tool's ``strict: true`` promises arguments that match the schema: kept by constrained decoding
+wherever a call can happen (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ Strict = Annotated[
     bool | None,
     BeforeValidator(_only_a_boolean),
     Field(
-        description="true: the arguments match parameters; kept only where tool_choice forces "
-        "calls ('required' or a named function)"
+        description="true: the arguments of every call to it match parameters (constrained "
+        "decoding, under any tool_choice)"
     ),
 ]
 

@@ -101,16 +101,17 @@ def parse_response_request(
 
 
 def _grammar(text_format: TextFormat | None, tools: ToolUse | None) -> str | None:
-    """What the answer must match: the forced call's grammar, or ``text.format``'s."""
+    """What the answer must match: the forced call's grammar, or ``text.format``'s (which
+    leaves no room for the calls ``auto`` allows), or strict tools' under ``auto``."""
     fmt = format_grammar(text_format, "text.format")
-    forced = tools.grammar if tools is not None else None
+    forced = tools.grammar if tools is not None and tools.forced else None
     if forced is not None and fmt is not None:
         raise invalid(
             "text.format",
             "text.format cannot be combined with a forced tool call (tool_choice 'required' "
             "or a named function): the answer is the call",
         )
-    return forced or fmt
+    return forced or fmt or (tools.grammar if tools is not None else None)
 
 
 def _plain(choice: object) -> Choice:
