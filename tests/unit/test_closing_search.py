@@ -19,25 +19,25 @@ from tests.schema_answers import SHAPES, assert_valid, field_schema
 from trickle.closure import Closer
 from trickle.grammar import json_schema_grammar
 from trickle.grammar_matcher import MatcherCache, allowed_mask
-from trickle.tokenizer import Tokenizer
+from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Tokenizer:
-    return Tokenizer(demo_model_dir / "tokenizer.model")
+def tokenizer(demo_model_dir: Path) -> SentencePieceTokenizer:
+    return SentencePieceTokenizer(demo_model_dir / "tokenizer.model")
 
 
 @pytest.fixture(scope="module")
-def matchers(tokenizer: Tokenizer) -> MatcherCache:
+def matchers(tokenizer: SentencePieceTokenizer) -> MatcherCache:
     return MatcherCache(tokenizer)
 
 
 @pytest.fixture(scope="module")
-def closer(tokenizer: Tokenizer) -> Closer:
+def closer(tokenizer: SentencePieceTokenizer) -> Closer:
     return Closer(tokenizer.token_bytes())
 
 
-def check_answer(tokenizer: Tokenizer, schema: dict[str, Any], ids: list[int]) -> None:
+def check_answer(tokenizer: SentencePieceTokenizer, schema: dict[str, Any], ids: list[int]) -> None:
     """The answer parses and validates, formats included (the grammar took every token, and
     ended accepting, in the search that found them)."""
     assert_valid(schema, b"".join(tokenizer.token_bytes()[i] for i in ids).decode())
@@ -63,7 +63,7 @@ def fight(
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_a_fought_answer_closes_validly_where_the_greedy_walk_circles(
-    shape: str, tokenizer: Tokenizer, matchers: MatcherCache, closer: Closer
+    shape: str, tokenizer: SentencePieceTokenizer, matchers: MatcherCache, closer: Closer
 ) -> None:
     schema = field_schema(SHAPES[shape])
     grammar = json_schema_grammar(schema, "response_format")
@@ -77,7 +77,7 @@ def test_a_fought_answer_closes_validly_where_the_greedy_walk_circles(
 
 
 def test_the_email_field_that_failed_closes_at_once(
-    tokenizer: Tokenizer, matchers: MatcherCache, closer: Closer
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache, closer: Closer
 ) -> None:
     """The minimal failing case: a greedy walk keeps writing ``0`` in the local part."""
     schema = field_schema(SHAPES["email"])
@@ -91,7 +91,7 @@ def test_the_email_field_that_failed_closes_at_once(
 
 
 def test_the_shortest_answer_is_searched_not_estimated(
-    tokenizer: Tokenizer, matchers: MatcherCache, closer: Closer
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache, closer: Closer
 ) -> None:
     """Shorter than the greedy walk's where it finds one, and found where it finds none."""
     for shape in SHAPES.values():
@@ -152,7 +152,7 @@ def test_generated_schemas_close_validly_wherever_a_random_model_leaves_them(
     schema: dict[str, Any],
     steps: int,
     seed: int,
-    tokenizer: Tokenizer,
+    tokenizer: SentencePieceTokenizer,
     matchers: MatcherCache,
     closer: Closer,
 ) -> None:
