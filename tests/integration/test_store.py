@@ -158,7 +158,9 @@ def test_a_job_whose_end_token_is_stored_is_claimed_to_finish(private_redis: red
     )
     for job, end in ((ended, FinishReason.STOP), (cut, None)):
         store.create(job)
-        last = TokenEvent(job.id, 1, "b", end=end, stop_sequence="\n" if end else "")
+        # Its text looks like the mark: only an unescaped key is one.
+        text = '"end": "stop"'
+        last = TokenEvent(job.id, 1, text, end=end, stop_sequence="\n" if end else "")
         died_after(store, job, 3, [[TokenEvent(job.id, 0, "a")], [], [last]])
     claim = store.leases.claim(ended.id, "w", time.time(), lease_ms=5000, max_attempts=3)
     assert claim.claimed and claim.attempt == 4

@@ -58,8 +58,10 @@ local logged = redis.call('LLEN', KEYS[5])
 local complete = false
 if logged > 0 then
   local params = cjson.decode(redis.call('HGET', KEYS[1], 'params') or '{}')
+  -- The end's key, unescaped: inside an entry's JSON strings every quote is escaped (and the
+  -- entry may hold what cjson cannot read back, a -Infinity logprob).
   complete = logged >= tonumber(params['max_tokens'] or math.huge)
-    or cjson.decode(redis.call('LINDEX', KEYS[5], -1))['end'] ~= nil
+    or string.find(redis.call('LINDEX', KEYS[5], -1), '"end": "', 1, true) ~= nil
 end
 local attempts
 if complete then
