@@ -37,7 +37,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from trickle.jobs import READ_FIELDS, Job, hash_fields
+from trickle.jobs import READ_FIELDS, FinishReason, Job, hash_fields
 
 # The C encoder of one string with non-ASCII kept: exactly what ``json.dumps(text,
 # ensure_ascii=False)`` writes, without building a JSONEncoder per call.
@@ -73,12 +73,15 @@ class TokenEvent:
     """Token ``index`` (0-based) of a job and the text it released (may be empty while held).
 
     ``logprob`` is the sampled token's log-probability under the model (None if unknown);
-    ``top`` its step's most likely tokens, for a job that asked (``top_logprobs``). A plain
-    slotted class: one is built per token on the engine thread, and a frozen dataclass costs
-    several times more to build. Treated as immutable.
+    ``top`` its step's most likely tokens, for a job that asked (``top_logprobs``). ``end``
+    marks the token that ended the job (why, and the stop string that did, if one): a worker
+    that died after logging it but before storing the result leaves a log that says the job
+    is complete, and the next claim finalizes it instead of running it again
+    (``store.scripts.CLAIM``). A plain slotted class: one is built per token on the engine
+    thread, and a frozen dataclass costs several times more to build. Treated as immutable.
     """
 
-    __slots__ = ("index", "job_id", "logprob", "text", "top")
+    __slots__ = ("end", "index", "job_id", "logprob", "stop_sequence", "text", "top")
 
     def __init__(
         self,
@@ -87,15 +90,29 @@ class TokenEvent:
         text: str,
         logprob: float | None = None,
         top: Alternatives | None = None,
+        end: FinishReason | None = None,
+        stop_sequence: str = "",
     ):
         self.job_id = job_id
         self.index = index
         self.text = text
         self.logprob = logprob
         self.top = top
+        self.end = end
+        self.stop_sequence = stop_sequence
 
-    def _fields(self) -> tuple[str, int, str, float | None, Alternatives | None]:
-        return (self.job_id, self.index, self.text, self.logprob, self.top)
+    def _fields(
+        self,
+    ) -> tuple[str, int, str, float | None, Alternatives | None, FinishReason | None, str]:
+        return (
+            self.job_id,
+            self.index,
+            self.text,
+            self.logprob,
+            self.top,
+            self.end,
+            self.stop_sequence,
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, TokenEvent) and self._fields() == other._fields()
@@ -104,9 +121,10 @@ class TokenEvent:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return "TokenEvent(job_id={!r}, index={!r}, text={!r}, logprob={!r}, top={!r})".format(
-            *self._fields()
-        )
+        return (
+            "TokenEvent(job_id={!r}, index={!r}, text={!r}, logprob={!r}, top={!r}, end={!r}, "
+            "stop_sequence={!r})"
+        ).format(*self._fields())
 
     def to_log_entry(self) -> str:
         """The replay-log form; the job id is implied by the list's key."""
@@ -114,17 +132,31 @@ class TokenEvent:
 
     def log_entry(self, literal: str) -> str:
         """The replay-log form from the text's literal (the publisher encodes it once).
-        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}``, and ``"top"`` when set."""
+        Exactly ``json.dumps`` of ``{"index", "text", "logprob"}``, and ``"top"``, ``"end"``
+        and ``"stop_sequence"`` when set."""
         entry = f'{{"index": {self.index}, "text": {literal}, "logprob": {_number(self.logprob)}'
-        if self.top is None:
-            return entry + "}"
-        return entry + f', "top": {alternatives_literal(self.top)}}}'
+        if self.top is not None:
+            entry += f', "top": {alternatives_literal(self.top)}'
+        if self.end is not None:
+            entry += f', "end": "{self.end.value}"'
+            if self.stop_sequence:
+                entry += f', "stop_sequence": {encode_text(self.stop_sequence)}'
+        return entry + "}"
 
     @classmethod
     def from_log_entry(cls, job_id: str, raw: str | bytes) -> TokenEvent:
         data = json.loads(raw)
         logprob = _logprob(data.get("logprob"))
-        return cls(job_id, int(data["index"]), str(data["text"]), logprob, _top(data.get("top")))
+        end = data.get("end")
+        return cls(
+            job_id,
+            int(data["index"]),
+            str(data["text"]),
+            logprob,
+            _top(data.get("top")),
+            None if end is None else FinishReason(end),
+            str(data.get("stop_sequence", "")),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {"index": self.index, "text": self.text}

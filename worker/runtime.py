@@ -366,9 +366,12 @@ class WorkerRuntime:
             self.tenants.name_of_owner(job.owner),
             cache_partition(job.owner, job.params.cache_salt),
         )
-        if resume.count >= job.params.max_tokens:
-            # It died after its last token but before storing the result: finish it now.
-            scheduled.state.finish_without_token(FinishReason.LENGTH)
+        ended = events[-1].end if events else None
+        if ended is not None or resume.count >= job.params.max_tokens:
+            # Its worker died after its last token but before storing the result (its claim
+            # counted no attempt, store.scripts.CLAIM): finish it as it stands.
+            scheduled.state.finish_without_token(ended or FinishReason.LENGTH)
+            scheduled.state.stop_sequence = events[-1].stop_sequence
             scheduled.ended.set()
             return scheduled
         self.in_flight.add(scheduled, job.model)

@@ -10,7 +10,7 @@ import redis
 from tests.faultstack import wait_for
 from trickle import keys
 from trickle.events import TokenEvent
-from trickle.jobs import Job, JobStatus, new_job_id
+from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
 
@@ -104,3 +104,70 @@ def test_claim_many_claims_each_job_once_in_one_call(private_redis: redis.Redis)
     again = store.leases.claim_many(ids, "other", time.time(), lease_ms=5000, max_attempts=2)
     assert not any(claim.claimed for claim in again)  # running under feeder's lease
     assert store.leases.claim(ids[0], "other", time.time(), 5000, 2).outcome == again[0].outcome
+
+
+def died_after(store: JobStore, job: Job, attempts: int, tokens: list[list[TokenEvent]]) -> None:
+    """``attempts`` claims of ``job`` whose worker appended its share of ``tokens`` (one list
+    per attempt) and died: each lease lapses and the sweep requeues the job."""
+    for attempt in range(attempts):
+        claim = store.leases.claim(job.id, f"w{attempt}", time.time(), lease_ms=50, max_attempts=3)
+        assert claim.claimed
+        if tokens[attempt]:
+            append = StepAppend(job.id, claim.fence, tokens[attempt])
+            pipe = store.redis.pipeline(transaction=False)
+            store.queue_step(pipe, [append])
+            (reply,) = pipe.execute()
+            assert store.step_outcome([append], reply).fenced_out == []
+        wait_for(lambda: not store.redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+        assert store.leases.recover_orphans(time.time()).get(job.id) == "requeued"
+
+
+def test_a_job_every_token_of_which_is_stored_is_claimed_to_finish_not_failed(
+    private_redis: redis.Redis,
+) -> None:
+    """Its third worker died after logging the last of its max_tokens: the next claim is not a
+    fourth attempt (attempts count deaths during generation), it is never poisoned, and the
+    worker that holds it stores it as it stands."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = Job(new_job_id(), "demo", "hi", GenerationParams(max_tokens=3), created_at=time.time())
+    store.create(job)
+    events = [TokenEvent(job.id, i, f"t{i}") for i in range(3)]  # no end mark: by length alone
+    died_after(store, job, 3, [events[:1], events[1:2], events[2:]])
+    for _ in range(2):  # a finalizing worker may die too: still no attempt counted
+        claim = store.leases.claim(job.id, "final", time.time(), lease_ms=50, max_attempts=3)
+        assert claim.claimed and claim.logged_tokens == 3
+        assert claim.fence == "final:4"
+        assert private_redis.hget(keys.job(job.id), "attempts") == "3"
+        wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+        store.leases.recover_orphans(time.time())
+    claim = store.leases.claim(job.id, "final", time.time(), lease_ms=5000, max_attempts=3)
+    result = JobResult(JobStatus.SUCCEEDED, "t0t1t2", FinishReason.LENGTH, 3, time.time())
+    assert store.finish(job.id, claim.fence, result, logged=0)
+    finished = store.get(job.id)
+    assert finished is not None and finished.status is JobStatus.SUCCEEDED
+    assert finished.output == "t0t1t2" and finished.attempts == 3 and finished.error is None
+
+
+def test_a_job_whose_end_token_is_stored_is_claimed_to_finish(private_redis: redis.Redis) -> None:
+    """Ended early (its end token or a stop string, marked on its last entry): complete with
+    fewer than max_tokens. A log without that mark is a death during generation: poisoned."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    ended, cut = (
+        Job(new_job_id(), "demo", "hi", GenerationParams(max_tokens=50), created_at=time.time())
+        for _ in range(2)
+    )
+    for job, end in ((ended, FinishReason.STOP), (cut, None)):
+        store.create(job)
+        # Its text looks like the mark: only an unescaped key is one.
+        text = '"end": "stop"'
+        last = TokenEvent(job.id, 1, text, end=end, stop_sequence="\n" if end else "")
+        died_after(store, job, 3, [[TokenEvent(job.id, 0, "a")], [], [last]])
+    claim = store.leases.claim(ended.id, "w", time.time(), lease_ms=5000, max_attempts=3)
+    assert claim.claimed and claim.attempt == 4
+    assert store.tokens(ended.id)[-1].end is FinishReason.STOP
+    assert store.tokens(ended.id)[-1].stop_sequence == "\n"
+    assert private_redis.hget(keys.job(ended.id), "attempts") == "3"
+    poisoned = store.leases.claim(cut.id, "w", time.time(), lease_ms=5000, max_attempts=3)
+    assert poisoned.outcome == "poisoned"
+    failed = store.get(cut.id)
+    assert failed is not None and failed.status is JobStatus.FAILED

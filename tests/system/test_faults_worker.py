@@ -34,10 +34,11 @@ from tests.faultstack import (
 )
 from trickle import keys
 from trickle.config.settings import load_settings
-from trickle.jobs import Job, new_job_id
+from trickle.events import TokenEvent
+from trickle.jobs import FinishReason, Job, new_job_id
 from trickle.params import GenerationParams
 from trickle.queue import enqueue_generation, make_celery
-from trickle.store.job_store import JobStore
+from trickle.store.job_store import JobStore, StepAppend
 
 LEASE_SECONDS = 2.0
 SWEEP_SECONDS = 0.5
@@ -149,6 +150,41 @@ def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(
     assert final["status"] == "failed"
     assert final["error"]["type"] == "worker_lost"
     assert "2 times" in final["error"]["message"]
+
+
+def test_a_job_whose_last_worker_died_after_its_last_token_is_finished_not_failed(
+    faults: FaultStack,
+) -> None:
+    """Its two attempts (max_attempts) died, the second after logging the token that ended it
+    (a stop string; the entry says so) and before storing the result: a worker's next claim
+    counts no attempt and stores the job as it stands, succeeded with the logged text."""
+    settings = load_settings(faults.config_path)
+    params = GenerationParams(max_tokens=50, stop=["\n"])
+    job = Job(new_job_id(), "demo", "The", params, created_at=time.time())
+    with faults.client() as client:
+        store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
+        store.create(job)
+        logged = [
+            [TokenEvent(job.id, 0, "Once"), TokenEvent(job.id, 1, " upon")],
+            [TokenEvent(job.id, 2, " a time", end=FinishReason.STOP, stop_sequence="\n")],
+        ]
+        for attempt, events in enumerate(logged):  # each worker "dies": its lease lapses
+            claim = store.leases.claim(job.id, f"dead{attempt}", time.time(), 50, max_attempts=2)
+            assert claim.claimed
+            append = StepAppend(job.id, claim.fence, events)
+            pipe = client.pipeline(transaction=False)
+            store.queue_step(pipe, [append])
+            assert store.step_outcome([append], *pipe.execute()).fenced_out == []
+            wait_for(lambda: not client.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+            assert store.leases.recover_orphans(time.time()).get(job.id) == "requeued"
+    faults.worker("finisher", ("demo",))
+    enqueue_generation(make_celery(settings, settings.models), job.id, "demo")
+    final = poll_until_finished(faults.web_url, job.id, timeout=30)
+    assert final["status"] == "succeeded", final
+    assert final["output"] == "Once upon a time" and final["finish_reason"] == "stop"
+    assert final["usage"]["completion_tokens"] == 3 and final["attempts"] == 2
+    stream = read_sse(faults.web_url, job.id, timeout=30)
+    assert stream.text == "Once upon a time" and stream.done is not None
 
 
 def test_stalled_worker_is_fenced_out_when_it_wakes(faults: FaultStack) -> None:

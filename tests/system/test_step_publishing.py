@@ -15,6 +15,7 @@ from tests.faultstack import wait_for
 from tests.scheduler_harness import Harness
 from trickle import keys
 from trickle.events import TokenEvent
+from trickle.jobs import FinishReason
 from worker.engine.engine import Engine
 
 
@@ -111,6 +112,8 @@ def test_paced_flushes_carry_several_steps_and_never_delay_the_first_token(
     events = logged_events(private_redis, job.job_id)
     assert [event.index for event in events] == list(range(steps))
     assert "".join(event.text for event in events) == job.state.output
+    # Only the last entry marks the job's end: a claim after a crash finalizes on it.
+    assert [event.end for event in events] == [None] * (steps - 1) + [FinishReason.LENGTH]
     assert messages < steps / 10, f"{messages} messages for {steps} tokens"
 
 

@@ -1,6 +1,7 @@
 """Which waiting jobs the reserve lane may take (pure logic over the scheduler's state; the demo
 model's tokenizer for the jobs' sequence state): only those of keys below an equal share of the
-ordinary lanes' slots, and none while a single key has work."""
+ordinary lanes' slots, and none while a single key has work. A job that runs alone (constrained,
+seeded, reporting alternatives) holds a whole lane's slots."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def holder(demo_model_dir: Path) -> Holder:
     return Holder(tokenizer, tokenizer.eos_id)
 
 
-def jobs(holder: Holder, tenant: str, count: int, priority: int = 0) -> list[ScheduledJob]:
-    params = GenerationParams(max_tokens=16, ignore_eos=True, temperature=0.0)
+def jobs(
+    holder: Holder, tenant: str, count: int, priority: int = 0, **options: object
+) -> list[ScheduledJob]:
+    params = GenerationParams(max_tokens=16, ignore_eos=True, **{"temperature": 0.0, **options})  # type: ignore[arg-type]
     prompt = holder.tokenizer.encode("The")
     return [
         make_scheduled_job(holder, f"{tenant}{n}", prompt, params, "f", priority=priority,  # type: ignore[arg-type]
@@ -41,22 +44,22 @@ def batch(members: list[ScheduledJob], reserve: bool = False) -> RunningBatch:
 def test_a_key_alone_never_gets_the_reserve(holder: Holder) -> None:
     lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
     waiting = jobs(holder, "a", 3)
-    assert keys_below_share(waiting, lanes, lane_slots=8) == set()
-    assert reserve_candidates(waiting, lanes, lane_slots=8) == []
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == set()
+    assert reserve_candidates(waiting, lanes, lane_slots=8, batch_size=4) == []
 
 
 def test_another_keys_job_beside_a_flood_may_take_it(holder: Holder) -> None:
     lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
     waiting = [*jobs(holder, "a", 2), *jobs(holder, "b", 1)]
-    assert keys_below_share(waiting, lanes, lane_slots=8) == {"b"}
-    assert [job.job_id for job in reserve_candidates(waiting, lanes, 8)] == ["b0"]
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == {"b"}
+    assert [job.job_id for job in reserve_candidates(waiting, lanes, 8, batch_size=4)] == ["b0"]
 
 
 def test_a_key_at_its_share_of_the_lanes_does_not(holder: Holder) -> None:
     # b holds 4 of 8 lane slots (its equal share with a): neither key is below its share.
     lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "b", 4))]
     waiting = [*jobs(holder, "a", 1), *jobs(holder, "b", 1)]
-    assert keys_below_share(waiting, lanes, lane_slots=8) == set()
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == set()
 
 
 def test_the_reserve_lanes_own_jobs_do_not_count_against_the_share(holder: Holder) -> None:
@@ -64,14 +67,14 @@ def test_the_reserve_lanes_own_jobs_do_not_count_against_the_share(holder: Holde
     lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
     reserve = batch(jobs(holder, "b", 1), reserve=True)
     waiting = jobs(holder, "b", 1)
-    assert keys_below_share(waiting, [*lanes, reserve], lane_slots=8) == {"b"}
+    assert keys_below_share(waiting, [*lanes, reserve], lane_slots=8, batch_size=4) == {"b"}
 
 
 def test_interactive_work_comes_first_then_arrival_order(holder: Holder) -> None:
     lanes = [batch(jobs(holder, "a", 8))]
     late_batch, early = jobs(holder, "b", 1, priority=9), jobs(holder, "c", 2)
     waiting = [*late_batch, *early]
-    picked = reserve_candidates(waiting, lanes, lane_slots=8)
+    picked = reserve_candidates(waiting, lanes, lane_slots=8, batch_size=8)
     assert [job.job_id for job in picked] == ["c0", "c1", "b0"]
 
 
@@ -79,17 +82,17 @@ def test_a_finished_sequence_frees_its_share(holder: Holder) -> None:
     flood = jobs(holder, "a", 4)
     lanes = [batch(flood)]
     waiting = jobs(holder, "b", 1)
-    assert keys_below_share(waiting, lanes, lane_slots=4) == {"b"}
+    assert keys_below_share(waiting, lanes, lane_slots=4, batch_size=4) == {"b"}
     for job in flood[:3]:
         job.state.finish_without_token(FinishReason.LENGTH)
     # a now holds 1 of 4 slots, below its share of 2 as well.
-    assert keys_below_share(waiting, lanes, lane_slots=4) == {"a", "b"}
+    assert keys_below_share(waiting, lanes, lane_slots=4, batch_size=4) == {"a", "b"}
 
 
 def test_a_restarting_lanes_jobs_still_count_as_held(holder: Holder) -> None:
     """Between a restarted batch's end and its next batch its jobs are on neither list: they
     must not look like free slots, or the reserve lane would take the flood's waiting jobs."""
-    shares = ReserveShares(lanes=1, lane_slots=8)
+    shares = ReserveShares(lanes=1, lane_slots=8, batch_size=8)
     restarting = jobs(holder, "a", 8)
     waiting = [*jobs(holder, "a", 1), *jobs(holder, "b", 1)]
     assert shares.below(waiting, []) == {"a", "b"}  # as if a held nothing
@@ -102,7 +105,52 @@ def test_a_restarting_lanes_jobs_still_count_as_held(holder: Holder) -> None:
 
 
 def test_without_a_reserve_lane_nothing_is_below_share(holder: Holder) -> None:
-    shares = ReserveShares(lanes=0, lane_slots=8)
+    shares = ReserveShares(lanes=0, lane_slots=8, batch_size=8)
     lanes = [batch(jobs(holder, "a", 8))]
     waiting = jobs(holder, "b", 1)
     assert shares.below(waiting, lanes) == set() and shares.candidates(waiting, lanes) == []
+
+
+# What makes a job run alone: a grammar, a seed (when sampling), reported alternatives.
+GRAMMAR = '{"grammars": [{"lark_grammar": "start: /[a-z]+/"}]}'
+ALONE = [
+    pytest.param({"grammar": GRAMMAR}, id="constrained"),
+    pytest.param({"seed": 7, "temperature": 0.8}, id="seeded"),
+    pytest.param({"top_logprobs": 20}, id="alternatives"),
+]
+
+
+@pytest.mark.parametrize("options", ALONE)
+def test_jobs_that_run_alone_hold_whole_lanes(holder: Holder, options: dict[str, object]) -> None:
+    """The audit's probe: key a's jobs that run alone fill both ordinary lanes (one row each).
+    Counted as rows, a held 2 of 8 slots, below its share of 4, and the reserve lane took its
+    third job too; counted as lanes it holds all 8, and only b's job is the reserve's."""
+    lanes = [batch(jobs(holder, "a", 1, **options)), batch(jobs(holder, "a", 1, **options))]
+    waiting = [*jobs(holder, "a", 1, **options), *jobs(holder, "b", 1)]
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == {"b"}
+    assert [job.job_id for job in reserve_candidates(waiting, lanes, 8, batch_size=4)] == ["b0"]
+
+
+def test_one_lane_of_jobs_that_run_alone_is_a_keys_share_of_two(holder: Holder) -> None:
+    """a runs one job alone (a whole lane), b a batch of two on the other: a holds its equal
+    share (4 of 8) and may not take the reserve; b holds 2 and may."""
+    lanes = [batch(jobs(holder, "a", 1, top_logprobs=5)), batch(jobs(holder, "b", 2))]
+    waiting = [*jobs(holder, "a", 1, top_logprobs=5), *jobs(holder, "b", 1)]
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == {"b"}
+
+
+def test_a_job_alone_on_the_reserve_lane_holds_no_share(holder: Holder) -> None:
+    """b's job that runs alone took the reserve lane beside a's flood: b is still below its
+    share of the ordinary lanes (it waits for the reserve lane, not the flood's batches)."""
+    flood = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
+    reserve = batch(jobs(holder, "b", 1, seed=3, temperature=0.7), reserve=True)
+    waiting = jobs(holder, "b", 1)
+    assert keys_below_share(waiting, [*flood, reserve], lane_slots=8, batch_size=4) == {"b"}
+
+
+def test_a_restarting_lane_of_a_job_alone_still_holds_the_lane(holder: Holder) -> None:
+    shares = ReserveShares(lanes=1, lane_slots=4, batch_size=4)
+    restarting = jobs(holder, "a", 1, top_logprobs=3)
+    waiting = [*jobs(holder, "a", 1, top_logprobs=3), *jobs(holder, "b", 1)]
+    shares.hand_over(restarting, reserve=False)
+    assert shares.below(waiting, []) == {"b"}

@@ -19,7 +19,7 @@ from trickle.events import (
     encode_text,
     token_message,
 )
-from trickle.jobs import READ_FIELDS
+from trickle.jobs import READ_FIELDS, FinishReason
 from web.openai import responses as shapes
 from web.streams.routes import tokens_sse, ws_frame
 
@@ -54,6 +54,20 @@ def test_a_literal_is_what_json_dumps_writes(text: str) -> None:
         {"index": 7, "text": text, "logprob": -0.5}, ensure_ascii=False
     )
     assert TokenEvent.from_log_entry("job_x", event.to_log_entry()) == event
+
+
+@given(texts, texts)
+def test_the_token_that_ended_a_job_says_so_in_the_log(text: str, stop: str) -> None:
+    """What lets the next claim finalize a job whose worker died after its last token."""
+    ended = TokenEvent("job_x", 3, text, -0.5, end=FinishReason.STOP, stop_sequence=stop)
+    expected: dict[str, object] = {"index": 3, "text": text, "logprob": -0.5, "end": "stop"}
+    if stop:
+        expected["stop_sequence"] = stop
+    assert ended.to_log_entry() == json.dumps(expected, ensure_ascii=False)
+    assert TokenEvent.from_log_entry("job_x", ended.to_log_entry()) == ended
+    by_length = TokenEvent("job_x", 4, text, None, (("a", -1.0),), FinishReason.LENGTH)
+    assert json.loads(by_length.to_log_entry())["end"] == "length"
+    assert TokenEvent.from_log_entry("job_x", by_length.to_log_entry()) == by_length
 
 
 def test_signals_are_one_letter_and_never_tokens() -> None:

@@ -67,6 +67,10 @@ class ModelTuning(Section):
     # The engine process keeps memory it frees for its next steps instead of mapping fresh
     # pages each step (glibc; worker/engine/malloc.py): its resident memory stays at its peak.
     engine_keep_freed_memory: bool = True
+    # ...until no batch has run for this long: then the free heap goes back to the OS
+    # (``malloc_trim``), so the engine's memory returns to about its idle size after a flood.
+    # 0 = never (the peak stays).
+    engine_trim_after_idle_seconds: NonNegativeFloat = 5.0
     # Decoding steps faster than this go from the engine process to the worker together, one
     # pipe message per this long (a sequence's first tokens and its end go at once): receiving
     # a message costs the worker more CPU than the few tokens in it. 0 = one message per step.

@@ -43,6 +43,10 @@ end
 #       claimed_msg (announces the change to running), then the hash fields the worker needs
 # Returns {outcome, attempts}, and when claimed also those fields' values, the replay log's
 # length and the prompt if the worker needs it, so a worker starts a job in one round trip.
+# Attempts count deaths during generation: a job whose replay log already holds every token (its
+# max_tokens, or the token that ended it, marked "end" by its worker) was complete when its
+# worker died before storing the result, so its claim counts no attempt and is never poisoned:
+# the worker finalizes it as it stands (the fence's number is one past the attempts, unstored).
 CLAIM = (
     _ENDING
     + """
@@ -50,8 +54,22 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'missing', 0} end
 if status ~= 'queued' then return {status, 0} end
 redis.call('ZREM', KEYS[4], ARGV[1])
-local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-if attempts > tonumber(ARGV[5]) then
+local logged = redis.call('LLEN', KEYS[5])
+local complete = false
+if logged > 0 then
+  local params = cjson.decode(redis.call('HGET', KEYS[1], 'params') or '{}')
+  -- The end's key, unescaped: inside an entry's JSON strings every quote is escaped (and the
+  -- entry may hold what cjson cannot read back, a -Infinity logprob).
+  complete = logged >= tonumber(params['max_tokens'] or math.huge)
+    or string.find(redis.call('LINDEX', KEYS[5], -1), '"end": "', 1, true) ~= nil
+end
+local attempts
+if complete then
+  attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0') + 1
+else
+  attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+end
+if attempts > tonumber(ARGV[5]) and not complete then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'finish_reason', 'error',
              'completed_at', ARGV[2], 'error', ARGV[6])
   settle(KEYS[1], KEYS[5], KEYS[6], ARGV[7])
@@ -68,7 +86,6 @@ redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 redis.call(ARGV[8], KEYS[7], ARGV[10])
 local fields = {}
 for i = 11, #ARGV do table.insert(fields, ARGV[i]) end
-local logged = redis.call('LLEN', KEYS[5])
 -- The prompt only when the worker will tokenize it: no ids from the web tier, or a resume.
 local prompt = false
 if logged > 0 or redis.call('HEXISTS', KEYS[1], 'prompt_ids') == 0 then

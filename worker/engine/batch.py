@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trickle.events import TokenEvent
 from trickle.jobs import FinishReason, JobError
 from worker.engine.request import EngineRequest, Logprob, Scored, StepClock
 from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
@@ -178,11 +177,9 @@ def step_callback(
             job.last_token_at = now
             first = now if outcome.index == 0 else None
             if isinstance(logprob, Scored):
-                event = TokenEvent(
-                    job.job_id, outcome.index, outcome.text, logprob.logprob, logprob.top
-                )
+                event = job.token_event(outcome, logprob.logprob, logprob.top)
             else:
-                event = TokenEvent(job.job_id, outcome.index, outcome.text, logprob)
+                event = job.token_event(outcome, logprob)
             item = TokenItem(event, job.fence, first)
         finished = outcome.finish_reason is not None
         step_buffer.add(position, step, item, finished)

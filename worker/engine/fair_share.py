@@ -12,6 +12,12 @@ window holds one batch more than its slots, which no single key may fill
 share of the other lanes' slots while every other lane is busy: an equal share of those slots
 among the keys with work on this worker. With one key at work it never runs.
 
+A key's share is counted in what its jobs occupy, not in sequences: a job that runs alone
+(``worker.engine.policy.alone``: constrained, seeded, reporting alternatives) holds a whole lane
+however few its rows, so it counts as a lane's slots. Counted as one sequence, a key whose
+constrained jobs filled every ordinary lane still looked far below its share, and the reserve
+lane took its next one too, leaving another key's job to wait for one of them to end.
+
 Pure decisions over the scheduler's state; it calls them under its lock.
 """
 
@@ -21,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from worker.engine.batch import RunningBatch
+from worker.engine.policy import alone
 from worker.engine.scheduled import ScheduledJob
 
 # Jobs between two batches of a lane (a restart: off the old batch, not yet on the new one),
@@ -28,14 +35,23 @@ from worker.engine.scheduled import ScheduledJob
 InHand = tuple[Sequence[ScheduledJob], bool]
 
 
+def occupies(job: ScheduledJob, batch_size: int) -> int:
+    """The lane slots ``job`` holds: its one row, or a whole lane's ``batch_size`` for a job
+    that runs alone (no other job can share its batch)."""
+    return batch_size if alone(job.request) else 1
+
+
 def keys_below_share(
     pending: Iterable[ScheduledJob],
     running: Sequence[RunningBatch],
     lane_slots: int,
     in_hand: Iterable[InHand] = (),
+    *,
+    batch_size: int,
 ) -> set[str]:
     """The keys with work here that hold fewer than an equal share of ``lane_slots`` (the
-    sequences the ordinary lanes can run), when at least two keys have work; else none."""
+    slots of the ordinary lanes, ``batch_size`` each), when at least two keys have work; else
+    none. A job holds what it ``occupies``."""
     with_work = {job.tenant for job in pending}
     held: Counter[str] = Counter()
     lanes: list[InHand] = [(batch.live_jobs() + batch.joiners, batch.reserve) for batch in running]
@@ -43,7 +59,7 @@ def keys_below_share(
         for job in jobs:
             with_work.add(job.tenant)
             if not reserve:
-                held[job.tenant] += 1
+                held[job.tenant] += occupies(job, batch_size)
     if len(with_work) < 2:
         return set()
     share = lane_slots / len(with_work)
@@ -55,10 +71,12 @@ def reserve_candidates(
     running: Sequence[RunningBatch],
     lane_slots: int,
     in_hand: Iterable[InHand] = (),
+    *,
+    batch_size: int,
 ) -> list[ScheduledJob]:
     """The waiting jobs the reserve lane may take, most urgent first (arrival order within a
     priority)."""
-    below = keys_below_share(pending, running, lane_slots, in_hand)
+    below = keys_below_share(pending, running, lane_slots, in_hand, batch_size=batch_size)
     if not below:
         return []
     return sorted((job for job in pending if job.tenant in below), key=lambda job: job.priority)
@@ -69,26 +87,32 @@ class ReserveShares:
     their share, counting the jobs a restarting lane holds between two batches (off the old
     one, not yet on the new one), which would otherwise look like free slots."""
 
-    def __init__(self, lanes: int, lane_slots: int, tenants: bool = True):
-        """``tenants``: the spare lanes are the tenants' reserve; else they are overflow lanes
+    def __init__(self, lanes: int, lane_slots: int, batch_size: int, tenants: bool = True):
+        """``lane_slots``: the ordinary lanes' slots, ``batch_size`` each; ``tenants``: the
+        spare lanes are the tenants' reserve; else they are overflow lanes
         (worker/engine/rebalance.py) and no key is ever below its share."""
         self.lanes = lanes  # spare lanes (0: none)
         self.tenants = tenants and lanes > 0  # False: every answer is "none"
         self.idle = 0  # spare lanes waiting for a job
         self._lane_slots = lane_slots
+        self._batch_size = batch_size
         self._in_hand: dict[int, InHand] = {}  # by the id of the lane's next batch (a list)
 
     def below(self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]) -> set[str]:
         if not self.tenants:
             return set()
-        return keys_below_share(pending, running, self._lane_slots, self._in_hand.values())
+        return keys_below_share(
+            pending, running, self._lane_slots, self._in_hand.values(), batch_size=self._batch_size
+        )
 
     def candidates(
         self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]
     ) -> list[ScheduledJob]:
         if not self.tenants or not pending:
             return []
-        return reserve_candidates(pending, running, self._lane_slots, self._in_hand.values())
+        return reserve_candidates(
+            pending, running, self._lane_slots, self._in_hand.values(), batch_size=self._batch_size
+        )
 
     def hand_over(self, jobs: list[ScheduledJob], reserve: bool) -> list[ScheduledJob] | None:
         """A restarted batch's jobs on their way to its lane's next batch (None: no jobs)."""

@@ -50,7 +50,7 @@ from worker.engine.alternatives import Scores
 from worker.engine.batch_command import BatchCommand
 from worker.engine.constrained import ConstrainedRun, Sampling, replay
 from worker.engine.flags import attach_flags
-from worker.engine.malloc import keep_freed_memory
+from worker.engine.malloc import IdleTrim, keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.seeded import SeedGate, job_generator
 from worker.engine.step_stream import StepStream
@@ -360,6 +360,8 @@ def serve(
     ready = EngineReady(runner.device, runner.step_seconds, runner.prefill_seconds_per_token)
     first_events.send(("ready", ready.to_dict()))
     stopped = threading.Event()
+    idle_after = model.tuning.engine_trim_after_idle_seconds
+    trim = IdleTrim(idle_after) if idle_after > 0 else None
 
     def lane(commands: Connection, events: Connection) -> None:
         while True:
@@ -369,7 +371,13 @@ def serve(
                 break  # the worker is gone: nothing is left to serve
             if message is None:
                 break
-            runner.run(BatchCommand.from_dict(message), events)
+            if trim is not None:
+                trim.begin()
+            try:
+                runner.run(BatchCommand.from_dict(message), events)
+            finally:
+                if trim is not None:
+                    trim.end()
         stopped.set()
 
     for commands, events in lanes:

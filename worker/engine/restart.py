@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from trickle.events import TokenEvent
 from worker.engine.batch import RunningBatch, StepSink
 from worker.engine.scheduled import ScheduledJob
 from worker.publish_items import TokenItem
@@ -77,4 +76,4 @@ def emit(job: ScheduledJob, token_id: int) -> TokenItem | None:
         job.first_token_at = now
     job.last_token_at = now
     first = now if outcome.index == 0 else None
-    return TokenItem(TokenEvent(job.job_id, outcome.index, outcome.text, None), job.fence, first)
+    return TokenItem(job.token_event(outcome), job.fence, first)

@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from trickle.events import Alternatives, TokenEvent
 from trickle.jobs import FinishReason, JobError
 from worker.engine.request import EngineRequest
 
@@ -97,3 +98,16 @@ class ScheduledJob:
 
     def remaining_tokens(self) -> int:
         return self.request.max_new_tokens - len(self.generated_ids)
+
+    def token_event(
+        self,
+        outcome: TokenOutcome,
+        logprob: float | None = None,
+        top: Alternatives | None = None,
+    ) -> TokenEvent:
+        """The event of a token that produced ``outcome`` (its index set); the one that ended
+        the job carries its end, so the replay log says the job is complete."""
+        assert outcome.index is not None
+        end = outcome.finish_reason
+        stop = self.state.stop_sequence if end is not None else ""
+        return TokenEvent(self.job_id, outcome.index, outcome.text, logprob, top, end, stop)

@@ -95,7 +95,7 @@ class BatchScheduler:
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._reserve = ReserveShares(
-            reserve_threads, max_batch_size * engine_threads, tenants=not overflow
+            reserve_threads, max_batch_size * engine_threads, max_batch_size, tenants=not overflow
         )
         policy = RestartPolicy(rules, self._step_times)
         self._rebalancer = Rebalancer(policy, self._reserve, engine_threads)
