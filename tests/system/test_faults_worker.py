@@ -131,7 +131,9 @@ def test_a_newcomer_admitted_by_a_restart_resumes_with_its_batch_after_a_crash(
     for (stream,), length in ((runner_results, 1500), (results, 300)):
         assert_gapless(stream)
         assert stream.done is not None and stream.done["status"] == "succeeded"
-        assert stream.done["attempts"] == 2
+        # On a slow machine the newcomer may log its last token before the kill: the next
+        # claim then finalizes it as it stands, counting no attempt (docs/guarantees.md).
+        assert stream.done["attempts"] in ({2} if length == 1500 else {1, 2})
         assert len(stream.tokens) == length
 
 

@@ -225,7 +225,6 @@ def test_logprobs_on_text_events(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f", "strict": True}]}, "tools[0].strict"),
         ({"tool_choice": "required"}, "tool_choice"),
         (
             {"text": {"format": {"type": "json_schema", "name": "x", "schema": {"not": {}}}}},
