@@ -49,6 +49,22 @@ def build_fault_stack(
     return faults
 
 
+def plain_key_stack(
+    root: Path, name: str, demo_model_dir: Path, api_keys: tuple[str, ...], model_toml: str
+) -> FaultStack:
+    """Plain keys (``TRICKLE_API_KEYS``) on a web tier and one demo worker named ``name``: the
+    stack the fair-share tests hold one key's flood against another's job on."""
+    env = {"TRICKLE_API_KEYS": ",".join(api_keys)}
+    stack = build_fault_stack(
+        root,
+        models_toml=f'[models.demo]\npath = "{demo_model_dir}"\n{model_toml}',
+        settings_toml="",
+        web_env=env,
+    )
+    stack.worker(name, ("demo",), **env)
+    return stack
+
+
 def wait_for(
     condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05
 ) -> Any:

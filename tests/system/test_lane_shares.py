@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.clients import read_sse
-from tests.faultstack import FaultStack, build_fault_stack, wait_for
+from tests.faultstack import FaultStack, plain_key_stack, wait_for
 from tests.system.test_plain_keys import SMALL_MODEL
 from tests.system.test_tenants import statuses
 from trickle import keys
@@ -36,14 +36,8 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    env = {"TRICKLE_API_KEYS": f"{ALPHA},{BRAVO}"}
-    stack = build_fault_stack(
-        tmp_path_factory.mktemp("lanes"),
-        models_toml=f'[models.demo]\npath = "{demo_model_dir}"\n{SMALL_MODEL}',
-        settings_toml="",
-        web_env=env,
-    )
-    stack.worker("lanes", ("demo",), **env)
+    root = tmp_path_factory.mktemp("lanes")
+    stack = plain_key_stack(root, "lanes", demo_model_dir, (ALPHA, BRAVO), SMALL_MODEL)
     yield stack
     stack.close()
 

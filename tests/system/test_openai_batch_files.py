@@ -176,6 +176,32 @@ def test_an_upload_and_a_download_are_never_held_whole(
     assert after_upload < 16 * 2**20 and after_download < 16 * 2**20
 
 
+def create_batch_timing_healthz(
+    client: openai.OpenAI, url: str, input_file_id: str, interval: float
+) -> tuple[Any, list[float]]:
+    """Create a chat batch from ``input_file_id`` while asking ``/healthz`` every ``interval``
+    seconds: the batch, and how long each health check took meanwhile."""
+    created: list[Any] = []
+    creating = threading.Thread(
+        target=lambda: created.append(
+            client.batches.create(
+                input_file_id=input_file_id,
+                endpoint="/v1/chat/completions",
+                completion_window="24h",
+            )
+        )
+    )
+    creating.start()
+    waits = []
+    while creating.is_alive():
+        asked = time.monotonic()
+        assert requests.get(f"{url}/healthz", timeout=30).ok
+        waits.append(time.monotonic() - asked)
+        time.sleep(interval)
+    (batch,) = created
+    return batch, waits
+
+
 @pytest.mark.timeout(180)
 def test_one_huge_batch_line_fails_alone_and_freezes_nothing(
     bulk_web: tuple[str, subprocess.Popen[bytes]],
@@ -191,23 +217,8 @@ def test_one_huge_batch_line_fails_alone_and_freezes_nothing(
     uploaded = client.files.create(file=("huge.jsonl", data), purpose="batch")
     (worker,) = psutil.Process(process.pid).children()
     before = worker.memory_info().rss
-    created: list[Any] = []
-    creating = threading.Thread(
-        target=lambda: created.append(
-            client.batches.create(
-                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-        )
-    )
-    creating.start()
-    waits = []
-    while creating.is_alive():
-        asked = time.monotonic()
-        assert requests.get(f"{url}/healthz", timeout=30).ok
-        waits.append(time.monotonic() - asked)
-        time.sleep(0.02)
+    batch, waits = create_batch_timing_healthz(client, url, uploaded.id, interval=0.02)
     grew = worker.memory_info().rss - before
-    (batch,) = created
     try:
         assert batch.request_counts.total == 2 and batch.request_counts.failed == 1, batch
         print(
@@ -231,25 +242,10 @@ def test_a_10000_line_batch_leaves_the_web_process_answering(
     uploaded = client.files.create(file=("bulk.jsonl", jsonl(lines)), purpose="batch")
     (worker,) = psutil.Process(process.pid).children()  # the gevent worker serving requests
     before = worker.memory_info().rss
-    created: list[Any] = []
-    creating = threading.Thread(
-        target=lambda: created.append(
-            client.batches.create(
-                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
-            )
-        )
-    )
     started = time.monotonic()
-    creating.start()
-    waits = []
-    while creating.is_alive():
-        asked = time.monotonic()
-        assert requests.get(f"{url}/healthz", timeout=30).ok
-        waits.append(time.monotonic() - asked)
-        time.sleep(0.05)
+    batch, waits = create_batch_timing_healthz(client, url, uploaded.id, interval=0.05)
     took = time.monotonic() - started
     grew = worker.memory_info().rss - before
-    (batch,) = created
     try:
         assert batch.request_counts.total == 10_000, batch
         print(

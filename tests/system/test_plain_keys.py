@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.clients import read_sse
-from tests.faultstack import FaultStack, build_fault_stack, wait_for
+from tests.faultstack import FaultStack, build_fault_stack, plain_key_stack, wait_for
 from tests.metrics_text import parse_samples
 from tests.system.test_tenants import statuses
 from trickle import keys
@@ -34,14 +34,8 @@ def tenant_name(key: str) -> str:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    env = {"TRICKLE_API_KEYS": f"{ALPHA},{BRAVO}"}
-    stack = build_fault_stack(
-        tmp_path_factory.mktemp("pair"),
-        models_toml=f'[models.demo]\npath = "{demo_model_dir}"\n{SMALL_MODEL}',
-        settings_toml="",
-        web_env=env,
-    )
-    stack.worker("pair", ("demo",), **env)
+    root = tmp_path_factory.mktemp("pair")
+    stack = plain_key_stack(root, "pair", demo_model_dir, (ALPHA, BRAVO), SMALL_MODEL)
     yield stack
     stack.close()
 
