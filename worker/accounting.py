@@ -53,8 +53,14 @@ def account_finished(
     if first is not None and resumed == 0:
         timings["ttft_seconds"] = first - job.created_at
         metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
+    notes: dict[str, object] = {}
     if scheduled is not None:
         timings["tokens_after_end"] = scheduled.tokens_after_end
+        notes = {
+            "lanes_at_arrival": scheduled.lanes_at_arrival,
+            "started_in": scheduled.started_in,
+            "restarts": scheduled.restarts,
+        }
         if scheduled.prefix_hit is not None:
             hit = scheduled.prefix_hit
             metrics.count(PREFIX_CACHE_HITS if hit else PREFIX_CACHE_MISSES, model=model)
@@ -75,4 +81,5 @@ def account_finished(
         error=result.error.type if result.error else None,
         **timings,
         **(hops or {}),
+        **notes,
     )

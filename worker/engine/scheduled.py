@@ -81,6 +81,10 @@ class ScheduledJob:
     long_pauses: int = 0  # restarts past rebatch_max_stall_ms: at most one per job
     # Whether its first batch found its shared prefix already cached (None: it has none).
     prefix_hit: bool | None = None
+    # What the lanes were doing when it arrived, and the batch it started in (the job log's
+    # ``lanes_at_arrival`` and ``started_in``): where a slow first token waited, by name.
+    lanes_at_arrival: str = ""
+    started_in: str = ""
 
     def current_request(self) -> EngineRequest:
         """The engine request that continues this job from where it is now."""
