@@ -34,6 +34,8 @@ CLAIM_FIELDS = (
     "webhook_url",
     "prompt_ids",
     "traceparent",
+    "arrived_at",
+    "deadline",
     "owner_key",  # its key's name: usage per key, and its queue when it is requeued
 )
 
@@ -47,6 +49,7 @@ class ClaimOutcome(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELED = "canceled"
+    EXPIRED = "expired"
 
 
 class ReleaseOutcome(str, Enum):

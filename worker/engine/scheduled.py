@@ -62,6 +62,9 @@ class ScheduledJob:
     request: EngineRequest
     state: SequenceView
     deadline: float | None = None  # wall-clock time past which the job is stopped and failed
+    # How it is stopped then: failed past limits.max_job_seconds; at its client's own deadline
+    # (earlier), ended with what it made (``finish_reason: deadline``).
+    deadline_stop: tuple[FinishReason, JobError | None] = (FinishReason.ERROR, DEADLINE_ERROR)
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
