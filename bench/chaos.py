@@ -1,6 +1,7 @@
 """Chaos under load, measured from outside: issue 44's goal as one command.
 
     .venv/bin/python -m bench.chaos [--seconds 90] [--runs 5] [--appendfsync everysec|always]
+                                    [--busy]
 
 Each run starts its own stack (``bench.harness.chaos_stack``: Redis with an append-only file
 fsynced as ``--appendfsync`` says, gunicorn, two Celery workers) and sends open-loop traffic
@@ -14,17 +15,24 @@ or vanished), ``failed`` (final but not succeeded), ``inexact`` (a stream whose 
 0..n-1 once each or whose text is not the stored output, live or in a fresh replay from the
 first token) and ``duplicates`` (a key whose answers named two jobs, or a job record in Redis
 that no answer named: a retried POST made it). Exits 1 unless every run has all four at 0.
+
+``--busy`` holds one CPU busy for the whole of every run (a spinning process pinned to the
+machine's last core), so the stack meets its kills on a saturated machine, as a shared host
+gives it: slow steps, late lease renewals, resumed jobs that crawl.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import re
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +155,24 @@ def check(stack: ChaosStack, traffic: Traffic, body: dict[str, Any], figures: Ru
     figures.refused = len(traffic.ledger.refused)
 
 
+@contextlib.contextmanager
+def cpu_hog(busy: bool) -> Iterator[None]:
+    """While open, a process spinning on the machine's last CPU (when ``busy``)."""
+    if not busy:
+        yield
+        return
+    core = max(os.sched_getaffinity(0))
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"]
+    )
+    progress(f"CPU hog pid {hog.pid} spinning on core {core}")
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait(10)
+
+
 def one_run(args: argparse.Namespace, model: models.PreparedModel, index: int) -> RunFigures:
     work = Path(tempfile.mkdtemp(prefix=f"chaos-{args.appendfsync}-{index}-", dir=args.out))
     stack = ChaosStack(work, model, args.appendfsync, ceiling=args.tokens, workers=2)
@@ -201,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="demo", choices=sorted(models.CHOICES))
     parser.add_argument("--tokens", type=int, default=256, help="max_tokens of every job")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
+    parser.add_argument("--busy", action="store_true", help="one CPU spinning beside the stack")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = models.prepare(args.model)
     rows: list[RunFigures] = []
     for index in range(args.runs):
-        rows.append(one_run(args, model, index))
-        print(table(rows, args.appendfsync), flush=True)
+        with cpu_hog(args.busy):
+            rows.append(one_run(args, model, index))
+        print(table(rows, args.appendfsync + (", one CPU busy" if args.busy else "")), flush=True)
     return 0 if all(row.passed for row in rows) else 1
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from trickle.config.settings import load_settings
-from trickle.heap import freeze_startup_heap
+from trickle.heap import IdleTrim, freeze_startup_heap
 from web import gunicorn_errors
 
 _settings = load_settings(environ=os.environ)
@@ -30,7 +30,20 @@ keepalive = 5
 accesslog = None
 
 
+_idle_trim: IdleTrim | None = None
+
+
 def post_worker_init(worker: object) -> None:
     """The app is loaded in this worker process: keep its start-up heap out of full
-    collections (trickle/heap.py)."""
+    collections, and hand a flood's free heap back once requests stop (trickle/heap.py)."""
+    global _idle_trim
     freeze_startup_heap()
+    if _settings.web.trim_after_idle_seconds > 0:
+        _idle_trim = IdleTrim(_settings.web.trim_after_idle_seconds)
+
+
+def pre_request(worker: object, request: object) -> None:
+    """Every request begun puts the next trim off (a stream that runs on holds nothing back:
+    a trim gives only free pages)."""
+    if _idle_trim is not None:
+        _idle_trim.note()

@@ -150,7 +150,8 @@ def test_a_job_every_token_of_which_is_stored_is_claimed_to_finish_not_failed(
 
 def test_a_job_whose_end_token_is_stored_is_claimed_to_finish(private_redis: redis.Redis) -> None:
     """Ended early (its end token or a stop string, marked on its last entry): complete with
-    fewer than max_tokens. A log without that mark is a death during generation: poisoned."""
+    fewer than max_tokens, so no later claim counts an attempt. A log without that mark is a
+    death during generation: after three deaths that logged nothing more, poisoned."""
     store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
     ended, cut = (
         Job(new_job_id(), "demo", "hi", GenerationParams(max_tokens=50), created_at=time.time())
@@ -161,13 +162,47 @@ def test_a_job_whose_end_token_is_stored_is_claimed_to_finish(private_redis: red
         # Its text looks like the mark: only an unescaped key is one.
         text = '"end": "stop"'
         last = TokenEvent(job.id, 1, text, end=end, stop_sequence="\n" if end else "")
-        died_after(store, job, 3, [[TokenEvent(job.id, 0, "a")], [], [last]])
+        died_after(store, job, 4, [[TokenEvent(job.id, 0, "a"), last], [], [], []])
     claim = store.leases.claim(ended.id, "w", time.time(), lease_ms=5000, max_attempts=3)
-    assert claim.claimed and claim.attempt == 4
+    assert claim.claimed and claim.attempt == 2
     assert store.tokens(ended.id)[-1].end is FinishReason.STOP
     assert store.tokens(ended.id)[-1].stop_sequence == "\n"
-    assert private_redis.hget(keys.job(ended.id), "attempts") == "3"
+    assert private_redis.hget(keys.job(ended.id), "attempts") == "1"
     poisoned = store.leases.claim(cut.id, "w", time.time(), lease_ms=5000, max_attempts=3)
     assert poisoned.outcome == "poisoned"
     failed = store.get(cut.id)
     assert failed is not None and failed.status is JobStatus.FAILED
+
+
+def test_only_deaths_that_logged_no_token_count_toward_max_attempts(
+    private_redis: redis.Redis,
+) -> None:
+    """Five workers die, each after logging a token (a saturated machine, its kills): the job
+    is claimed again every time under a new fence, never poisoned. Then three deaths that log
+    nothing more (a job that kills its worker at one point) poison it at max_attempts 3; a
+    hand-back between them is no death."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = Job(new_job_id(), "demo", "hi", GenerationParams(max_tokens=50), created_at=time.time())
+    store.create(job)
+    died_after(store, job, 5, [[TokenEvent(job.id, i, f"t{i}")] for i in range(5)])
+    fences = set()
+    for _ in range(2):  # two deaths with nothing logged: counted, not yet poisoned
+        claim = store.leases.claim(job.id, "w", time.time(), lease_ms=50, max_attempts=3)
+        assert claim.claimed and claim.logged_tokens == 5
+        fences.add(claim.fence)
+        wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+        assert store.leases.recover_orphans(time.time()).get(job.id) == "requeued"
+    handed = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=3)
+    assert handed.claimed and handed.fence not in fences
+    assert store.leases.release(job.id, handed.fence, time.time()) == "queued"
+    assert private_redis.hget(keys.job(job.id), "stalled_attempts") == "2"
+    last = store.leases.claim(job.id, "w", time.time(), lease_ms=50, max_attempts=3)
+    assert last.claimed and last.attempt == 8  # every claim numbers its fence
+    wait_for(lambda: not private_redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+    store.leases.recover_orphans(time.time())
+    poisoned = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=3)
+    assert poisoned.outcome == "poisoned"
+    failed = store.get(job.id)
+    assert failed is not None and failed.status is JobStatus.FAILED
+    assert failed.output == "t0t1t2t3t4" and failed.error is not None
+    assert failed.error.message == "its worker died 3 times before the job made progress"

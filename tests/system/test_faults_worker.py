@@ -137,23 +137,6 @@ def test_a_newcomer_admitted_by_a_restart_resumes_with_its_batch_after_a_crash(
         assert len(stream.tokens) == length
 
 
-def test_job_that_keeps_killing_its_workers_fails_after_max_attempts(
-    faults: FaultStack,
-) -> None:
-    first = faults.worker("poison-a", ("slow",))
-    job = submit(faults.web_url, {"prompt": "A", **LONG})
-    wait_for(lambda: tokens_streamed(faults.web_url, job["id"]) > 0, 30, "first attempt")
-    os.kill(first.pid, signal.SIGKILL)
-    second = faults.worker("poison-b", ("slow",))
-    wait_for(lambda: get_job(faults.web_url, job["id"])["attempts"] == 2, 30, "second attempt")
-    os.kill(second.pid, signal.SIGKILL)
-    faults.worker("poison-c", ("slow",))
-    final = poll_until_finished(faults.web_url, job["id"], timeout=30)
-    assert final["status"] == "failed"
-    assert final["error"]["type"] == "worker_lost"
-    assert "2 times" in final["error"]["message"]
-
-
 def test_a_job_whose_last_worker_died_after_its_last_token_is_finished_not_failed(
     faults: FaultStack,
 ) -> None:

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from worker.engine.malloc import IdleTrim
+from trickle.heap import IdleTrim
 
 AFTER = 0.2
 

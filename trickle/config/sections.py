@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, PositiveInt
+from pydantic import BeforeValidator, NonNegativeFloat, PositiveInt
 
 from trickle.config.base import Section
 from trickle.config.tuning import ModelTuning
@@ -81,6 +81,9 @@ class WebSettings(Section):
     # ws_inbound_budget_bytes in all with 1008, so no client can make the web process hold more.
     ws_max_message_bytes: PositiveInt = 4096
     ws_inbound_budget_bytes: PositiveInt = 65536
+    # Once no request has begun for this long the web process hands its free heap back to the
+    # OS (``malloc_trim``, trickle/heap.py), so a flood's memory does not stay; 0 = never.
+    trim_after_idle_seconds: NonNegativeFloat = 5.0
 
 
 @dataclass(frozen=True)

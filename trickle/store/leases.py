@@ -122,8 +122,8 @@ class Leases:
     def claim(self, job_id: str, node: str, now: float, lease_ms: int, max_attempts: int) -> Claim:
         """Take a queued job under a lease; the fence ("<node>:<attempt>") guards every write.
 
-        Beyond ``max_attempts`` claims (its workers kept dying) the job fails instead.
-        """
+        After ``max_attempts`` deaths of its workers that logged no token the job fails
+        instead (see ``scripts.CLAIM``)."""
         (claim,) = self.claim_many([job_id], node, now, lease_ms, max_attempts)
         return claim
 
@@ -133,7 +133,7 @@ class Leases:
         """``claim`` for several jobs in one round trip (what a job feeder took at once)."""
         error = JobError(
             "worker_lost",
-            f"the job was attempted {max_attempts} times and its worker died each time",
+            f"its worker died {max_attempts} times before the job made progress",
         )
         shared = [
             repr(now),

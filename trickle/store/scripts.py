@@ -47,6 +47,12 @@ end
 # max_tokens, or the token that ended it, marked "end" by its worker) was complete when its
 # worker died before storing the result, so its claim counts no attempt and is never poisoned:
 # the worker finalizes it as it stands (the fence's number is one past the attempts, unstored).
+# And only deaths that made no progress count toward max_attempts ('stalled_attempts'): a claim
+# notes the log's length ('claimed_tokens'); the next claim finds the log longer when the dead
+# attempt logged a token, and that death is the machine's, not the job's. A job that kills its
+# worker at one point stalls there on every resume, so it is still poisoned after max_attempts
+# such deaths; a job that moves on each time is bounded by its tokens left. 'attempts' still
+# counts every claim: it numbers the fence, which must never repeat.
 CLAIM = (
     _ENDING
     + """
@@ -64,12 +70,20 @@ if logged > 0 then
     or string.find(redis.call('LINDEX', KEYS[5], -1), '"end": "', 1, true) ~= nil
 end
 local attempts
+local stalled = 0
 if complete then
   attempts = tonumber(redis.call('HGET', KEYS[1], 'attempts') or '0') + 1
 else
   attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+  local before = redis.call('HGET', KEYS[1], 'claimed_tokens')
+  if before and logged <= tonumber(before) then
+    stalled = redis.call('HINCRBY', KEYS[1], 'stalled_attempts', 1)
+  else
+    stalled = tonumber(redis.call('HGET', KEYS[1], 'stalled_attempts') or '0')
+  end
+  redis.call('HSET', KEYS[1], 'claimed_tokens', logged)
 end
-if attempts > tonumber(ARGV[5]) and not complete then
+if stalled >= tonumber(ARGV[5]) and not complete then
   redis.call('HSET', KEYS[1], 'status', 'failed', 'finish_reason', 'error',
              'completed_at', ARGV[2], 'error', ARGV[6])
   settle(KEYS[1], KEYS[5], KEYS[6], ARGV[7])
@@ -171,6 +185,7 @@ if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
 end
 redis.call('HSET', KEYS[1], 'status', 'queued')
 redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+redis.call('HDEL', KEYS[1], 'claimed_tokens')  -- handed back, no death: the next claim counts none
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call(ARGV[6], KEYS[7], ARGV[8])
 return 1

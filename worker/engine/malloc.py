@@ -15,9 +15,10 @@ allocator does; ``engine_keep_freed_memory = false`` gives glibc's defaults back
 
 Kept for ever, that peak stayed after every flood (an audit saw the engine at several times its
 idle size, hours later). So once no batch has run for ``engine_trim_after_idle_seconds``
-(``IdleTrim``) the engine hands the free heap back with ``malloc_trim``: every arena's free
-pages, not only the top of the main heap. Busy, it keeps its pages; the first burst after an
-idle spell faults them in again, which is the cost the threshold above saves while it runs.
+(``trickle.heap.IdleTrim``) the engine hands the free heap back with ``malloc_trim``: every
+arena's free pages, not only the top of the main heap. Busy, it keeps its pages; the first
+burst after an idle spell faults them in again, which is the cost the threshold above saves
+while it runs.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import threading
-import time
-from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -56,61 +54,3 @@ def keep_freed_memory() -> bool:
     if not (fixed and kept):
         log.warning("mallopt refused the engine's heap settings; glibc's defaults stay")
     return fixed and kept
-
-
-def trim_freed_memory() -> bool:
-    """Give the free pages of every malloc arena back to the OS (glibc's ``malloc_trim``);
-    False where there was nothing to give back or the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        malloc_trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    malloc_trim.argtypes = [ctypes.c_size_t]
-    malloc_trim.restype = ctypes.c_int
-    return bool(malloc_trim(0))
-
-
-class IdleTrim:
-    """Trims the heap once per idle spell: after ``after`` seconds with no batch running.
-
-    Lanes call ``begin`` and ``end`` around each batch; a thread of its own waits for the
-    spell, so no lane ever waits on a trim to start its batch (a batch that starts meanwhile
-    only waits for the arena locks the trim holds, a few milliseconds)."""
-
-    def __init__(self, after: float, trim: Callable[[], object] = trim_freed_memory):
-        self._after = after
-        self._trim = trim
-        self._running = 0
-        self._idle_since = time.monotonic()
-        self._trimmed = False  # the warm-up's buffers are the first thing to give back
-        self._cond = threading.Condition()
-        self.trims = 0
-        threading.Thread(target=self._wait_for_idle, name="trickle-trim", daemon=True).start()
-
-    def begin(self) -> None:
-        with self._cond:
-            self._running += 1
-            self._trimmed = False
-
-    def end(self) -> None:
-        with self._cond:
-            self._running -= 1
-            if self._running == 0:
-                self._idle_since = time.monotonic()
-                self._cond.notify()
-
-    def _wait_for_idle(self) -> None:
-        while True:
-            with self._cond:
-                while self._running or self._trimmed:
-                    self._cond.wait()
-                left = self._idle_since + self._after - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue  # a batch may have begun (and ended) meanwhile: look again
-                self._trimmed = True
-            self._trim()
-            self.trims += 1

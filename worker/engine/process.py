@@ -45,13 +45,15 @@ import numpy as np
 from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
 from trickle.grammar_matcher import MatcherCache
+from trickle.heap import IdleTrim
 from trickle.tokenization import load_tokenizer
 from worker.engine.alternatives import Scores
 from worker.engine.batch_command import BatchCommand
 from worker.engine.constrained import ConstrainedRun, Sampling, replay
 from worker.engine.flags import attach_flags
-from worker.engine.malloc import IdleTrim, keep_freed_memory
+from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
+from worker.engine.parent_watch import exit_with_parent
 from worker.engine.seeded import SeedGate, job_generator
 from worker.engine.step_stream import StepStream
 
@@ -341,6 +343,7 @@ def serve(
     the worker thread waiting for that batch. A closed pipe means the worker is gone.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s engine: %(message)s")
+    exit_with_parent()  # first: a worker killed while the model loads leaves nothing behind
     if model.tuning.engine_niceness and resolve_device(model.device) != "cuda":
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
