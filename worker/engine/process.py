@@ -41,16 +41,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
-from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
-from trickle.grammar_matcher import MatcherCache
 from trickle.tokenization import load_tokenizer
 from worker.engine.alternatives import Scores, row_logits
 from worker.engine.batch_command import BatchCommand
-from worker.engine.constrained import ConstrainedRun, Sampling, replay
+from worker.engine.constrained import ConstrainedRun
 from worker.engine.flags import attach_flags
+from worker.engine.grammar_runs import GrammarRuns
 from worker.engine.malloc import IdleTrim, keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.request import Logprob
@@ -90,14 +87,6 @@ class EngineReady:
         return cls(str(data["device"]), steps, prefill)
 
 
-@dataclass(frozen=True)
-class GrammarTools:
-    """What constrained jobs share in one engine process: compiled matchers and the closer."""
-
-    matchers: MatcherCache
-    closer: Closer
-
-
 class EngineRunner:
     """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
 
@@ -121,9 +110,8 @@ class EngineRunner:
         # before min_length (a job's stop_token_ids are ended by the worker, SequenceState).
         self._end_tokens = sorted(self.tokenizer.end_ids)
         self._flags = flags
-        self._grammar_lock = threading.Lock()
-        self._grammar_tools: GrammarTools | None = None
         self._scores = Scores(self.tokenizer)
+        self._grammars = GrammarRuns(self.tokenizer, self._end_tokens, self._scores)
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -302,30 +290,7 @@ class EngineRunner:
             )
 
     def _constrained_run(self, command: BatchCommand, row: int, grammar: str) -> ConstrainedRun:
-        """Row ``row``'s grammar run: its matcher (past what it streamed before a resume) and
-        the command's sampling."""
-        tools = self._grammars()
-        matcher = tools.matchers.matcher(grammar)
-        replays = command.grammar_replays
-        replay(matcher, self.tokenizer.encode_text(replays[row] if replays else ""))
-        sampling = Sampling(
-            greedy=command.top_k == 1,
-            temperature=command.temperature,
-            top_k=command.top_k,
-            top_p=command.top_p,
-            repetition_penalty=command.repetition_penalty,
-            min_tokens=command.min_tokens,
-            rng=np.random.default_rng(command.seed),
-        )
-        return ConstrainedRun(
-            matcher,
-            tools.closer,
-            self._to_piece,
-            frozenset(self._end_tokens),
-            self.tokenizer.vocab_size,
-            sampling,
-            self._scores.for_job(command.alternatives(row), command.top_k, command.temperature),
-        )
+        return self._grammars.run(command, row, grammar, self._to_piece)
 
     def _to_piece(self, token: int) -> str:
         return self.tokenizer.to_pieces([token])[0]
@@ -359,14 +324,6 @@ class EngineRunner:
             command.prompts[0] if static else [*(command.static_prompt or []), *command.prompts[0]]
         )
         run.run(prompt, command.max_new_tokens[0], generate, sink)
-
-    def _grammars(self) -> GrammarTools:
-        """The model's vocabulary for grammars, built at the first constrained job."""
-        with self._grammar_lock:
-            if self._grammar_tools is None:
-                cache = MatcherCache(self.tokenizer)
-                self._grammar_tools = GrammarTools(cache, Closer(self.tokenizer.token_bytes()))
-            return self._grammar_tools
 
     def close(self) -> None:
         self.generator.unload_model()
