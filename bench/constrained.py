@@ -51,7 +51,7 @@ def model_path(key: str) -> Path:
 def collector(out: list[int]) -> TokenSink:
     """A sink that keeps the tokens (and stops at the last)."""
 
-    def sink(position: int, step: int, token: int, logprob: Logprob, last: bool) -> bool:
+    def sink(token: int, logprob: Logprob, last: bool) -> bool:
         out.append(token)
         return last
 

@@ -1,7 +1,8 @@
 """Which waiting jobs the reserve lane may take (pure logic over the scheduler's state; the demo
 model's tokenizer for the jobs' sequence state): only those of keys below an equal share of the
-ordinary lanes' slots, and none while a single key has work. A job that runs alone (constrained,
-seeded, reporting alternatives) holds a whole lane's slots."""
+ordinary lanes' slots, and none while a single key has work. A job that runs alone (seeded, or
+constrained with min_tokens or a repetition penalty) holds a whole lane's slots; a constrained
+job that batches, or one reporting alternatives, holds its row."""
 
 from __future__ import annotations
 
@@ -111,11 +112,15 @@ def test_without_a_reserve_lane_nothing_is_below_share(holder: Holder) -> None:
     assert shares.below(waiting, lanes) == set() and shares.candidates(waiting, lanes) == []
 
 
-# What makes a job run alone: a grammar, a seed (when sampling), reported alternatives.
+# What makes a job run alone: a seed (when sampling), a grammar with min_tokens or a penalty.
 GRAMMAR = '{"grammars": [{"lark_grammar": "start: /[a-z]+/"}]}'
 ALONE = [
-    pytest.param({"grammar": GRAMMAR}, id="constrained"),
+    pytest.param({"grammar": GRAMMAR, "repetition_penalty": 1.2}, id="constrained-penalty"),
     pytest.param({"seed": 7, "temperature": 0.8}, id="seeded"),
+]
+# Jobs that read their logits and still batch (worker/engine/shared_rows.py): a row each.
+SHARED = [
+    pytest.param({"grammar": GRAMMAR}, id="constrained"),
     pytest.param({"top_logprobs": 20}, id="alternatives"),
 ]
 
@@ -131,11 +136,23 @@ def test_jobs_that_run_alone_hold_whole_lanes(holder: Holder, options: dict[str,
     assert [job.job_id for job in reserve_candidates(waiting, lanes, 8, batch_size=4)] == ["b0"]
 
 
+@pytest.mark.parametrize("options", SHARED)
+def test_jobs_that_read_their_logits_and_batch_hold_a_row_each(
+    holder: Holder, options: dict[str, object]
+) -> None:
+    """Key a's constrained jobs share a lane's batch: two of them hold 2 of 8 slots, below
+    a's share of 4, so the reserve lane may take a's next one as well as b's."""
+    lanes = [batch(jobs(holder, "a", 2, **options)), batch(jobs(holder, "b", 4))]
+    waiting = [*jobs(holder, "a", 1, **options), *jobs(holder, "b", 1)]
+    assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == {"a"}
+
+
 def test_one_lane_of_jobs_that_run_alone_is_a_keys_share_of_two(holder: Holder) -> None:
     """a runs one job alone (a whole lane), b a batch of two on the other: a holds its equal
     share (4 of 8) and may not take the reserve; b holds 2 and may."""
-    lanes = [batch(jobs(holder, "a", 1, top_logprobs=5)), batch(jobs(holder, "b", 2))]
-    waiting = [*jobs(holder, "a", 1, top_logprobs=5), *jobs(holder, "b", 1)]
+    seeded = {"seed": 5, "temperature": 0.8}
+    lanes = [batch(jobs(holder, "a", 1, **seeded)), batch(jobs(holder, "b", 2))]
+    waiting = [*jobs(holder, "a", 1, **seeded), *jobs(holder, "b", 1)]
     assert keys_below_share(waiting, lanes, lane_slots=8, batch_size=4) == {"b"}
 
 
@@ -150,7 +167,7 @@ def test_a_job_alone_on_the_reserve_lane_holds_no_share(holder: Holder) -> None:
 
 def test_a_restarting_lane_of_a_job_alone_still_holds_the_lane(holder: Holder) -> None:
     shares = ReserveShares(lanes=1, lane_slots=4, batch_size=4)
-    restarting = jobs(holder, "a", 1, top_logprobs=3)
-    waiting = [*jobs(holder, "a", 1, top_logprobs=3), *jobs(holder, "b", 1)]
+    restarting = jobs(holder, "a", 1, seed=3, temperature=0.8)
+    waiting = [*jobs(holder, "a", 1, seed=3, temperature=0.8), *jobs(holder, "b", 1)]
     shares.hand_over(restarting, reserve=False)
     assert shares.below(waiting, []) == {"b"}

@@ -1,10 +1,11 @@
 """A token's most likely alternatives at its step, for jobs that ask (``top_logprobs``).
 
-Computed in the engine process from the step's logits (``return_logits_vocab``), so only a job
-that asks pays for the copy of the vocabulary's logits; such a job runs alone
-(``policy.alone``). The log-probabilities are the log-softmax at the temperature the job
-samples with (1 when greedy), top-k and top-p aside; the sampled token's own value comes from
-the same distribution, so its entry matches its alternative.
+Computed in the engine process from the step's logits (``return_logits_vocab``), so only a batch
+of jobs that ask pays for the copy of the vocabulary's logits; such jobs share batches with
+each other only (``policy.batches_with``), each row's logits found by
+``worker.engine.shared_rows.RowLogits``. The log-probabilities are the log-softmax at the
+temperature the job samples with (1 when greedy), top-k and top-p aside; the sampled token's
+own value comes from the same distribution, so its entry matches its alternative.
 """
 
 from __future__ import annotations
@@ -46,16 +47,19 @@ class Scores:
         self._texts: list[str] = []
         self._lock = threading.Lock()
 
-    def for_job(self, count: int, top_k: int, temperature: float) -> Callable[[Any], Logprob]:
+    def for_job(
+        self, count: int, top_k: int, temperature: float
+    ) -> Callable[[Any, Callable[[], npt.NDArray[np.float64] | None]], Logprob]:
         """The step callback's scorer for a job asking ``count`` alternatives (greedy when
-        ``top_k`` is 1: then at temperature 1)."""
+        ``top_k`` is 1: then at temperature 1): ``score(step, logits)``, ``logits`` giving
+        the step's row of the job (read only when alternatives are asked)."""
         if not count:
             return _log_prob
         texts = self._vocabulary_texts()
         temperature = 1.0 if top_k == 1 else temperature
 
-        def score(step: Any) -> Logprob:
-            logits = row_logits(step)
+        def score(step: Any, row: Callable[[], npt.NDArray[np.float64] | None]) -> Logprob:
+            logits = row()
             if logits is None:
                 return float(step.log_prob)
             return scored(logits, int(step.token_id), count, temperature, texts)
@@ -73,13 +77,13 @@ class Scores:
             return self._texts
 
 
-def _log_prob(step: Any) -> Logprob:
+def _log_prob(step: Any, row: Callable[[], npt.NDArray[np.float64] | None]) -> Logprob:
     return step.log_prob  # type: ignore[no-any-return]
 
 
 def row_logits(step: Any) -> npt.NDArray[np.float64] | None:
     """A step's logits for a batch of one, or None where CTranslate2 gave none (with more rows
-    it gives the first callback of a step the whole batch's, in an order not the rows')."""
+    the first callback of a step gets every live row's: ``shared_rows.RowLogits``)."""
     try:
         return np.asarray(step.logits, dtype=np.float64).reshape(-1)
     except (ValueError, TypeError):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -27,12 +27,22 @@ class BatchCommand:
     # Whether CTranslate2 may start from its cached state of ``static_prompt`` (and save it):
     # False computes it for this batch alone (another partition's state, or past the budget).
     cache_static_prompt: bool = True
-    # A grammar the one sequence must match (worker/engine/constrained.py), and the text it
-    # had streamed before a resume, which its matcher replays first.
-    grammar: str | None = None
-    grammar_replay: str = ""
-    # Alternatives to report per token (worker/engine/alternatives.py); the batch is of one.
-    top_logprobs: int = 0
+    # Per row: a grammar it must match (worker/engine/constrained.py), and the text it had
+    # streamed before a resume, which its matcher replays first (empty: no grammar).
+    grammars: list[str | None] = field(default_factory=list)
+    grammar_replays: list[str] = field(default_factory=list)
+    # Per row: alternatives to report per token (worker/engine/alternatives.py; empty: none).
+    top_logprobs: list[int] = field(default_factory=list)
+
+    def reads_logits(self) -> bool:
+        """Whether a row needs its own logits (worker/engine/shared_rows.py)."""
+        return any(g is not None for g in self.grammars) or any(self.top_logprobs)
+
+    def grammar(self, row: int) -> str | None:
+        return self.grammars[row] if self.grammars else None
+
+    def alternatives(self, row: int) -> int:
+        return self.top_logprobs[row] if self.top_logprobs else 0
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -46,8 +46,10 @@ from worker.engine.sampling import apply_repetition_penalty, sample_token
 CLOSING_MARGIN = 64
 REFRESH_EVERY = 16
 
-# (position, step, token id, log-probability, is last) -> stop; StepStream.token.
-TokenSink = Callable[[int, int, int, Logprob, bool], bool]
+# (token id, log-probability, is last) -> stop: the job's next token, to its stream.
+TokenSink = Callable[[int, Logprob, bool], bool]
+# (step, its row's logits when read) -> what an accepted token reports (alternatives.Scores).
+Scorer = Callable[[Any, Callable[[], "npt.NDArray[np.float64] | None"]], Logprob]
 # (prompt pieces, max new tokens, min new tokens, callback): one generate_batch of one row.
 GenerateCall = Callable[[list[str], int, int, Callable[[Any], bool]], None]
 
@@ -66,7 +68,7 @@ class Sampling:
 
 
 @dataclass
-class _Call:
+class RowCall:
     """What one generate call left: the ids it accepted, and the rejected step's logits."""
 
     accepted: list[int] = field(default_factory=list)
@@ -88,7 +90,7 @@ class ConstrainedRun:
         end_ids: frozenset[int],
         vocab_size: int,
         sampling: Sampling,
-        score: Callable[[Any], Logprob] | None = None,
+        score: Scorer | None = None,
     ):
         self._matcher = matcher
         self._closer = closer
@@ -96,8 +98,7 @@ class ConstrainedRun:
         self._end_ids = end_ids
         self._vocab_size = vocab_size
         self._sampling = sampling
-        self._score = score or (lambda step: step.log_prob)  # what an accepted token reports
-        self._step = 0
+        self._score = score or (lambda step, logits: step.log_prob)  # an accepted token's
         self._generated: list[int] = []
         self._closing_length = 0
         self._since_refresh = REFRESH_EVERY
@@ -109,61 +110,90 @@ class ConstrainedRun:
         self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
 
     def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
-        """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted."""
+        """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted (alone
+        on its call: each refusal restarts it)."""
         pieces = list(prompt)
-        left = max_new
         self._left = max_new
-        while left > 0:
-            call = _Call()
+        while self._left > 0:
+            call = RowCall()
             owed = max(0, self._sampling.min_tokens - len(self._generated))
             self.calls += 1
-            generate(pieces, left, owed, self._callback(call, left, sink))
-            left -= len(call.accepted)
+            generate(pieces, self._left, owed, self._callback(call, sink))
             pieces.extend(self._to_piece(token) for token in call.accepted)
-            if call.ended or not (call.rejected or call.closing):
+            forced = self.settle(call, sink)
+            if forced is None:
                 return
-            closing = call.closing
-            if call.refused_end is not None:
-                forced = self._ending(call.refused_end, left)
-                closing = forced[-1:] != [call.refused_end]  # no room for the end: cut
-            elif closing:
-                forced = self._closing(left)
-            else:
-                forced = self._replacement(call.logits)
-                if not self._leaves_room(forced, left):
-                    closing, forced = True, self._closing(left)
-            forced = forced[:left]
-            if not forced:
-                return  # complete already: the batch's end finishes the job as cut
-            for i, token in enumerate(forced):
-                last = i == len(forced) - 1 and (closing or token in self._end_ids)
-                if self._emit(sink, token, None, last or left - i == 1):
-                    return
-            left -= len(forced)
             pieces.extend(self._to_piece(token) for token in forced)
 
-    def _callback(self, call: _Call, left: int, sink: TokenSink) -> Callable[[Any], bool]:
-        def on_token(step: Any) -> bool:
-            token = int(step.token_id)
-            room = left - len(call.accepted) - 1  # tokens left after this one
-            self._pending = None
-            if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
-                call.closing = True
-                return True
-            if not self._consume(token):
-                call.rejected = True
-                call.logits = row_logits(step)
-                if token in self._end_ids:
-                    call.refused_end = token
-                return True
-            call.accepted.append(token)
-            self._since_refresh += 1
-            self._advance_escape(token, self._pending)
-            stop = self._emit(sink, token, self._score(step), bool(step.is_last), consumed=True)
-            call.ended = stop
-            return stop
+    def start(self, max_new: int) -> None:
+        """Set the budget of a run driven call by call (worker/engine/shared_rows.py)."""
+        self._left = max_new
 
-        return on_token
+    @property
+    def left(self) -> int:
+        """Tokens the budget has left after those emitted."""
+        return self._left
+
+    def settle(self, call: RowCall, sink: TokenSink) -> list[int] | None:
+        """After ``call`` stopped (or ended): emit the refused token's replacement and what the
+        grammar forces after it, or the closing completion; the tokens emitted, or None when
+        the job is over (it ended, or nothing is left to generate)."""
+        left = self._left
+        if call.ended or not (call.rejected or call.closing) or left <= 0:
+            return None
+        closing = call.closing
+        if call.refused_end is not None:
+            forced = self._ending(call.refused_end, left)
+            closing = forced[-1:] != [call.refused_end]  # no room for the end: cut
+        elif closing:
+            forced = self._closing(left)
+        else:
+            forced = self._replacement(call.logits)
+            if not self._leaves_room(forced, left):
+                closing, forced = True, self._closing(left)
+        forced = forced[:left]
+        if not forced:
+            return None  # complete already: the batch's end finishes the job as cut
+        for i, token in enumerate(forced):
+            last = i == len(forced) - 1 and (closing or token in self._end_ids)
+            if self._emit(sink, token, None, last or left - i == 1):
+                return None
+        return forced if self._left > 0 else None
+
+    def _callback(self, call: RowCall, sink: TokenSink) -> Callable[[Any], bool]:
+        def on_step(step: Any) -> bool:
+            return self.on_token(call, step, lambda: row_logits(step), sink)
+
+        return on_step
+
+    def on_token(
+        self,
+        call: RowCall,
+        step: Any,
+        logits: Callable[[], npt.NDArray[np.float64] | None],
+        sink: TokenSink,
+    ) -> bool:
+        """One token CTranslate2 proposed for this job (``logits``: its row's, read only when
+        needed); True stops the job's row: refused (``settle`` then picks what follows), or
+        ended."""
+        token = int(step.token_id)
+        room = self._left - 1  # tokens left after this one
+        self._pending = None
+        if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
+            call.closing = True
+            return True
+        if not self._consume(token):
+            call.rejected = True
+            call.logits = logits()
+            if token in self._end_ids:
+                call.refused_end = token
+            return True
+        call.accepted.append(token)
+        self._since_refresh += 1
+        self._advance_escape(token, self._pending)
+        stop = self._emit(sink, token, self._score(step, logits), bool(step.is_last), consumed=True)
+        call.ended = stop
+        return stop
 
     def _leaves_room(self, forced: list[int], left: int) -> bool:
         """Whether after ``forced`` the structure can still close within ``left`` tokens."""
@@ -240,9 +270,7 @@ class ConstrainedRun:
             self._since_refresh = 0
             self._escape = self._completion(self._left)
             self._closing_length = self._left if self._escape is None else len(self._escape)
-        step = self._step
-        self._step += 1
-        return sink(0, step, token, logprob, last or token in self._end_ids)
+        return sink(token, logprob, last or token in self._end_ids)
 
     def _ending(self, end: int, left: int) -> list[int]:
         """The model ended before the grammar could: a completion, then its end token when

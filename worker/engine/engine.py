@@ -33,7 +33,13 @@ from worker.engine.flags import create_flags
 from worker.engine.prefix import SHARED
 from worker.engine.prefix_cache import PrefixCacheState
 from worker.engine.process import EngineReady, serve
-from worker.engine.request import EngineError, EngineRequest, StepCallback, StepClock
+from worker.engine.request import (
+    EngineError,
+    EngineRequest,
+    StepCallback,
+    StepClock,
+    reads_logits,
+)
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +237,8 @@ class Engine:
         seed = requests[0].seed
         if seed is not None and len(requests) != 1:
             raise ValueError("seeded requests run one at a time")
-        if (requests[0].grammar is not None or requests[0].top_logprobs) and len(requests) != 1:
-            raise ValueError("constrained requests, and those with alternatives, run alone")
+        if len({reads_logits(request) for request in requests}) != 1:
+            raise ValueError("rows that read their logits share batches only with each other")
         if any(not request.prompt_ids for request in requests):
             raise ValueError("the prompt is empty and the model adds no start token")
         prefix = requests[0].prefix
@@ -263,6 +269,7 @@ class Engine:
                 self._recycle_wanted = True  # at the next batch that finds the engine idle
         slots = self._take_slots(len(requests))
         batch_id = next(self._batch_ids)
+        reading = requests if reads_logits(requests[0]) else []  # per-row logits options
         command = BatchCommand(
             batch_id=batch_id,
             prompts=[self.tokenizer.to_pieces(list(r.prompt_ids[len(prefix) :])) for r in requests],
@@ -277,9 +284,9 @@ class Engine:
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             seed=seed,
-            grammar=requests[0].grammar,
-            grammar_replay=requests[0].grammar_replay,
-            top_logprobs=requests[0].top_logprobs,
+            grammars=[r.grammar for r in reading],
+            grammar_replays=[r.grammar_replay for r in reading],
+            top_logprobs=[r.top_logprobs for r in reading],
         )
         flags = self._flags
         lanes = self._lanes

@@ -13,10 +13,11 @@ share of the other lanes' slots while every other lane is busy: an equal share o
 among the keys with work on this worker. With one key at work it never runs.
 
 A key's share is counted in what its jobs occupy, not in sequences: a job that runs alone
-(``worker.engine.policy.alone``: constrained, seeded, reporting alternatives) holds a whole lane
-however few its rows, so it counts as a lane's slots. Counted as one sequence, a key whose
-constrained jobs filled every ordinary lane still looked far below its share, and the reserve
-lane took its next one too, leaving another key's job to wait for one of them to end.
+(``worker.engine.policy.alone``: seeded, or constrained with min_tokens or a repetition
+penalty) holds a whole lane however few its rows, so it counts as a lane's slots. Counted as
+one sequence, a key whose such jobs filled every ordinary lane still looked far below its
+share, and the reserve lane took its next one too, leaving another key's job to wait for one
+of them to end. A constrained job that batches (worker/engine/shared_rows.py) holds one row.
 
 Pure decisions over the scheduler's state; it calls them under its lock.
 """

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from worker.engine.batch import RunningBatch
-from worker.engine.request import EngineRequest
+from worker.engine.request import EngineRequest, reads_logits
 from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 
@@ -215,23 +215,32 @@ def halves(jobs: Sequence[ScheduledJob]) -> tuple[list[ScheduledJob], list[Sched
 
 
 def restartable(request: EngineRequest) -> bool:
-    """Whether a restart leaves the batch's outputs unchanged. Not for seeded or constrained
-    jobs (they run alone; a restart would lose a matcher's state), min_tokens (owed per call)
-    or a repetition penalty: CTranslate2 penalizes what a sequence generated, not its prompt,
-    so generated tokens fed back as prompt escape it."""
+    """Whether a restart leaves the batch's outputs unchanged. Not for seeded jobs (they run
+    alone), jobs that read their logits (a constrained one's matcher state lives in the engine
+    process, which restarts such rows itself: worker/engine/shared_rows.py), min_tokens (owed
+    per call) or a repetition penalty: CTranslate2 penalizes what a sequence generated, not
+    its prompt, so generated tokens fed back as prompt escape it."""
     sampling = request.sampling
-    return not alone(request) and sampling.min_tokens == 0 and sampling.repetition_penalty == 1.0
+    return (
+        not alone(request)
+        and not reads_logits(request)
+        and sampling.min_tokens == 0
+        and sampling.repetition_penalty == 1.0
+    )
 
 
 def batches_with(job: ScheduledJob, first: EngineRequest) -> bool:
     """Whether ``job`` may share a batch with ``first``: one sampling configuration and one
     shared prefix of one partition (CTranslate2's static prompt is the whole batch's, and
-    whether it starts from the cached state is the partition's), and never one that runs
+    whether it starts from the cached state is the partition's), both reading their logits or
+    neither (such a batch copies them every step, and restarts its rows at a grammar's
+    refusals: plain jobs batch and stream exactly as without them), and never one that runs
     ``alone``."""
     request = job.request
     return (
         not alone(request)
         and not alone(first)
+        and reads_logits(request) == reads_logits(first)
         and request.sampling == first.sampling
         and request.prefix == first.prefix
         and (not request.prefix or request.cache_partition == first.cache_partition)
@@ -249,10 +258,16 @@ def runs_with_first(waiting: Sequence[ScheduledJob]) -> list[ScheduledJob]:
 
 def alone(request: EngineRequest) -> bool:
     """Whether a request runs in a batch of its own: seeded (on a Generator seeded for it), or
-    needing
-    its own row's logits (a grammar's refused tokens, reported alternatives): CTranslate2 hands
-    a batched step callback the whole batch's logits in an order that is not the rows'."""
-    return request.seed is not None or request.grammar is not None or request.top_logprobs > 0
+    constrained with min_tokens or a repetition penalty (its calls restart at refusals: each
+    call owes its own min_length, and CTranslate2 penalizes only what the call generated, so
+    a row's calls must be its own). Other constrained jobs, and those reporting alternatives,
+    share batches with each other (worker/engine/shared_rows.py maps the batched logits)."""
+    if request.seed is not None:
+        return True
+    sampling = request.sampling
+    return request.grammar is not None and (
+        sampling.min_tokens > 0 or sampling.repetition_penalty != 1.0
+    )
 
 
 def takes_along(

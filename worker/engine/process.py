@@ -31,6 +31,7 @@ package):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -40,21 +41,20 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import numpy as np
-
-from trickle.closure import Closer
 from trickle.config.sections import ModelSettings
-from trickle.grammar_matcher import MatcherCache
 from trickle.heap import IdleTrim
 from trickle.tokenization import load_tokenizer
-from worker.engine.alternatives import Scores
+from worker.engine.alternatives import Scores, row_logits
 from worker.engine.batch_command import BatchCommand
-from worker.engine.constrained import ConstrainedRun, Sampling, replay
+from worker.engine.constrained import ConstrainedRun
 from worker.engine.flags import attach_flags
+from worker.engine.grammar_runs import GrammarRuns
 from worker.engine.malloc import keep_freed_memory
 from worker.engine.model_hints import resolve_compute_type
 from worker.engine.parent_watch import exit_with_parent
+from worker.engine.request import Logprob
 from worker.engine.seeded import SeedGate, job_generator
+from worker.engine.shared_rows import SharedRow, SharedRows
 from worker.engine.step_stream import StepStream
 
 log = logging.getLogger(__name__)
@@ -89,14 +89,6 @@ class EngineReady:
         return cls(str(data["device"]), steps, prefill)
 
 
-@dataclass(frozen=True)
-class GrammarTools:
-    """What constrained jobs share in one engine process: compiled matchers and the closer."""
-
-    matchers: MatcherCache
-    closer: Closer
-
-
 class EngineRunner:
     """Owns the CTranslate2 generator in the engine process; runs one command per lane."""
 
@@ -120,9 +112,8 @@ class EngineRunner:
         # before min_length (a job's stop_token_ids are ended by the worker, SequenceState).
         self._end_tokens = sorted(self.tokenizer.end_ids)
         self._flags = flags
-        self._grammar_lock = threading.Lock()
-        self._grammar_tools: GrammarTools | None = None
         self._scores = Scores(self.tokenizer)
+        self._grammars = GrammarRuns(self.tokenizer, self._end_tokens, self._scores)
         self.step_seconds = self._warm_up()
         self.prefill_seconds_per_token = self._time_prefill()
 
@@ -174,10 +165,12 @@ class EngineRunner:
         stream = StepStream(command, self._flags, events.send, coalesce)
         error: str | None = None
         try:
-            if command.grammar is not None:
+            if command.grammar(0) is not None and len(command.prompts) == 1:
                 self._generate_constrained(command, stream)
             elif command.seed is not None:
                 self._generate_seeded(command, stream)
+            elif command.reads_logits():
+                self._generate_shared(command, stream)
             else:
                 self._generate(command, stream)
         except Exception as exc:  # the worker fails the batch's jobs with this message
@@ -188,10 +181,9 @@ class EngineRunner:
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
-        score = self._scores.for_job(command.top_logprobs, command.top_k, command.temperature)
 
         def callback(step: Any) -> bool:
-            return token(step.batch_id, step.step, step.token_id, score(step), step.is_last)
+            return token(step.batch_id, step.step, step.token_id, step.log_prob, step.is_last)
 
         self._generate_batch(self.generator, command, command.prompts, callback)
 
@@ -199,17 +191,47 @@ class EngineRunner:
         """One job alone on a Generator of its own, seeded before its first draw
         (worker.engine.seeded)."""
         token = stream.token
-        score = self._scores.for_job(command.top_logprobs, command.top_k, command.temperature)
+        score = self._scores.for_job(command.alternatives(0), command.top_k, command.temperature)
 
         def run(generator: Any, drawn: Callable[[], None]) -> None:
             def callback(step: Any) -> bool:
                 drawn()  # its token was drawn: the seed is the thread's now
-                return token(0, step.step, step.token_id, score(step), step.is_last)
+                logprob = score(step, lambda: row_logits(step))
+                return token(0, step.step, step.token_id, logprob, step.is_last)
 
             whole = [*(command.static_prompt or []), *command.prompts[0]]
             self._generate_batch(generator, command, [whole], callback, static=False)
 
         self._on_seeded_generator(command, run)
+
+    def _generate_shared(self, command: BatchCommand, stream: StepStream) -> None:
+        """Rows that read their own logits (grammars, alternatives), as shared calls
+        (worker/engine/shared_rows.py)."""
+        rows = []
+        for i, prompt in enumerate(command.prompts):
+            grammar = command.grammar(i)
+            run = None if grammar is None else self._constrained_run(command, i, grammar)
+            if run is not None:
+                run.start(command.max_new_tokens[i])
+            scorer = self._scores.for_job(
+                command.alternatives(i), command.top_k, command.temperature
+            )
+            rows.append(SharedRow(i, list(prompt), command.max_new_tokens[i], run, scorer, True))
+        shared = SharedRows(rows, self._to_piece, stream.token, stream.expect)
+
+        def generate(
+            prompts: list[list[str]], max_new: int, callback: Callable[[Any], bool]
+        ) -> None:
+            # min_tokens only on the first call: a batch that restarts its rows has none
+            # (policy.alone); a row of alternatives alone restarts only after a failed check.
+            lengths = (max_new, command.min_tokens if shared.calls <= 1 else 0)
+            self._generate_batch(
+                self.generator, command, prompts, callback, lengths=lengths, logits=True
+            )
+
+        shared.run(generate, generate)
+        if shared.calls > 1 or shared.lost:
+            log.info("batch %d: %d shared calls", command.batch_id, shared.calls)
 
     def _on_seeded_generator(
         self, command: BatchCommand, run: Callable[[Any, Callable[[], None]], None]
@@ -248,8 +270,8 @@ class EngineRunner:
             repetition_penalty=command.repetition_penalty,
             beam_size=1,
             return_scores=True,  # the sampled token's log-probability reaches the callback
-            # Copies the vocabulary's logits every step: only for a job that needs them.
-            return_logits_vocab=logits or command.top_logprobs > 0,
+            # Copies the vocabulary's logits every step: only for jobs that need them.
+            return_logits_vocab=logits or command.reads_logits(),
             include_prompt_in_result=False,
             end_token=[] if command.ignore_eos else self._end_tokens,
             min_length=min_new,
@@ -269,30 +291,17 @@ class EngineRunner:
                 lambda generator, drawn: self._constrained(command, stream, generator, drawn),
             )
 
+    def _constrained_run(self, command: BatchCommand, row: int, grammar: str) -> ConstrainedRun:
+        return self._grammars.run(command, row, grammar, self._to_piece)
+
+    def _to_piece(self, token: int) -> str:
+        return self.tokenizer.to_pieces([token])[0]
+
     def _constrained(
         self, command: BatchCommand, stream: StepStream, generator: Any, drawn: Callable[[], None]
     ) -> None:
-        grammar = self._grammars()
-        matcher = grammar.matchers.matcher(command.grammar or "")
-        replay(matcher, self.tokenizer.encode_text(command.grammar_replay))
-        sampling = Sampling(
-            greedy=command.top_k == 1,
-            temperature=command.temperature,
-            top_k=command.top_k,
-            top_p=command.top_p,
-            repetition_penalty=command.repetition_penalty,
-            min_tokens=command.min_tokens,
-            rng=np.random.default_rng(command.seed),
-        )
-        run = ConstrainedRun(
-            matcher,
-            grammar.closer,
-            lambda token: self.tokenizer.to_pieces([token])[0],
-            frozenset(self._end_tokens),
-            self.tokenizer.vocab_size,
-            sampling,
-            self._scores.for_job(command.top_logprobs, command.top_k, command.temperature),
-        )
+        """One constrained row alone on its calls (seeded, or the batch's only row)."""
+        run = self._constrained_run(command, 0, command.grammar(0) or "")
         static = command.seed is None  # a seeded job's whole prompt goes as one
 
         def generate(
@@ -308,18 +317,15 @@ class EngineRunner:
                 generator, command, [pieces], on_token, static, lengths, logits=True
             )
 
+        steps = itertools.count()
+
+        def sink(token: int, logprob: Logprob, last: bool) -> bool:
+            return stream.token(0, next(steps), token, logprob, last)
+
         prompt = (
             command.prompts[0] if static else [*(command.static_prompt or []), *command.prompts[0]]
         )
-        run.run(prompt, command.max_new_tokens[0], generate, stream.token)
-
-    def _grammars(self) -> GrammarTools:
-        """The model's vocabulary for grammars, built at the first constrained job."""
-        with self._grammar_lock:
-            if self._grammar_tools is None:
-                cache = MatcherCache(self.tokenizer)
-                self._grammar_tools = GrammarTools(cache, Closer(self.tokenizer.token_bytes()))
-            return self._grammar_tools
+        run.run(prompt, command.max_new_tokens[0], generate, sink)
 
     def close(self) -> None:
         self.generator.unload_model()

@@ -71,11 +71,18 @@ class EngineRequest:
     # its cache_salt's); once it has a prefix, that prefix's partition (``SHARED`` for a
     # configured one). Every request of a batch with a prefix has the same.
     cache_partition: str = ""
-    # A grammar the output must match (worker/engine/constrained.py): such a request runs alone.
+    # A grammar the output must match (worker/engine/constrained.py): such a request shares
+    # batches only with others that read their logits (worker/engine/shared_rows.py).
     grammar: str | None = None
     grammar_replay: str = ""  # what it streamed before a resume, replayed into its matcher
-    # Alternatives to report per token (worker/engine/alternatives.py): such a request runs alone.
+    # Alternatives to report per token (worker/engine/alternatives.py): the same.
     top_logprobs: int = 0
+
+
+def reads_logits(request: EngineRequest) -> bool:
+    """Whether a request needs its own row's logits each step (a grammar's refused tokens,
+    reported alternatives): its batch copies the vocabulary's logits every step."""
+    return request.grammar is not None or request.top_logprobs > 0
 
 
 # (position in batch, decoding step, token id, log-probability, is_last) -> True to stop it.

@@ -20,6 +20,7 @@ SentStep = tuple[float, list[StepToken]]
 # A sequence's first tokens go to the worker at once (its first may decode to no visible text):
 # the publisher sends the same ones unpaced (worker/publisher.py).
 UNHELD_TOKENS = 2
+NEVER = 1 << 62  # the step of a row that is not expected to speak
 
 
 class StepStream:
@@ -87,6 +88,12 @@ class StepStream:
         if self._reported >= self._expected and not self._decided:
             self._step_done()
         return stop
+
+    def expect(self, position: int, step: int | None) -> None:
+        """Row ``position`` speaks next at ``step`` (None: not before it is told again): a batch
+        that restarts its own rows (worker/engine/shared_rows.py) says so, so a complete step
+        still goes at once."""
+        self._first_step[position] = NEVER if step is None else step
 
     def _step_done(self) -> None:
         """The step is complete: hold it, or send it with every step held before it."""
