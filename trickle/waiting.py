@@ -70,10 +70,6 @@ class Waiting:
     position: int
     eta_seconds: float | None
 
-    def to_dict(self) -> dict[str, int | float | None]:
-        eta = None if self.eta_seconds is None else round(self.eta_seconds, 2)
-        return {"position": self.position, "eta_seconds": eta}
-
 
 def service_order(entries: Sequence[QueuedEntry]) -> list[QueuedEntry]:
     """The order workers take queued jobs in: by priority, and within one priority the keys

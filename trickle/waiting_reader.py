@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -109,6 +109,12 @@ class WaitEstimator:
             return found
         aged = max(found.eta_seconds - (time.monotonic() - snapshot.taken), 0.0)
         return Waiting(found.position, aged)
+
+    def first_of(self, job_ids: Iterable[str]) -> Waiting | None:
+        """The place and start of whichever of ``job_ids`` is expected to start first (a
+        batch's next job), None if none of them is among the queued jobs read."""
+        found = [waiting for job_id in job_ids if (waiting := self.estimate(job_id))]
+        return min(found, key=lambda waiting: waiting.position, default=None)
 
     def _current(self) -> QueueSnapshot:
         if time.monotonic() - self._snapshot.taken < self._refresh:

@@ -8,17 +8,21 @@ are written as a worker writes them, and a follower (its hub's subscription stoo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
+from flask import Flask
 
 from tests.integration.test_hub import make_hub
 from trickle import keys
+from trickle.config.settings import Settings
 from trickle.jobs import Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from trickle.waiting import WorkerOutlook
 from trickle.waiting_reader import WaitEstimator, publish_outlook
+from web.services import services
 from web.streams.follow import WAITING_REFRESH_SECONDS, JobFollower, KeepAlive, Status
 
 
@@ -126,3 +130,36 @@ def test_a_reader_without_statuses_hears_only_the_refreshes(store: JobStore) -> 
         (status,) = chunk
         assert not isinstance(status, KeepAlive)
         assert isinstance(status, Status) and status.position == 0
+
+
+@pytest.fixture(scope="module")
+def app(settings: Settings, make_app: Callable[[Settings], Flask]) -> Flask:
+    return make_app(settings)
+
+
+def test_a_queued_job_and_a_background_response_say_where_they_stand(app: Flask) -> None:
+    client = app.test_client()
+    submitted = client.post("/v1/jobs", json={"model": "late", "prompt": "hi", "max_tokens": 10})
+    assert submitted.status_code == 202
+    assert "queued" not in submitted.get_json()  # a submission answers before any estimate
+    job_id = submitted.get_json()["id"]
+    unknown = client.get(f"/v1/jobs/{job_id}").get_json()["queued"]  # no worker serves "late"
+    assert isinstance(unknown["position"], int) and unknown["eta_seconds"] is None
+    client_redis = services(app).redis
+    # A worker for "late", one slot free in 5 s (dated ahead: its estimate does not age).
+    live_worker(client_redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1), model="late")
+    time.sleep(0.6)  # past the estimator's refresh
+    queued = client.get(f"/v1/jobs/{job_id}").get_json()["queued"]
+    assert queued["position"] == unknown["position"]
+    assert queued["eta_seconds"] >= 5.0
+    reply = client.post("/v1/responses", json={"model": "late", "input": "hi", "background": True})
+    response_id = reply.get_json()["id"]
+    time.sleep(0.6)
+    found = client.get(f"/v1/responses/{response_id}").get_json()
+    assert found["status"] == "queued"
+    assert found["queued"]["position"] > queued["position"]  # submitted after the job
+    assert found["queued"]["eta_seconds"] > queued["eta_seconds"]
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    client.post(f"/v1/responses/{response_id}/cancel")
+    gone = client.get(f"/v1/jobs/{job_id}").get_json()
+    assert gone["status"] == "canceled" and "queued" not in gone

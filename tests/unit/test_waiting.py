@@ -6,7 +6,6 @@ import pytest
 
 from trickle.waiting import (
     QueuedEntry,
-    Waiting,
     WorkerOutlook,
     service_order,
     slots_free_in,
@@ -73,8 +72,6 @@ def test_a_worker_frees_its_slots_after_its_running_and_claimed_jobs() -> None:
     assert slots_free_in([], [], slots=0, pace=0.1) == []
 
 
-def test_an_outlook_round_trips_and_a_waiting_rounds_its_eta() -> None:
+def test_an_outlook_round_trips() -> None:
     outlook = WorkerOutlook(at=12.5, free_in=(0.0, 1.25), seconds_per_token=0.004, length_ratio=0.5)
     assert WorkerOutlook.from_json(outlook.to_json()) == outlook
-    assert Waiting(3, 1.23456).to_dict() == {"position": 3, "eta_seconds": 1.23}
-    assert Waiting(0, None).to_dict() == {"position": 0, "eta_seconds": None}

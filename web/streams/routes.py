@@ -167,7 +167,11 @@ def queued_fields(svc: Services, job: Job) -> Queued | None:
     if job.status is not JobStatus.QUEUED:
         return None
     found = where_waiting(svc.store, svc.waiting, job.id)
-    return {"position": found.position, "eta_seconds": rounded_eta(found.eta_seconds)}
+    return queued_object(found.position, found.eta_seconds)
+
+
+def queued_object(position: int | None, eta_seconds: float | None) -> Queued:
+    return {"position": position, "eta_seconds": rounded_eta(eta_seconds)}
 
 
 def waiting_comment(event: Status) -> str:
