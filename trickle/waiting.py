@@ -29,6 +29,9 @@ class WorkerOutlook:
     seconds_per_token: float
     # Recent finished jobs' tokens over their max_tokens: how much of its budget a job uses.
     length_ratio: float = 1.0
+    # Jobs it claimed that wait for a lane (job id, seconds from ``at`` until it starts), in
+    # the order they start: claimed, so "running", yet still waiting.
+    claimed_waiting: tuple[tuple[str, float], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(
@@ -37,6 +40,7 @@ class WorkerOutlook:
                 "free_in": [round(seconds, 4) for seconds in self.free_in],
                 "spt": self.seconds_per_token,
                 "ratio": round(self.length_ratio, 4),
+                "claimed": [[job_id, round(start, 4)] for job_id, start in self.claimed_waiting],
             }
         )
 
@@ -48,6 +52,7 @@ class WorkerOutlook:
             tuple(float(seconds) for seconds in data["free_in"]),
             float(data["spt"]),
             float(data.get("ratio", 1.0)),
+            tuple((str(job_id), float(start)) for job_id, start in data.get("claimed", ())),
         )
 
 
@@ -115,16 +120,19 @@ def start_times(
 
 def slots_free_in(
     running: Sequence[tuple[int, float]], pending: Sequence[int], slots: int, pace: float
-) -> list[float]:
+) -> tuple[list[float], list[float]]:
     """A worker's side of the estimate: seconds until each of its ``slots`` is free, from its
     running jobs (remaining tokens, seconds per token) and the jobs it claimed that wait for a
     lane (their expected tokens, at ``pace`` seconds per token), each taking the first free
-    slot."""
+    slot; and when each of those claimed jobs starts."""
     free = sorted(remaining * seconds for remaining, seconds in running)[:slots]
     free.extend([0.0] * (slots - len(free)))
     if not free:
-        return []
+        return [], [0.0] * len(pending)
     heapq.heapify(free)
+    starts = []
     for tokens in pending:
-        heapq.heappush(free, heapq.heappop(free) + tokens * pace)
-    return sorted(free)
+        start = heapq.heappop(free)
+        starts.append(start)
+        heapq.heappush(free, start + tokens * pace)
+    return sorted(free), starts

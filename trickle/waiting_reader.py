@@ -21,6 +21,9 @@ from trickle.waiting import QueuedEntry, Waiting, WorkerOutlook, service_order, 
 
 # Queued jobs read per refresh: a job further back is told its position alone.
 MAX_QUEUED_READ = 2000
+# A job the snapshot does not know (submitted since) has it read again once it is this old:
+# a burst's new readers cost a few reads a second, not one each.
+MISS_REFRESH_SECONDS = 0.1
 
 
 def publish_outlook(
@@ -73,6 +76,17 @@ def read_queued(client: redis.Redis, limit: int) -> dict[str, list[QueuedEntry]]
     return by_model
 
 
+def claimed_waiting(outlooks: list[WorkerOutlook], now: float) -> dict[str, Waiting]:
+    """The jobs workers claimed that wait for a lane: ahead of every queued job, in the order
+    they are expected to start."""
+    found = sorted(
+        (max(start - max(now - outlook.at, 0.0), 0.0), job_id)
+        for outlook in outlooks
+        for job_id, start in outlook.claimed_waiting
+    )
+    return {job_id: Waiting(position, start) for position, (start, job_id) in enumerate(found)}
+
+
 @dataclass
 class QueueSnapshot:
     """Every read queued job's estimate at one moment (monotonic ``taken``)."""
@@ -88,10 +102,14 @@ class WaitEstimator:
         self,
         client: redis.Redis,
         heartbeat_ttl: float,
+        models: Iterable[str] = (),
         refresh_seconds: float = 0.5,
         clock: Callable[[], float] = time.time,
     ):
+        """``models``: those whose workers' claimed jobs may wait for a lane (the configured
+        ones); a model with queued jobs is read anyway."""
         self._client = client
+        self._models = tuple(models)
         self._heartbeat_ttl = heartbeat_ttl
         self._refresh = refresh_seconds
         self._clock = clock
@@ -99,12 +117,17 @@ class WaitEstimator:
         # Built here, after gevent patched ``threading`` (see web.services' lock).
         self._lock = threading.Lock()
 
-    def estimate(self, job_id: str) -> Waiting | None:
-        """The job's position and expected start, None if it is not among the queued jobs read
-        (claimed meanwhile, or further back than ``MAX_QUEUED_READ``). The eta counts from now:
-        a snapshot's estimates age with it."""
+    def estimate(self, job_id: str, read_on_miss: bool = True) -> Waiting | None:
+        """The job's position and expected start, None if it is not among the waiting jobs
+        read (started meanwhile, or further back than ``MAX_QUEUED_READ``). The eta counts from
+        now: a snapshot's estimates age with it. ``read_on_miss=False``: a job the snapshot
+        does not know is not worth a read (a claimed job, most likely running already)."""
         snapshot = self._current()
         found = snapshot.waiting.get(job_id)
+        stale = time.monotonic() - snapshot.taken >= MISS_REFRESH_SECONDS
+        if found is None and read_on_miss and stale:
+            snapshot = self._current(MISS_REFRESH_SECONDS)  # submitted since: read again
+            found = snapshot.waiting.get(job_id)
         if found is None or found.eta_seconds is None:
             return found
         aged = max(found.eta_seconds - (time.monotonic() - snapshot.taken), 0.0)
@@ -116,23 +139,28 @@ class WaitEstimator:
         found = [waiting for job_id in job_ids if (waiting := self.estimate(job_id))]
         return min(found, key=lambda waiting: waiting.position, default=None)
 
-    def _current(self) -> QueueSnapshot:
-        if time.monotonic() - self._snapshot.taken < self._refresh:
+    def _current(self, refresh: float | None = None) -> QueueSnapshot:
+        older_than = self._refresh if refresh is None else refresh
+        if time.monotonic() - self._snapshot.taken < older_than:
             return self._snapshot
         with self._lock:  # one reader refreshes; the others wait for its result
-            if time.monotonic() - self._snapshot.taken >= self._refresh:
+            if time.monotonic() - self._snapshot.taken >= older_than:
                 self._snapshot = self._read()
         return self._snapshot
 
     def _read(self) -> QueueSnapshot:
         now = self._clock()
         queued = read_queued(self._client, MAX_QUEUED_READ)
-        outlooks = read_outlooks(self._client, set(queued), now - self._heartbeat_ttl)
+        models = set(queued) | set(self._models)
+        outlooks = read_outlooks(self._client, models, now - self._heartbeat_ttl)
         snapshot = QueueSnapshot(time.monotonic())
         for model, entries in queued.items():
             order = service_order(entries)
+            ahead = sum(len(outlook.claimed_waiting) for outlook in outlooks[model])
             for position, (entry, start) in enumerate(
-                zip(order, start_times(order, outlooks[model], now), strict=True)
+                zip(order, start_times(order, outlooks[model], now), strict=True), ahead
             ):
                 snapshot.waiting[entry.job_id] = Waiting(position, start)
+        for found in outlooks.values():
+            snapshot.waiting.update(claimed_waiting(found, now))
         return snapshot

@@ -34,7 +34,7 @@ def build_services(settings: Settings) -> Services:
         store=store,
         celery=celery,
         hub=TokenHub(lambda: connect_subscriber(settings.redis)),
-        waiting=WaitEstimator(client, settings.worker.heartbeat_ttl_seconds),
+        waiting=WaitEstimator(client, settings.worker.heartbeat_ttl_seconds, settings.models),
         rate_limiter=RateLimiter(settings),
         requests=RequestModels.bound_to(settings),
         queues=queues,

@@ -84,7 +84,10 @@ def model_outlook(
     pace = fallback or 0.0
     running = [(expected_tokens(job, ratio), seconds_per_token(job) or pace) for job in started]
     pending = [expected_tokens(job, ratio) for job in waiting]
-    return WorkerOutlook(now, tuple(slots_free_in(running, pending, slots, pace)), pace, ratio)
+    free, starts = slots_free_in(running, pending, slots, pace)
+    ids = [job.job_id for job in waiting]
+    claimed = tuple(sorted(zip(ids, starts, strict=True), key=lambda pair: pair[1]))
+    return WorkerOutlook(now, tuple(free), pace, ratio, claimed)
 
 
 def worker_outlooks(

@@ -20,6 +20,7 @@ def job(
     reason: FinishReason | None = None,
 ) -> Any:
     return SimpleNamespace(
+        job_id="job_w" if not started else "job_r",
         generated_ids=[1] * made,
         request=SimpleNamespace(max_new_tokens=budget),
         first_token_at=first,
@@ -60,6 +61,7 @@ def test_a_model_outlook_frees_slots_after_running_then_claimed_jobs() -> None:
     assert outlook.at == 50.0
     assert outlook.seconds_per_token == pytest.approx(0.1)
     assert outlook.free_in == pytest.approx((1.0, 2.0))
+    assert outlook.claimed_waiting == (("job_w", 0.0),)  # claimed, starting on the free slot
 
 
 def test_without_a_measured_job_the_step_time_is_the_pace() -> None:

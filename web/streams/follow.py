@@ -162,6 +162,7 @@ class JobFollower:
             raise
         self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
         self._status: JobStatus | None = None  # the last status sent
+        self._lane_waiting = False  # claimed, but waiting for a lane (told as queued)
         self.trace_context = job.trace_context
 
     def close(self) -> None:
@@ -198,7 +199,9 @@ class JobFollower:
                 pause = last_chunk + pace() - time.monotonic()
                 if pause > MIN_PAUSE_SECONDS:
                     time.sleep(pause)  # a greenlet sleep under gevent
-                waiting = self._waiting is not None and job.status is JobStatus.QUEUED
+                waiting = self._waiting is not None and (
+                    job.status is JobStatus.QUEUED or self._lane_waiting
+                )
                 timeout = min(keepalive_seconds, WAITING_REFRESH_SECONDS)
                 heard = self._wait(timeout if waiting else keepalive_seconds)
                 pending, live, refresh = heard.tokens, heard.resync is None, False
@@ -224,12 +227,25 @@ class JobFollower:
         is still queued, and its waiter is told again where it stands), else nothing."""
         if live_tokens and status is JobStatus.QUEUED:
             status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
-        refreshed = refresh and status is JobStatus.QUEUED
-        if not refreshed and (status is self._status or not self._statuses):
+        lane_wait = None
+        if status is JobStatus.RUNNING and not live_tokens and self._next <= 0 and self._waiting:
+            if self._status is JobStatus.QUEUED and not refresh:
+                # Just claimed: a worker may still have it wait for a lane. It runs for its
+                # reader with its first token, or when the next refresh finds it not waiting.
+                self._lane_waiting = True
+                return []
+            # Claimed, but its worker has it wait for a lane: still waiting, as its reader sees.
+            lane_wait = self._waiting.estimate(self._job_id, read_on_miss=False)
+        self._lane_waiting = lane_wait is not None
+        shown = JobStatus.QUEUED if lane_wait is not None else status
+        refreshed = refresh and shown is JobStatus.QUEUED
+        if not refreshed and (shown is self._status or not self._statuses):
             return []
-        self._status = status
-        if status is not JobStatus.QUEUED:
-            return [Status(status)]
+        self._status = shown
+        if shown is not JobStatus.QUEUED:
+            return [Status(shown)]
+        if lane_wait is not None:
+            return [Status(shown, lane_wait.position, lane_wait.eta_seconds)]
         return [where_waiting(self._store, self._waiting, self._job_id)]
 
     def _take(self, runs: list[TokenRun]) -> TokenRun | None:
