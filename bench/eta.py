@@ -12,8 +12,8 @@ arrival (a claimed job may still wait for a lane: the claim is no start). Two lo
 arrivals at half the worker's measured capacity (jobs per second of a warm full batch), and a
 burst of ``--burst`` jobs at once. For each: the jobs that heard an ETA, and the median and
 p90 of |ETA - wait| / wait over those that waited at least ``MIN_WAIT_SECONDS`` (a shorter
-wait makes any error a large fraction of it). Goal (issue 56): median <= 25 %, p90 <= 50 %. On a busy machine the figures
-are indicative only; it says the load it started under.
+wait makes any error a large fraction of it). Goal (issue 56): median <= 25 %, p90 <= 50 %.
+On a busy machine the figures are indicative only; it says the load it started under.
 """
 
 from __future__ import annotations
