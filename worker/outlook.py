@@ -18,6 +18,7 @@ from trickle.waiting import WorkerOutlook, slots_free_in
 from worker.engine.scheduled import ScheduledJob
 
 if TYPE_CHECKING:  # the in-flight table keeps a LengthRatios: no import at run time
+    from worker.engine.engine import Engine
     from worker.engine.scheduler import BatchScheduler
     from worker.in_flight import InFlight
 
@@ -90,21 +91,28 @@ def model_outlook(
     return WorkerOutlook(now, tuple(free), pace, ratio, claimed)
 
 
+def running_slots(engine: Engine) -> int:
+    """Jobs a model's engine runs at once: its lanes' batches, and its overflow lanes' too (a
+    burst fills them); a tenants' reserve lane is not counted (no key may fill it)."""
+    spare = 0 if engine.tenant_reserve else engine.reserve_lanes
+    return engine.settings.max_batch_size * (engine.settings.lanes + spare)
+
+
 def worker_outlooks(
     in_flight: InFlight,
-    usage: Mapping[str, tuple[int, int]],
+    engines: Mapping[str, Engine],
     schedulers: Mapping[str, BatchScheduler],
 ) -> dict[str, WorkerOutlook]:
-    """Every served model's outlook (``usage``: its (busy, total) slots; ``schedulers``: each
-    model's, for a measured step time when no running job measured its pace)."""
+    """Every served model's outlook (``schedulers``: each model's, for a measured step time
+    when no running job measured its pace)."""
     jobs, now = in_flight.by_model(), time.time()
     return {
         model: model_outlook(
             jobs.get(model, ()),
-            total,
+            running_slots(engine),
             in_flight.lengths.ratio(model),
             schedulers[model].seconds_per_step,
             now,
         )
-        for model, (_busy, total) in usage.items()
+        for model, engine in engines.items()
     }

@@ -117,7 +117,7 @@ class WorkerRuntime:
             self.requeue,
             queue_depth or (lambda model: 0),
             self.publisher.recheck_finished,
-            outlooks=lambda: worker_outlooks(self.in_flight, self.slot_usage(), self.schedulers),
+            outlooks=lambda: worker_outlooks(self.in_flight, self.engines, self.schedulers),
         )
         self.maintenance = Maintenance(self.duties)
 
