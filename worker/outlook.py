@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from trickle.capacity import slots_per_worker
 from trickle.jobs import FinishReason
 from trickle.waiting import WorkerOutlook, slots_free_in
 from worker.engine.scheduled import ScheduledJob
@@ -91,11 +92,13 @@ def model_outlook(
     return WorkerOutlook(now, tuple(free), pace, ratio, claimed)
 
 
-def running_slots(engine: Engine) -> int:
-    """Jobs a model's engine runs at once: its lanes' batches, and its overflow lanes' too (a
-    burst fills them); a tenants' reserve lane is not counted (no key may fill it)."""
+def running_slots(engine: Engine, window: int) -> int:
+    """Jobs a model's engine runs at once: its lanes' batches, and its overflow lanes' too
+    when the worker's prefetch ``window`` (every served model's lane slots) holds that many of
+    its jobs; a tenants' reserve lane is not counted (no key may fill it)."""
     spare = 0 if engine.tenant_reserve else engine.reserve_lanes
-    return engine.settings.max_batch_size * (engine.settings.lanes + spare)
+    lanes = engine.settings.max_batch_size * engine.settings.lanes
+    return max(min(engine.settings.max_batch_size * (engine.settings.lanes + spare), window), lanes)
 
 
 def worker_outlooks(
@@ -106,10 +109,11 @@ def worker_outlooks(
     """Every served model's outlook (``schedulers``: each model's, for a measured step time
     when no running job measured its pace)."""
     jobs, now = in_flight.by_model(), time.time()
+    window = sum(slots_per_worker(engine.settings) for engine in engines.values())
     return {
         model: model_outlook(
             jobs.get(model, ()),
-            running_slots(engine),
+            running_slots(engine, window),
             in_flight.lengths.ratio(model),
             schedulers[model].seconds_per_step,
             now,

@@ -49,6 +49,7 @@ def blocker(full: FaultStack) -> Iterator[str]:
     starts; canceled at its end."""
     job_id = requests.post(f"{full.web_url}/v1/jobs", json=LONG, timeout=30).json()["id"]
     wait_for(lambda: job(full, job_id)["usage"]["completion_tokens"] > 2, 60, "the blocker runs")
+    time.sleep(1.5)  # its worker's outlook (every 0.5 s) and the web's reading of it follow
     yield job_id
     requests.post(f"{full.web_url}/v1/jobs/{job_id}/cancel", timeout=30)
 
