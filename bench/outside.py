@@ -70,10 +70,14 @@ def engine_capacity(path: Path, max_tokens: int) -> tuple[float, str]:
     return best.tokens_per_s, best.describe()
 
 
-def start_stack(path: Path, work: Path, port: int) -> subprocess.Popen[bytes]:
-    """``make up``'s stack with the model served by configuration, its output in work/up.log."""
+def start_stack(
+    path: Path, work: Path, port: int, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """``make up``'s stack with the model served by configuration (``extra_env``: more of
+    it), its output in work/up.log."""
     env = {
         **os.environ,
+        **(extra_env or {}),
         "TRICKLE_PORT": str(port),
         "TRICKLE__REDIS__URL": f"redis://127.0.0.1:{free_port()}/0",
         "TRICKLE_DEFAULT_MODEL": SERVED_NAME,

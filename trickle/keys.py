@@ -270,6 +270,12 @@ def worker_slots_key(node: str) -> str:
     return f"{PREFIX}:worker:{node}:slots"
 
 
+def worker_outlook(node: str) -> str:
+    """Hash of one worker's outlook per model (trickle/waiting.py: when its slots free, its
+    pace); expires with its heartbeat."""
+    return f"{PREFIX}:worker:{node}:outlook"
+
+
 # Set (with a short TTL) while `trickle up --workers MIN:MAX` runs an autoscaler: zero live
 # workers is then a ready state, since the autoscaler starts one when a job arrives.
 AUTOSCALER = f"{PREFIX}:autoscaler"

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trickle.config.settings import Settings
     from trickle.queue import QueueReader
     from trickle.store.job_store import JobStore
+    from trickle.waiting_reader import WaitEstimator
     from web.admission.depth import AdmissionDepth
     from web.admission.ratelimit import RateLimiter
     from web.batches.file_store import FileStore
@@ -45,6 +46,8 @@ class Services:
     store: JobStore
     celery: Celery
     hub: TokenHub
+    # Queued jobs' positions and expected starts, read for all this process's waiters at once.
+    waiting: WaitEstimator
     rate_limiter: RateLimiter
     requests: RequestModels  # the request bodies, bound to this configuration's limits
     # Where each model's waiting jobs are counted (the 429 bound, /metrics, /scaling).

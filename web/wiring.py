@@ -8,6 +8,7 @@ from trickle.queue import QueueReader, make_celery, tasks_ride_with_records
 from trickle.store.job_store import JobStore
 from trickle.store.redis_connection import connect_pooled, connect_subscriber
 from trickle.tenants import TenantTable
+from trickle.waiting_reader import WaitEstimator
 from web.admission.depth import AdmissionDepth
 from web.admission.ratelimit import RateLimiter
 from web.batches.file_store import FileStore
@@ -33,6 +34,7 @@ def build_services(settings: Settings) -> Services:
         store=store,
         celery=celery,
         hub=TokenHub(lambda: connect_subscriber(settings.redis)),
+        waiting=WaitEstimator(client, settings.worker.heartbeat_ttl_seconds, settings.models),
         rate_limiter=RateLimiter(settings),
         requests=RequestModels.bound_to(settings),
         queues=queues,

@@ -8,6 +8,7 @@ import time
 
 from trickle.jobs import FinishReason, JobError
 from worker.engine.scheduled import ScheduledJob
+from worker.outlook import LengthRatios
 
 
 class InFlight:
@@ -16,6 +17,7 @@ class InFlight:
         self._jobs: dict[str, ScheduledJob] = {}
         self._models: dict[str, str] = {}
         self._idle_since = time.time()
+        self.lengths = LengthRatios()  # how much of max_tokens finished jobs used, per model
 
     def add(self, job: ScheduledJob, model: str) -> None:
         with self._lock:
@@ -24,9 +26,19 @@ class InFlight:
 
     def remove(self, job_id: str) -> None:
         with self._lock:
-            self._jobs.pop(job_id, None)
-            self._models.pop(job_id, None)
+            job = self._jobs.pop(job_id, None)
+            model = self._models.pop(job_id, None)
             self._idle_since = time.time()
+        if job is not None and model is not None:
+            self.lengths.finished(model, job)
+
+    def by_model(self) -> dict[str, list[ScheduledJob]]:
+        """The running jobs of each model (the waiting estimate's outlook)."""
+        with self._lock:
+            found: dict[str, list[ScheduledJob]] = {}
+            for job_id, job in self._jobs.items():
+                found.setdefault(self._models[job_id], []).append(job)
+            return found
 
     def leases(self) -> dict[str, str]:
         """job id -> the fence this worker holds its lease with."""

@@ -25,6 +25,8 @@ from trickle.store.job_store import JobStore
 from trickle.store.leases import RecoveryOutcome
 from trickle.telemetry.metric_defs import JOBS
 from trickle.telemetry.metrics import MetricsRecorder
+from trickle.waiting import WorkerOutlook
+from trickle.waiting_reader import publish_outlook
 from worker import reclaim
 from worker.in_flight import InFlight
 
@@ -32,6 +34,9 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
 METRICS_FLUSH_SECONDS = 2.0
+# How often a worker's outlook (when its slots free) is refreshed while it runs jobs: the web
+# tier tells waiters their expected start at least once a second.
+OUTLOOK_SECONDS = 0.5
 MAX_EXPIRY_INTERVAL_SECONDS = 60.0
 LEASE_LOST = JobError("lease_lost", "this worker lost the job's lease; another worker runs it")
 
@@ -52,6 +57,8 @@ class WorkerDuties:
     queue_depth: Callable[[str], int]  # model -> tasks waiting in its queue (the broker's)
     # Called when Redis answers with another run_id: it restarted, and may have lost writes.
     redis_restarted: Callable[[], None] = lambda: None
+    # Each served model's outlook now (worker/outlook.py), for the waiting estimate.
+    outlooks: Callable[[], dict[str, WorkerOutlook]] = dict
 
     @property
     def lease_ms(self) -> int:
@@ -73,6 +80,7 @@ class Maintenance:
         self._thread = threading.Thread(target=self._run, name="trickle-maintenance", daemon=True)
         self._next: dict[str, float] = {}
         self._run_id = ""  # the Redis server's, as the last heartbeat found it
+        self._outlook_busy, self._outlook_at = False, 0.0  # the last outlook written
 
     def start(self) -> None:
         try:
@@ -108,6 +116,7 @@ class Maintenance:
             ("expire", expiry_interval(self._runtime.settings), self.expire),
             ("republish", worker.republish_after_seconds / 2, self.republish),
             ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
+            ("outlook", OUTLOOK_SECONDS, self.publish_outlook),
         )
         while not self._stop.wait(TICK_SECONDS):
             now = time.monotonic()
@@ -149,6 +158,21 @@ class Maintenance:
             log.warning("Redis restarted (run_id %s, was %s)", run_id, self._run_id)
             runtime.redis_restarted()
         self._run_id = run_id
+
+    def publish_outlook(self) -> None:
+        """This worker's outlook per model, for the waiting estimate: while it runs jobs at
+        every turn, idle only once per heartbeat (what it says changes only with jobs)."""
+        runtime = self._runtime
+        busy = bool(runtime.in_flight.running_models())
+        now = time.time()
+        worker = runtime.settings.worker
+        fresh = now - self._outlook_at < worker.heartbeat_seconds
+        if not busy and not self._outlook_busy and fresh:
+            return
+        pipe = runtime.redis.pipeline(transaction=False)
+        publish_outlook(pipe, runtime.node_name, runtime.outlooks(), worker.heartbeat_ttl_seconds)
+        pipe.execute()
+        self._outlook_busy, self._outlook_at = busy, now
 
     def renew_leases(self) -> None:
         runtime = self._runtime

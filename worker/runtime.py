@@ -37,6 +37,7 @@ from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.in_flight import InFlight
 from worker.job_trace import hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
+from worker.outlook import worker_outlooks
 from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
 
@@ -116,6 +117,7 @@ class WorkerRuntime:
             self.requeue,
             queue_depth or (lambda model: 0),
             self.publisher.recheck_finished,
+            outlooks=lambda: worker_outlooks(self.in_flight, self.engines, self.schedulers),
         )
         self.maintenance = Maintenance(self.duties)
 

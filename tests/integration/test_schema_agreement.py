@@ -61,6 +61,7 @@ PUBLISHED_SCHEMAS = {
     *("StreamOptions", "TextConfig", "TextPart", "TextResponseFormat", "JsonObjectFormat"),
     *("JsonSchemaFormat", "JsonSchemaSpec", "TextJsonSchemaFormat", "NamedFunctionChoice"),
     *("Job", "JobUrls", "JobErrorObject", "JobMetrics", "JobStatus", "FinishReason"),
+    "Queued",
     *("ParamsObject", "UsageObject", "Error", "ErrorDetail"),
     *("Completion", "CompletionChoice", "ChatCompletion", "ChatChoice", "AssistantMessage"),
     *("Usage", "Model", "ModelList", "Batch", "RequestCounts"),

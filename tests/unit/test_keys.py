@@ -22,6 +22,7 @@ def test_exact_key_strings() -> None:
     assert keys.RATE_LIMIT_PREFIX == "trickle:ratelimit"
     assert keys.AMQP_EXCHANGE == "trickle"
     assert keys.worker_slots_key("w@h") == "trickle:worker:w@h:slots"
+    assert keys.worker_outlook("w@h") == "trickle:worker:w@h:outlook"
     assert keys.AUTOSCALER == "trickle:autoscaler"
     assert keys.WEBHOOK_TASK == "trickle.webhook" and keys.WEBHOOK_QUEUE == "trickle.webhooks"
     assert keys.METRIC_COUNTERS == "trickle:metrics:counters"

@@ -31,8 +31,16 @@ from web.common.errors import HttpError, invalid, not_found, unavailable
 from web.common.server_timing import timing_comment, with_server_timing
 from web.common.validation import parse_after
 from web.services import Services, services
-from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
-from web.streams.routes import SSE_HEADERS, stream_pace
+from web.streams.follow import (
+    Done,
+    JobFollower,
+    JobNotFound,
+    KeepAlive,
+    Status,
+    follow_many,
+    wait_for_job,
+)
+from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("anthropic", __name__)
@@ -119,7 +127,7 @@ def _event_stream(
     try:
         # With tools the parser reads every token from the first, whatever the resume point.
         first = after if parser is None else -1
-        follower = JobFollower(svc.store, svc.hub, job.id, first, job.owner, False)
+        follower = JobFollower(svc.store, svc.hub, job.id, first, job.owner, False, svc.waiting)
     except JobNotFound:
         raise not_found(f"message {render.message_id(job.id)!r} has expired", HEADER) from None
     body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))
@@ -144,6 +152,8 @@ def _events(
             for _index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(render.PING)
+                elif isinstance(event, Status):
+                    parts.append(waiting_comment(event))
                 elif isinstance(event, TokenRun):
                     parts.extend(writer.tokens(event))
                 elif isinstance(event, Done):

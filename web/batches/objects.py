@@ -5,9 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import cast
 
-from web.batches.store import FINAL_STAGES, BatchRecord
-from web.common.response_models import Batch, BatchErrors, BatchStatus
+from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
+from web.common.response_models import Batch, BatchErrors, BatchStatus, Queued
 from web.services import Services
+from web.streams.routes import queued_object
+
+# Items read past a batch's finished ones to find its next queued job.
+NEXT_START_ITEMS = 64
 
 
 def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batch:
@@ -46,6 +50,19 @@ def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batc
         "metadata": batch.metadata,
         "output_url": f"/v1/batches/{batch.id}/output",
     }
+
+
+def next_start(svc: Services, store: BatchStore, batch: Batch) -> Queued | None:
+    """Where the batch's next job to start stands while its requests wait for a worker: the
+    first of the ``NEXT_START_ITEMS`` items after those finished that is still queued (jobs
+    are taken about in their lines' order)."""
+    counts = batch["request_counts"]
+    done = counts["completed"] + counts["failed"]
+    if batch["status"] != "in_progress" or done >= counts["total"]:
+        return None
+    items = store.items(batch["id"], done, NEXT_START_ITEMS)
+    found = svc.waiting.first_of(job_id for item in items for job_id in item.job_ids)
+    return None if found is None else queued_object(found.position, found.eta_seconds)
 
 
 def _seconds(moment: float | None) -> int | None:

@@ -39,7 +39,7 @@ from web.batches.finalize import batch_result_ttl, batch_store, cancel_pending, 
 from web.batches.ingest import ingest
 from web.batches.input_file import create_file_batch, file_batch_request
 from web.batches.lines import check_line_sizes, parse_line, parse_request
-from web.batches.objects import batch_object
+from web.batches.objects import batch_object, next_start
 from web.batches.output import finished_slices, output_line
 from web.batches.pending import Reservation
 from web.batches.quota import hold_batch_storage
@@ -306,7 +306,11 @@ def list_batches() -> Response:
 def get_batch(batch_id: str) -> Response:
     svc = services()
     store = _store(svc)
-    return jsonify(_current_object(svc, store, _visible_record(svc, store, batch_id)))
+    found = _current_object(svc, store, _visible_record(svc, store, batch_id))
+    queued = next_start(svc, store, found)
+    if queued is not None:
+        found["queued"] = queued
+    return jsonify(found)
 
 
 def _current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:

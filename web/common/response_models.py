@@ -21,10 +21,24 @@ class JobUrls(TypedDict):
     ws: str
 
 
+class Queued(TypedDict):
+    """Where a queued job stands: queued jobs ahead of it, and seconds until it is expected to
+    start (null: unknown, e.g. no live worker serves its model)."""
+
+    position: int | None
+    eta_seconds: float | None
+
+
 class JobWithUrls(JobObject, total=False):
     """The job object as the job API answers it (stream events carry it without ``urls``)."""
 
     urls: JobUrls
+
+
+class JobAnswer(JobWithUrls, total=False):
+    """What the job API answers: ``queued`` only on a read of a queued job."""
+
+    queued: Queued
 
 
 class ErrorDetail(TypedDict):
@@ -189,6 +203,8 @@ class Batch(TypedDict):
     request_counts: RequestCounts
     metadata: dict[str, str] | None
     output_url: str
+    # While its first waiting job is queued: where that one stands (the batch's next start).
+    queued: NotRequired[Queued]
 
 
 class BatchList(TypedDict):
@@ -356,6 +372,8 @@ class ResponseObject(TypedDict):
     truncation: Literal["disabled"]
     usage: ResponseUsage | None
     user: None
+    # While it is queued (background mode): where its job stands.
+    queued: NotRequired[Queued]
 
 
 class ResponseDeleted(TypedDict):
@@ -369,7 +387,7 @@ class ResponseDeleted(TypedDict):
 PUBLISHED_NAMES = {"CompletionUsage": "Usage", "FileObject": "File"}
 
 RESPONSE_MODELS: dict[str, Any] = {
-    "Job": JobWithUrls,
+    "Job": JobAnswer,
     "Error": ErrorBody,
     "Completion": Completion,
     "ChatCompletion": ChatCompletion,

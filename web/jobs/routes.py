@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request
@@ -19,6 +20,7 @@ from web.common.validation import parse_job_request, parse_wait
 from web.services import services
 from web.streams.access import with_urls
 from web.streams.follow import owned_by, visible_to, wait_for_job
+from web.streams.routes import queued_fields
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("jobs", __name__)
@@ -75,7 +77,9 @@ def get_job(job_id: str) -> Response:
             raise missing(job_id)
     else:
         job = visible_job(job_id)
-    return job_response(job, finished_status=200, running_status=200, delivered=wait > 0)
+    return job_response(
+        job, finished_status=200, running_status=200, delivered=wait > 0, waiting=True
+    )
 
 
 @blueprint.post("/v1/jobs/<job_id>/cancel")
@@ -104,9 +108,16 @@ def job_response(
     finished_status: int = 200,
     running_status: int = 202,
     delivered: bool = False,
+    waiting: bool = False,
 ) -> Response:
-    """``delivered``: the request waited for the job, so its ``deliver`` hop is timed too."""
-    response = jsonify(with_urls(job.to_dict(), job.id))
+    """``delivered``: the request waited for the job, so its ``deliver`` hop is timed too;
+    ``waiting``: a read, which says where a queued job stands."""
+    described: dict[str, Any] = {**with_urls(job.to_dict(), job.id)}
+    # Only a read says where a queued job stands: a submission answers before any estimate.
+    queued = queued_fields(services(), job) if waiting else None
+    if queued is not None:
+        described["queued"] = queued
+    response = jsonify(described)
     response.status_code = finished_status if job.status.is_terminal else running_status
     response.headers.update(headers or {})
     return with_server_timing(response, [job], delivered and job.status.is_terminal)

@@ -46,12 +46,13 @@ from web.streams.follow import (
     Done,
     JobFollower,
     KeepAlive,
+    Status,
     close_all,
     follow_many,
     open_followers,
     wait_for_job,
 )
-from web.streams.routes import SSE_HEADERS, stream_pace
+from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
@@ -126,8 +127,10 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
     )
     if req.stream:
         owner = jobs[0].owner
-        # Chunks carry no status: no Status events, and no queue position read per stream.
-        followers = open_followers(svc.store, svc.hub, [job.id for job in jobs], owner, False)
+        # Chunks carry no status: no status changes, and no queue position read as it starts;
+        # while a job waits, comments say where it stands.
+        job_ids = [job.id for job in jobs]
+        followers = open_followers(svc.store, svc.hub, job_ids, owner, False, svc.waiting)
         held = key is not None and stream_hold.grace_seconds(svc) > 0
         body = stream_with_context(_stream(svc, req, jobs, followers, envelope, held))
         response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
@@ -271,6 +274,8 @@ def _stream(
             for index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
+                elif isinstance(event, Status):
+                    parts.append(waiting_comment(event))
                 elif isinstance(event, TokenRun) and tools:
                     # Token by token: a call's arguments stream as the model writes them.
                     for literal in event.literals:

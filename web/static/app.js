@@ -4,8 +4,8 @@
 // Watching: /?job=<id>&token=<stream token> (or a stream URL pasted into "Watch a job") follows
 // any job, with the token a backend got in the job's urls instead of an API key.
 //
-// Status comes from the stream's "status" events (queued with its place in line, running, the
-// final state); the page never polls for it.
+// Status comes from the stream's "status" events (queued with its place in line and expected
+// start, refreshed every second; running; the final state); the page never polls for it.
 //
 // Exactly-once: the page keeps the last token index it has shown and every (re)connection asks
 // for events after it; an index already shown is ignored and a gap forces a reconnect, so
@@ -339,9 +339,21 @@
 
   // ---------------------------------------------------------------- one job on screen
 
-  function setStatus(status, position) {
-    const ahead = status === "queued" && typeof position === "number";
-    el.status.textContent = ahead ? `queued · ${position} ahead` : status;
+  // "3rd in line, about 1.2 s": the job's place (jobs ahead + 1) and its expected start.
+  function ordinal(n) {
+    const teen = n % 100 >= 11 && n % 100 <= 13;
+    const suffix = teen ? "th" : { 1: "st", 2: "nd", 3: "rd" }[n % 10] || "th";
+    return `${n}${suffix}`;
+  }
+
+  function waitingText(position, eta) {
+    const place = typeof position === "number" ? `${ordinal(position + 1)} in line` : "queued";
+    if (typeof eta !== "number") return place;
+    return `${place}, about ${eta < 10 ? eta.toFixed(1) : Math.round(eta)} s`;
+  }
+
+  function setStatus(status, position, eta) {
+    el.status.textContent = status === "queued" ? waitingText(position, eta) : status;
     el.status.dataset.status = status;
     el.output.dataset.status = status;
   }
@@ -428,9 +440,11 @@
 
   function onStatus(current, data) {
     if (el.status.dataset.status === "canceling" && !TERMINAL.has(data.status)) return;
-    current.statuses.push(data.status);
-    el.output.dataset.statuses = current.statuses.join(" ");
-    setStatus(data.status, data.position);
+    if (current.statuses[current.statuses.length - 1] !== data.status) {
+      current.statuses.push(data.status); // a queued job's refreshes are one status
+      el.output.dataset.statuses = current.statuses.join(" ");
+    }
+    setStatus(data.status, data.position, data.eta_seconds);
   }
 
   function render() {

@@ -28,6 +28,7 @@ from typing import NamedTuple
 from trickle.events import FinalRecord, TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
 from trickle.store.job_store import JobStore
+from trickle.waiting_reader import WaitEstimator
 from web.streams.hub import Delivery, Signal, Subscription, TokenHub
 
 
@@ -43,14 +44,29 @@ class KeepAlive:
 
 @dataclass(frozen=True)
 class Status:
-    """The job's status changed (or the reader just connected). ``position``: queued jobs
-    ahead of it, when queued and known (see ``JobStore.queue_position``)."""
+    """The job's status changed (or the reader just connected), or, while it is queued, its
+    refreshed place (at least once a second). ``position``: queued jobs ahead of it, when queued
+    and known; ``eta_seconds``: when it is expected to start (trickle/waiting.py), when known."""
 
     status: JobStatus
     position: int | None = None
+    eta_seconds: float | None = None
+
+
+# While a job is queued its readers hear its position and expected start this often at least.
+WAITING_REFRESH_SECONDS = 1.0
 
 
 FollowEvent = TokenRun | Status | Done | KeepAlive
+
+
+def where_waiting(store: JobStore, waiting: WaitEstimator | None, job_id: str) -> Status:
+    """A queued job's ``Status``: its place and expected start from the estimate, or, when
+    that has none for it, its place in the queue index alone."""
+    found = waiting.estimate(job_id) if waiting is not None else None
+    if found is not None:
+        return Status(JobStatus.QUEUED, found.position, found.eta_seconds)
+    return Status(JobStatus.QUEUED, store.queue_position(job_id))
 
 
 class JobNotFound(LookupError):
@@ -123,13 +139,17 @@ class JobFollower:
         after: int,
         owner: str = "",
         statuses: bool = True,
+        waiting: WaitEstimator | None = None,
     ):
         """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
         another API key's job (``owner`` is the caller's key digest, "" without keys).
-        ``statuses=False``: a reader with no use for ``Status`` events (an OpenAI stream) gets
-        none, and no queue position is read for it."""
+        ``statuses=False``: a reader with no use for status changes (an OpenAI stream) gets
+        none, and no queue position is read when it connects. ``waiting``: while the job is
+        queued, a ``Status`` with its position and expected start every
+        ``WAITING_REFRESH_SECONDS`` (in place of keep-alives), whatever ``statuses`` says."""
         self._store = store
         self._statuses = statuses
+        self._waiting = waiting
         self._job_id = job_id
         self._next = after + 1
         self._subscription: Subscription = hub.subscribe(job_id)
@@ -142,6 +162,7 @@ class JobFollower:
             raise
         self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
         self._status: JobStatus | None = None  # the last status sent
+        self._lane_waiting = False  # claimed, but waiting for a lane (told as queued)
         self.trace_context = job.trace_context
 
     def close(self) -> None:
@@ -162,6 +183,7 @@ class JobFollower:
         try:
             job, pending = self._first
             live = False  # pending came from the channel, not from a snapshot with the status
+            refresh = False  # a quiet wait while queued: tell the waiter where it stands again
             last_chunk = 0.0
             while True:
                 run = self._take(pending)
@@ -169,7 +191,7 @@ class JobFollower:
                 if job.status.is_terminal:
                     yield [*tokens, *self._status_change(job.status), Done(job)]
                     return
-                change = self._status_change(job.status, live_tokens=live and bool(tokens))
+                change = self._status_change(job.status, live and bool(tokens), refresh)
                 if change or tokens:
                     yield [*change, *tokens]
                 if tokens:  # a status alone never delays the first token
@@ -177,31 +199,54 @@ class JobFollower:
                 pause = last_chunk + pace() - time.monotonic()
                 if pause > MIN_PAUSE_SECONDS:
                     time.sleep(pause)  # a greenlet sleep under gevent
-                heard = self._wait(keepalive_seconds)
-                pending, live = heard.tokens, heard.resync is None
+                waiting = self._waiting is not None and (
+                    job.status is JobStatus.QUEUED or self._lane_waiting
+                )
+                timeout = min(keepalive_seconds, WAITING_REFRESH_SECONDS)
+                heard = self._wait(timeout if waiting else keepalive_seconds)
+                pending, live, refresh = heard.tokens, heard.resync is None, False
                 if heard.final is not None:
                     job = heard.final  # every token is in pending or sent: it ends next pass
                 elif heard.resync is not None:
-                    if heard.resync is Resync.QUIET:
+                    if heard.resync is Resync.QUIET and not waiting:
                         yield [KeepAlive()]
                     latest, events = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
                         return
                     job, pending = latest, _runs(events)
+                    refresh = waiting and heard.resync is Resync.QUIET
                 elif heard.claimed and job.status is JobStatus.QUEUED:
                     job = dataclasses.replace(job, status=JobStatus.RUNNING)
         finally:
             self.close()
 
-    def _status_change(self, status: JobStatus, live_tokens: bool = False) -> list[Status]:
-        """A ``Status`` if the job's status differs from the last one sent, else nothing."""
+    def _status_change(
+        self, status: JobStatus, live_tokens: bool = False, refresh: bool = False
+    ) -> list[Status]:
+        """A ``Status`` if the job's status differs from the last one sent (``refresh``: or it
+        is still queued, and its waiter is told again where it stands), else nothing."""
         if live_tokens and status is JobStatus.QUEUED:
             status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
-        if status is self._status or not self._statuses:
+        lane_wait = None
+        if status is JobStatus.RUNNING and not live_tokens and self._next <= 0 and self._waiting:
+            if self._status is JobStatus.QUEUED and not refresh:
+                # Just claimed: a worker may still have it wait for a lane. It runs for its
+                # reader with its first token, or when the next refresh finds it not waiting.
+                self._lane_waiting = True
+                return []
+            # Claimed, but its worker has it wait for a lane: still waiting, as its reader sees.
+            lane_wait = self._waiting.estimate(self._job_id, read_on_miss=False)
+        self._lane_waiting = lane_wait is not None
+        shown = JobStatus.QUEUED if lane_wait is not None else status
+        refreshed = refresh and shown is JobStatus.QUEUED
+        if not refreshed and (shown is self._status or not self._statuses):
             return []
-        self._status = status
-        position = self._store.queue_position(self._job_id) if status is JobStatus.QUEUED else None
-        return [Status(status, position)]
+        self._status = shown
+        if shown is not JobStatus.QUEUED:
+            return [Status(shown)]
+        if lane_wait is not None:
+            return [Status(shown, lane_wait.position, lane_wait.eta_seconds)]
+        return [where_waiting(self._store, self._waiting, self._job_id)]
 
     def _take(self, runs: list[TokenRun]) -> TokenRun | None:
         """The tokens of ``runs`` from the next index on, as one run (None: nothing new)."""
@@ -224,9 +269,10 @@ class JobFollower:
         if not deliveries:
             return Heard([], Resync.QUIET)
         if not self._statuses:
-            # Claimed or requeued: news only for status events; the tokens' own order (a gap
-            # sends it to the log) and the done signal keep such a reader whole without it.
-            deliveries = [d for d in deliveries if d.signal not in _STATUS_SIGNALS]
+            # Requeued: news only for status events; the tokens' own order (a gap sends it to
+            # the log) and the done signal keep such a reader whole without it. A claim is kept:
+            # it ends the waiting refreshes.
+            deliveries = [d for d in deliveries if d.signal is not Signal.STATUS]
         record = _final_record(deliveries)
         claimed = any(delivery.signal is Signal.CLAIMED for delivery in deliveries)
         if record is None and any(d.signal not in (None, Signal.CLAIMED) for d in deliveries):
@@ -258,9 +304,6 @@ class Heard(NamedTuple):
     claimed: bool = False
 
 
-_STATUS_SIGNALS = (Signal.STATUS, Signal.CLAIMED)
-
-
 def _final_record(deliveries: list[Delivery]) -> FinalRecord | None:
     """The record of a done signal among ``deliveries``, if no other signal asks for a read: a
     claim or requeue (STATUS) is superseded by the end, a reconnect (RESYNC) is not."""
@@ -276,13 +319,18 @@ def _runs(events: list[TokenEvent]) -> list[TokenRun]:
 
 
 def open_followers(
-    store: JobStore, hub: TokenHub, job_ids: list[str], owner: str = "", statuses: bool = True
+    store: JobStore,
+    hub: TokenHub,
+    job_ids: list[str],
+    owner: str = "",
+    statuses: bool = True,
+    waiting: WaitEstimator | None = None,
 ) -> list[JobFollower]:
     """A follower per job from the start, or none at all: a failure closes those opened."""
     followers: list[JobFollower] = []
     try:
         for job_id in job_ids:
-            followers.append(JobFollower(store, hub, job_id, -1, owner, statuses))
+            followers.append(JobFollower(store, hub, job_id, -1, owner, statuses, waiting))
     except BaseException:
         close_all(followers)
         raise

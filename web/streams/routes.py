@@ -17,12 +17,21 @@ from flask import Flask, Response, request, stream_with_context
 from simple_websocket import ConnectionClosed
 
 from trickle.events import TokenRun
-from trickle.jobs import JobStatus
+from trickle.jobs import Job, JobStatus
 from web.admission.auth import current_owner
 from web.common.errors import HttpError, not_found
+from web.common.response_models import Queued
 from web.common.validation import parse_after
 from web.services import Services, services
-from web.streams.follow import Done, FollowEvent, JobFollower, JobNotFound, KeepAlive, Status
+from web.streams.follow import (
+    Done,
+    FollowEvent,
+    JobFollower,
+    JobNotFound,
+    KeepAlive,
+    Status,
+    where_waiting,
+)
 from web.streams.websocket import BoundedServer, websocket_view
 
 log = logging.getLogger(__name__)
@@ -51,7 +60,7 @@ def stream_pace(svc: Services) -> Callable[[], float]:
 def open_follower(job_id: str, after: int) -> JobFollower:
     svc = services()
     try:
-        return JobFollower(svc.store, svc.hub, job_id, after, current_owner())
+        return JobFollower(svc.store, svc.hub, job_id, after, current_owner(), True, svc.waiting)
     except JobNotFound:
         raise not_found(f"job {job_id!r} does not exist or has expired", "job_id") from None
 
@@ -139,11 +148,39 @@ def ws_frame(event: FollowEvent) -> str | None:
 
 
 def status_data(event: Status) -> dict[str, Any]:
-    """``{"status": …}``, plus ``position`` (null when unknown) while queued."""
+    """``{"status": …}``, plus ``position`` and ``eta_seconds`` (null when unknown) while
+    queued."""
     data: dict[str, Any] = {"status": event.status.value}
     if event.status is JobStatus.QUEUED:
         data["position"] = event.position
+        data["eta_seconds"] = rounded_eta(event.eta_seconds)
     return data
+
+
+def rounded_eta(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 2)
+
+
+def queued_fields(svc: Services, job: Job) -> Queued | None:
+    """The ``queued`` object of a queued job's answer (GET job, Responses, batches); None once
+    it left the queue."""
+    if job.status is not JobStatus.QUEUED:
+        return None
+    found = where_waiting(svc.store, svc.waiting, job.id)
+    return queued_object(found.position, found.eta_seconds)
+
+
+def queued_object(position: int | None, eta_seconds: float | None) -> Queued:
+    return {"position": position, "eta_seconds": rounded_eta(eta_seconds)}
+
+
+def waiting_comment(event: Status) -> str:
+    """A queued job's place as an SSE comment, for streams whose clients know no status
+    event (OpenAI, Anthropic): their SSE decoders skip comments, and it keeps the stream alive.
+    """
+    position = "unknown" if event.position is None else event.position
+    eta = rounded_eta(event.eta_seconds)
+    return f": queued position={position} eta_seconds={'unknown' if eta is None else eta}\n\n"
 
 
 class FirstDelivery:
@@ -214,7 +251,7 @@ def open_ws_follower(ws: Any, job_id: str) -> JobFollower | None:
     svc = services()
     try:
         after = parse_after(request.args.get("after"), "after")
-        return JobFollower(svc.store, svc.hub, job_id, after, current_owner())
+        return JobFollower(svc.store, svc.hub, job_id, after, current_owner(), True, svc.waiting)
     except JobNotFound:
         error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
         close_with_error(ws, {**error, "param": "job_id"}, WS_CLOSE_NOT_FOUND, "job not found")

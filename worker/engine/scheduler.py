@@ -120,6 +120,11 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
+    def seconds_per_step(self, size: int) -> float | None:
+        """A decoding step's measured time at ``size`` sequences (None before any): the
+        waiting estimate's pace when no running job has measured its own."""
+        return self._step_times.estimate(size)
+
     @classmethod
     def for_engine(
         cls,

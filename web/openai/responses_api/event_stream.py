@@ -30,9 +30,10 @@ from web.streams.follow import (
     JobFollower,
     JobNotFound,
     KeepAlive,
+    Status,
     follow_many,
 )
-from web.streams.routes import SSE_HEADERS, stream_pace
+from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 from web.streams.sse_events import typed_event
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,9 @@ def event_stream(
     # A tool response's events are rebuilt from its first token (tool_events).
     first_token = max(after - render.HEAD_EVENTS, -1) if record.tool_parser is None else -1
     try:
-        follower = JobFollower(svc.store, svc.hub, job.id, first_token, job.owner, False)
+        follower = JobFollower(
+            svc.store, svc.hub, job.id, first_token, job.owner, False, svc.waiting
+        )
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
     hold = job if held else None
@@ -173,6 +176,8 @@ def _framed(
             for _index, event in group:
                 if isinstance(event, KeepAlive):
                     parts.append(": keep-alive\n\n")
+                elif isinstance(event, Status):
+                    parts.append(waiting_comment(event))
                 elif isinstance(event, TokenRun):
                     parts += run(event)
                 elif isinstance(event, Done):

@@ -41,6 +41,7 @@ from web.streams.follow import (
     owned_by,
     wait_for_job,
 )
+from web.streams.routes import queued_fields
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("responses", __name__)
@@ -76,7 +77,11 @@ def get_response(response_id: str) -> Response:
     record, job = _visible(svc, response_id)
     _flag("include_obfuscation")
     if not _flag("stream"):
-        return with_server_timing(jsonify(_object(svc, record, job)), [job], delivered=False)
+        found = _object(svc, record, job)
+        queued = queued_fields(svc, job)  # a background response still waiting for a worker
+        if queued is not None:
+            found["queued"] = queued
+        return with_server_timing(jsonify(found), [job], delivered=False)
     after = starting_after(request.args.get("starting_after"))
     if job.status.is_terminal:
         last = last_event(svc, record, job)

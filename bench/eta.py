@@ -1,0 +1,158 @@
+"""How right a queued job's first expected start (ETA) is, measured from outside.
+
+    .venv/bin/python -m bench.eta [--model PATH] [--slots 4] [--max-tokens 64] [--jobs 60]
+        [--burst 64] [--seed 7]
+
+The stack as ``trickle up`` starts it (bench.outside.start_stack), its one worker given
+``--slots`` slots (one lane of that batch size) so jobs queue; every job a native
+``/v1/jobs`` job of ``--max-tokens`` tokens (``ignore_eos``), followed over SSE from its
+submission. A job's first ETA is the first ``status`` event that says queued with an
+``eta_seconds``, timed as it arrives; its real wait is from that moment to its first token's
+arrival (a claimed job may still wait for a lane: the claim is no start). Two loads: Poisson
+arrivals at half the worker's measured capacity (jobs per second of a warm full batch), and a
+burst of ``--burst`` jobs at once. For each: the jobs that heard an ETA, and the median and
+p90 of |ETA - wait| / wait over those that waited at least ``MIN_WAIT_SECONDS`` (a shorter
+wait makes any error a large fraction of it). Goal (issue 56): median <= 25 %, p90 <= 50 %.
+On a busy machine the figures are indicative only; it says the load it started under.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.harness.log import progress
+from bench.harness.stats import percentile
+from bench.outside import SERVED_NAME, start_stack
+from ops.redis_server import free_port
+from trickle.config.settings import PROJECT_ROOT
+
+MIN_WAIT_SECONDS = 0.1
+
+
+@dataclass
+class Waited:
+    eta: float | None = None
+    eta_at: float = 0.0  # wall clock when the first ETA arrived
+    position: int | None = None
+    started_at: float | None = None  # wall clock when its first token arrived
+
+    @property
+    def wait(self) -> float | None:
+        if self.eta is None or self.started_at is None:
+            return None
+        return max(self.started_at - self.eta_at, 0.0)
+
+
+async def one_job(client: httpx.AsyncClient, max_tokens: int) -> Waited:
+    body = {"model": SERVED_NAME, "prompt": "The", "max_tokens": max_tokens, "ignore_eos": True}
+    job_id = (await client.post("/v1/jobs", json=body)).json()["id"]
+    waited = Waited()
+    async with client.stream("GET", f"/v1/jobs/{job_id}/events") as reply:
+        event = ""
+        async for line in reply.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "status" and waited.eta is None:
+                status = json.loads(line[6:])
+                if status["status"] == "queued" and status.get("eta_seconds") is not None:
+                    waited.eta, waited.eta_at = float(status["eta_seconds"]), time.time()
+                    waited.position = status["position"]
+            elif event == "token" and line.startswith("data: "):
+                waited.started_at = time.time()  # its first token: when it started, as seen
+                break
+    return waited
+
+
+async def run(
+    port: int, count: int, max_tokens: int, rate: float | None, seed: int
+) -> list[Waited]:
+    """``count`` jobs: Poisson arrivals at ``rate`` a second, or all at once (None)."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits
+    ) as client:
+        tasks = []
+        for _ in range(count):
+            tasks.append(asyncio.create_task(one_job(client, max_tokens)))
+            if rate is not None:
+                await asyncio.sleep(rng.expovariate(rate))
+        return list(await asyncio.gather(*tasks))
+
+
+def capacity(port: int, slots: int, max_tokens: int) -> float:
+    """Jobs a second the worker finishes with every slot busy: a warm full batch, timed."""
+    asyncio.run(run(port, slots, max_tokens, None, 0))  # warm
+    began = time.perf_counter()
+    asyncio.run(run(port, slots * 3, max_tokens, None, 0))
+    return slots * 3 / (time.perf_counter() - began)
+
+
+def report(name: str, results: list[Waited]) -> dict[str, float | int | None]:
+    heard = [(r.eta, r.wait) for r in results if r.eta is not None and r.wait is not None]
+    errors = sorted(abs(eta - wait) / wait for eta, wait in heard if wait >= MIN_WAIT_SECONDS)
+    row: dict[str, float | int | None] = {
+        "jobs": len(results),
+        "heard_eta": len(heard),
+        "waited": len(errors),
+        "median_error": percentile(errors, 50) if errors else None,
+        "p90_error": percentile(errors, 90) if errors else None,
+        "mean_wait_s": sum(wait for _eta, wait in heard) / len(heard) if heard else None,
+    }
+    median, p90 = row["median_error"], row["p90_error"]
+    progress(
+        f"{name}: {row['jobs']} jobs, {row['heard_eta']} heard an ETA, {row['waited']} waited "
+        f">= {MIN_WAIT_SECONDS} s; |error|/wait median "
+        f"{'-' if median is None else f'{median:.0%}'}, p90 {'-' if p90 is None else f'{p90:.0%}'}"
+        " (goal 25 % / 50 %)"
+    )
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=PROJECT_ROOT / "models" / "demo")
+    parser.add_argument("--slots", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--jobs", type=int, default=60)
+    parser.add_argument("--burst", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
+    progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures indicative)'}")
+    name = SERVED_NAME.upper()
+    extra = {
+        f"TRICKLE__MODELS__{name}__MAX_BATCH_SIZE": str(args.slots),
+        f"TRICKLE__MODELS__{name}__INTER_THREADS": "1",
+    }
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="trickle-eta-") as work_dir:
+        port = free_port()
+        stack = start_stack(args.model, Path(work_dir), port, extra)
+        try:
+            jobs_per_second = capacity(port, args.slots, args.max_tokens)
+            progress(f"capacity {jobs_per_second:.1f} jobs/s ({args.slots} slots)")
+            rate = 0.5 * jobs_per_second
+            poisson = asyncio.run(run(port, args.jobs, args.max_tokens, rate, args.seed))
+            rows["poisson_0.5x"] = report(f"Poisson at 0.5x ({rate:.1f} jobs/s)", poisson)
+            burst = asyncio.run(run(port, args.burst, args.max_tokens, None, args.seed))
+            rows[f"burst_{args.burst}"] = report(f"burst of {args.burst}", burst)
+        finally:
+            stack.terminate()
+            stack.wait(30)
+    print(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

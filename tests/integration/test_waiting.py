@@ -1,0 +1,165 @@
+"""A queued job's place and expected start, read from a real Redis as a web process reads it.
+
+Jobs are recorded by the store as the web tier records them, a worker's heartbeat and outlook
+are written as a worker writes them, and a follower (its hub's subscription stood in for, as in
+``test_hub``) must tell a waiter where it stands at connection and again every second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+from flask import Flask
+
+from tests.integration.test_hub import make_hub
+from trickle import keys
+from trickle.config.settings import Settings
+from trickle.jobs import Job, JobStatus, new_job_id
+from trickle.params import GenerationParams
+from trickle.store.job_store import JobStore
+from trickle.waiting import WorkerOutlook
+from trickle.waiting_reader import WaitEstimator, publish_outlook
+from web.services import services
+from web.streams.follow import WAITING_REFRESH_SECONDS, JobFollower, KeepAlive, Status
+
+
+@pytest.fixture
+def store(private_redis: redis.Redis) -> JobStore:
+    private_redis.flushdb()
+    return JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=600)
+
+
+def queue_jobs(store: JobStore, count: int, model: str = "demo") -> list[Job]:
+    jobs = []
+    for index in range(count):
+        job = Job(
+            new_job_id(),
+            model,
+            "hi",
+            GenerationParams(max_tokens=10),
+            created_at=time.time() + index * 0.001,
+        )
+        store.create(job)
+        jobs.append(job)
+    return jobs
+
+
+def live_worker(client: redis.Redis, outlook: WorkerOutlook, model: str = "demo") -> None:
+    """A worker's heartbeat and outlook, as its maintenance loop writes them."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.model_workers(model), {"w1@h": time.time()})
+    publish_outlook(pipe, "w1@h", {model: outlook}, ttl=10)
+    pipe.execute()
+
+
+def test_each_queued_job_gets_its_place_and_start(store: JobStore) -> None:
+    jobs = queue_jobs(store, 3)
+    queue_jobs(store, 2, model="other")  # another model's queue is no one's business here
+    # One slot, free in 2 s; each job holds it 10 tokens x 0.1 s.
+    live_worker(store.redis, WorkerOutlook(time.time(), (2.0,), 0.1))
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10)
+    found = [estimator.estimate(job.id) for job in jobs]
+    assert [w.position for w in found if w] == [0, 1, 2]
+    assert [w.eta_seconds for w in found if w] == pytest.approx([2.0, 3.0, 4.0], abs=0.1)
+    assert 0 < store.redis.pttl(keys.worker_outlook("w1@h")) <= 10_000
+
+
+def test_a_claimed_job_has_no_place_and_no_worker_means_no_start(store: JobStore) -> None:
+    jobs = queue_jobs(store, 2)
+    store.redis.zadd(keys.model_workers("demo"), {"w1@h": time.time()})  # no outlook yet
+    claim = store.leases.claim(jobs[0].id, "w", time.time(), lease_ms=60_000, max_attempts=3)
+    assert claim.claimed
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10)
+    assert estimator.estimate(jobs[0].id) is None
+    waiting = estimator.estimate(jobs[1].id)
+    assert waiting is not None and waiting.position == 0 and waiting.eta_seconds is None
+
+
+def test_the_estimate_is_read_once_per_refresh_for_every_reader(store: JobStore) -> None:
+    jobs = queue_jobs(store, 2)
+    live_worker(store.redis, WorkerOutlook(time.time(), (1.0,), 0.1))
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10, refresh_seconds=60)
+    first = estimator.estimate(jobs[1].id)
+    queue_jobs(store, 1)
+    store.redis.delete(keys.job(jobs[0].id))  # unseen until the next refresh
+    again = estimator.estimate(jobs[1].id)
+    assert first is not None and again is not None
+    assert again.position == first.position == 1
+    assert again.eta_seconds is not None and first.eta_seconds is not None
+    assert again.eta_seconds <= first.eta_seconds  # it ages with the snapshot
+
+
+def follow(store: JobStore, job: Job, statuses: bool) -> list[list[object]]:
+    """The chunks a follower yields for a job that stays queued, for about two refreshes."""
+    hub, _subscriber = make_hub()
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10)
+    follower = JobFollower(store, hub, job.id, -1, "", statuses, estimator)
+    chunks = follower.chunks(keepalive_seconds=15)
+    taken: list[list[object]] = []
+    deadline = time.monotonic() + 2.5 * WAITING_REFRESH_SECONDS
+    try:
+        while time.monotonic() < deadline:
+            taken.append(list(next(chunks)))
+    finally:
+        chunks.close()
+    return taken
+
+
+def test_a_native_reader_hears_its_place_at_once_and_every_second(store: JobStore) -> None:
+    jobs = queue_jobs(store, 2)
+    # Dated a minute ahead, so its estimate does not age while the test reads it.
+    live_worker(store.redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1))
+    chunks = follow(store, jobs[1], statuses=True)
+    assert len(chunks) >= 3  # at connection, then a refresh each second
+    for chunk in chunks:
+        (status,) = chunk
+        assert isinstance(status, Status) and status.status is JobStatus.QUEUED
+        assert status.position == 1
+        assert status.eta_seconds == pytest.approx(6.0, abs=0.1)
+
+
+def test_a_reader_without_statuses_hears_only_the_refreshes(store: JobStore) -> None:
+    (job,) = queue_jobs(store, 1)
+    live_worker(store.redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1))
+    chunks = follow(store, job, statuses=False)
+    assert 2 <= len(chunks) <= 3  # nothing at connection; no keep-alive beside a refresh
+    for chunk in chunks:
+        (status,) = chunk
+        assert not isinstance(status, KeepAlive)
+        assert isinstance(status, Status) and status.position == 0
+
+
+@pytest.fixture(scope="module")
+def app(settings: Settings, make_app: Callable[[Settings], Flask]) -> Flask:
+    return make_app(settings)
+
+
+def test_a_queued_job_and_a_background_response_say_where_they_stand(app: Flask) -> None:
+    client = app.test_client()
+    submitted = client.post("/v1/jobs", json={"model": "late", "prompt": "hi", "max_tokens": 10})
+    assert submitted.status_code == 202
+    assert "queued" not in submitted.get_json()  # a submission answers before any estimate
+    job_id = submitted.get_json()["id"]
+    unknown = client.get(f"/v1/jobs/{job_id}").get_json()["queued"]  # no worker serves "late"
+    assert isinstance(unknown["position"], int) and unknown["eta_seconds"] is None
+    client_redis = services(app).redis
+    # A worker for "late", one slot free in 5 s (dated ahead: its estimate does not age).
+    live_worker(client_redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1), model="late")
+    time.sleep(0.6)  # past the estimator's refresh
+    queued = client.get(f"/v1/jobs/{job_id}").get_json()["queued"]
+    assert queued["position"] == unknown["position"]
+    assert queued["eta_seconds"] >= 5.0
+    reply = client.post("/v1/responses", json={"model": "late", "input": "hi", "background": True})
+    response_id = reply.get_json()["id"]
+    time.sleep(0.6)
+    found = client.get(f"/v1/responses/{response_id}").get_json()
+    assert found["status"] == "queued"
+    assert found["queued"]["position"] > queued["position"]  # submitted after the job
+    assert found["queued"]["eta_seconds"] > queued["eta_seconds"]
+    client.post(f"/v1/jobs/{job_id}/cancel")
+    client.post(f"/v1/responses/{response_id}/cancel")
+    gone = client.get(f"/v1/jobs/{job_id}").get_json()
+    assert gone["status"] == "canceled" and "queued" not in gone

@@ -1,0 +1,166 @@
+"""Reads what the waiting estimate needs from Redis: the workers' outlooks and the queued jobs.
+
+Workers write their outlook (``publish_outlook``) from their maintenance loop, a few times a
+second and never on the token path. A web process reads the queue and the outlooks at most once
+per ``refresh_seconds`` for all its waiters together (``WaitEstimator``): a thousand waiting
+readers cost the same Redis reads as one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import redis
+
+from trickle import keys
+from trickle.waiting import QueuedEntry, Waiting, WorkerOutlook, service_order, start_times
+
+# Queued jobs read per refresh: a job further back is told its position alone.
+MAX_QUEUED_READ = 2000
+# A job the snapshot does not know (submitted since) has it read again once it is this old:
+# a burst's new readers cost a few reads a second, not one each.
+MISS_REFRESH_SECONDS = 0.1
+
+
+def publish_outlook(
+    pipe: redis.client.Pipeline, node: str, outlooks: dict[str, WorkerOutlook], ttl: float
+) -> None:
+    """Queue the write of one worker's outlook per model; it lapses with its heartbeat."""
+    name = keys.worker_outlook(node)
+    pipe.hset(name, mapping={model: outlook.to_json() for model, outlook in outlooks.items()})
+    pipe.pexpire(name, max(int(ttl * 1000), 1))
+
+
+def read_outlooks(
+    client: redis.Redis, models: set[str], fresh_since: float
+) -> dict[str, list[WorkerOutlook]]:
+    """The outlook of every live worker (heartbeat since ``fresh_since``) for each model."""
+    found: dict[str, list[WorkerOutlook]] = {model: [] for model in models}
+    for model in models:
+        nodes = client.zrangebyscore(keys.model_workers(model), fresh_since, "+inf")
+        if not nodes:
+            continue
+        pipe = client.pipeline(transaction=False)
+        for node in nodes:
+            pipe.hget(keys.worker_outlook(str(node)), model)
+        found[model] = [WorkerOutlook.from_json(raw) for raw in pipe.execute() if raw]
+    return found
+
+
+def read_queued(client: redis.Redis, limit: int) -> dict[str, list[QueuedEntry]]:
+    """The ``limit`` oldest queued jobs over every shard, by model."""
+    pipe = client.pipeline(transaction=False)
+    for name in keys.every_shard(keys.queued_jobs):
+        pipe.zrange(name, 0, limit - 1, withscores=True)
+    scored = sorted(
+        (float(score), str(job_id)) for shard in pipe.execute() for job_id, score in shard
+    )[:limit]
+    if not scored:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for _score, job_id in scored:
+        pipe.hmget(keys.job(job_id), ["model", "priority", "owner_key", "params", "status"])
+    by_model: dict[str, list[QueuedEntry]] = {}
+    for (score, job_id), (model, priority, owner, params, status) in zip(
+        scored, pipe.execute(), strict=True
+    ):
+        if not model or status != "queued":  # gone, or claimed since the index was read
+            continue
+        max_tokens = int(json.loads(params).get("max_tokens", 1)) if params else 1
+        entry = QueuedEntry(job_id, score, int(priority or 0), str(owner or ""), max_tokens)
+        by_model.setdefault(str(model), []).append(entry)
+    return by_model
+
+
+def claimed_waiting(outlooks: list[WorkerOutlook], now: float) -> dict[str, Waiting]:
+    """The jobs workers claimed that wait for a lane: ahead of every queued job, in the order
+    they are expected to start."""
+    found = sorted(
+        (max(start - max(now - outlook.at, 0.0), 0.0), job_id)
+        for outlook in outlooks
+        for job_id, start in outlook.claimed_waiting
+    )
+    return {job_id: Waiting(position, start) for position, (start, job_id) in enumerate(found)}
+
+
+@dataclass
+class QueueSnapshot:
+    """Every read queued job's estimate at one moment (monotonic ``taken``)."""
+
+    taken: float
+    waiting: dict[str, Waiting] = field(default_factory=dict)
+
+
+class WaitEstimator:
+    """A web process's source of ``Waiting`` for queued jobs, shared by all its readers."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        heartbeat_ttl: float,
+        models: Iterable[str] = (),
+        refresh_seconds: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ):
+        """``models``: those whose workers' claimed jobs may wait for a lane (the configured
+        ones); a model with queued jobs is read anyway."""
+        self._client = client
+        self._models = tuple(models)
+        self._heartbeat_ttl = heartbeat_ttl
+        self._refresh = refresh_seconds
+        self._clock = clock
+        self._snapshot = QueueSnapshot(taken=-float("inf"))
+        # Built here, after gevent patched ``threading`` (see web.services' lock).
+        self._lock = threading.Lock()
+
+    def estimate(self, job_id: str, read_on_miss: bool = True) -> Waiting | None:
+        """The job's position and expected start, None if it is not among the waiting jobs
+        read (started meanwhile, or further back than ``MAX_QUEUED_READ``). The eta counts from
+        now: a snapshot's estimates age with it. ``read_on_miss=False``: a job the snapshot
+        does not know is not worth a read (a claimed job, most likely running already)."""
+        snapshot = self._current()
+        found = snapshot.waiting.get(job_id)
+        stale = time.monotonic() - snapshot.taken >= MISS_REFRESH_SECONDS
+        if found is None and read_on_miss and stale:
+            snapshot = self._current(MISS_REFRESH_SECONDS)  # submitted since: read again
+            found = snapshot.waiting.get(job_id)
+        if found is None or found.eta_seconds is None:
+            return found
+        aged = max(found.eta_seconds - (time.monotonic() - snapshot.taken), 0.0)
+        return Waiting(found.position, aged)
+
+    def first_of(self, job_ids: Iterable[str]) -> Waiting | None:
+        """The place and start of whichever of ``job_ids`` is expected to start first (a
+        batch's next job), None if none of them is among the queued jobs read."""
+        found = [waiting for job_id in job_ids if (waiting := self.estimate(job_id))]
+        return min(found, key=lambda waiting: waiting.position, default=None)
+
+    def _current(self, refresh: float | None = None) -> QueueSnapshot:
+        older_than = self._refresh if refresh is None else refresh
+        if time.monotonic() - self._snapshot.taken < older_than:
+            return self._snapshot
+        with self._lock:  # one reader refreshes; the others wait for its result
+            if time.monotonic() - self._snapshot.taken >= older_than:
+                self._snapshot = self._read()
+        return self._snapshot
+
+    def _read(self) -> QueueSnapshot:
+        now = self._clock()
+        queued = read_queued(self._client, MAX_QUEUED_READ)
+        models = set(queued) | set(self._models)
+        outlooks = read_outlooks(self._client, models, now - self._heartbeat_ttl)
+        snapshot = QueueSnapshot(time.monotonic())
+        for model, entries in queued.items():
+            order = service_order(entries)
+            ahead = sum(len(outlook.claimed_waiting) for outlook in outlooks[model])
+            for position, (entry, start) in enumerate(
+                zip(order, start_times(order, outlooks[model], now), strict=True), ahead
+            ):
+                snapshot.waiting[entry.job_id] = Waiting(position, start)
+        for found in outlooks.values():
+            snapshot.waiting.update(claimed_waiting(found, now))
+        return snapshot

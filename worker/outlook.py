@@ -1,0 +1,122 @@
+"""A worker's side of the waiting estimate: when each of its slots frees, at the measured pace.
+
+Read from what the job threads and the engine callback already record (each running job's
+token times and counts, the scheduler's step times), by the maintenance loop a few times a
+second; nothing here runs on the token path. The web tier turns the published outlooks into
+each queued job's expected start (trickle/waiting.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from trickle.capacity import slots_per_worker
+from trickle.jobs import FinishReason
+from trickle.waiting import WorkerOutlook, slots_free_in
+from worker.engine.scheduled import ScheduledJob
+
+if TYPE_CHECKING:  # the in-flight table keeps a LengthRatios: no import at run time
+    from worker.engine.engine import Engine
+    from worker.engine.scheduler import BatchScheduler
+    from worker.in_flight import InFlight
+
+# Weight of a finished job in a model's length ratio (its tokens over its max_tokens).
+LENGTH_SMOOTHING = 0.1
+
+
+class LengthRatios:
+    """How much of its max_tokens a model's finished jobs used, a moving average per model: a
+    model that ends its answers early (an end token) holds a slot for less than max_tokens."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ratios: dict[str, float] = {}
+
+    def finished(self, model: str, job: ScheduledJob) -> None:
+        budget = job.request.max_new_tokens
+        if budget <= 0 or job.state.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
+            return  # failed or canceled: says nothing of how long the model's answers run
+        ratio = min(job.state.count / budget, 1.0)
+        with self._lock:
+            previous = self._ratios.get(model)
+            self._ratios[model] = (
+                ratio if previous is None else previous + LENGTH_SMOOTHING * (ratio - previous)
+            )
+
+    def ratio(self, model: str) -> float:
+        with self._lock:
+            return self._ratios.get(model, 1.0)
+
+
+def expected_tokens(job: ScheduledJob, ratio: float) -> int:
+    """Tokens the job is still expected to make: its max_tokens x the ratio, but at least one
+    more than it made, at most what its budget leaves."""
+    made = len(job.generated_ids)
+    budget = job.request.max_new_tokens
+    expected = max(int(budget * ratio + 0.5), made + 1)
+    return max(min(expected, budget) - made, 0)
+
+
+def seconds_per_token(job: ScheduledJob) -> float | None:
+    """The job's own measured pace: time between its first and latest token per token."""
+    made = len(job.generated_ids)
+    first, last = job.first_token_at, job.last_token_at
+    if made < 2 or first is None or last is None or last <= first:
+        return None
+    return (last - first) / (made - 1)
+
+
+def model_outlook(
+    jobs: Sequence[ScheduledJob],
+    slots: int,
+    ratio: float,
+    step_seconds: Callable[[int], float | None],
+    now: float,
+) -> WorkerOutlook:
+    """One model's outlook on this worker: running jobs (in a batch) free their slot after
+    their expected tokens at their pace; claimed jobs waiting for a lane follow them. A job
+    without a pace of its own goes at the others' (or a step's at this load, measured)."""
+    started = [job for job in jobs if job.batch_started_at is not None]
+    waiting = [job for job in jobs if job.batch_started_at is None]
+    measured = sorted(pace for job in started if (pace := seconds_per_token(job)) is not None)
+    fallback = measured[len(measured) // 2] if measured else step_seconds(max(len(started), 1))
+    pace = fallback or 0.0
+    running = [(expected_tokens(job, ratio), seconds_per_token(job) or pace) for job in started]
+    pending = [expected_tokens(job, ratio) for job in waiting]
+    free, starts = slots_free_in(running, pending, slots, pace)
+    ids = [job.job_id for job in waiting]
+    claimed = tuple(sorted(zip(ids, starts, strict=True), key=lambda pair: pair[1]))
+    return WorkerOutlook(now, tuple(free), pace, ratio, claimed)
+
+
+def running_slots(engine: Engine, window: int) -> int:
+    """Jobs a model's engine runs at once: its lanes' batches, and its overflow lanes' too
+    when the worker's prefetch ``window`` (every served model's lane slots) holds that many of
+    its jobs; a tenants' reserve lane is not counted (no key may fill it)."""
+    spare = 0 if engine.tenant_reserve else engine.reserve_lanes
+    lanes = engine.settings.max_batch_size * engine.settings.lanes
+    return max(min(engine.settings.max_batch_size * (engine.settings.lanes + spare), window), lanes)
+
+
+def worker_outlooks(
+    in_flight: InFlight,
+    engines: Mapping[str, Engine],
+    schedulers: Mapping[str, BatchScheduler],
+) -> dict[str, WorkerOutlook]:
+    """Every served model's outlook (``schedulers``: each model's, for a measured step time
+    when no running job measured its pace)."""
+    jobs, now = in_flight.by_model(), time.time()
+    window = sum(slots_per_worker(engine.settings) for engine in engines.values())
+    return {
+        model: model_outlook(
+            jobs.get(model, ()),
+            running_slots(engine, window),
+            in_flight.lengths.ratio(model),
+            schedulers[model].seconds_per_step,
+            now,
+        )
+        for model, engine in engines.items()
+    }
