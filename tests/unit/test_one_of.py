@@ -1,0 +1,119 @@
+"""``oneOf`` rewritten as ``anyOf`` exactly where no instance can match two branches: each
+proof (types, a discriminator, a required key another closed branch forbids) on its own, and
+the overlapping shapes that must stay ``oneOf`` (so llguidance refuses them, naming it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trickle.one_of import exclusive_one_of
+
+CAT = {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]}
+DOG = {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}
+
+DISJOINT: list[list[Any]] = [
+    [{"type": "integer"}, {"type": "string"}, {"type": "null"}],
+    [{"type": ["string", "null"]}, {"type": "boolean"}],
+    [{"const": 1}, {"const": 2}],
+    [{"enum": ["a", "b"]}, {"enum": ["c"]}],
+    [{"const": "x"}, {"type": "integer"}],
+    [CAT, DOG],
+    # The discriminator's type, not its value: a string and an integer.
+    [
+        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+        {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]},
+    ],
+    # A required key the other, closed, branch does not allow.
+    [
+        {"type": "object", "properties": {"a": {}}, "required": ["a"]},
+        {"type": "object", "properties": {"b": {}}, "additionalProperties": False},
+    ],
+    # Through local $refs.
+    [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}],
+    # Through allOf.
+    [
+        {
+            "allOf": [{"type": "object"}, {"required": ["kind"]}],
+            "properties": {"kind": {"const": 1}},
+        },
+        {"type": "object", "properties": {"kind": {"const": 2}}},
+    ],
+]
+
+OVERLAPPING: list[list[Any]] = [
+    [{"type": "integer"}, {"type": "number"}],  # 1 matches both
+    [{"type": "string"}, {"type": "string", "maxLength": 3}],
+    [{"enum": ["a", "b"]}, {"enum": ["b"]}],
+    [{"const": 1}, {"const": 1.0}],
+    # The discriminator is not required: {} matches both.
+    [
+        {"type": "object", "properties": {"kind": {"const": "cat"}}},
+        {"type": "object", "properties": {"kind": {"const": "dog"}}},
+    ],
+    # Not an object by its schema: "x" matches both (required means nothing on a string).
+    [
+        {"properties": {"kind": {"const": 1}}, "required": ["kind"]},
+        {"properties": {"kind": {"const": 2}}},
+    ],
+    [{"$ref": "https://example.org/a"}, {"$ref": "#/$defs/missing"}],
+    [{}, {"type": "null"}],
+    [{"type": "object", "required": ["a"]}, {"type": "object", "properties": {"b": {}}}],  # open
+]
+
+
+def wrap(branches: list[Any]) -> dict[str, Any]:
+    return {"$defs": {"cat": CAT, "dog": DOG}, "oneOf": branches}
+
+
+@pytest.mark.parametrize("branches", DISJOINT)
+def test_disjoint_branches_become_any_of(branches: list[Any]) -> None:
+    rewritten = exclusive_one_of(wrap(branches))
+    assert rewritten["anyOf"] == branches and "oneOf" not in rewritten
+
+
+@pytest.mark.parametrize("branches", OVERLAPPING)
+def test_branches_that_may_overlap_stay_one_of(branches: list[Any]) -> None:
+    assert exclusive_one_of(wrap(branches)) == wrap(branches)
+
+
+def test_the_enclosing_schema_says_what_every_branch_is() -> None:
+    # The common discriminated union: type and required beside oneOf, consts in the branches.
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}},
+        "required": ["kind"],
+        "oneOf": [
+            {"properties": {"kind": {"const": "a"}}},
+            {"properties": {"kind": {"const": "b"}}},
+        ],
+    }
+    assert list(exclusive_one_of(schema)) == ["type", "properties", "required", "anyOf"]
+
+
+def test_nested_one_ofs_are_rewritten_and_data_is_not() -> None:
+    inner = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    data = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    schema = {
+        "type": "object",
+        "properties": {"enum": inner, "x": {"type": "array", "items": inner}},
+        "default": data,
+        "examples": [data],
+    }
+    rewritten = exclusive_one_of(schema)
+    assert "anyOf" in rewritten["properties"]["enum"]
+    assert "anyOf" in rewritten["properties"]["x"]["items"]
+    assert rewritten["default"] == data and rewritten["examples"] == [data]
+
+
+def test_one_of_beside_any_of_joins_all_of() -> None:
+    branches = [{"type": "string"}, {"type": "integer"}]
+    schema = {"anyOf": [{"type": "string"}, {"minimum": 0}], "oneOf": branches}
+    rewritten = exclusive_one_of(schema)
+    assert rewritten["anyOf"] == schema["anyOf"] and rewritten["allOf"] == [{"anyOf": branches}]
+
+
+def test_a_self_referencing_branch_ends() -> None:
+    schema = {"$defs": {"loop": {"$ref": "#/$defs/loop"}}, "oneOf": [{"$ref": "#/$defs/loop"}, {}]}
+    assert exclusive_one_of(schema) == schema

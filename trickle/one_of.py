@@ -1,0 +1,238 @@
+"""``oneOf`` as ``anyOf`` where no instance can match two branches, so llguidance can enforce it.
+
+llguidance refuses ``oneOf`` (an answer must match exactly one branch, which a grammar cannot
+check); ``anyOf`` it enforces. The two accept the same instances when the branches are
+pairwise disjoint, which most real schemas' ``oneOf`` are by construction: a ``const`` or
+``enum`` discriminator property, branches of different types, or a required key that another,
+closed branch does not allow. Those are proved here from the schema alone, conservatively:
+a pair not proved disjoint keeps its ``oneOf``, and llguidance's refusal names the keyword.
+
+A branch is read as the conjunction of the schemas an instance must match: the branch itself,
+its local ``$ref`` targets, its ``allOf`` members, and the ``oneOf``'s own siblings (the
+enclosing schema's ``type``, ``properties`` and ``required`` hold for every branch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+# Keywords whose values are data, not schemas: never rewritten.
+_DATA = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose values map names to schemas (a property may be called "enum").
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+# How far $ref, allOf and nested properties are followed when proving two branches disjoint.
+_REACH = 6
+
+
+def exclusive_one_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with each ``oneOf`` whose branches are provably disjoint as ``anyOf`` (or as an
+    ``allOf`` member holding the ``anyOf``, beside an ``anyOf`` of its own)."""
+    rewritten = _rewrite(schema, schema)
+    assert isinstance(rewritten, dict)
+    return rewritten
+
+
+def _rewrite(node: object, root: dict[str, Any]) -> object:
+    if isinstance(node, list):
+        return [_rewrite(item, root) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DATA:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rewrite(item, root) for name, item in value.items()}
+        else:
+            out[key] = _rewrite(value, root)
+    branches = out.get("oneOf")
+    if not isinstance(branches, list) or not _pairwise_disjoint(branches, node, root):
+        return out
+    if "anyOf" not in out:
+        return {("anyOf" if key == "oneOf" else key): value for key, value in out.items()}
+    del out["oneOf"]
+    out["allOf"] = [*out.get("allOf", []), {"anyOf": branches}]
+    return out
+
+
+def _pairwise_disjoint(branches: list[Any], parent: dict[str, Any], root: dict[str, Any]) -> bool:
+    siblings = {key: value for key, value in parent.items() if key not in ("oneOf", "anyOf")}
+    conjunctions = [
+        [*_conjuncts(branch, root, 0), *_conjuncts(siblings, root, 0)] for branch in branches
+    ]
+    return all(
+        _disjoint(conjunctions[i], conjunctions[j], root, 0)
+        for i in range(len(conjunctions))
+        for j in range(i + 1, len(conjunctions))
+    )
+
+
+def _conjuncts(schema: object, root: dict[str, Any], depth: int) -> Iterator[object]:
+    """The schemas an instance of ``schema`` also matches: itself, its ``$ref`` target, its
+    ``allOf`` members (followed ``_REACH`` deep, so cycles end)."""
+    yield schema
+    if not isinstance(schema, dict) or depth >= _REACH:
+        return
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _resolve(ref, root)
+        if target is not None:
+            yield from _conjuncts(target, root, depth + 1)
+    members = schema.get("allOf")
+    if isinstance(members, list):
+        for member in members:
+            yield from _conjuncts(member, root, depth + 1)
+
+
+def _resolve(ref: str, root: dict[str, Any]) -> object | None:
+    """A local ``$ref`` (``#`` or ``#/a/b``) in ``root``; None for any other."""
+    if ref == "#":
+        return root
+    if not ref.startswith("#/"):
+        return None
+    node: object = root
+    for part in ref[2:].split("/"):
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
+
+
+def _disjoint(left: list[object], right: list[object], root: dict[str, Any], depth: int) -> bool:
+    """True only when no instance matches every schema in ``left`` and every one in ``right``."""
+    if depth > _REACH:
+        return False
+    left_types, right_types = _types(left), _types(right)
+    if (
+        left_types is not None
+        and right_types is not None
+        and not _intersect(left_types, right_types)
+    ):
+        return True
+    left_values, right_values = _values(left), _values(right)
+    if left_values is not None and right_values is not None and not left_values & right_values:
+        return True
+    return _keys_disjoint(left, left_types, right, root, depth) or _keys_disjoint(
+        right, right_types, left, root, depth
+    )
+
+
+def _keys_disjoint(
+    objects: list[object],
+    types: frozenset[str] | None,
+    other: list[object],
+    root: dict[str, Any],
+    depth: int,
+) -> bool:
+    """Every instance of ``objects`` is an object with a required key that ``other`` forbids
+    (closed, not listed) or holds to a schema disjoint from this one's."""
+    if types is None or not types <= {"object"}:
+        return False
+    for key in _required(objects):
+        if any(_forbids(schema, key) for schema in other):
+            return True
+        mine, theirs = _property(objects, key, root), _property(other, key, root)
+        if mine and theirs and _disjoint(mine, theirs, root, depth + 1):
+            return True
+    return False
+
+
+def _types(schemas: list[object]) -> frozenset[str] | None:
+    """The JSON types an instance may have, as ``type``, ``const`` and ``enum`` say (None: any)."""
+    allowed: frozenset[str] | None = None
+    for schema in schemas:
+        said = _said_types(schema)
+        if said is not None:
+            allowed = said if allowed is None else _intersect(allowed, said)
+    return allowed
+
+
+def _said_types(schema: object) -> frozenset[str] | None:
+    if schema is False:
+        return frozenset()
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return frozenset([kind])
+    if isinstance(kind, list) and all(isinstance(item, str) for item in kind):
+        return frozenset(kind)
+    if "const" in schema:
+        return frozenset([_type_of(schema["const"])])
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        return frozenset(_type_of(value) for value in enum)
+    return None
+
+
+def _intersect(left: frozenset[str], right: frozenset[str]) -> frozenset[str]:
+    kept = {a for a in left if any(_types_overlap(a, b) for b in right)}
+    kept |= {b for b in right if any(_types_overlap(a, b) for a in left)}
+    return frozenset(kept)
+
+
+def _types_overlap(left: str, right: str) -> bool:
+    return left == right or {left, right} == {"integer", "number"}
+
+
+def _type_of(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"  # overlaps "integer": 1.0 is an integer too
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def _values(schemas: list[object]) -> frozenset[str] | None:
+    """The instances ``const`` or ``enum`` allow, as comparable keys (None: not listed)."""
+    for schema in schemas:
+        if isinstance(schema, dict):
+            if "const" in schema:
+                return frozenset([_value_key(schema["const"])])
+            enum = schema.get("enum")
+            if isinstance(enum, list):
+                return frozenset(_value_key(value) for value in enum)
+    return None
+
+
+def _value_key(value: object) -> str:
+    """Equal JSON values, equal keys: 1 and 1.0 alike, true and 1 apart."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"n:{float(value)!r}"
+    return json.dumps(value, sort_keys=True)
+
+
+def _required(schemas: list[object]) -> Iterator[str]:
+    for schema in schemas:
+        if isinstance(schema, dict) and isinstance(schema.get("required"), list):
+            yield from (key for key in schema["required"] if isinstance(key, str))
+
+
+def _forbids(schema: object, key: str) -> bool:
+    """A closed object schema that does not list ``key``."""
+    if not isinstance(schema, dict) or schema.get("additionalProperties") is not False:
+        return False
+    if schema.get("patternProperties"):
+        return False
+    properties = schema.get("properties")
+    return not (isinstance(properties, dict) and key in properties)
+
+
+def _property(schemas: list[object], key: str, root: dict[str, Any]) -> list[object]:
+    """The schemas the value of ``key`` must match, from every schema that lists it."""
+    found: list[object] = []
+    for schema in schemas:
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(properties, dict) and key in properties:
+            found.extend(_conjuncts(properties[key], root, 0))
+    return found
