@@ -13,6 +13,7 @@ import pytest
 
 from tests.llg_tokenizer import llg_tokenizer, matches
 from trickle.grammar import GrammarError, json_object_grammar, json_schema_grammar
+from trickle.grammar_errors import schema_error
 
 FIELD = "response_format.json_schema.schema"
 PERSON: dict[str, Any] = {
@@ -202,7 +203,7 @@ def test_a_small_schema_whose_grammar_explodes_hits_the_limits() -> None:
         ]
     }
     assert len(json.dumps(schema)) < 4096
-    with pytest.raises(GrammarError, match="past the bound .*too large or complex") as raised:
+    with pytest.raises(GrammarError, match=r"past the bound .*too large or complex") as raised:
         json_schema_grammar(schema, FIELD)
     assert raised.value.field == FIELD
 
@@ -213,3 +214,22 @@ def test_grammars_are_cached_per_schema_text() -> None:
     # Key order is the order the answer writes properties in: another schema.
     swapped = {"properties": schema["properties"], "type": "object"}
     assert json_schema_grammar(swapped, FIELD) is not json_schema_grammar(schema, FIELD)
+
+
+@pytest.mark.parametrize(
+    ("message", "bound"),
+    [
+        (
+            "grammar size (number of symbols) too big (limit for this grammar: 500000)",
+            "max_grammar_size (500000)",
+        ),
+        (
+            "initial lexer configuration (grammar) too big (limit for this grammar: 1000000)",
+            "initial_lexer_fuel (1000000)",
+        ),
+        ("schema too large", "llguidance's JSON Schema size limit"),
+    ],
+)
+def test_llguidance_bounds_are_named(message: str, bound: str) -> None:
+    error = schema_error(FIELD, message)
+    assert error.field == FIELD and f"past the bound {bound}" in error.message

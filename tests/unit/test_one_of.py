@@ -7,6 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 
 from trickle.one_of import exclusive_one_of
 
@@ -117,3 +120,55 @@ def test_one_of_beside_any_of_joins_all_of() -> None:
 def test_a_self_referencing_branch_ends() -> None:
     schema = {"$defs": {"loop": {"$ref": "#/$defs/loop"}}, "oneOf": [{"$ref": "#/$defs/loop"}, {}]}
     assert exclusive_one_of(schema) == schema
+
+
+# Generated branches and values from one small universe, so that a value matching two branches
+# is likely to be drawn wherever one exists.
+_SCALARS = st.sampled_from([None, True, False, 0, 1, 1.0, 1.5, "cat", "dog", "x"])
+_KEYS = st.sampled_from(["kind", "a", "b"])
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=2), st.dictionaries(_KEYS, inner, max_size=3)),
+    max_leaves=6,
+)
+_TYPES = st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"])
+_LEAVES = st.one_of(
+    st.just({}),
+    _TYPES.map(lambda kind: {"type": kind}),
+    st.lists(_TYPES, min_size=1, max_size=3, unique=True).map(lambda kinds: {"type": kinds}),
+    _SCALARS.map(lambda value: {"const": value}),
+    st.lists(_SCALARS, min_size=1, max_size=3).map(lambda values: {"enum": values}),
+)
+_OBJECTS = st.builds(
+    lambda typed, properties, required, closed: {
+        **({"type": "object"} if typed else {}),
+        "properties": properties,
+        "required": required,
+        **({"additionalProperties": False} if closed else {}),
+    },
+    st.booleans(),
+    st.dictionaries(_KEYS, _LEAVES, max_size=2),
+    st.lists(_KEYS, max_size=2, unique=True),
+    st.booleans(),
+)
+_BRANCHES = st.lists(st.one_of(_LEAVES, _OBJECTS), min_size=2, max_size=3)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(branches=_BRANCHES, siblings=st.one_of(st.just({}), _OBJECTS), values=st.lists(_VALUES))
+def test_a_rewritten_one_of_accepts_exactly_what_it_did(
+    branches: list[Any], siblings: dict[str, Any], values: list[Any]
+) -> None:
+    schema = {**siblings, "oneOf": branches}
+    rewritten = exclusive_one_of(schema)
+    if rewritten == schema:
+        return
+    before, after = Draft202012Validator(schema), Draft202012Validator(rewritten)
+    for value in values:
+        assert before.is_valid(value) == after.is_valid(value), value
+    # Stronger than sampling: each pair of branches has no common instance among the values.
+    for value in values:
+        matching = [
+            b for b in branches if Draft202012Validator({"allOf": [siblings, b]}).is_valid(value)
+        ]
+        assert len(matching) <= 1, (value, matching)
