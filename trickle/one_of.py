@@ -22,6 +22,8 @@ from typing import Any
 _DATA = frozenset({"const", "enum", "default", "examples"})
 # Keywords whose values map names to schemas (a property may be called "enum").
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+# What a branch that only requires one key may also say.
+_ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
 # How far $ref, allOf and nested properties are followed when proving two branches disjoint.
 _REACH = 6
 
@@ -48,8 +50,13 @@ def _rewrite(node: object, root: dict[str, Any]) -> object:
         else:
             out[key] = _rewrite(value, root)
     branches = out.get("oneOf")
-    if not isinstance(branches, list) or not _pairwise_disjoint(branches, node, root):
+    if not isinstance(branches, list):
         return out
+    if not _pairwise_disjoint(branches, node, root):
+        branches = _one_key_each(branches, node, root)
+        if branches is None:
+            return out
+        out["oneOf"] = branches
     if "anyOf" not in out:
         return {("anyOf" if key == "oneOf" else key): value for key, value in out.items()}
     del out["oneOf"]
@@ -67,6 +74,30 @@ def _pairwise_disjoint(branches: list[Any], parent: dict[str, Any], root: dict[s
         for i in range(len(conjunctions))
         for j in range(i + 1, len(conjunctions))
     )
+
+
+def _one_key_each(
+    branches: list[Any], parent: dict[str, Any], root: dict[str, Any]
+) -> list[Any] | None:
+    """``oneOf`` branches that each only require one key of an object (``{"required": ["a"]}``,
+    ``{"required": ["b"]}``: exactly one of a and b) made disjoint, each forbidding the others'
+    keys: the same instances, as ``anyOf`` of them. None where the branches are not so."""
+    siblings = {key: value for key, value in parent.items() if key not in ("oneOf", "anyOf")}
+    keys: list[str] = []
+    for branch in branches:
+        if not isinstance(branch, dict) or not set(branch) <= _ONE_KEY_BRANCH:
+            return None
+        required = branch.get("required")
+        if not isinstance(required, list) or len(required) != 1 or required[0] in keys:
+            return None
+        keys.append(required[0])
+    objects_only = _types(list(_conjuncts(siblings, root, 0)))
+    if objects_only is None or not objects_only <= {"object"}:
+        return None
+    return [
+        {**branch, "properties": {other: False for other in keys if other != key}}
+        for branch, key in zip(branches, keys, strict=True)
+    ]
 
 
 def _conjuncts(schema: object, root: dict[str, Any], depth: int) -> Iterator[object]:

@@ -91,6 +91,11 @@ ENFORCED: list[tuple[dict[str, Any], str, str]] = [
         '{"k":"b","n":1}',
         '{"k":"c"}',
     ),
+    (  # exactly one of two keys
+        {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        '{"b":1}',
+        '{"a":1,"b":1}',
+    ),
     ({"allOf": [{"type": "integer"}, {"minimum": 2}]}, "2", "1"),
     ({"type": "array", "minItems": 1, "maxItems": 2}, "[1]", "[]"),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1]", "[1,2]"),
