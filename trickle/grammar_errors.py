@@ -91,7 +91,8 @@ def schema_error(field: str, message: str, schema_text: str = "") -> GrammarErro
         return _unsupported(field, keyword, "cannot be enforced by constrained decoding")
     for text, keyword, why in _UNSUPPORTED:
         if text in message:
-            if keyword == "minProperties" and '"minProperties"' not in schema_text:
+            only_max = '"maxProperties"' in schema_text and '"minProperties"' not in schema_text
+            if keyword == "minProperties" and only_max:
                 keyword, why = "maxProperties", why.replace("(or 'maxProperties')", "")
             return _unsupported(field, keyword, why.replace("  ", " "))
     unknown_format = _UNKNOWN_FORMAT.search(message)
