@@ -24,21 +24,32 @@ _DATA = frozenset({"const", "enum", "default", "examples"})
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
 # What a branch that only requires one key may also say.
 _ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
-# How far $ref, allOf and nested properties are followed when proving two branches disjoint.
+# How far $ref, allOf and nested properties are followed when proving two branches disjoint,
+# and how many comparisons one schema's proofs may make (a hostile schema's stay bounded: past
+# it, no more oneOf is proved disjoint).
 _REACH = 6
+_STEPS = 20_000
+
+
+class _Proof:
+    """The schema the proofs read ``$ref``s in, and the comparisons left to them."""
+
+    def __init__(self, root: dict[str, Any]):
+        self.root = root
+        self.steps = _STEPS
 
 
 def exclusive_one_of(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each ``oneOf`` whose branches are provably disjoint as ``anyOf`` (or as an
     ``allOf`` member holding the ``anyOf``, beside an ``anyOf`` of its own)."""
-    rewritten = _rewrite(schema, schema)
+    rewritten = _rewrite(schema, _Proof(schema))
     assert isinstance(rewritten, dict)
     return rewritten
 
 
-def _rewrite(node: object, root: dict[str, Any]) -> object:
+def _rewrite(node: object, proof: _Proof) -> object:
     if isinstance(node, list):
-        return [_rewrite(item, root) for item in node]
+        return [_rewrite(item, proof) for item in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -46,14 +57,14 @@ def _rewrite(node: object, root: dict[str, Any]) -> object:
         if key in _DATA:
             out[key] = value
         elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, root) for name, item in value.items()}
+            out[key] = {name: _rewrite(item, proof) for name, item in value.items()}
         else:
-            out[key] = _rewrite(value, root)
+            out[key] = _rewrite(value, proof)
     branches = out.get("oneOf")
     if not isinstance(branches, list):
         return out
-    if not _pairwise_disjoint(branches, node, root):
-        branches = _one_key_each(branches, node, root)
+    if not _pairwise_disjoint(branches, node, proof):
+        branches = _one_key_each(branches, node, proof)
         if branches is None:
             return out
         out["oneOf"] = branches
@@ -64,25 +75,28 @@ def _rewrite(node: object, root: dict[str, Any]) -> object:
     return out
 
 
-def _pairwise_disjoint(branches: list[Any], parent: dict[str, Any], root: dict[str, Any]) -> bool:
-    siblings = {key: value for key, value in parent.items() if key not in ("oneOf", "anyOf")}
+def _pairwise_disjoint(branches: list[Any], parent: dict[str, Any], proof: _Proof) -> bool:
+    siblings = _siblings(parent)
     conjunctions = [
-        [*_conjuncts(branch, root, 0), *_conjuncts(siblings, root, 0)] for branch in branches
+        [*_conjuncts(branch, proof, 0), *_conjuncts(siblings, proof, 0)] for branch in branches
     ]
     return all(
-        _disjoint(conjunctions[i], conjunctions[j], root, 0)
+        _disjoint(conjunctions[i], conjunctions[j], proof, 0)
         for i in range(len(conjunctions))
         for j in range(i + 1, len(conjunctions))
     )
 
 
-def _one_key_each(
-    branches: list[Any], parent: dict[str, Any], root: dict[str, Any]
-) -> list[Any] | None:
+def _siblings(parent: dict[str, Any]) -> dict[str, Any]:
+    """What the schema around a ``oneOf`` says of every branch."""
+    return {key: value for key, value in parent.items() if key not in ("oneOf", "anyOf")}
+
+
+def _one_key_each(branches: list[Any], parent: dict[str, Any], proof: _Proof) -> list[Any] | None:
     """``oneOf`` branches that each only require one key of an object (``{"required": ["a"]}``,
     ``{"required": ["b"]}``: exactly one of a and b) made disjoint, each forbidding the others'
     keys: the same instances, as ``anyOf`` of them. None where the branches are not so."""
-    siblings = {key: value for key, value in parent.items() if key not in ("oneOf", "anyOf")}
+    siblings = _siblings(parent)
     keys: list[str] = []
     for branch in branches:
         if not isinstance(branch, dict) or not set(branch) <= _ONE_KEY_BRANCH:
@@ -91,7 +105,7 @@ def _one_key_each(
         if not isinstance(required, list) or len(required) != 1 or required[0] in keys:
             return None
         keys.append(required[0])
-    objects_only = _types(list(_conjuncts(siblings, root, 0)))
+    objects_only = _types(list(_conjuncts(siblings, proof, 0)))
     if objects_only is None or not objects_only <= {"object"}:
         return None
     return [
@@ -100,7 +114,7 @@ def _one_key_each(
     ]
 
 
-def _conjuncts(schema: object, root: dict[str, Any], depth: int) -> Iterator[object]:
+def _conjuncts(schema: object, proof: _Proof, depth: int) -> Iterator[object]:
     """The schemas an instance of ``schema`` also matches: itself, its ``$ref`` target, its
     ``allOf`` members (followed ``_REACH`` deep, so cycles end)."""
     yield schema
@@ -108,13 +122,13 @@ def _conjuncts(schema: object, root: dict[str, Any], depth: int) -> Iterator[obj
         return
     ref = schema.get("$ref")
     if isinstance(ref, str):
-        target = _resolve(ref, root)
+        target = _resolve(ref, proof.root)
         if target is not None:
-            yield from _conjuncts(target, root, depth + 1)
+            yield from _conjuncts(target, proof, depth + 1)
     members = schema.get("allOf")
     if isinstance(members, list):
         for member in members:
-            yield from _conjuncts(member, root, depth + 1)
+            yield from _conjuncts(member, proof, depth + 1)
 
 
 def _resolve(ref: str, root: dict[str, Any]) -> object | None:
@@ -135,9 +149,10 @@ def _resolve(ref: str, root: dict[str, Any]) -> object | None:
     return node
 
 
-def _disjoint(left: list[object], right: list[object], root: dict[str, Any], depth: int) -> bool:
+def _disjoint(left: list[object], right: list[object], proof: _Proof, depth: int) -> bool:
     """True only when no instance matches every schema in ``left`` and every one in ``right``."""
-    if depth > _REACH:
+    proof.steps -= 1
+    if depth > _REACH or proof.steps < 0:
         return False
     left_types, right_types = _types(left), _types(right)
     if (
@@ -149,8 +164,8 @@ def _disjoint(left: list[object], right: list[object], root: dict[str, Any], dep
     left_values, right_values = _values(left), _values(right)
     if left_values is not None and right_values is not None and not left_values & right_values:
         return True
-    return _keys_disjoint(left, left_types, right, root, depth) or _keys_disjoint(
-        right, right_types, left, root, depth
+    return _keys_disjoint(left, left_types, right, proof, depth) or _keys_disjoint(
+        right, right_types, left, proof, depth
     )
 
 
@@ -158,7 +173,7 @@ def _keys_disjoint(
     objects: list[object],
     types: frozenset[str] | None,
     other: list[object],
-    root: dict[str, Any],
+    proof: _Proof,
     depth: int,
 ) -> bool:
     """Every instance of ``objects`` is an object with a required key that ``other`` forbids
@@ -168,8 +183,8 @@ def _keys_disjoint(
     for key in _required(objects):
         if any(_forbids(schema, key) for schema in other):
             return True
-        mine, theirs = _property(objects, key, root), _property(other, key, root)
-        if mine and theirs and _disjoint(mine, theirs, root, depth + 1):
+        mine, theirs = _property(objects, key, proof), _property(other, key, proof)
+        if mine and theirs and _disjoint(mine, theirs, proof, depth + 1):
             return True
     return False
 
@@ -259,11 +274,11 @@ def _forbids(schema: object, key: str) -> bool:
     return not (isinstance(properties, dict) and key in properties)
 
 
-def _property(schemas: list[object], key: str, root: dict[str, Any]) -> list[object]:
+def _property(schemas: list[object], key: str, proof: _Proof) -> list[object]:
     """The schemas the value of ``key`` must match, from every schema that lists it."""
     found: list[object] = []
     for schema in schemas:
         properties = schema.get("properties") if isinstance(schema, dict) else None
         if isinstance(properties, dict) and key in properties:
-            found.extend(_conjuncts(properties[key], root, 0))
+            found.extend(_conjuncts(properties[key], proof, 0))
     return found

@@ -193,3 +193,20 @@ def test_a_rewritten_one_of_accepts_exactly_what_it_did(
             if Draft202012Validator({"allOf": [siblings, b]}).is_valid(value)
         ]
         assert len(matching) <= 1, (value, matching)
+
+
+def test_a_hostile_schema_s_proofs_stay_bounded() -> None:
+    # 200 branches told apart only by their last nested key: each pair's proof walks 100
+    # values, 20,000 pairs. Past the step budget nothing more is proved: the oneOf stays
+    # (refused), though five such branches are proved disjoint.
+    def branch(number: int) -> dict[str, Any]:
+        def inner(i: int) -> dict[str, Any]:
+            values = {f"j{m}": {"const": number if (i, m) == (9, 9) else 0} for m in range(10)}
+            return {"type": "object", "properties": values, "required": sorted(values)}
+
+        properties = {f"k{i}": inner(i) for i in range(10)}
+        return {"type": "object", "properties": properties, "required": sorted(properties)}
+
+    schema = {"oneOf": [branch(number) for number in range(200)]}
+    assert exclusive_one_of(schema) == schema
+    assert "anyOf" in exclusive_one_of({"oneOf": [branch(number) for number in range(5)]})
