@@ -29,6 +29,24 @@ SHAPES: dict[str, dict[str, Any]] = {
         "properties": {"a": {"type": "array", "items": {"type": "string", "minLength": 12}}},
         "required": ["a"],
     },
+    # A discriminated union, served as anyOf (trickle/one_of.py), a format and a pattern inside.
+    "oneOf": {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "kind": {"const": "mail"},
+                    "to": {"type": "string", "format": "email"},
+                },
+                "required": ["kind", "to"],
+            },
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "code"}, "id": {"pattern": "^[A-Z]{3}[0-9]{2}$"}},
+                "required": ["kind", "id"],
+            },
+        ]
+    },
 }
 
 
@@ -56,6 +74,8 @@ def _formats(schema: Any, value: Any) -> list[tuple[str, str]]:
         for key, sub in schema.get("properties", {}).items():
             if isinstance(value, dict) and key in value:
                 found += _formats(sub, value[key])
+        for branch in schema.get("oneOf", []):
+            found += _formats(branch, value)
         if isinstance(schema.get("items"), dict) and isinstance(value, list):
             for item in value:
                 found += _formats(schema["items"], item)

@@ -8,8 +8,12 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
   can otherwise spend its whole budget on spaces and newlines between tokens.
 - Never lenient: a keyword llguidance cannot enforce (``not``, ``uniqueItems``...) is refused,
   since an answer that ignores part of the schema would break the promise of ``strict``.
-- Bounded: a schema over ``MAX_SCHEMA_BYTES`` is refused unread, and a compiled grammar must
-  fit ``parser_limits()``, the limits the engine's matcher runs under as well.
+- Bounded by llguidance's own work limits, not by a size of Trickle's: a compiled grammar must
+  fit ``parser_limits()`` (the engine's matcher runs under the same ones), whose fuel bounds the
+  time a compile takes and whose lexer-state cap bounds a matcher's memory; a schema past one
+  is a 400 naming it. The request body's limit bounds the schema's text.
+- ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
+  (``trickle.one_of``).
 
 Checked grammars are cached per schema text (an LRU), since clients send one schema many times.
 Tool-call grammars are in ``trickle.tool_grammar``.
@@ -18,18 +22,18 @@ Tool-call grammars are in ``trickle.tool_grammar``.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, LLParserLimits
 
+from trickle.grammar_errors import GrammarError as GrammarError
+from trickle.grammar_errors import schema_error
+from trickle.one_of import exclusive_one_of
+
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
     from llguidance._lib import JsonCompileOptions
 
-# Larger schemas are refused before compiling: compile time grows with them (about 1 ms per
-# KiB on one core), and the web tier compiles on the request's thread.
-MAX_SCHEMA_BYTES = 32 * 1024
 CACHE_SIZE = 256
 # Deeper schemas are refused unread (llguidance's own parser stops near 100 levels).
 MAX_SCHEMA_DEPTH = 64
@@ -43,42 +47,20 @@ COMPACT: JsonCompileOptions = {
     "coerce_one_of": False,
 }
 
-_UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
-_UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
-_NAMED_KEY = re.compile(r"for '([A-Za-z$][\w$-]*)'")
-# llguidance's messages that name no keyword, by the keyword they are about.
-_KEYWORD_HINTS = (
-    ("Pointer", "$ref"),
-    ("regex", "pattern"),
-    ("Invalid type", "type"),
-    ("too large", "size"),
-    ("fuel", "size"),
-    ("limit", "size"),
-)
-
-
-class GrammarError(ValueError):
-    """A schema that cannot become a grammar: ``field`` is where the request put it, ``keyword``
-    the JSON Schema keyword at fault (None when no single one is)."""
-
-    def __init__(self, field: str, keyword: str | None, message: str):
-        super().__init__(message)
-        self.field = field
-        self.keyword = keyword
-        self.message = message
-
 
 def parser_limits() -> LLParserLimits:
-    """Bounds on a grammar's size and on the lexer's work: modest, so that compiling or masking
-    a hostile schema fails fast instead of holding a worker's batch. The engine's matcher takes
-    the same ones."""
+    """llguidance's own bounds on a grammar's size and the lexer's work (its defaults, so that
+    Trickle accepts every schema plain llguidance does): the fuel bounds a compile's time, the
+    lexer-state cap a matcher's memory, the per-token ones a mask's time, so a hostile schema
+    fails fast instead of holding a worker's batch. The engine's matcher takes the same ones;
+    what they cost is measured in docs/performance.md."""
     return LLParserLimits(
         max_items_in_row=2_000,
-        initial_lexer_fuel=200_000,
+        initial_lexer_fuel=1_000_000,
         step_lexer_fuel=200_000,
         step_max_items=50_000,
-        max_lexer_states=50_000,
-        max_grammar_size=100_000,
+        max_lexer_states=250_000,
+        max_grammar_size=500_000,
         verbose_errors=False,
     )
 
@@ -96,7 +78,8 @@ def json_schema_grammar(schema: object, field: str) -> str:
 
 def schema_text(schema: object, field: str) -> str:
     """The schema as compact JSON (the cache key: key order is kept, since it is the order the
-    answer writes properties in), checked for shape and size."""
+    answer writes properties in), checked for shape and depth, its disjoint ``oneOf``s as
+    ``anyOf``."""
     if not isinstance(schema, dict):
         raise GrammarError(field, None, f"{field} must be a JSON Schema object")
     if "x-guidance" in schema:
@@ -108,13 +91,8 @@ def schema_text(schema: object, field: str) -> str:
             field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    size = len(text.encode())
-    if size > MAX_SCHEMA_BYTES:
-        raise GrammarError(
-            field,
-            None,
-            f"{field} is {size} bytes as compact JSON; the limit is {MAX_SCHEMA_BYTES}",
-        )
+    if '"oneOf"' in text:
+        text = json.dumps(exclusive_one_of(schema), separators=(",", ":"), ensure_ascii=False)
     return text
 
 
@@ -143,67 +121,18 @@ def schema_grammar(text: str, field: str) -> str:
     try:
         grammar = LLMatcher.grammar_from_json_schema(text, overrides=COMPACT)
     except ValueError as exc:
-        raise GrammarError(field, None, f"{field} is not a valid JSON Schema: {exc}") from None
-    check_grammar(grammar, field)
+        raise schema_error(field, str(exc), text) from None
+    check_grammar(grammar, field, text)
     return grammar
 
 
-def check_grammar(grammar: str, field: str) -> None:
+def check_grammar(grammar: str, field: str, schema_text: str = "") -> None:
     """``GrammarError`` unless llguidance compiles ``grammar`` within ``parser_limits()``."""
     failed, messages = LLMatcher.validate_grammar_with_warnings(
         grammar, None, limits=parser_limits()
     )
     if failed:
-        raise schema_error(field, messages[0] if messages else "")
-
-
-def schema_error(field: str, message: str) -> GrammarError:
-    """llguidance's complaint as a ``GrammarError``: the keyword it names, in a message for
-    the client (its first line; the rest is grammar source)."""
-    first = message.strip().splitlines()[0] if message.strip() else "cannot be compiled"
-    first = first.removeprefix("failed to compile JSON schema: ")
-    unimplemented = _UNIMPLEMENTED.search(message)
-    if unimplemented is not None:
-        keyword = unimplemented.group(1)
-        return GrammarError(
-            field,
-            keyword,
-            f"{field}: JSON Schema keyword {keyword!r} cannot be enforced by constrained "
-            "decoding (see docs/structured-output.md for the keywords that can)",
-        )
-    if "oneOf constraints are not supported" in message:
-        return GrammarError(
-            field,
-            "oneOf",
-            f"{field}: JSON Schema keyword 'oneOf' is enforced only where no answer can match "
-            "two of its branches; these may overlap (anyOf would accept them)",
-        )
-    unknown_format = _UNKNOWN_FORMAT.search(message)
-    if unknown_format is not None:
-        return GrammarError(
-            field,
-            "format",
-            f"{field}: JSON Schema keyword 'format' value {unknown_format.group(1)!r} cannot be "
-            "enforced by constrained decoding (see docs/structured-output.md for the formats "
-            "that can)",
-        )
-    keyword = _keyword_of(message)
-    if keyword == "size":
-        return GrammarError(
-            field, None, f"{field} is too large or complex to enforce within the grammar limits"
-        )
-    about = f" (keyword {keyword!r})" if keyword else ""
-    return GrammarError(field, keyword, f"{field} is not a valid JSON Schema{about}: {first}")
-
-
-def _keyword_of(message: str) -> str | None:
-    named = _NAMED_KEY.search(message)
-    if named is not None:
-        return named.group(1)
-    for hint, keyword in _KEYWORD_HINTS:
-        if hint in message:
-            return keyword
-    return None
+        raise schema_error(field, messages[0] if messages else "", schema_text)
 
 
 def lark_json(schema_json: str) -> str:

@@ -16,14 +16,15 @@ import llguidance
 import numpy as np
 import numpy.typing as npt
 
+from trickle.grammar import parser_limits
 from trickle.tokenization import Tokenizer
 
 # How many compiled grammars one engine process keeps (most recently used).
 CACHED_GRAMMARS = 64
 
-# Per-token work bounds: a grammar that needs more to decide one token fails the job instead of
-# stalling the lane (the web tier compiles with the same bounds first).
-LIMITS = llguidance.LLParserLimits(step_lexer_fuel=200_000, step_max_items=50_000)
+# The bounds the web tier checked the grammar under: a grammar that needs more to compile or to
+# decide one token fails the job instead of stalling the lane.
+LIMITS = parser_limits()
 
 
 class GrammarFailed(ValueError):

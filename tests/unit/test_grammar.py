@@ -12,12 +12,8 @@ import llguidance
 import pytest
 
 from tests.llg_tokenizer import llg_tokenizer, matches
-from trickle.grammar import (
-    MAX_SCHEMA_BYTES,
-    GrammarError,
-    json_object_grammar,
-    json_schema_grammar,
-)
+from trickle.grammar import GrammarError, json_object_grammar, json_schema_grammar
+from trickle.grammar_errors import schema_error
 
 FIELD = "response_format.json_schema.schema"
 PERSON: dict[str, Any] = {
@@ -81,6 +77,25 @@ ENFORCED: list[tuple[dict[str, Any], str, str]] = [
     ({"const": {"a": 1}}, '{"a":1}', '{"a":2}'),
     ({"anyOf": [{"type": "integer"}, {"type": "boolean"}]}, "true", '"x"'),
     ({"oneOf": [{"type": "integer"}, {"type": "null"}]}, "null", "[]"),
+    (  # a discriminated union: served as anyOf (trickle/one_of.py)
+        {
+            "oneOf": [
+                {"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]},
+                {
+                    "type": "object",
+                    "properties": {"k": {"const": "b"}, "n": {"type": "integer"}},
+                    "required": ["k", "n"],
+                },
+            ]
+        },
+        '{"k":"b","n":1}',
+        '{"k":"c"}',
+    ),
+    (  # exactly one of two keys
+        {"type": "object", "oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        '{"b":1}',
+        '{"a":1,"b":1}',
+    ),
     ({"allOf": [{"type": "integer"}, {"minimum": 2}]}, "2", "1"),
     ({"type": "array", "minItems": 1, "maxItems": 2}, "[1]", "[]"),
     ({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, "[1]", "[1,2]"),
@@ -121,6 +136,12 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"type": "strings"}, "type"),
         ({"type": "string", "format": "uri-reference"}, "format"),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+        ({"type": "string", "pattern": "^(?!x)"}, "pattern"),  # look-around: valid, unsupported
+        ({"$ref": "https://example.org/schema.json"}, "$ref"),  # remote
+        ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
+        ({"type": "object", "properties": {"a": {}}, "maxProperties": 1}, "maxProperties"),
+        ({"properties": {"a": {"$ref": "#", "required": ["a"]}}}, "$ref"),  # circular, beside
+        ({"if": {"type": "string"}, "else": {"type": "integer"}}, "if"),
         ({"type": "integer", "minimum": "x"}, "minimum"),
         ({"type": "object", "x-guidance": {"lenient": True}}, "x-guidance"),
     ],
@@ -134,14 +155,30 @@ def test_what_cannot_be_enforced_is_refused_naming_field_and_keyword(
     assert FIELD in raised.value.message and repr(keyword) in raised.value.message
 
 
-def test_a_schema_that_is_no_object_or_too_large_is_refused() -> None:
+def test_a_valid_schema_is_never_called_invalid() -> None:
+    for schema in (
+        {"type": "string", "pattern": "^(?!x)"},
+        {"$ref": "https://example.org/schema.json"},
+        {"type": "object", "properties": {"a": {}}, "minProperties": 1},
+        {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+    ):
+        with pytest.raises(GrammarError) as raised:
+            json_schema_grammar(schema, FIELD)
+        assert "not a valid" not in raised.value.message
+
+
+def test_a_schema_that_is_no_object_is_refused() -> None:
     for schema in ([{"type": "object"}], "object", None):
         with pytest.raises(GrammarError, match="must be a JSON Schema object"):
             json_schema_grammar(schema, FIELD)
-    properties = {f"p{i}": {"type": "string"} for i in range(MAX_SCHEMA_BYTES // 10)}
-    with pytest.raises(GrammarError, match="the limit is") as raised:
-        json_schema_grammar({"type": "object", "properties": properties}, FIELD)
-    assert raised.value.field == FIELD
+
+
+def test_a_large_schema_is_bounded_by_llguidance_not_by_its_size() -> None:
+    # Over 32 KiB, the cap Trickle had: compiled like any other.
+    properties = {f"p{i}": {"type": "string", "maxLength": 8} for i in range(2000)}
+    schema = {"type": "object", "properties": properties}
+    assert len(json.dumps(schema)) > 64 * 1024
+    json_schema_grammar(schema, FIELD)
 
 
 def test_a_schema_nested_too_deep_is_refused_before_it_is_read() -> None:
@@ -170,8 +207,8 @@ def test_a_small_schema_whose_grammar_explodes_hits_the_limits() -> None:
             for i in range(6)
         ]
     }
-    assert len(json.dumps(schema)) < MAX_SCHEMA_BYTES
-    with pytest.raises(GrammarError, match="too large or complex") as raised:
+    assert len(json.dumps(schema)) < 4096
+    with pytest.raises(GrammarError, match=r"past the bound .*too large or complex") as raised:
         json_schema_grammar(schema, FIELD)
     assert raised.value.field == FIELD
 
@@ -182,3 +219,22 @@ def test_grammars_are_cached_per_schema_text() -> None:
     # Key order is the order the answer writes properties in: another schema.
     swapped = {"properties": schema["properties"], "type": "object"}
     assert json_schema_grammar(swapped, FIELD) is not json_schema_grammar(schema, FIELD)
+
+
+@pytest.mark.parametrize(
+    ("message", "bound"),
+    [
+        (
+            "grammar size (number of symbols) too big (limit for this grammar: 500000)",
+            "max_grammar_size (500000)",
+        ),
+        (
+            "initial lexer configuration (grammar) too big (limit for this grammar: 1000000)",
+            "initial_lexer_fuel (1000000)",
+        ),
+        ("schema too large", "llguidance's JSON Schema size limit"),
+    ],
+)
+def test_llguidance_bounds_are_named(message: str, bound: str) -> None:
+    error = schema_error(FIELD, message)
+    assert error.field == FIELD and f"past the bound {bound}" in error.message
