@@ -4,17 +4,24 @@ Templates run in Jinja's immutable sandbox: a template comes from configuration,
 still not be able to reach into the server. They read what Hugging Face's ``apply_chat_template``
 gives them: ``messages`` (an assistant's ``tool_calls`` with their arguments as a mapping, a
 tool result's ``tool_call_id``), ``tools`` (function definitions, or None), ``bos_token``,
-``eos_token``, ``add_generation_prompt``, and its ``tojson`` filter (no HTML escaping).
+``eos_token``, ``add_generation_prompt``, in the environment transformers builds: trim_blocks
+and lstrip_blocks, ``{% break %}`` and ``{% continue %}`` (loopcontrols), ``{% generation %}``
+blocks (rendered as their body), its ``tojson`` filter (no HTML escaping), and the
+``raise_exception`` and ``strftime_now`` globals.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
-from jinja2 import TemplateError, meta
+from jinja2 import TemplateError, meta, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from web.common.errors import invalid
@@ -108,20 +115,49 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateRefused(message)
 
 
+def _strftime_now(format: str) -> str:
+    """Hugging Face's ``strftime_now``: the local time (Llama 3's templates write the date)."""
+    return datetime.now().strftime(format)
+
+
+class GenerationBlock(Extension):
+    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's part with
+    it (for training masks); rendering a prompt, it is its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (the type Jinja declares for it)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols]
+    )
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.filters["tojson"] = _tojson
+    return environment
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str) -> Any:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = _raise_exception
-    environment.filters["tojson"] = _tojson
-    return environment.from_string(template)
+    return _environment().from_string(template)
 
 
 @lru_cache(maxsize=32)
 def reads_tools(template: str) -> bool:
     """Whether the template uses ``tools`` at all (one that never reads it would drop them)."""
-    environment = ImmutableSandboxedEnvironment()
     try:
-        names = meta.find_undeclared_variables(environment.parse(template or DEFAULT_CHAT_TEMPLATE))
+        names = meta.find_undeclared_variables(
+            _environment().parse(template or DEFAULT_CHAT_TEMPLATE)
+        )
     except TemplateError:
         return False  # rendering reports the error itself
     return "tools" in names
