@@ -35,7 +35,7 @@ SMOLLM2_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SMOLLM2_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
+BOS, EOS = "<|im_start|>", "<|im_end|>"
 
 # Hermes-style tools (as Qwen 2.5's), loop controls, a generation block and the date.
 TOOLS_TEMPLATE = """{{ bos_token }}
@@ -115,7 +115,7 @@ def huggingface_render(
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env.from_string(template).render(
-        messages=messages, tools=tools, add_generation_prompt=True, **SMOLLM2_TOKENS
+        messages=messages, tools=tools, add_generation_prompt=True, bos_token=BOS, eos_token=EOS
     )
 
 
@@ -137,7 +137,7 @@ CONVERSATIONS = {
 @pytest.mark.parametrize("name", CONVERSATIONS)
 def test_smollm2_template_renders_as_transformers_does(name: str) -> None:
     turns = CONVERSATIONS[name]
-    ours = render_chat(turns, SMOLLM2_TEMPLATE, drop_bos=False, **SMOLLM2_TOKENS)
+    ours = render_chat(turns, SMOLLM2_TEMPLATE, BOS, EOS, drop_bos=False)
     assert ours == huggingface_render(SMOLLM2_TEMPLATE, [t.as_message() for t in turns])
     assert ours.endswith("<|im_start|>assistant\n")
     assert ("You are a helpful AI assistant named SmolLM" in ours) == (turns[0].role != "system")
@@ -162,7 +162,7 @@ def test_a_tool_template_renders_as_transformers_does() -> None:
         ChatTurn("tool", "12°C", tool_call_id="call_1"),
     ]
     assert reads_tools(TOOLS_TEMPLATE)
-    ours = render_chat(turns, TOOLS_TEMPLATE, tools=TOOLS, drop_bos=False, **SMOLLM2_TOKENS)
+    ours = render_chat(turns, TOOLS_TEMPLATE, BOS, EOS, tools=TOOLS, drop_bos=False)
     assert ours == huggingface_render(TOOLS_TEMPLATE, [t.as_message() for t in turns], TOOLS)
     assert "à <city> 🌦" in ours and "Lyon" in ours and "Nice" not in ours
     assert f"Today is {datetime.now():%Y}" in ours
@@ -171,7 +171,7 @@ def test_a_tool_template_renders_as_transformers_does() -> None:
 def test_a_template_refusal_is_the_clients_400() -> None:
     turns = [ChatTurn("user", "Hi"), ChatTurn("system", "late")]
     with pytest.raises(HttpError, match="system first") as refused:
-        render_chat(turns, TOOLS_TEMPLATE, drop_bos=False, **SMOLLM2_TOKENS)
+        render_chat(turns, TOOLS_TEMPLATE, BOS, EOS, drop_bos=False)
     with pytest.raises(jinja2.exceptions.TemplateError, match="system first"):
         huggingface_render(TOOLS_TEMPLATE, [t.as_message() for t in turns])
     assert refused.value.status == 400 and refused.value.param == "messages"
