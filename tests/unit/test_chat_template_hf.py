@@ -25,7 +25,13 @@ import pytest
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from web.common.chat_template import ChatTurn, TurnCall, reads_tools, render_chat
+from web.common.chat_template import (
+    NAMED_TOOL_TEMPLATES,
+    ChatTurn,
+    TurnCall,
+    reads_tools,
+    render_chat,
+)
 from web.common.errors import HttpError
 
 SMOLLM2_TEMPLATE = (
@@ -175,3 +181,33 @@ def test_a_template_refusal_is_the_clients_400() -> None:
     with pytest.raises(jinja2.exceptions.TemplateError, match="system first"):
         huggingface_render(TOOLS_TEMPLATE, [t.as_message() for t in turns])
     assert refused.value.status == 400 and refused.value.param == "messages"
+
+
+def test_the_chatml_tool_template_writes_qwens_layout() -> None:
+    """SmolLM2's fallback for requests with tools: the tools, a call and its result as Qwen
+    2.5's template writes them, which the hermes parser reads back."""
+    turns = [
+        ChatTurn("system", "Be brief."),
+        ChatTurn("user", "Paris?"),
+        ChatTurn("assistant", "", tool_calls=(TurnCall("c1", "weather", '{"city": "Paris"}'),)),
+        ChatTurn("tool", "sunny", tool_call_id="c1"),
+    ]
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    rendered = render_chat(
+        turns, NAMED_TOOL_TEMPLATES["chatml"], BOS, EOS, tools=tools, drop_bos=False
+    )
+    assert rendered.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n\n")
+    assert '<tools>\n{"type": "function", "function": {"name": "weather"}}\n</tools>' in rendered
+    assert rendered.endswith(
+        "<|im_start|>user\nParis?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    plain = render_chat(
+        [ChatTurn("user", "Hi")], NAMED_TOOL_TEMPLATES["chatml"], BOS, EOS, drop_bos=False
+    )
+    assert plain == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -46,6 +46,39 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
+# ChatML with Hermes-style tools, as Qwen 2.5's template writes them: the tools in the system
+# turn, an assistant's calls in <tool_call> tags, a tool's result as a user turn in
+# <tool_response> tags. For ChatML models whose own template never reads tools (SmolLM2).
+# Jinja's trim_blocks eats a newline right after a block tag: those are written as {{ '\n' }}.
+CHATML_TOOLS_TEMPLATE = (
+    "{% set system = messages[0].content if messages and messages[0].role == 'system' "
+    "else 'You are a helpful assistant.' %}"
+    "<|im_start|>system\n{{ system }}"
+    "{% if tools %}{{ '\\n\\n' }}# Tools\n\nYou may call one or more functions to assist "
+    "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
+    "XML tags:\n"
+    "<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}"
+    "</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    "{% endif %}<|im_end|>\n"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% elif not (loop.first and message.role == 'system') %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    '{{ "\n" if message.content or not loop.first }}<tool_call>\n{"name": '
+    '{{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# What a model's ``tool_chat_template`` may name instead of a Jinja string of its own.
+NAMED_TOOL_TEMPLATES = {"builtin": DEFAULT_CHAT_TEMPLATE, "chatml": CHATML_TOOLS_TEMPLATE}
+
+
 @dataclass(frozen=True)
 class TurnCall:
     """A tool call an assistant made earlier in the conversation."""
