@@ -92,11 +92,17 @@ def chat_ttft_s(host: str, port: int, max_tokens: int) -> float | None:
         response = connection.getresponse()
         first: float | None = None
         for line in response:
-            if first is None and line.startswith(b"data: {") and b'"content"' in line:
+            if first is None and line.startswith(b"data: {") and _has_text(line[6:]):
                 first = time.perf_counter() - started
         return first
     finally:
         connection.close()
+
+
+def _has_text(data: bytes) -> bool:
+    """Whether a chat chunk carries answer text (the first one only names the role)."""
+    choices = json.loads(data).get("choices") or [{}]
+    return bool(choices[0].get("delta", {}).get("content"))
 
 
 def engine_figures(
