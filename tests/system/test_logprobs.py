@@ -35,7 +35,7 @@ CHAT = {
 
 @pytest.fixture(scope="module")
 def chat(served_model: str) -> dict[str, Any]:
-    return {**chat, "model": served_model}
+    return {**CHAT, "model": served_model}
 
 
 @pytest.mark.both_models
