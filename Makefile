@@ -12,7 +12,7 @@ UV_VERSION := 0.13.8
 RUNTIME_LOCK := requirements/runtime.txt
 DEV_LOCK := requirements/dev.txt
 
-.PHONY: up test test-fast test-system test-cov test-latest mutate lint lock install install-dev demo-model smollm2-model bench clean
+.PHONY: up test test-fast test-system test-real-model test-cov test-latest mutate lint lock install install-dev demo-model smollm2-model bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,12 @@ test-latest:
 # tests/system: real worker, web, Redis, RabbitMQ and browser processes.
 test-system: install-dev
 	$(BIN)/pytest tests/system
+
+# The system tier's client checks (tests marked both_models: OpenAI, Anthropic, Responses, tools,
+# structured output, batches, the browser page, the agent SDK) on SmolLM2 instead of demo; the
+# timeout covers the real model's load in the first test's fixtures on a busy machine.
+test-real-model: install-dev smollm2-model
+	$(BIN)/pytest -m 'both_models and not demo_only' --served-model smollm2 --timeout 300 tests/system
 
 # The whole suite under coverage, subprocesses (Celery, gunicorn, CLI) included; prints the total.
 test-cov: install-dev

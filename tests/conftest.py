@@ -19,12 +19,46 @@ from tests import stack
 from trickle.config.settings import (
     DEFAULT_MODEL_DIR,
     SMOLLM2_MODEL_DIR,
+    SMOLLM2_TOOL_TEMPLATE,
     WHEEL_CACHE_DIR,
     Settings,
     load_settings,
 )
+from trickle.tokenization import Tokenizer, load_tokenizer
 from web import create_app
 from web.services import services
+
+# The model the client tests marked ``both_models`` send their requests to: ``demo`` (fast) by
+# default, SmolLM2-135M-Instruct with ``--served-model smollm2`` (`make test-real-model`).
+SERVED_MODELS = ("demo", "smollm2")
+REAL_MODEL_START_SECONDS = 240
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--served-model",
+        choices=SERVED_MODELS,
+        default="demo",
+        help="the model the both_models client tests talk to (smollm2: the real one)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "both_models: a client check that must pass on demo and on the real model "
+        "(the served_model fixture names the one this run serves)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "demo_only: checks the demo model's own behaviour; `make test-real-model` skips it",
+    )
+
+
+@pytest.fixture(scope="session")
+def served_model(request: pytest.FixtureRequest) -> str:
+    """The model name the ``both_models`` client tests send (``--served-model``)."""
+    return str(request.config.getoption("--served-model"))
 
 
 @pytest.fixture(scope="session")
@@ -98,9 +132,15 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def write_test_config(
-    directory: Path, redis_url: str, demo: Path, llama: Path, scripted: Path
+    directory: Path,
+    redis_url: str,
+    demo: Path,
+    llama: Path,
+    scripted: Path,
+    real_model: str = "",
 ) -> Path:
-    """The suite's configuration file: three served models and one (``late``) no worker serves."""
+    """The suite's configuration file: three served models and one (``late``) no worker serves,
+    and ``real_model``'s table when the run serves it (``served_model_table``)."""
     path = directory / "test.toml"
     path.write_text(
         f"""
@@ -138,7 +178,7 @@ inter_threads = 1
 # No worker serves this one until a test starts it: jobs for it stay queued.
 [models.late]
 path = "{demo}"
-"""
+{real_model}"""
     )
     return path
 
@@ -150,6 +190,7 @@ def config_path(
     demo_model_dir: Path,
     llama_model_dir: Path,
     scripted_model_dir: Path,
+    served_model_table: str,
 ) -> Path:
     return write_test_config(
         tmp_path_factory.mktemp("config"),
@@ -157,6 +198,7 @@ def config_path(
         demo_model_dir,
         llama_model_dir,
         scripted_model_dir,
+        served_model_table,
     )
 
 
@@ -166,16 +208,47 @@ def settings(config_path: Path) -> Settings:
 
 
 @pytest.fixture(scope="session")
+def served_model_table(served_model: str, request: pytest.FixtureRequest) -> str:
+    """The served model's ``[models.*]`` table for a stack's configuration: none for demo (every
+    stack has it), SmolLM2 as `make up` serves it (built on first use)."""
+    if served_model == "demo":
+        return ""
+    path = request.getfixturevalue("smollm2_model_dir")
+    return (
+        f'[models.smollm2]\npath = "{path}"\nmax_batch_size = 8\n'
+        f'tool_chat_template = "{SMOLLM2_TOOL_TEMPLATE}"\n'
+    )
+
+
+@pytest.fixture(scope="session")
+def served_worker_timeout(served_model: str) -> float:
+    """Seconds a worker serving the served model may take to start: SmolLM2's load and warm-up
+    steps take many times the demo's on two busy cores."""
+    return 90 if served_model == "demo" else REAL_MODEL_START_SECONDS
+
+
+@pytest.fixture(scope="session")
+def served_tokenizer(settings: Settings, served_model: str) -> Tokenizer:
+    """The served model's own tokenizer, chosen from its files as the worker chooses it."""
+    return load_tokenizer(settings.model(served_model))
+
+
+@pytest.fixture(scope="session")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("logs")
 
 
 @pytest.fixture(scope="session")
 def worker_process(
-    config_path: Path, redis_url: str, log_dir: Path
+    config_path: Path,
+    redis_url: str,
+    log_dir: Path,
+    served_model: str,
+    served_worker_timeout: float,
 ) -> Iterator[subprocess.Popen[bytes]]:
+    models = tuple(dict.fromkeys(("demo", "tiny-llama", "scripted", served_model)))
     process = stack.start_worker(
-        config_path, redis_url, "main", log_dir, models=("demo", "tiny-llama", "scripted")
+        config_path, redis_url, "main", log_dir, models, timeout=served_worker_timeout
     )
     yield process
     stack.stop(process)
@@ -191,7 +264,8 @@ def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def stack_url(web_url: str, worker_process: subprocess.Popen[bytes]) -> str:
-    """The whole service: web tier plus one worker serving demo, tiny-llama and scripted."""
+    """The whole service: web tier plus one worker serving demo, tiny-llama, scripted (and the
+    real model when the run serves it)."""
     return web_url
 
 

@@ -23,10 +23,13 @@ def start_worker(
     log_dir: Path,
     models: tuple[str, ...] = ("demo",),
     extra_env: Mapping[str, str] | None = None,
+    timeout: float = 90,
 ) -> Popen[bytes]:
-    """A real `celery worker` process; returns once it heartbeats for every model it serves."""
+    """A real `celery worker` process; returns once it heartbeats for every model it serves
+    (``timeout``: seconds to load them, warm-up steps included)."""
     env = child_env(config_path, extra_env)
-    return stack.start_worker(env, redis_url, name, models, log_dir / f"{name}.log")
+    output = log_dir / f"{name}.log"
+    return stack.start_worker(env, redis_url, name, models, output, timeout=timeout)
 
 
 def start_web(

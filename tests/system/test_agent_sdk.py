@@ -7,6 +7,7 @@ sees one piece of context): one whole loop takes its call from the scripted tool
 (``tests.tool_model``), another forces it on the demo model itself (``tool_choice: required``,
 held to the tool's schema by constrained decoding); the demo model writes the final answer.
 Every tool here is the SDK's default ``@function_tool``, strict; without a tool_choice it is auto.
+The forced loop also runs on SmolLM2 under `make test-real-model` (``served_model``).
 """
 
 from __future__ import annotations
@@ -39,17 +40,23 @@ QUESTION = "What is the weather in Paris?"
 
 @pytest.fixture(scope="module")
 def agent_stack(
-    tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, tool_model: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_model_dir: Path,
+    tool_model: Path,
+    served_model: str,
+    served_model_table: str,
+    served_worker_timeout: float,
 ) -> Iterator[FaultStack]:
     stack = build_fault_stack(
         tmp_path_factory.mktemp("agent-stack"),
         models_toml=(
             f'[models.demo]\npath = "{demo_model_dir}"\n'
-            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n'
+            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n{served_model_table}'
         ),
         settings_toml="",  # configs/default.toml's limits, as on `make up`
     )
-    stack.worker("agents", ("demo", "tools"))
+    models = tuple(dict.fromkeys(("demo", "tools", served_model)))
+    stack.start_worker("agents", models, timeout=served_worker_timeout)
     set_tracing_disabled(True)
     yield stack
     stack.close()
@@ -159,9 +166,13 @@ def test_a_whole_tool_loop_ends_with_the_demo_models_answer(agent_stack: FaultSt
     assert answer["model"] == "demo" and answer["output"][0]["type"] == "message"
 
 
-def test_a_forced_tool_call_runs_the_whole_loop_on_the_demo_model(agent_stack: FaultStack) -> None:
-    """``make up``'s own model alone: the SDK forces the first turn's call, resets the choice
-    after it (its default), and the demo model answers from the tool's result."""
+@pytest.mark.both_models
+def test_a_forced_tool_call_runs_the_whole_loop_on_the_served_model(
+    agent_stack: FaultStack, served_model: str
+) -> None:
+    """``make up``'s own models alone (demo, or SmolLM2 under `make test-real-model`): the SDK
+    forces the first turn's call, resets the choice after it (its default), and the model
+    answers from the tool's result."""
     cities: list[str] = []
 
     def build(client: openai.AsyncOpenAI) -> Agent[Any]:
@@ -169,7 +180,7 @@ def test_a_forced_tool_call_runs_the_whole_loop_on_the_demo_model(agent_stack: F
             name="weather",
             instructions="Be brief.",
             tools=[weather_tool(cities)],
-            model=OpenAIResponsesModel(model="demo", openai_client=client),
+            model=OpenAIResponsesModel(model=served_model, openai_client=client),
             model_settings=ModelSettings(tool_choice="required", temperature=0),
         )
 

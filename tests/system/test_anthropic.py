@@ -1,7 +1,8 @@
 """The official `anthropic` client against the real running stack: plain and streamed messages
 on the same jobs as every other route (the streamed text equals the stored output, byte for
 byte), stop reasons, count_tokens, errors as the client raises them, and a dropped stream
-resumed after its last delta."""
+resumed after its last delta. Every test sends ``served_model`` (demo, or SmolLM2 under
+`make test-real-model`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from tests.clients import get_job, poll_until_finished
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
 USER: list[Any] = [{"role": "user", "content": "The socket module"}]
 
+pytestmark = pytest.mark.both_models
+
 
 @pytest.fixture(scope="module")
 def client(stack_url: str) -> anthropic.Anthropic:
@@ -32,18 +35,20 @@ def job_of(message_id: str) -> str:
 
 
 def test_a_message_is_a_job_and_parses_strictly(
-    client: anthropic.Anthropic, stack_url: str
+    client: anthropic.Anthropic, stack_url: str, served_model: str
 ) -> None:
     message = client.messages.create(
-        model="demo",
-        max_tokens=24,
+        model=served_model,
+        max_tokens=12,
         system="Write Python.",
         messages=USER,
         extra_body={"temperature": 0},
         metadata={"user_id": "u-1"},
     )
     job = get_job(stack_url, job_of(message.id))
-    assert message.type == "message" and message.role == "assistant" and message.model == "demo"
+    assert (
+        message.type == "message" and message.role == "assistant" and message.model == served_model
+    )
     assert [block.type for block in message.content] == ["text"]
     assert message.content[0].text == job["output"]  # type: ignore[union-attr]
     assert message.usage.output_tokens == job["usage"]["completion_tokens"]
@@ -53,8 +58,8 @@ def test_a_message_is_a_job_and_parses_strictly(
     raw = requests.post(
         f"{stack_url}/v1/messages",
         json={
-            "model": "demo",
-            "max_tokens": 24,
+            "model": served_model,
+            "max_tokens": 12,
             "system": "Write Python.",
             "messages": USER,
             "temperature": 0,
@@ -63,17 +68,21 @@ def test_a_message_is_a_job_and_parses_strictly(
         timeout=60,
     ).json()
     assert Message.model_validate(raw, strict=True).content == message.content  # greedy: equal
-    tokens = client.messages.count_tokens(model="demo", system="Write Python.", messages=USER)
+    tokens = client.messages.count_tokens(model=served_model, system="Write Python.", messages=USER)
     assert tokens.input_tokens == message.usage.input_tokens
 
 
 def test_the_streamed_text_is_the_stored_output(
-    client: anthropic.Anthropic, stack_url: str
+    client: anthropic.Anthropic, stack_url: str, served_model: str
 ) -> None:
     kinds: list[str] = []
     text = ""
     stream = client.messages.create(
-        model="demo", max_tokens=120, messages=USER, extra_body={"temperature": 0.9}, stream=True
+        model=served_model,
+        max_tokens=16,
+        messages=USER,
+        extra_body={"temperature": 0.9},
+        stream=True,
     )
     for event in stream:
         kinds.append(event.type)
@@ -91,23 +100,25 @@ def test_the_streamed_text_is_the_stored_output(
     assert text == job["output"] and job["status"] == "succeeded"
     assert final_delta.usage.output_tokens == job["usage"]["completion_tokens"]
     # The helper that accumulates the stream agrees.
-    with client.messages.stream(model="demo", max_tokens=60, messages=USER) as helper:
+    with client.messages.stream(model=served_model, max_tokens=12, messages=USER) as helper:
         streamed = "".join(helper.text_stream)
         final = helper.get_final_message()
     assert streamed == final.content[0].text == get_job(stack_url, job_of(final.id))["output"]  # type: ignore[union-attr]
 
 
-def test_a_stop_sequence_ends_the_message_and_is_named(client: anthropic.Anthropic) -> None:
+def test_a_stop_sequence_ends_the_message_and_is_named(
+    client: anthropic.Anthropic, served_model: str
+) -> None:
     free = client.messages.create(
-        model="demo", max_tokens=40, messages=USER, extra_body={"temperature": 0}
+        model=served_model, max_tokens=20, messages=USER, extra_body={"temperature": 0}
     )
     text = free.content[0].text  # type: ignore[union-attr]
     words = text.split()
     assert len(words) > 3, text
     stop = words[2]
     cut = client.messages.create(
-        model="demo",
-        max_tokens=40,
+        model=served_model,
+        max_tokens=20,
         messages=USER,
         extra_body={"temperature": 0},
         stop_sequences=["\x07", stop],
@@ -115,8 +126,8 @@ def test_a_stop_sequence_ends_the_message_and_is_named(client: anthropic.Anthrop
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
     assert cut.content[0].text == text[: text.index(stop)]  # type: ignore[union-attr]
     stream = client.messages.create(
-        model="demo",
-        max_tokens=40,
+        model=served_model,
+        max_tokens=20,
         messages=USER,
         extra_body={"temperature": 0},
         stop_sequences=[stop],
@@ -127,10 +138,10 @@ def test_a_stop_sequence_ends_the_message_and_is_named(client: anthropic.Anthrop
     assert delta.delta.stop_reason == "stop_sequence" and delta.delta.stop_sequence == stop
 
 
-def test_errors_are_what_the_client_raises(client: anthropic.Anthropic) -> None:
+def test_errors_are_what_the_client_raises(client: anthropic.Anthropic, served_model: str) -> None:
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(
-            model="demo",
+            model=served_model,
             max_tokens=8,
             messages=[{"role": "system", "content": "x"}],  # type: ignore[list-item]
         )
@@ -138,7 +149,7 @@ def test_errors_are_what_the_client_raises(client: anthropic.Anthropic) -> None:
     assert "messages[0].role" in bad.value.body["error"]["message"]  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError) as tools:
         client.messages.create(
-            model="demo",
+            model=served_model,
             max_tokens=8,
             messages=USER,
             tools=[{"type": "web_search_20250305", "name": "web_search"}],
@@ -168,8 +179,10 @@ def sse_events(
     return found
 
 
-def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stack_url: str) -> None:
-    body = {"model": "demo", "max_tokens": 200, "messages": USER, "stream": True}
+def test_a_dropped_stream_resumes_with_its_key(
+    client: anthropic.Anthropic, stack_url: str, served_model: str
+) -> None:
+    body = {"model": served_model, "max_tokens": 24, "messages": USER, "stream": True}
     key = uuid.uuid4().hex
     with requests.post(
         f"{stack_url}/v1/messages",
@@ -194,8 +207,8 @@ def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stac
     job_id = job_of(first[0][2]["message"]["id"])
     # The SDK sends the same request again with the key and the last delta's id.
     rest = client.messages.create(
-        model="demo",
-        max_tokens=200,
+        model=served_model,
+        max_tokens=24,
         messages=USER,
         stream=True,
         extra_headers={"Idempotency-Key": key, "Last-Event-ID": last_id},
@@ -228,10 +241,10 @@ def test_a_dropped_stream_resumes_with_its_key(client: anthropic.Anthropic, stac
     assert first[-1][2]["delta"]["text"] + "".join(tokens) == job["output"]
 
 
-def test_the_models_list_is_anthropics_too(client: anthropic.Anthropic) -> None:
+def test_the_models_list_is_anthropics_too(client: anthropic.Anthropic, served_model: str) -> None:
     models = client.models.list()
-    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late"}
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late", served_model}
     assert models.has_more is False and models.first_id == models.data[0].id
-    demo = client.models.retrieve("demo")
-    assert demo.type == "model" and demo.display_name == "demo"
-    assert demo.created_at.tzinfo is not None  # an RFC 3339 time, parsed
+    served = client.models.retrieve(served_model)
+    assert served.type == "model" and served.display_name == served_model
+    assert served.created_at.tzinfo is not None  # an RFC 3339 time, parsed

@@ -1,4 +1,5 @@
-"""OpenAI Batch API on the real stack: JSONL in, jobs at batch priority, JSONL out."""
+"""OpenAI Batch API on the real stack: JSONL in, jobs at batch priority, JSONL out. The
+``both_models`` tests send ``served_model`` (demo, or SmolLM2 under `make test-real-model`)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,14 @@ def wait_until_done(base: str, batch_id: str, timeout: float = 60) -> dict[str, 
         time.sleep(0.1)
 
 
-def test_jsonl_batch_runs_and_returns_openai_output(stack_url: str) -> None:
+@pytest.mark.both_models
+def test_jsonl_batch_runs_and_returns_openai_output(stack_url: str, served_model: str) -> None:
     lines = [
-        completion("c-1"),
-        completion("c-2", prompt=["A", "B"], n=2),
-        chat("chat-1"),
-        completion("too-long", max_tokens=10**6),
-        chat("chat-2", temperature=0),
+        completion("c-1", model=served_model),
+        completion("c-2", prompt=["A", "B"], n=2, model=served_model),
+        chat("chat-1", model=served_model),
+        completion("too-long", max_tokens=10**6, model=served_model),
+        chat("chat-2", temperature=0, model=served_model),
     ]
     created = requests.post(
         f"{stack_url}/v1/batches",
@@ -58,7 +60,7 @@ def test_jsonl_batch_runs_and_returns_openai_output(stack_url: str) -> None:
     batch = created.json()
     assert batch["object"] == "batch" and batch["endpoint"] == "mixed"
     assert batch["request_counts"]["total"] == 5
-    done = wait_until_done(stack_url, batch["id"])
+    done = wait_until_done(stack_url, batch["id"], timeout=180)
     assert done["status"] == "completed"
     assert done["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
     output = requests.get(f"{stack_url}/v1/batches/{batch['id']}/output", timeout=30)
@@ -79,13 +81,14 @@ def test_jsonl_batch_runs_and_returns_openai_output(stack_url: str) -> None:
     assert job["output"] == by_id["chat-2"]["response"]["body"]["choices"][0]["message"]["content"]
 
 
-def test_uploaded_file_is_accepted(stack_url: str) -> None:
-    files = {
-        "file": ("requests.jsonl", jsonl([completion("one"), chat("two")]), "application/jsonl")
-    }
+@pytest.mark.both_models
+def test_uploaded_file_is_accepted(stack_url: str, served_model: str) -> None:
+    lines = [completion("one", model=served_model), chat("two", model=served_model)]
+    files = {"file": ("requests.jsonl", jsonl(lines), "application/jsonl")}
     created = requests.post(f"{stack_url}/v1/batches", files=files, timeout=30)
     assert created.status_code == 200, created.text
-    assert wait_until_done(stack_url, created.json()["id"])["request_counts"]["completed"] == 2
+    done = wait_until_done(stack_url, created.json()["id"], timeout=120)
+    assert done["request_counts"]["completed"] == 2
 
 
 def test_malformed_input_is_refused_naming_the_line(stack_url: str) -> None:

@@ -208,8 +208,10 @@ def open_page(page: Page, url: str) -> None:
     page.wait_for_selector("#model option[value='demo']", state="attached")
 
 
-def fill_form(page: Page, prompt: str, max_tokens: int, seed: int | None = None) -> None:
-    page.select_option("#model", "demo")
+def fill_form(
+    page: Page, prompt: str, max_tokens: int, seed: int | None = None, model: str = "demo"
+) -> None:
+    page.select_option("#model", model)
     page.fill("#prompt", prompt)
     page.fill("#max_tokens", str(max_tokens))
     page.fill("#seed", "" if seed is None else str(seed))
@@ -286,6 +288,22 @@ def test_answer_streams_token_by_token_and_ends_as_the_stored_output(
 
     (ROOT / "artifacts").mkdir(exist_ok=True)
     page.screenshot(path=str(ROOT / "artifacts" / "browser.png"))
+
+
+@pytest.mark.both_models
+def test_the_served_model_streams_into_the_page_exactly(
+    page: Page, stack_url: str, served_model: str
+) -> None:
+    """The page on the served model (SmolLM2's byte-level BPE too): the text shown is the
+    stored output, one event per token, no duplicate."""
+    open_page(page, stack_url)
+    page.wait_for_selector(f"#model option[value='{served_model}']", state="attached")
+    fill_form(page, "The capital of France is", max_tokens=24, seed=7, model=served_model)
+    page.click("#generate")
+    page.wait_for_selector(FINAL, timeout=120_000)
+    data = attributes(page)
+    assert data["tokens"] == "24" and data["duplicates"] == "0"
+    assert_exactly_once(page, stack_url)
 
 
 def test_stop_cancels_a_running_job(page: Page, slow_url: str) -> None:

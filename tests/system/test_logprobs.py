@@ -1,7 +1,8 @@
 """Real log probabilities: each token's alternatives, from its step's logits, on every route.
 
-The official client against the real stack and the demo model. The chosen token's entry must
-be the alternative it was drawn from: greedy, it is the first, with the same log-probability.
+The official client against the real stack and ``served_model`` (demo, or SmolLM2 under `make
+test-real-model`). The chosen token's entry must be the alternative it was drawn from: greedy,
+it is the first, with the same log-probability.
 """
 
 from __future__ import annotations
@@ -32,8 +33,16 @@ CHAT = {
 }
 
 
-def test_chat_reports_the_alternatives_of_each_token(client: openai.OpenAI) -> None:
-    result = client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
+@pytest.fixture(scope="module")
+def chat(served_model: str) -> dict[str, Any]:
+    return {**CHAT, "model": served_model}
+
+
+@pytest.mark.both_models
+def test_chat_reports_the_alternatives_of_each_token(
+    client: openai.OpenAI, chat: dict[str, Any]
+) -> None:
+    result = client.chat.completions.create(**chat)  # type: ignore[call-overload]
     content = result.choices[0].logprobs.content
     assert len(content) == 12
     assert "".join(item.token for item in content) == result.choices[0].message.content
@@ -48,9 +57,12 @@ def test_chat_reports_the_alternatives_of_each_token(client: openai.OpenAI) -> N
         assert item.top_logprobs[0].token == item.token
 
 
-def test_a_streamed_chat_carries_the_same_alternatives(client: openai.OpenAI) -> None:
-    whole = client.chat.completions.create(**CHAT)  # type: ignore[call-overload]
-    chunks = list(client.chat.completions.create(stream=True, **CHAT))  # type: ignore[call-overload]
+@pytest.mark.both_models
+def test_a_streamed_chat_carries_the_same_alternatives(
+    client: openai.OpenAI, chat: dict[str, Any]
+) -> None:
+    whole = client.chat.completions.create(**chat)  # type: ignore[call-overload]
+    chunks = list(client.chat.completions.create(stream=True, **chat))  # type: ignore[call-overload]
     streamed = [
         item
         for chunk in chunks
@@ -64,9 +76,12 @@ def test_a_streamed_chat_carries_the_same_alternatives(client: openai.OpenAI) ->
     ]
 
 
-def test_a_sampled_token_matches_the_alternative_it_was_drawn_from(client: openai.OpenAI) -> None:
+@pytest.mark.both_models
+def test_a_sampled_token_matches_the_alternative_it_was_drawn_from(
+    client: openai.OpenAI, chat: dict[str, Any]
+) -> None:
     result = client.chat.completions.create(  # type: ignore[call-overload]
-        **{**CHAT, "temperature": 0.8, "top_logprobs": 20, "max_tokens": 30}
+        **{**chat, "temperature": 0.8, "top_logprobs": 20, "max_tokens": 30}
     )
     content = result.choices[0].logprobs.content
     matched = 0
@@ -79,9 +94,12 @@ def test_a_sampled_token_matches_the_alternative_it_was_drawn_from(client: opena
     assert matched >= len(content) // 2
 
 
-def test_completions_report_up_to_five_alternatives(client: openai.OpenAI) -> None:
+@pytest.mark.both_models
+def test_completions_report_up_to_five_alternatives(
+    client: openai.OpenAI, served_model: str
+) -> None:
     result = client.completions.create(
-        model="demo",
+        model=served_model,
         prompt="The socket module",
         max_tokens=8,
         temperature=0,
@@ -95,13 +113,16 @@ def test_completions_report_up_to_five_alternatives(client: openai.OpenAI) -> No
         assert len(top) == 3
         assert chosen == pytest.approx(max(top.values()), abs=1e-5)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.completions.create(model="demo", prompt="x", logprobs=6)
+        client.completions.create(model=served_model, prompt="x", logprobs=6)
     assert refused.value.body["param"] == "logprobs"  # type: ignore[index]
 
 
-def test_responses_report_alternatives_in_the_output_text(client: openai.OpenAI) -> None:
+@pytest.mark.both_models
+def test_responses_report_alternatives_in_the_output_text(
+    client: openai.OpenAI, served_model: str
+) -> None:
     response = client.responses.create(
-        model="demo",
+        model=served_model,
         input="The socket module",
         max_output_tokens=8,
         temperature=0,

@@ -1,17 +1,23 @@
-"""The official `openai` client (sync and async) against the real running stack."""
+"""The official `openai` client (sync and async) against the real running stack.
+
+Every test sends ``served_model`` (demo, or SmolLM2 under `make test-real-model`), with budgets
+a 135M model answers in seconds on two busy cores; only the model list names demo as default.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
 import requests
 
 from tests.clients import get_job, poll_until_finished
-from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
+from trickle.tokenization import Tokenizer
+
+pytestmark = pytest.mark.both_models
 
 
 @pytest.fixture(scope="module")
@@ -19,31 +25,33 @@ def client(stack_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack_url}/v1", api_key="not-needed", max_retries=0)
 
 
-def test_models_list(client: openai.OpenAI) -> None:
+def test_models_list(client: openai.OpenAI, served_model: str) -> None:
     models = client.models.list()
-    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late"}
+    assert {m.id for m in models.data} == {"demo", "tiny-llama", "scripted", "late", served_model}
     assert all(m.owned_by == "trickle" for m in models.data)
     demo = client.models.retrieve("demo").model_dump()
     assert demo["default"] is True and demo["workers"] >= 1 and demo["max_tokens"] == 1024
-    assert client.models.retrieve("demo").id == "demo"
+    served = client.models.retrieve(served_model)
+    assert served.id == served_model and served.model_dump()["workers"] >= 1
 
 
-def test_completion_is_a_job(client: openai.OpenAI, stack_url: str, demo_model_dir: Path) -> None:
-    result = client.completions.create(model="demo", prompt="The socket", max_tokens=20)
+def test_completion_is_a_job(
+    client: openai.OpenAI, stack_url: str, served_model: str, served_tokenizer: Tokenizer
+) -> None:
+    result = client.completions.create(model=served_model, prompt="The socket", max_tokens=12)
     choice = result.choices[0]
     assert result.object == "text_completion"
     assert choice.finish_reason in ("stop", "length")
     job = get_job(stack_url, result.id)  # the completion's id is a Trickle job id
     assert job["output"] == choice.text
-    tokenizer = SentencePieceTokenizer(demo_model_dir / "tokenizer.model")
     assert result.usage is not None
-    assert result.usage.prompt_tokens == tokenizer.count("The socket")
+    assert result.usage.prompt_tokens == served_tokenizer.count("The socket")
     assert result.usage.completion_tokens == job["usage"]["completion_tokens"]
     assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
 
 
-def test_greedy_stream_equals_non_stream(client: openai.OpenAI) -> None:
-    args = {"model": "demo", "prompt": "Return the", "max_tokens": 40, "temperature": 0}
+def test_greedy_stream_equals_non_stream(client: openai.OpenAI, served_model: str) -> None:
+    args = {"model": served_model, "prompt": "Return the", "max_tokens": 16, "temperature": 0}
     whole = client.completions.create(**args)  # type: ignore[call-overload]
     chunks = list(client.completions.create(stream=True, **args))  # type: ignore[call-overload]
     streamed = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
@@ -51,9 +59,9 @@ def test_greedy_stream_equals_non_stream(client: openai.OpenAI) -> None:
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
 
 
-def test_n_and_prompt_lists_make_one_choice_each(client: openai.OpenAI) -> None:
+def test_n_and_prompt_lists_make_one_choice_each(client: openai.OpenAI, served_model: str) -> None:
     result = client.completions.create(
-        model="demo",
+        model=served_model,
         prompt=["The", "A file"],
         n=2,
         max_tokens=8,
@@ -67,8 +75,10 @@ def test_n_and_prompt_lists_make_one_choice_each(client: openai.OpenAI) -> None:
     assert result.usage.completion_tokens == 4 * 8
 
 
-def test_stop_spanning_tokens_is_cut_in_stream_and_result(client: openai.OpenAI) -> None:
-    base = {"model": "demo", "prompt": "The file", "max_tokens": 40, "temperature": 0}
+def test_stop_spanning_tokens_is_cut_in_stream_and_result(
+    client: openai.OpenAI, served_model: str
+) -> None:
+    base = {"model": served_model, "prompt": "The file", "max_tokens": 16, "temperature": 0}
     text = client.completions.create(**base).choices[0].text  # type: ignore[call-overload]
     stop = text[len(text) // 3 : len(text) // 3 + 6]
     result = client.completions.create(stop=[stop], **base)  # type: ignore[call-overload]
@@ -79,8 +89,8 @@ def test_stop_spanning_tokens_is_cut_in_stream_and_result(client: openai.OpenAI)
     assert streamed == result.choices[0].text and stop not in streamed
 
 
-def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
-    args = {"model": "demo", "prompt": "The", "max_tokens": 30, "temperature": 1.0}
+def test_seed_makes_sampling_repeatable(client: openai.OpenAI, served_model: str) -> None:
+    args = {"model": served_model, "prompt": "The", "max_tokens": 12, "temperature": 1.0}
     first = client.completions.create(seed=1234, **args).choices[0].text  # type: ignore[call-overload]
     # Same seed while other jobs share the worker: still the same text.
     noise = [client.completions.create(**args) for _ in range(2)]  # type: ignore[call-overload]
@@ -91,9 +101,9 @@ def test_seed_makes_sampling_repeatable(client: openai.OpenAI) -> None:
     assert all(n.choices for n in noise)
 
 
-def test_logprobs_are_per_token(client: openai.OpenAI) -> None:
+def test_logprobs_are_per_token(client: openai.OpenAI, served_model: str) -> None:
     result = client.completions.create(
-        model="demo", prompt="The", max_tokens=10, logprobs=1, extra_body={"ignore_eos": True}
+        model=served_model, prompt="The", max_tokens=10, logprobs=1, extra_body={"ignore_eos": True}
     )
     logprobs = result.choices[0].logprobs
     assert logprobs is not None and logprobs.tokens is not None
@@ -103,33 +113,33 @@ def test_logprobs_are_per_token(client: openai.OpenAI) -> None:
     assert all(lp is not None and lp <= 0 for lp in logprobs.token_logprobs)
 
 
-def test_extra_body_top_k_and_repetition_penalty(client: openai.OpenAI) -> None:
+def test_extra_body_top_k_and_repetition_penalty(client: openai.OpenAI, served_model: str) -> None:
     result = client.completions.create(
-        model="demo",
+        model=served_model,
         prompt="The",
-        max_tokens=12,
+        max_tokens=8,
         extra_body={"top_k": 5, "repetition_penalty": 1.3},
     )
     assert result.choices[0].text
 
 
-def test_chat_completion_and_stream_with_usage(client: openai.OpenAI) -> None:
-    messages = [
+def test_chat_completion_and_stream_with_usage(client: openai.OpenAI, served_model: str) -> None:
+    messages: Any = [
         {"role": "system", "content": "You write docstrings."},
         {"role": "user", "content": [{"type": "text", "text": "Describe sockets."}]},
     ]
     whole = client.chat.completions.create(
-        model="demo",
+        model=served_model,
         messages=messages,
-        max_completion_tokens=24,
-        temperature=0,  # type: ignore[arg-type]
+        max_completion_tokens=12,
+        temperature=0,
     )
     assert whole.object == "chat.completion"
     assert whole.choices[0].message.role == "assistant"
     stream = client.chat.completions.create(
-        model="demo",
-        messages=messages,  # type: ignore[arg-type]
-        max_tokens=24,
+        model=served_model,
+        messages=messages,
+        max_tokens=12,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
@@ -147,9 +157,9 @@ def test_chat_completion_and_stream_with_usage(client: openai.OpenAI) -> None:
     assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
 
 
-def test_chat_logprobs(client: openai.OpenAI) -> None:
+def test_chat_logprobs(client: openai.OpenAI, served_model: str) -> None:
     result = client.chat.completions.create(
-        model="demo",
+        model=served_model,
         messages=[{"role": "user", "content": "Hi"}],
         max_tokens=6,
         logprobs=True,
@@ -161,22 +171,23 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
     assert "".join(item.token for item in content) == result.choices[0].message.content
 
 
-def test_errors_map_to_openai_exceptions(client: openai.OpenAI) -> None:
+def test_errors_map_to_openai_exceptions(client: openai.OpenAI, served_model: str) -> None:
     with pytest.raises(openai.NotFoundError) as missing:
         client.completions.create(model="no-such-model", prompt="x")
     assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model="demo", prompt="x", max_tokens=-1)
+        client.completions.create(model=served_model, prompt="x", max_tokens=-1)
     assert bad.value.body["param"] == "max_tokens"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="demo", messages=[], max_tokens=3)
+        client.chat.completions.create(model=served_model, messages=[], max_tokens=3)
     with pytest.raises(openai.BadRequestError) as penalty:
-        client.completions.create(model="demo", prompt="x", presence_penalty=1.0)
+        client.completions.create(model=served_model, prompt="x", presence_penalty=1.0)
     assert penalty.value.body["param"] == "presence_penalty"  # type: ignore[index]
 
 
-def test_disconnect_mid_stream_cancels_the_job(stack_url: str) -> None:
-    body = {"model": "demo", "prompt": "The", "max_tokens": 1000, "stream": True}
+def test_disconnect_mid_stream_cancels_the_job(stack_url: str, served_model: str) -> None:
+    body: dict[str, Any] = {"model": served_model, "prompt": "The", "max_tokens": 1000}
+    body["stream"] = True
     body["ignore_eos"] = True
     with requests.post(f"{stack_url}/v1/completions", json=body, stream=True, timeout=30) as r:
         assert r.headers["X-Accel-Buffering"] == "no"
@@ -188,11 +199,11 @@ def test_disconnect_mid_stream_cancels_the_job(stack_url: str) -> None:
     assert final["usage"]["completion_tokens"] < 1000
 
 
-def test_async_client_streams(stack_url: str, client: openai.OpenAI) -> None:
+def test_async_client_streams(stack_url: str, client: openai.OpenAI, served_model: str) -> None:
     # Greedy and ignore_eos: a sampled reply may legitimately be empty (EOS first), which
     # made this test flaky; greedy makes the streamed text comparable to the stored one.
     args = {
-        "model": "demo",
+        "model": served_model,
         "messages": [{"role": "user", "content": "Hello"}],
         "max_tokens": 16,
         "temperature": 0,
@@ -213,16 +224,21 @@ def test_async_client_streams(stack_url: str, client: openai.OpenAI) -> None:
     assert streamed and streamed == whole.choices[0].message.content
 
 
-def test_several_choices_stream_interleaved_each_complete(client: openai.OpenAI) -> None:
+def test_several_choices_stream_interleaved_each_complete(
+    client: openai.OpenAI, served_model: str
+) -> None:
     # Two prompts and n=2: four jobs followed at once over one stream.
-    args = {"model": "demo", "max_tokens": 60, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    args: Any = {
+        "model": served_model,
+        "max_tokens": 12,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
     prompts = ["The socket module", "Return the"]
-    whole = client.completions.create(prompt=prompts, n=2, **args)  # type: ignore[arg-type]
+    whole = client.completions.create(prompt=prompts, n=2, **args)
     expected = {choice.index: choice.text for choice in whole.choices}
     assert len(expected) == 4
-    chunks = client.completions.create(  # type: ignore[call-overload]
-        prompt=prompts, n=2, stream=True, **args
-    )
+    chunks = client.completions.create(prompt=prompts, n=2, stream=True, **args)
     streamed: dict[int, str] = {}
     finished: set[int] = set()
     for chunk in chunks:

@@ -1,6 +1,7 @@
 """The Responses API through the official `openai` client against the real running stack:
 objects it parses strictly, event streams numbered from the job's token log, background
-responses resumed from any event, cancel, delete and conversations."""
+responses resumed from any event, cancel, delete and conversations. Every test sends
+``served_model`` (demo, or SmolLM2 under `make test-real-model`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from pydantic import TypeAdapter
 from tests.clients import get_job
 
 STREAM_EVENT: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+
+pytestmark = pytest.mark.both_models
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +44,11 @@ def raw_events(
     return events
 
 
-def test_create_and_retrieve_parse_strictly(client: openai.OpenAI, stack_url: str) -> None:
+def test_create_and_retrieve_parse_strictly(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
     response = client.responses.create(
-        model="demo",
+        model=served_model,
         input="The socket module",
         instructions="Write Python.",
         max_output_tokens=16,
@@ -65,8 +70,10 @@ def test_create_and_retrieve_parse_strictly(client: openai.OpenAI, stack_url: st
     assert client.responses.retrieve(response.id).output_text == response.output_text
 
 
-def test_max_output_tokens_makes_an_incomplete_response(client: openai.OpenAI) -> None:
-    args: dict[str, Any] = {"model": "demo", "input": "The", "max_output_tokens": 5}
+def test_max_output_tokens_makes_an_incomplete_response(
+    client: openai.OpenAI, served_model: str
+) -> None:
+    args: dict[str, Any] = {"model": served_model, "input": "The", "max_output_tokens": 5}
     response = client.responses.create(**args, extra_body={"ignore_eos": True})
     assert response.status == "incomplete"
     assert response.incomplete_details is not None
@@ -75,9 +82,9 @@ def test_max_output_tokens_makes_an_incomplete_response(client: openai.OpenAI) -
     assert events[-1].type == "response.incomplete"
 
 
-def test_stream_events_are_numbered_and_complete(client: openai.OpenAI) -> None:
+def test_stream_events_are_numbered_and_complete(client: openai.OpenAI, served_model: str) -> None:
     stream = client.responses.create(
-        model="demo", input="Return the", max_output_tokens=24, temperature=0, stream=True
+        model=served_model, input="Return the", max_output_tokens=12, temperature=0, stream=True
     )
     events = list(stream)
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -99,13 +106,15 @@ def test_stream_events_are_numbered_and_complete(client: openai.OpenAI) -> None:
     assert "".join(d.delta for d in deltas) == final.output_text
     assert final.usage is not None and len(deltas) == final.usage.output_tokens
     whole = client.responses.create(
-        model="demo", input="Return the", max_output_tokens=24, temperature=0
+        model=served_model, input="Return the", max_output_tokens=12, temperature=0
     )
     assert whole.output_text == final.output_text
 
 
-def test_background_stream_resumes_from_any_event(client: openai.OpenAI, stack_url: str) -> None:
-    args: dict[str, Any] = {"model": "demo", "input": "The", "max_output_tokens": 60}
+def test_background_stream_resumes_from_any_event(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
+    args: dict[str, Any] = {"model": served_model, "input": "The", "max_output_tokens": 32}
     stream = client.responses.create(
         **args, background=True, stream=True, extra_body={"ignore_eos": True}
     )
@@ -139,8 +148,10 @@ def test_background_stream_resumes_from_any_event(client: openai.OpenAI, stack_u
     assert [e.sequence_number for e in resumed] == [last - 1, last]
 
 
-def test_background_without_a_stream_is_polled(client: openai.OpenAI) -> None:
-    response = client.responses.create(model="demo", input="The", background=True)
+def test_background_without_a_stream_is_polled(client: openai.OpenAI, served_model: str) -> None:
+    response = client.responses.create(
+        model=served_model, input="The", max_output_tokens=12, background=True
+    )
     assert response.status == "queued" and response.background is True
     deadline = time.monotonic() + 30
     while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
@@ -178,8 +189,10 @@ def test_waiting_past_the_last_event_so_far_then_cancel(
     ]
 
 
-def test_delete_and_unknown_responses(client: openai.OpenAI, stack_url: str) -> None:
-    response = client.responses.create(model="demo", input="The", max_output_tokens=4)
+def test_delete_and_unknown_responses(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
+    response = client.responses.create(model=served_model, input="The", max_output_tokens=4)
     assert client.responses.delete(response.id) is None
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response.id)
@@ -189,24 +202,28 @@ def test_delete_and_unknown_responses(client: openai.OpenAI, stack_url: str) -> 
     assert requests.delete(f"{stack_url}/v1/responses/{response.id}", timeout=10).status_code == 404
 
 
-def test_previous_response_id_continues_the_conversation(client: openai.OpenAI) -> None:
-    first = client.responses.create(model="demo", input="The socket", max_output_tokens=8)
-    alone = client.responses.create(model="demo", input="And then", max_output_tokens=8)
+def test_previous_response_id_continues_the_conversation(
+    client: openai.OpenAI, served_model: str
+) -> None:
+    first = client.responses.create(model=served_model, input="The socket", max_output_tokens=8)
+    alone = client.responses.create(model=served_model, input="And then", max_output_tokens=8)
     second = client.responses.create(
-        model="demo", input="And then", previous_response_id=first.id, max_output_tokens=8
+        model=served_model, input="And then", previous_response_id=first.id, max_output_tokens=8
     )
     assert second.previous_response_id == first.id
     assert first.usage is not None and second.usage is not None and alone.usage is not None
     # The prompt now holds the first turn and its answer as well.
     assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
     with pytest.raises(openai.NotFoundError):
-        client.responses.create(model="demo", input="x", previous_response_id="resp_" + "0" * 32)
+        client.responses.create(
+            model=served_model, input="x", previous_response_id="resp_" + "0" * 32
+        )
 
 
-def test_logprobs_on_text_events(client: openai.OpenAI) -> None:
+def test_logprobs_on_text_events(client: openai.OpenAI, served_model: str) -> None:
     events = list(
         client.responses.create(
-            model="demo",
+            model=served_model,
             input="The",
             max_output_tokens=6,
             include=["message.output_text.logprobs"],
@@ -239,17 +256,19 @@ def test_logprobs_on_text_events(client: openai.OpenAI) -> None:
     ],
 )
 def test_unsupported_fields_are_refused_by_name(
-    stack_url: str, body: dict[str, Any], param: str
+    stack_url: str, body: dict[str, Any], param: str, served_model: str
 ) -> None:
     reply = requests.post(
-        f"{stack_url}/v1/responses", json={"model": "demo", "input": "x", **body}, timeout=10
+        f"{stack_url}/v1/responses", json={"model": served_model, "input": "x", **body}, timeout=10
     )
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"].startswith(param)
 
 
-def test_bad_starting_after_is_a_400(client: openai.OpenAI, stack_url: str) -> None:
-    response = client.responses.create(model="demo", input="The", max_output_tokens=2)
+def test_bad_starting_after_is_a_400(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
+    response = client.responses.create(model=served_model, input="The", max_output_tokens=2)
     for value in ("-1", "x"):
         reply = requests.get(
             f"{stack_url}/v1/responses/{response.id}?stream=true&starting_after={value}",

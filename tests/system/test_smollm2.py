@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from ops.model_builders.gguf_llama import convert_gguf
 from tests.gguf_reference import ReferenceOutputs, reference_outputs_apart
+from tests.unit.test_chat_template_hf import SMOLLM2_TEMPLATE
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -104,6 +105,9 @@ def test_chat_tokens_are_single_ids(smollm2_model_dir: Path, tokenizer: Tokenize
     assert vocabulary.index("<|im_end|>") == 2 and 2 in ids
     generation = json.loads((smollm2_model_dir / "generation_config.json").read_text())
     assert 2 in generation["eos_token_id"]
+    # The template tests/unit/test_chat_template_hf.py renders against transformers' rules.
+    config = json.loads((smollm2_model_dir / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == SMOLLM2_TEMPLATE
 
 
 def test_the_served_int8_model_answers(smollm2_model_dir: Path, tokenizer: Tokenizer) -> None:

@@ -1,8 +1,9 @@
 """Structured output and forced tool calls against the real stack (web, worker, CTranslate2 on
-the demo model): the official clients' ``parse`` helpers and LangChain get answers that parse
-and validate, a forced call's arguments match its tool's schema, and a stream is the stored
-text. The demo model is a bigram model that knows nothing of JSON: only the grammar makes the
-answers valid."""
+``served_model``: demo, or SmolLM2 under `make test-real-model`): the official clients' ``parse``
+helpers and LangChain get answers that parse and validate, a forced call's arguments match its
+tool's schema, and a stream is the stored text. The demo model is a bigram model that knows
+nothing of JSON: only the grammar makes the answers valid; on SmolLM2 the grammar reads a
+Hugging Face vocabulary."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ WEATHER_TOOL: dict[str, Any] = {
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 MAX_TOKENS = 96
 
+pytestmark = pytest.mark.both_models
+
 
 @pytest.fixture(scope="module")
 def client(stack_url: str) -> openai.OpenAI:
@@ -49,14 +52,19 @@ def client(stack_url: str) -> openai.OpenAI:
 
 
 def test_a_json_schema_answer_validates_and_streams_as_stored(
-    client: openai.OpenAI, stack_url: str
+    client: openai.OpenAI, stack_url: str, served_model: str
 ) -> None:
     schema = {**Weather.model_json_schema(), "additionalProperties": False}
     response_format: Any = {
         "type": "json_schema",
         "json_schema": {"name": "weather", "schema": schema, "strict": True},
     }
-    args: Any = {"model": "demo", "messages": ASK, "max_tokens": MAX_TOKENS, "temperature": 0.8}
+    args: Any = {
+        "model": served_model,
+        "messages": ASK,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.8,
+    }
     whole = client.chat.completions.create(response_format=response_format, seed=7, **args)
     content = whole.choices[0].message.content
     assert content is not None
@@ -71,16 +79,16 @@ def test_a_json_schema_answer_validates_and_streams_as_stored(
     jsonschema.validate(json.loads(streamed), schema)
 
 
-def test_json_object_on_chat_and_completions(client: openai.OpenAI) -> None:
+def test_json_object_on_chat_and_completions(client: openai.OpenAI, served_model: str) -> None:
     chat = client.chat.completions.create(
-        model="demo",
+        model=served_model,
         messages=ASK,  # type: ignore[arg-type]
         max_tokens=MAX_TOKENS,
         response_format={"type": "json_object"},
     )
     assert isinstance(json.loads(chat.choices[0].message.content or ""), dict)
     completion = client.completions.create(
-        model="demo",
+        model=served_model,
         prompt="The answer:",
         max_tokens=MAX_TOKENS,
         extra_body={"response_format": {"type": "json_object"}},
@@ -88,9 +96,11 @@ def test_json_object_on_chat_and_completions(client: openai.OpenAI) -> None:
     assert isinstance(json.loads(completion.choices[0].text), dict)
 
 
-def test_the_clients_parse_helpers_get_their_model(client: openai.OpenAI) -> None:
+def test_the_clients_parse_helpers_get_their_model(
+    client: openai.OpenAI, served_model: str
+) -> None:
     parsed = client.chat.completions.parse(
-        model="demo",
+        model=served_model,
         messages=ASK,
         max_tokens=MAX_TOKENS,
         response_format=Weather,  # type: ignore[arg-type]
@@ -98,17 +108,22 @@ def test_the_clients_parse_helpers_get_their_model(client: openai.OpenAI) -> Non
     weather = parsed.choices[0].message.parsed
     assert isinstance(weather, Weather)
     response = client.responses.parse(
-        model="demo", input="Weather in Oslo?", max_output_tokens=MAX_TOKENS, text_format=Weather
+        model=served_model,
+        input="Weather in Oslo?",
+        max_output_tokens=MAX_TOKENS,
+        text_format=Weather,
     )
     assert isinstance(response.output_parsed, Weather)
     assert response.text.format is not None and response.text.format.type == "json_schema"
 
 
-def test_a_required_call_has_arguments_its_schema_accepts(client: openai.OpenAI) -> None:
+def test_a_required_call_has_arguments_its_schema_accepts(
+    client: openai.OpenAI, served_model: str
+) -> None:
     schema = WEATHER_TOOL["function"]["parameters"]
     for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
         result = client.chat.completions.create(
-            model="demo",
+            model=served_model,
             messages=ASK,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS,
             tools=[WEATHER_TOOL],  # type: ignore[list-item]
@@ -121,7 +136,7 @@ def test_a_required_call_has_arguments_its_schema_accepts(client: openai.OpenAI)
         assert len(calls) == 1 and calls[0].function.name == "get_weather"  # type: ignore[union-attr]
         jsonschema.validate(json.loads(calls[0].function.arguments), schema)  # type: ignore[union-attr]
     response = client.responses.create(
-        model="demo",
+        model=served_model,
         input="Weather?",
         max_output_tokens=MAX_TOKENS,
         tools=[{"type": "function", **WEATHER_TOOL["function"], "strict": True}],  # type: ignore[list-item]
@@ -133,12 +148,12 @@ def test_a_required_call_has_arguments_its_schema_accepts(client: openai.OpenAI)
         jsonschema.validate(json.loads(call.arguments), schema)  # type: ignore[union-attr]
 
 
-def test_langchain_structured_output_and_bound_tools(stack_url: str) -> None:
+def test_langchain_structured_output_and_bound_tools(stack_url: str, served_model: str) -> None:
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(
-        model="demo",
+        model=served_model,
         base_url=f"{stack_url}/v1",
         api_key="not-needed",  # type: ignore[arg-type]
         max_tokens=MAX_TOKENS,  # type: ignore[call-arg]
@@ -158,10 +173,12 @@ def test_langchain_structured_output_and_bound_tools(stack_url: str) -> None:
     assert calls[0]["args"]["city"] in ("Paris", "Oslo")
 
 
-def test_a_streamed_forced_call_is_the_stored_call(client: openai.OpenAI, stack_url: str) -> None:
+def test_a_streamed_forced_call_is_the_stored_call(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
     chunks = list(
         client.chat.completions.create(
-            model="demo",
+            model=served_model,
             messages=ASK,  # type: ignore[arg-type]
             max_tokens=MAX_TOKENS,
             tools=[WEATHER_TOOL],  # type: ignore[list-item]
@@ -193,14 +210,16 @@ def test_a_streamed_forced_call_is_the_stored_call(client: openai.OpenAI, stack_
     }
 
 
-def test_anthropic_any_is_a_tool_use_block_that_validates(stack_url: str) -> None:
+def test_anthropic_any_is_a_tool_use_block_that_validates(
+    stack_url: str, served_model: str
+) -> None:
     import anthropic
 
     client = anthropic.Anthropic(base_url=stack_url, api_key="not-needed", max_retries=0)
     tool = {"name": "get_weather", "input_schema": WEATHER_TOOL["function"]["parameters"]}
     for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
         message = client.messages.create(
-            model="demo",
+            model=served_model,
             max_tokens=MAX_TOKENS,
             messages=[{"role": "user", "content": "Weather?"}],
             tools=[tool],  # type: ignore[list-item]
@@ -212,6 +231,7 @@ def test_anthropic_any_is_a_tool_use_block_that_validates(stack_url: str) -> Non
         assert message.stop_reason in ("tool_use", "max_tokens")
 
 
+@pytest.mark.demo_only
 @pytest.mark.parametrize("shape", ["email", "date-time", "uri", "pattern"])
 def test_a_format_the_model_wants_to_end_inside_is_answered_validly(
     client: openai.OpenAI, shape: str

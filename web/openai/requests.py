@@ -17,7 +17,7 @@ from trickle.model_files import model_profile
 from trickle.params import GenerationParams
 from trickle.tokenization import load_tokenizer
 from web.common.chat_template import (
-    DEFAULT_CHAT_TEMPLATE,
+    NAMED_TOOL_TEMPLATES,
     ChatTurn,
     TurnCall,
     reads_tools,
@@ -136,7 +136,7 @@ def chat_prompt(
                 f"model {model!r}'s chat template cannot render tools (it never reads "
                 f"'tools'); its configuration may name one that can: tool_chat_template",
             )
-        template = DEFAULT_CHAT_TEMPLATE if fallback == "builtin" else fallback
+        template = NAMED_TOOL_TEMPLATES.get(fallback, fallback)
     definitions = list(tools.definitions) if tools is not None else None
     return render_chat(
         messages,
