@@ -10,7 +10,7 @@ from subprocess import Popen
 from ops import stack
 from ops.stack import child_env, stop
 
-__all__ = ["ACCESS_LOG", "child_env", "start_web", "start_worker", "stop"]
+__all__ = ["ACCESS_LOG", "child_env", "start_batch", "start_web", "start_worker", "stop"]
 
 # gunicorn's access log, as an operator would turn it on: tests read its status lines.
 ACCESS_LOG = {"GUNICORN_CMD_ARGS": "--access-logfile -"}
@@ -27,6 +27,14 @@ def start_worker(
     """A real `celery worker` process; returns once it heartbeats for every model it serves."""
     env = child_env(config_path, extra_env)
     return stack.start_worker(env, redis_url, name, models, log_dir / f"{name}.log")
+
+
+def start_batch(
+    config_path: Path, log_dir: Path, extra_env: Mapping[str, str] | None = None
+) -> Popen[bytes]:
+    """The batch consumer (the Procfile's ``batch`` line); returns once Celery says ready."""
+    env = child_env(config_path, extra_env)
+    return stack.start_batch(env, log_dir / "batch.log")
 
 
 def start_web(

@@ -1,16 +1,15 @@
-"""Reading a file batch's input into jobs, ``INGEST_LINES`` lines at a time.
+"""Reading a file batch's input into jobs, ``INGEST_LINES`` lines at a time, in the batch
+consumer's ingest task (``web.batches.tasks``).
 
 The input file is read a chunk at a time and each group of lines is written in one transaction
-(its jobs, its items, and how far the input has been read), then sent to the queues, then the
-event loop gets a turn: a 10,000-line batch never sits whole in a web process, and never holds
-its other requests for longer than one group. A lease names the process reading; if that
-process dies, the next read of the batch finds the lease gone and resumes from the offset
-recorded with the last group, so every line becomes jobs exactly once.
+(its jobs, its items, and how far the input has been read), then sent to the queues: a
+10,000-line batch never sits whole in memory. A lease (renewed every group) names the task
+reading; if its process dies, the lease lapses, the next sweep (or the task's redelivery)
+resumes from the offset recorded with the last group, so every line becomes jobs exactly once.
 
 A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses before the
 first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
-``validating`` with its offset, and a later read of the batch or the sweeper's next turn
-resumes it once the workers have taken jobs.
+``validating`` with its offset, and a later sweep resumes it once the workers have taken jobs.
 """
 
 from __future__ import annotations
@@ -37,9 +36,8 @@ from web.common.errors import HttpError
 from web.services import Services
 
 INGEST_LINES = 200
-INGEST_LEASE_SECONDS = 30
-# Lines between two turns of the event loop, inside a group.
-YIELD_EVERY = 25
+# A group takes well under a second: a reading whose process died resumes this much later.
+INGEST_LEASE_SECONDS = 10
 
 
 def count_lines(svc: Services, file_id: str) -> int:
@@ -64,6 +62,11 @@ def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
 
 
 def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) -> None:
+    if batch.cancelling_at is not None:  # cancelled before its reading began (or resumed)
+        cancel_pending(svc, store, batch)
+        _read(svc, batch)
+        store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+        return
     seen, jobs_made = _read_so_far(store, batch)
     offset = batch.ingest_offset or 0
     number = batch.total
@@ -83,7 +86,6 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
                 return
             svc.redis.expire(lease, INGEST_LEASE_SECONDS)
             group = []
-            time.sleep(0)  # under gevent: the process's other requests run between groups
             latest = store.record(batch.id)
             if latest is None:  # the batch expired meanwhile
                 return
@@ -164,8 +166,6 @@ def _write_group(
             offset = end
             items.append(item)
             jobs += item_jobs
-            if number % YIELD_EVERY == 0:
-                time.sleep(0)  # a line costs a parse, a template and a tokenization: take turns
         if not items:
             return number, jobs_made, paused
         if jobs:
@@ -192,7 +192,7 @@ def _write_group(
 class KeyRoom:
     """The places a named key's ``max_queued_jobs`` leaves its batch jobs, per model: a line
     whose jobs find none waits (the reading pauses and resumes later, on a read of the batch
-    or the sweeper's turn) instead of failing ``key_queue_full``. The places are reserved with
+    or the sweep's turn) instead of failing ``key_queue_full``. The places are reserved with
     the jobs accepted but not yet sent (``web.batch_pending``), so a group's lines, or two
     batches, never overshoot the cap. A line that could never fit fails as it did."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import cast
 
-from web.batches.store import FINAL_STAGES, BatchRecord
+from web.batches.output import counts
+from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
 from web.common.response_models import Batch, BatchErrors, BatchStatus
 from web.services import Services
 
@@ -46,6 +47,14 @@ def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batc
         "metadata": batch.metadata,
         "output_url": f"/v1/batches/{batch.id}/output",
     }
+
+
+def current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
+    """The batch as its record and its requests' states tell it now (read only: the batch
+    consumer reads its input and writes its files). Only a batch in between counts its
+    requests' states: one still read has none yet, a final one counts its files' lines."""
+    counted = batch.stage not in FINAL_STAGES and batch.stage != "validating"
+    return batch_object(svc, batch, counts(store, batch) if counted else Counter())
 
 
 def _seconds(moment: float | None) -> int | None:

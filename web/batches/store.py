@@ -193,8 +193,8 @@ class BatchStore:
         """The batches not yet in a final stage (or gone since), oldest first."""
         return list(self.redis.zrange(keys.batches_unsettled(), 0, -1))
 
-    def settled(self, batch_id: str) -> None:
-        self.redis.zrem(keys.batches_unsettled(), batch_id)
+    def settled(self, batch_id: str, pipe: Any = None) -> None:
+        (pipe if pipe is not None else self.redis).zrem(keys.batches_unsettled(), batch_id)
 
     def queue_create(self, pipe: Any, batch: BatchRecord, items: list[BatchItem]) -> None:
         """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's
