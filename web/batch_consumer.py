@@ -57,7 +57,12 @@ def create_consumer_app() -> Celery:
     flask_app = create_app(load_settings(environ=os.environ))
     # A sweep every few seconds would be three lines each; the tasks log what they change,
     # and task failures still come through at ERROR.
-    for name in ("celery.worker.strategy", "celery.app.trace", "celery.beat"):
+    for name in (
+        "celery.worker.strategy",
+        "celery.worker.request",
+        "celery.app.trace",
+        "celery.beat",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
     app = services(flask_app).celery  # the web's producer: the tasks' jobs go out on it too
     app.conf.worker_pool = "threads"

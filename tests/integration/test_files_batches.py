@@ -356,6 +356,42 @@ def test_a_reading_cut_short_is_resumed_and_reads_every_line_once(
     assert len(set(job_ids_of(app, batch_id))) == count
 
 
+def test_two_readings_of_one_batch_write_each_line_once(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading too slow to renew its lease meets the one the sweep started meanwhile: each
+    group is written by one of them, and the other takes its jobs back and stops."""
+    count = batch_ingest.INGEST_LINES * 2 + 30
+    file_id = upload(client, jsonl(*(line(f"t{i}") for i in range(count)))).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    real = batch_ingest._write_group
+
+    def slow_first(*args: Any) -> Any:
+        monkeypatch.setattr(batch_ingest, "_write_group", real)
+        services(app).redis.delete(keys.batch_ingest(batch_id))  # its lease lapsed
+        ingest_batch(app, batch_id)  # the sweep's reading, to the end
+        return real(*args)  # the slow one's first group, too late
+
+    store = services(app).store
+    delete_unpublished = store.delete_unpublished
+    taken: list[str] = []
+
+    def take_back(job_ids: list[str], *rest: Any) -> None:
+        taken.extend(job_ids)
+        delete_unpublished(job_ids, *rest)
+
+    monkeypatch.setattr(batch_ingest, "_write_group", slow_first)
+    monkeypatch.setattr(store, "delete_unpublished", take_back)
+    found = ingest_batch(app, batch_id)
+    assert found is not None and (found.stage, found.total) == ("in_progress", count)
+    entries = services(app).redis.lrange(keys.batch_items(batch_id), 0, -1)
+    assert [json.loads(x)["custom_id"] for x in entries] == [f"t{i}" for i in range(count)]
+    named = set(job_ids_of(app, batch_id))
+    assert len(named) == count and len(taken) == batch_ingest.INGEST_LINES
+    assert not named & set(taken) and not any(store.get(job_id) for job_id in taken)
+    purge(app)
+
+
 def test_a_jsonl_body_batch_ends_in_files_too(app: Flask, client: FlaskClient) -> None:
     body = jsonl(line("a", url="/v1/completions"), line("b", url="/v1/completions", n=0))
     batch = client.post("/v1/batches", data=body, headers=bearer(FIRST)).get_json()
