@@ -193,9 +193,12 @@ class BatchStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.batches_of(batch.owner), {batch.id: batch.created_at})
         pipe.expire(keys.batches_of(batch.owner), self.ttl_seconds)
+        # Batches whose record has expired leave the owner's list (a list only reads).
+        older = batch.created_at - self.ttl_seconds
+        pipe.zremrangebyscore(keys.batches_of(batch.owner), "-inf", older)
         pipe.zadd(keys.batches_unsettled(), {batch.id: batch.created_at})
         # Batches no sweep saw end (sweeping off) leave the set once their record is gone.
-        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", batch.created_at - self.ttl_seconds)
+        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", older)
         pipe.execute()
 
     def unsettled(self) -> list[str]:
