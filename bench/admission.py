@@ -34,9 +34,8 @@ from typing import Any
 import redis
 
 from bench.harness import models
+from bench.harness.capacity import batch_capacity
 from bench.harness.log import progress
-from bench.harness.params import RunParams
-from bench.load import engine_burst
 from bench.scheduler_burst import claimed_job
 from ops.redis_server import free_port, start_redis, stop_redis
 from trickle.config.sections import ModelSettings
@@ -152,9 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     model = models.prepare(args.model)
     capacity = args.capacity
     if capacity is None:
-        reference = engine_burst(model, RunParams(max_tokens=args.max_tokens), 32)
-        capacity = reference["tokens_per_s"] / args.max_tokens
-        progress(f"CTranslate2 alone, generate_batch(32): {capacity:.2f} jobs/s")
+        best = batch_capacity(model.path, models.prompt_pieces(model), args.max_tokens)
+        capacity = best.tokens_per_s / args.max_tokens
+        progress(f"CTranslate2 alone, best generate_batch(32): {capacity:.2f} jobs/s")
+        progress(f"({best.tokens_per_s:.0f} tokens/s, {best.describe()}), as bench.outside")
     result: dict[str, Any] = {
         "model": args.model,
         "capacity_per_s": capacity,

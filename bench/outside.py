@@ -26,6 +26,7 @@ import json
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,16 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ctranslate2
 import httpx
 
 from bench.harness import models
+from bench.harness.capacity import batch_capacity
 from bench.harness.log import progress
 from bench.harness.stats import percentile
 from ops.redis_server import free_port
 from trickle.config.settings import PROJECT_ROOT
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
-from worker.engine.model_hints import resolve_compute_type
 
 PROMPT = "The socket module"
 SERVED_NAME = "outside"
@@ -64,28 +64,10 @@ class Arrival:
 
 
 def engine_capacity(path: Path, max_tokens: int) -> tuple[float, str]:
-    """CTranslate2 alone: the best batch-32 tokens/s over compute types and 1-2 intra threads."""
+    """CTranslate2 alone: the best batch-32 tokens/s (``bench.harness.capacity``)."""
     tokenizer = SentencePieceTokenizer(path / models.TOKENIZER_FILE, add_bos=True)
-    pieces = tokenizer.to_pieces(tokenizer.encode(PROMPT))
-    hinted = resolve_compute_type(path, "auto")
-    compute_types = [hinted] if hinted != "auto" else ["int8", "float32"]
-    best, how = 0.0, ""
-    for compute_type in compute_types:
-        for intra in (1, 2):
-            generator = ctranslate2.Generator(
-                str(path), device="cpu", compute_type=compute_type, intra_threads=intra
-            )
-            options = {"max_length": max_tokens, "end_token": [], "sampling_topk": 1}
-            generator.generate_batch([pieces] * 32, **options)  # warm
-            for _ in range(2):
-                began = time.perf_counter()
-                results = generator.generate_batch([pieces] * 32, **options)
-                tokens = sum(len(r.sequences_ids[0]) for r in results)
-                rate = tokens / (time.perf_counter() - began)
-                if rate > best:
-                    best, how = rate, f"{compute_type}, intra_threads {intra}"
-            del generator
-    return best, how
+    best = batch_capacity(path, tokenizer.to_pieces(tokenizer.encode(PROMPT)), max_tokens)
+    return best.tokens_per_s, best.describe()
 
 
 def start_stack(path: Path, work: Path, port: int) -> subprocess.Popen[bytes]:
@@ -118,7 +100,8 @@ def start_stack(path: Path, work: Path, port: int) -> subprocess.Popen[bytes]:
             break
         time.sleep(0.5)
     process.terminate()
-    raise RuntimeError(f"the stack did not get ready; see {work / 'up.log'}")
+    tail = (work / "up.log").read_text("utf-8", "replace")[-3000:]
+    raise RuntimeError(f"the stack did not get ready; its log ends:\n{tail}")
 
 
 async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> None:
@@ -197,6 +180,8 @@ def summarize(
                 "ttft_ms": a.ttft_ms,
                 "worker_ttft_ms": 1000 * jobs.get(a.job_id, {}).get("ttft_seconds", float("nan")),
                 **{hop: 1000 * jobs.get(a.job_id, {}).get(f"{hop}_seconds", 0.0) for hop in HOPS},
+                "lanes_at_arrival": jobs.get(a.job_id, {}).get("lanes_at_arrival", ""),
+                "started_in": jobs.get(a.job_id, {}).get("started_in", ""),
             }
             for a in worst
         ],
@@ -221,6 +206,12 @@ def print_report(model: str, capacity: float, how: str, rows: list[dict[str, Any
         for w in row["worst"]:
             hops = " | ".join(f"{w[hop]:.0f}" for hop in HOPS)
             print(f"| {row['rate_x']}x | {w['ttft_ms']:.0f} | {w['worker_ttft_ms']:.0f} | {hops} |")
+    print("\nWhat the lanes were doing when each arrived (``o:live/steps`` an ordinary lane's")
+    print("batch, ``r:`` a spare lane's, ``!`` a restart due), and the batch it started in:\n")
+    for row in rows:
+        for w in row["worst"]:
+            print(f"- {row['rate_x']}x {w['ttft_ms']:.0f} ms: {w.get('lanes_at_arrival', '')}")
+            print(f"  -> {w.get('started_in', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,12 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="the engine's batch-32 tokens/s, given (default: measured in this run)",
+    )
+    parser.add_argument(
+        "--keep-log", type=Path, default=None, help="copy the stack's log (with the job log) here"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures suspect)'}")
     path = Path(args.model) if "/" in args.model else models.prepare(args.model).path
-    capacity, how = engine_capacity(path, args.max_tokens)
+    if args.capacity:
+        capacity, how = args.capacity, "given"
+    else:
+        capacity, how = engine_capacity(path, args.max_tokens)
     progress(f"engine alone, batch 32: {capacity:,.0f} tok/s ({how})")
     rows = []
     with tempfile.TemporaryDirectory(prefix="trickle-outside-") as work_dir:
@@ -252,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(summarize(rate_x, req_s, arrivals, job_lines(work / "up.log")))
         finally:
             stack.terminate()
+            if args.keep_log:
+                shutil.copyfile(work / "up.log", args.keep_log)
             stack.wait(30)
     print_report(args.model, capacity, how, rows)
     args.out.mkdir(parents=True, exist_ok=True)

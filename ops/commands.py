@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from ops.client import TrickleClient
 
-FINAL_STATUSES = ("succeeded", "failed", "canceled")
+FINAL_STATUSES = ("succeeded", "failed", "canceled", "expired")
 
 
 def generate(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from typing_extensions import TypedDict
 
 from trickle import keys
+from trickle.hop_timings import hop_seconds, timings_ms
 from trickle.params import GenerationParams, ParamsObject
 
 # Celery priorities on the Redis transport: 0 is fetched first.
@@ -32,10 +33,12 @@ class JobStatus(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELED = "canceled"
+    # Not started before its client's deadline (Cancel-After, ``deadline``): never run.
+    EXPIRED = "expired"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
+        return self is not JobStatus.QUEUED and self is not JobStatus.RUNNING
 
 
 class FinishReason(str, Enum):
@@ -43,6 +46,8 @@ class FinishReason(str, Enum):
     LENGTH = "length"
     CANCELED = "canceled"
     ERROR = "error"
+    # Its client's deadline came: stopped with what it made, or (expired) never started.
+    DEADLINE = "deadline"
 
 
 JOB_ID_PATTERN = re.compile(r"job_[0-9a-f]{32}")
@@ -92,11 +97,14 @@ class JobObject(TypedDict):
     finish_reason: FinishReason | None
     usage: UsageObject
     metrics: JobMetrics
+    # The hops it went through so far, in ms (``trickle.hop_timings``).
+    timings: dict[str, float]
     error: JobErrorObject | None
     params: ParamsObject
     created_at: float
     started_at: float | None
     completed_at: float | None
+    deadline: float | None
     attempts: int
 
 
@@ -169,9 +177,27 @@ class Job:
     # How long its result is kept once it ends (0: ``limits.result_ttl_seconds``): a batch's
     # jobs keep theirs for the batch's window, until its output file is written.
     result_ttl_seconds: int = 0
+    # When its request reached the web tier (0: unknown, an older record), and when a worker's
+    # claim of it returned: the ends of its ``admit`` and ``claim`` hops.
+    arrived_at: float = 0.0
+    claimed_at: float | None = None
+    # Its client's deadline (unix seconds, web.admission.deadline), None for none.
+    deadline: float | None = None
+
+    def hops(self) -> dict[str, float]:
+        """The hops it went through so far, in seconds (``trickle.hop_timings``)."""
+        return hop_seconds(
+            self.arrived_at or None,
+            self.created_at,
+            self.started_at,
+            self.claimed_at,
+            self.first_token_at,
+            self.completed_at,
+        )
 
     def metrics(self) -> JobMetrics:
-        """Timings a client cares about; time to first token counts from submission."""
+        """Timings a client cares about; time to first token counts from submission (the
+        request's arrival, where known), so the hops before the first token add up to it."""
 
         def span(start: float | None, end: float | None) -> float | None:
             return None if start is None or end is None else round(max(end - start, 0.0), 6)
@@ -182,7 +208,9 @@ class Job:
             tokens_per_second = round(self.usage.completion_tokens / generation, 3)
         return {
             "queue_seconds": span(self.created_at, self.started_at),
-            "time_to_first_token_seconds": span(self.created_at, self.first_token_at),
+            "time_to_first_token_seconds": span(
+                self.arrived_at or self.created_at, self.first_token_at
+            ),
             "generation_seconds": generation,
             "tokens_per_second": tokens_per_second,
         }
@@ -198,11 +226,13 @@ class Job:
             "finish_reason": self.finish_reason,
             "usage": self.usage.to_dict(),
             "metrics": self.metrics(),
+            "timings": timings_ms(self.hops()),
             "error": self.error.to_dict() if self.error else None,
             "params": self.params.to_dict(),
             "created_at": self.created_at,
             "started_at": self.started_at,
             "completed_at": self.completed_at,
+            "deadline": self.deadline,
             "attempts": self.attempts,
         }
 
@@ -231,6 +261,10 @@ class Job:
             fields["traceparent"] = self.trace_context
         if self.result_ttl_seconds:
             fields["result_ttl"] = str(self.result_ttl_seconds)
+        if self.arrived_at:
+            fields["arrived_at"] = repr(self.arrived_at)
+        if self.deadline is not None:
+            fields["deadline"] = repr(self.deadline)
         return fields
 
     @classmethod
@@ -268,6 +302,9 @@ class Job:
             trace_context=fields.get("traceparent", ""),
             stop_sequence=fields.get("stop_sequence", ""),
             result_ttl_seconds=int(fields.get("result_ttl", 0)),
+            arrived_at=float(fields.get("arrived_at", 0.0)),
+            claimed_at=optional_float("claimed_at"),
+            deadline=optional_float("deadline"),
         )
 
 
@@ -283,12 +320,25 @@ class JobResult:
     error: JobError | None = None
     # The stop string that ended the job ("" for an end token, a length or no stop at all).
     stop_sequence: str = ""
+    # When this attempt's claim returned (the end of the job's ``claim`` hop), if known.
+    claimed_at: float | None = None
 
     @classmethod
     def failed(cls, error: JobError, output: str, completion_tokens: int) -> JobResult:
         """A failure keeps what was already streamed, so output and stream still agree."""
         return cls(
             JobStatus.FAILED, output, FinishReason.ERROR, completion_tokens, time.time(), error
+        )
+
+    @classmethod
+    def expired(cls, claimed_at: float) -> JobResult:
+        """A job not started before its client's deadline: not run, its readers told why."""
+        error = JobError(
+            "deadline_exceeded",
+            "not started before its deadline (Cancel-After or deadline), so it was not run",
+        )
+        return cls(
+            JobStatus.EXPIRED, "", FinishReason.DEADLINE, 0, time.time(), error, "", claimed_at
         )
 
     def to_hash(self) -> dict[str, str]:
@@ -304,6 +354,8 @@ class JobResult:
             values["error"] = json.dumps(self.error.to_dict())
         if self.stop_sequence:
             values["stop_sequence"] = self.stop_sequence
+        if self.claimed_at is not None:
+            values["claimed_at"] = repr(self.claimed_at)
         return values
 
 
@@ -330,6 +382,9 @@ READ_FIELDS = (
     "webhook_url",
     "traceparent",
     "stop_sequence",
+    "arrived_at",
+    "claimed_at",
+    "deadline",
 )
 
 

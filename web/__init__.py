@@ -10,6 +10,7 @@ from flask import Flask
 from trickle.config.settings import Settings, load_settings
 from trickle.telemetry.tracing import Tracing
 from web.admission.auth import install_auth
+from web.common.arrival import install_arrival
 from web.common.cors import install_cors
 from web.common.errors import register_error_handlers
 from web.services import EXTENSION_KEY
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # Hook order matters: preflights are answered before any credential check, and a stream
     # token is checked before the API key it stands in for.
     install_cors(app, settings.web.cors_origins)
+    install_arrival(app)  # first of all the hooks, whenever it is installed
     stream_access.install_stream_access(app)
     install_auth(app, settings.auth.api_keys, settings.auth.metrics_token, svc.tenants)
     app.register_blueprint(jobs.blueprint)

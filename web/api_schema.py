@@ -95,6 +95,13 @@ def _job_paths(max_wait_seconds: int) -> Part:
         {"type": "string", "example": "wait=10"},
         f"wait=N: wait up to N seconds (at most {max_wait_seconds}) for the job to finish",
     )
+    cancel_after = optional_param(
+        "header",
+        "Cancel-After",
+        {"type": "string", "example": "30s"},
+        "a duration (30s, 1m30s, 500ms): a job not started by then is not run (expired), one "
+        "running then is stopped with what it made (finish_reason deadline)",
+    )
     stream_token = optional_param(
         "query",
         "token",
@@ -124,7 +131,7 @@ def _job_paths(max_wait_seconds: int) -> Part:
             "post": {
                 "operationId": "submitJob",
                 "summary": "Submit a generation job",
-                "parameters": [prefer],
+                "parameters": [prefer, cancel_after],
                 "requestBody": body("JobRequest"),
                 "responses": responses(submitted, 400, 404, 413, 429),
             }

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trickle.hop_timings import hop_seconds
 from trickle.joblog import log_job_event
 from trickle.jobs import Job, JobResult
 from trickle.telemetry.metric_defs import (
     E2E_LATENCY,
+    HOP_TIME,
     INTER_TOKEN_LATENCY,
     JOBS,
     KEY_COMPLETION_TOKENS,
@@ -21,6 +23,20 @@ from trickle.telemetry.metric_defs import (
 from trickle.telemetry.metrics import MetricsRecorder
 from trickle.tenants import DEFAULT_TENANT_LABEL
 from worker.engine.scheduled import ScheduledJob
+
+
+def observe_hops(metrics: MetricsRecorder, job: Job, result: JobResult, first: float) -> None:
+    """One observation per hop the job went through (``deliver`` is the web tier's own)."""
+    hops = hop_seconds(
+        job.arrived_at or None,
+        job.created_at,
+        job.started_at,
+        result.claimed_at,
+        first,
+        result.completed_at,
+    )
+    for hop, seconds in hops.items():
+        metrics.observe(HOP_TIME, seconds, model=job.model, hop=hop)
 
 
 def account_finished(
@@ -51,10 +67,17 @@ def account_finished(
     timings: dict[str, float] = {"e2e_seconds": e2e}
     first, last = (scheduled.first_token_at, scheduled.last_token_at) if scheduled else (None, None)
     if first is not None and resumed == 0:
-        timings["ttft_seconds"] = first - job.created_at
+        timings["ttft_seconds"] = first - (job.arrived_at or job.created_at)
         metrics.observe(TIME_TO_FIRST_TOKEN, timings["ttft_seconds"], model=model)
+        observe_hops(metrics, job, result, first)
+    notes: dict[str, object] = {}
     if scheduled is not None:
         timings["tokens_after_end"] = scheduled.tokens_after_end
+        notes = {
+            "lanes_at_arrival": scheduled.lanes_at_arrival,
+            "started_in": scheduled.started_in,
+            "restarts": scheduled.restarts,
+        }
         if scheduled.prefix_hit is not None:
             hit = scheduled.prefix_hit
             metrics.count(PREFIX_CACHE_HITS if hit else PREFIX_CACHE_MISSES, model=model)
@@ -75,4 +98,5 @@ def account_finished(
         error=result.error.type if result.error else None,
         **timings,
         **(hops or {}),
+        **notes,
     )

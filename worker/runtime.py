@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 
@@ -196,6 +196,8 @@ class WorkerRuntime:
         job = claim.job
         if not claim.claimed or job is None or claim.logged_tokens:
             return claim
+        if job.deadline is not None and claimed_at > job.deadline:
+            return claim  # its job thread ends it, expired
         timeline = JobTimeline(claim_started=claim_started, claimed=claimed_at)
         try:
             scheduled = self._schedule(job, [], claim)
@@ -228,6 +230,12 @@ class WorkerRuntime:
             timeline.claimed = time.time()
         job = claim.job
         if job is None:
+            return
+        if job.deadline is not None and timeline.claimed > job.deadline and not claim.logged_tokens:
+            log_job_event(
+                "expired", job.id, job.model, late_seconds=timeline.claimed - job.deadline
+            )
+            self._finish(job, claim, JobResult.expired(timeline.claimed))
             return
         events: list[TokenEvent] = []
         if claim.logged_tokens:  # it ran before: resume after what was already streamed
@@ -289,6 +297,9 @@ class WorkerRuntime:
         if scheduled.error is not None or state.error is not None:
             error = state.error or JobError("engine_error", str(scheduled.error))
             result = JobResult.failed(error, state.output, state.count)
+        elif state.finish_reason is FinishReason.DEADLINE and state.count == 0 and job.deadline:
+            # Its deadline came before its first token (it waited for a lane): never started.
+            result = JobResult.expired(timeline.claimed)
         else:
             reason = state.finish_reason or FinishReason.LENGTH
             status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
@@ -300,6 +311,7 @@ class WorkerRuntime:
                 time.time(),
                 stop_sequence=state.stop_sequence,
             )
+        result = replace(result, claimed_at=timeline.claimed or None)
         timeline.batch_started = scheduled.batch_started_at
         timeline.first_token = scheduled.first_token_at
         timeline.first_published = scheduled.first_published_at
@@ -366,6 +378,9 @@ class WorkerRuntime:
             self.tenants.name_of_owner(job.owner),
             cache_partition(job.owner, job.params.cache_salt),
         )
+        if job.deadline is not None and job.deadline < deadline:
+            scheduled.deadline = job.deadline  # the client's: stopped, not failed
+            scheduled.deadline_stop = (FinishReason.DEADLINE, None)
         ended = events[-1].end if events else None
         if ended is not None or resume.count >= job.params.max_tokens:
             # Its worker died after its last token but before storing the result (its claim

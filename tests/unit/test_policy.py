@@ -172,3 +172,44 @@ def test_a_restart_takes_every_waiting_job_that_fits_when_no_batch_is_about_to_t
     assert restart_fill(going_on=2, waiting=8, young_loads=[], room=30) == 8
     assert restart_fill(going_on=2, waiting=8, young_loads=[], room=5) == 5
     assert restart_fill(going_on=2, waiting=8, young_loads=[6], room=3) == 3
+
+
+class CountingPolicy(RestartPolicy):
+    """The policy as is, counting how often a join is priced."""
+
+    def __init__(self) -> None:
+        super().__init__(RULES, StepTimes(STEPS))
+        self.priced = 0
+
+    def join(self, running, job, now):  # type: ignore[no-untyped-def]
+        self.priced += 1
+        return super().join(running, job, now)
+
+
+def test_alike_waiting_jobs_are_priced_once_per_rebalance(holder: Holder) -> None:
+    from worker.engine.fair_share import ReserveShares
+    from worker.engine.rebalance import Rebalancer
+
+    # Two long batches deep into their runs: no newcomer joins (its catch-up is too long).
+    lanes = [running([job(holder, 100)], steps=100), running([job(holder, 90)], steps=90)]
+    waiting = [job(holder, 0) for _ in range(50)]
+    counting = CountingPolicy()
+    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, tenants=False), 2)
+    restarts: list[object] = []
+
+    def restart(batch: RunningBatch, **how: object) -> bool:
+        restarts.append(how)
+        return True
+
+    rebalancer.rebalance(waiting, lanes, 0, restart)
+    assert restarts == [] and len(waiting) == 50
+    assert counting.priced == 1  # fifty alike jobs, one answer
+
+    # A young batch takes joiners: each join changes the batches, so the next is priced anew.
+    young = [running([job(holder, 2)], steps=2), running([job(holder, 3)], steps=3)]
+    counting = CountingPolicy()
+    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, tenants=False), 2)
+    fresh = [job(holder, 0) for _ in range(3)]
+    rebalancer.rebalance(fresh, young, 0, restart)
+    assert len(restarts) == 3 and fresh == []
+    assert counting.priced == 3

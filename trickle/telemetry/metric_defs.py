@@ -55,8 +55,17 @@ COLD_START = Histogram(
     "Worker process start to its first claimed job; phase: total, model_load or rest.",
     (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0),
 )
+# The hops before the first token (trickle.hop_timings) add up to TIME_TO_FIRST_TOKEN: the one
+# whose p99 grew is the one that broke the budget (deploy/prometheus/rules.yml).
+HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+HOP_TIME = Histogram(
+    "trickle_hop_seconds",
+    "Time a job spent in each hop; hop: admit, queue, claim, prefill or generate.",
+    HOP_BUCKETS,
+)
 HISTOGRAMS = (
     TIME_TO_FIRST_TOKEN,
+    HOP_TIME,
     QUEUE_TIME,
     INTER_TOKEN_LATENCY,
     E2E_LATENCY,

@@ -21,6 +21,7 @@ from trickle.telemetry.metrics import count_now
 from web.admission.auth import current_key, current_owner
 from web.admission.idempotency import Created, IdempotencyKey, matching, ttl_seconds
 from web.admission.key_policy import check_key_policy
+from web.common.arrival import arrival_time
 from web.common.errors import too_many, unavailable
 from web.common.turns import in_turns
 from web.common.validation import check_prompt_length
@@ -78,6 +79,7 @@ def prepare_job(
         created_at=time.time(),
         owner=current_owner(),
         prompt_ids=tuple(prompt_ids),
+        arrived_at=arrival_time(),
     )
 
 

@@ -33,8 +33,8 @@ def message_id(job_id: str) -> str:
 
 def stop_reason(job: Job, called: bool = False) -> StopReason:
     """``called``: the answer holds tool calls (``tool_use``, unless it was cut short)."""
-    if job.finish_reason is FinishReason.LENGTH:
-        return "max_tokens"
+    if job.finish_reason in (FinishReason.LENGTH, FinishReason.DEADLINE):
+        return "max_tokens"  # cut short: by max_tokens, or by its deadline
     if called:
         return "tool_use"
     # A job canceled through /v1/jobs/<id>/cancel ended at its owner's request: a turn's end.

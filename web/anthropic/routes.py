@@ -17,6 +17,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
+from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
@@ -27,6 +28,7 @@ from web.anthropic.stream import TextWriter, ToolWriter
 from web.anthropic.tool_blocks import blocks_of_whole_answer
 from web.common.body import read_json_body
 from web.common.errors import HttpError, invalid, not_found, unavailable
+from web.common.server_timing import timing_comment, with_server_timing
 from web.common.validation import parse_after
 from web.services import Services, services
 from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, follow_many, wait_for_job
@@ -54,12 +56,15 @@ def create_message() -> Response:
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     if done.status is JobStatus.FAILED:
         raise _failed(done)
+    if done.status is JobStatus.EXPIRED:
+        raise expired_error(done)
     parser = call.tools.new_parser() if call.tools is not None else None
     if parser is None:
-        return jsonify(render.message_object(done, call.model))
+        return with_server_timing(jsonify(render.message_object(done, call.model)), [done])
     blocks = blocks_of_whole_answer(done, parser)
     content, reason = blocks.content(), blocks.stop_reason(done)
-    return jsonify(render.message_object(done, call.model, content=content, reason=reason))
+    answer = jsonify(render.message_object(done, call.model, content=content, reason=reason))
+    return with_server_timing(answer, [done])
 
 
 @blueprint.post("/v1/messages/count_tokens")
@@ -93,6 +98,7 @@ def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resum
         raise not_found(f"no message to resume: this {HEADER} has none (expired?)", HEADER)
     if first is None:
         job = prepare_job(svc, call.model, call.prompt, call.params, key.shard if key else None)
+        with_deadline([job])
         admit(svc, [job])
         first = enqueue(svc, job, key)
         if first is None:
@@ -144,7 +150,12 @@ def _events(
                     finished = True
                     if event.job.status is JobStatus.FAILED:
                         parts.append(render.error_event(from_http_error(_failed(event.job))))
+                    elif event.job.status is JobStatus.EXPIRED:
+                        expired = from_http_error(expired_error(event.job))
+                        parts.append(render.error_event(expired))
                     else:
+                        # Its hops, as a comment before its last events (clients skip it).
+                        parts.append(timing_comment([event.job]))
                         parts.extend(writer.end(event.job))
             if parts:
                 yield "".join(parts)

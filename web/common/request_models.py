@@ -131,6 +131,15 @@ class JobRequest(SamplingFields):
     webhook_url: str | None = Field(
         None, description="POST the finished job here (its host must be allowlisted)"
     )
+    deadline: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "unix time (s): a job not started by then is not run (status expired); one "
+            "still running then is stopped with what it made (finish_reason deadline). "
+            "The Cancel-After header does the same with a duration"
+        ),
+    )
 
 
 class StreamOptions(BaseModel):

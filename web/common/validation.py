@@ -32,6 +32,7 @@ class ValidatedJob:
     prompt: str
     params: GenerationParams
     webhook_url: str = ""
+    deadline: float | None = None
 
 
 def validate(model: type[Model], body: Any) -> Model:
@@ -54,6 +55,7 @@ def parse_job_request(
         request.prompt,
         generation_params(request, settings),
         _webhook_url(request.webhook_url, settings),
+        request.deadline,
     )
 
 

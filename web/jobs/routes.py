@@ -9,10 +9,12 @@ from flask import Blueprint, Response, jsonify, request
 
 from trickle.jobs import Job
 from web.admission.auth import current_owner
+from web.admission.deadline import with_deadline
 from web.admission.idempotency import earlier, requested_key
 from web.admission.submission import admit, cancel, enqueue, prepare_job
 from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found
+from web.common.server_timing import with_server_timing
 from web.common.validation import parse_job_request, parse_wait
 from web.services import services
 from web.streams.access import with_urls
@@ -42,6 +44,7 @@ def submit_job() -> Response:
                 )
                 job.webhook_url = job_request.webhook_url
                 job.trace_context = trace.traceparent
+                with_deadline([job], job_request.deadline)
             admit(svc, [job])
             with trace.step("enqueue"):
                 first = enqueue(svc, job, key)
@@ -55,7 +58,7 @@ def submit_job() -> Response:
         except redis.RedisError as exc:  # the job exists: say so, never a 5xx that hides it
             log.warning("wait for %s cut short: redis unavailable: %s", job.id, exc)
             headers[WAIT_INTERRUPTED] = f"job store (Redis) unavailable: {exc}"[:200]
-    return job_response(current or job, headers=headers)
+    return job_response(current or job, headers=headers, delivered=current is not None)
 
 
 @blueprint.get("/v1/jobs/<job_id>")
@@ -72,7 +75,7 @@ def get_job(job_id: str) -> Response:
             raise missing(job_id)
     else:
         job = visible_job(job_id)
-    return job_response(job, finished_status=200, running_status=200)
+    return job_response(job, finished_status=200, running_status=200, delivered=wait > 0)
 
 
 @blueprint.post("/v1/jobs/<job_id>/cancel")
@@ -100,8 +103,10 @@ def job_response(
     headers: dict[str, str] | None = None,
     finished_status: int = 200,
     running_status: int = 202,
+    delivered: bool = False,
 ) -> Response:
+    """``delivered``: the request waited for the job, so its ``deliver`` hop is timed too."""
     response = jsonify(with_urls(job.to_dict(), job.id))
     response.status_code = finished_status if job.status.is_terminal else running_status
     response.headers.update(headers or {})
-    return response
+    return with_server_timing(response, [job], delivered and job.status.is_terminal)

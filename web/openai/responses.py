@@ -25,8 +25,10 @@ class Envelope:
 
 
 def finish_reason(job: Job) -> str:
-    # OpenAI knows only stop and length; a job canceled through /cancel ended at our request.
-    return "length" if job.finish_reason is FinishReason.LENGTH else "stop"
+    # OpenAI knows only stop and length; a job canceled through /cancel ended at our request,
+    # one its deadline stopped was cut short, as by max_tokens.
+    cut = job.finish_reason in (FinishReason.LENGTH, FinishReason.DEADLINE)
+    return "length" if cut else "stop"
 
 
 def tool_finish_reason(job: Job, answer: ParsedAnswer) -> str:

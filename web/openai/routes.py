@@ -24,11 +24,13 @@ from flask import Blueprint, Response, jsonify, stream_with_context
 from trickle.capacity import live_workers
 from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
+from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, cancel_many, enqueue_all, prepare_job
 from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found, unavailable
 from web.common.response_models import Model, ModelList
+from web.common.server_timing import timing_comment, with_server_timing
 from web.openai import responses as shapes
 from web.openai.json_pieces import json_pieces
 from web.openai.requests import (
@@ -132,11 +134,12 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         response.call_on_close(lambda: close_all(followers))
         return response
     try:
-        answer = _complete(svc, req, jobs, envelope)
+        answer, ended = _complete(svc, req, jobs, envelope)
     except redis.RedisError as exc:  # the jobs exist: name them, so a retry need not copy them
         raise created_unavailable(jobs, exc) from exc
     # Written in pieces: with logprobs an answer may run to tens of MiB (web.openai.json_pieces).
-    return Response(stream_with_context(json_pieces(answer)), mimetype="application/json")
+    response = Response(stream_with_context(json_pieces(answer)), mimetype="application/json")
+    return with_server_timing(response, ended)
 
 
 def created_unavailable(jobs: list[Job], exc: Exception) -> HttpError:
@@ -150,6 +153,7 @@ def _create_jobs(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) 
     first = earlier(svc, key)
     if first is None:
         jobs = jobs_for_request(svc, req, shard=key.shard if key else None)
+        with_deadline(jobs)
         admit(svc, jobs)
         first = enqueue_all(svc, jobs, key)
         if first is None:
@@ -199,7 +203,8 @@ def jobs_for_request(
 
 def _complete(
     svc: Services, req: OpenAIRequest, jobs: list[Job], envelope: shapes.Envelope
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[Job]]:
+    """The answer, and its jobs as they ended (their hops are its ``Server-Timing``)."""
     deadline = time.monotonic() + svc.settings.web.completion_timeout_seconds
     finished: list[tuple[Job, list[TokenEvent]]] = []
     for job in jobs:
@@ -210,13 +215,17 @@ def _complete(
         if done.status is JobStatus.FAILED:
             _cancel(svc, jobs)
             raise _generation_failed(done)
+        if done.status is JobStatus.EXPIRED:
+            _cancel(svc, jobs)
+            raise expired_error(done)
         if done.status is JobStatus.CANCELED:
             _cancel(svc, jobs)
             raise request_canceled([done.id], None)
         # The replay log only for logprobs: the finished job already holds its output.
         events = svc.store.tokens(job.id) if req.logprobs is not None else []
         finished.append((done, events))
-    return shapes.result_object(req, envelope, finished, lazy=True)
+    answer = shapes.result_object(req, envelope, finished, lazy=True)
+    return answer, [done for done, _events in finished]
 
 
 def _stream(
@@ -235,6 +244,7 @@ def _stream(
     templates = [shapes.text_chunk_template(envelope, i, chat) for i in range(len(jobs))]
     tools = _tool_streams(req, envelope, jobs)
     finished: set[int] = set()
+    ended: list[Job] = []  # as they ended: the stream's last comment gives their hops
     offsets = [0] * len(jobs)
     generated = [0] * len(jobs)  # per choice, for continuous_usage_stats
     completion_tokens = 0
@@ -281,9 +291,12 @@ def _stream(
                 elif isinstance(event, Done):
                     finished.add(index)
                     job = event.job
-                    if job.status in (JobStatus.FAILED, JobStatus.CANCELED):
+                    ended.append(job)
+                    if job.status in (JobStatus.FAILED, JobStatus.CANCELED, JobStatus.EXPIRED):
                         if job.status is JobStatus.FAILED:
                             error = _generation_failed(job)
+                        elif job.status is JobStatus.EXPIRED:
+                            error = expired_error(job)
                         else:
                             error = request_canceled([job.id], None)
                         parts.append(_sse(error.to_dict()))
@@ -305,7 +318,7 @@ def _stream(
             kind = "chat.completion.chunk" if chat else "text_completion"
             usage = shapes.usage(shapes.prompt_tokens(req, jobs), completion_tokens)
             yield _sse(shapes.usage_chunk(envelope, kind, usage))
-        yield "data: [DONE]\n\n"
+        yield timing_comment(ended) + "data: [DONE]\n\n"
     except redis.RedisError as exc:
         log.warning("completion stream %s ended: redis unavailable: %s", envelope.id, exc)
         yield _sse(created_unavailable(jobs, exc).to_dict())

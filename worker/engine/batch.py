@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from trickle.jobs import FinishReason, JobError
 from worker.engine.request import EngineRequest, Logprob, Scored, StepClock
-from worker.engine.scheduled import DEADLINE_ERROR, ScheduledJob
+from worker.engine.scheduled import ScheduledJob
 from worker.engine.step_times import StepTimes
 from worker.publish_items import TokenItem
 
@@ -160,7 +160,7 @@ def step_callback(
             job.tokens_after_end += 1
         now = time.time()
         if job.deadline is not None and now > job.deadline:
-            job.state.request_stop(FinishReason.ERROR, DEADLINE_ERROR)
+            job.state.request_stop(*job.deadline_stop)
         try:
             outcome = job.state.on_token(token_id, is_last)
         except Exception as exc:  # one job's failure must not take down the whole batch

@@ -43,6 +43,24 @@ def split_in_flight(running: Sequence[RunningBatch]) -> bool:
     return any(batch.split for batch in running)
 
 
+def join_class(job: ScheduledJob, below_share: bool) -> tuple[object, ...]:
+    """What ``RestartPolicy.join`` reads of a waiting job: two jobs of one class get one answer
+    from the same batches (its batching configuration, its length, its key's standing)."""
+    request = job.request
+    return (
+        job.priority,
+        below_share,
+        request.sampling,
+        request.prefix,
+        request.cache_partition,
+        request.seed,
+        request.grammar is not None,
+        request.top_logprobs,
+        job.total_length(),
+        job.long_pauses,
+    )
+
+
 def by_priority(jobs: Sequence[ScheduledJob]) -> list[ScheduledJob]:
     """Interactive before batch work; arrival order within a priority (sort is stable)."""
     return sorted(jobs, key=lambda job: job.priority)
@@ -78,16 +96,25 @@ class Rebalancer:
         if pending and idle_lanes == 0:
             below = self._reserve.below(pending, running)
             overflow = self._overflow_open(now, running, idle_lanes)
+            # Waiting jobs alike (see ``join_class``) get the same answer until a join changes
+            # the batches: each class is priced once per call, not once per job, so a long
+            # queue does not make every decoding step pay for every waiting job.
+            refused: set[tuple[object, ...]] = set()
             for job in by_priority(pending):
                 if job.tenant in below and self._reserve.idle:
                     continue  # the reserve lane starts it at once, pausing no running batch
+                alike = join_class(job, job.tenant in below)
+                if alike in refused:
+                    continue
                 join = self._policy.join(self._joinable(job, below, running), job, now)
-                if overflow and (join is None or join.long):
-                    continue  # an idle overflow lane starts it at once: no stream pauses long
-                if join is None:
+                if join is None or (overflow and join.long):
+                    # None: no batch takes it now; long: an idle overflow lane starts it at
+                    # once, so no stream pauses long.
+                    refused.add(alike)
                     continue
                 pending.remove(job)
                 restart(join.batch, joiners=[job], long=join.long)
+                refused.clear()
             return overflow and bool(pending)
         if not pending and idle_lanes > 0:
             split = self._policy.split([b for b in running if not b.reserve], now)

@@ -62,6 +62,9 @@ class ScheduledJob:
     request: EngineRequest
     state: SequenceView
     deadline: float | None = None  # wall-clock time past which the job is stopped and failed
+    # How it is stopped then: failed past limits.max_job_seconds; at its client's own deadline
+    # (earlier), ended with what it made (``finish_reason: deadline``).
+    deadline_stop: tuple[FinishReason, JobError | None] = (FinishReason.ERROR, DEADLINE_ERROR)
     ended: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     handed_back: bool = False  # returned to the queue unstarted (graceful shutdown)
@@ -81,6 +84,10 @@ class ScheduledJob:
     long_pauses: int = 0  # restarts past rebatch_max_stall_ms: at most one per job
     # Whether its first batch found its shared prefix already cached (None: it has none).
     prefix_hit: bool | None = None
+    # What the lanes were doing when it arrived, and the batch it started in (the job log's
+    # ``lanes_at_arrival`` and ``started_in``): where a slow first token waited, by name.
+    lanes_at_arrival: str = ""
+    started_in: str = ""
 
     def current_request(self) -> EngineRequest:
         """The engine request that continues this job from where it is now."""

@@ -165,6 +165,7 @@ class BatchScheduler:
                         job.request, prefix=found.prefix, cache_partition=found.partition
                     )
             self._window.arrived()
+            job.lanes_at_arrival = self._lanes_note()
             self._pending.append(job)
             self._rebalance()
             self._cond.notify()
@@ -176,6 +177,19 @@ class BatchScheduler:
             self._closed = True
             self._cond.notify_all()
             self._spare_cond.notify_all()
+
+    def _lanes_note(self) -> str:
+        """The lanes at this moment, for the job log: each running batch as ``lane:live/steps``
+        (``r`` marks a spare lane's, ``!`` a restart due), then the idle ordinary and spare lanes
+        and the waiting jobs. Under the lock."""
+        batches = " ".join(
+            f"{'r' if b.reserve else 'o'}:{b.live()}/{b.steps}{'!' if b.restart else ''}"
+            for b in self._running
+        )
+        return (
+            f"{batches or '-'} idle={self._idle_lanes} spare_idle={self._reserve.idle} "
+            f"waiting={len(self._pending)}"
+        )
 
     # -- moving work between batches (under the lock) ------------------------------------------
 
@@ -321,9 +335,11 @@ class BatchScheduler:
         the waiting jobs."""
         self.batch_sizes.append(len(batch))
         started = time.time()
+        lane = f"{threading.current_thread().name} size {len(batch)}"
         for job in batch:
             if job.batch_started_at is None:
                 job.batch_started_at = started
+                job.started_in = lane
                 if job.request.prefix:
                     request = job.request
                     job.prefix_hit = self._engine.prefix_cached(

@@ -19,6 +19,7 @@ from trickle.events import TokenRun
 from trickle.jobs import Job
 from web.admission.submission import cancel_many
 from web.common.errors import invalid, not_found, unavailable
+from web.common.server_timing import timing_comment
 from web.common.tools.parser import ToolCallParser
 from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.store import StoredResponse
@@ -176,6 +177,7 @@ def _framed(
                     parts += run(event)
                 elif isinstance(event, Done):
                     finished = True
+                    parts.append(timing_comment([event.job]))  # its hops: clients skip it
                     parts += done(event.job)
             if parts:
                 yield "".join(parts)

@@ -45,11 +45,12 @@ def status_of(job: Job) -> ResponseStatus:
         return "queued"
     if job.status is JobStatus.RUNNING:
         return "in_progress"
-    if job.status is JobStatus.FAILED:
+    if job.status in (JobStatus.FAILED, JobStatus.EXPIRED):
         return "failed"
     if job.status is JobStatus.CANCELED:
         return "cancelled"
-    return "incomplete" if job.finish_reason is FinishReason.LENGTH else "completed"
+    cut = job.finish_reason in (FinishReason.LENGTH, FinishReason.DEADLINE)
+    return "incomplete" if cut else "completed"
 
 
 def usage_of(job: Job) -> ResponseUsage:

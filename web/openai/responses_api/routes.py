@@ -15,12 +15,14 @@ from flask import Blueprint, Response, jsonify, request
 
 from trickle.jobs import Job
 from web.admission.auth import current_owner
+from web.admission.deadline import with_deadline
 from web.admission.idempotency import IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, enqueue, prepare_job
 from web.common.body import read_json_body
 from web.common.chat_template import ChatTurn, TurnCall
 from web.common.errors import HttpError, invalid, not_found
 from web.common.response_models import ResponseObject
+from web.common.server_timing import with_server_timing
 from web.common.tools.calls import call_id
 from web.openai.requests import chat_prompt
 from web.openai.responses_api import render, tool_events
@@ -65,7 +67,7 @@ def create_response() -> Response:
     if done is None or not done.status.is_terminal:
         _cancel(svc, job)
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
-    return jsonify(_object(svc, record, done))
+    return with_server_timing(jsonify(_object(svc, record, done)), [done])
 
 
 @blueprint.get("/v1/responses/<response_id>")
@@ -74,7 +76,7 @@ def get_response(response_id: str) -> Response:
     record, job = _visible(svc, response_id)
     _flag("include_obfuscation")
     if not _flag("stream"):
-        return jsonify(_object(svc, record, job))
+        return with_server_timing(jsonify(_object(svc, record, job)), [job], delivered=False)
     after = starting_after(request.args.get("starting_after"))
     if job.status.is_terminal:
         last = last_event(svc, record, job)
@@ -116,6 +118,7 @@ def _submit(
         turns = [*system, *messages]
         prompt = chat_prompt(turns, svc.settings, req.model, param="input", tools=req.tools)
         job = prepare_job(svc, req.model, prompt, req.params, key.shard if key else None)
+        with_deadline([job])
         admit(svc, [job])
         record = record_of(req, job, messages)
         if req.store:
