@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine (Python 3.11+ and make):
 #   make up    - venv, install, the default model (SmolLM2-135M-Instruct, fetched and converted
-#                once) and the demo model, embedded Redis, worker and web on :8000
+#                once) and the demo model, embedded Redis, worker, batch consumer and web on :8000
 #   make test  - venv with dev extras, then the whole test suite (starts its own Redis)
 #   make test-fast - the unit and integration tiers only (no worker or web process; about a minute)
 PYTHON ?= python3

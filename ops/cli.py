@@ -39,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gguf.add_argument("gguf", type=Path, help="the .gguf file")
     gguf.add_argument("--output", type=Path, required=True, help="e.g. models/mymodel")
     gguf.add_argument("--quantization", default="int8", help="int8 (default), float32, ...")
-    up = commands.add_parser("up", help="embedded Redis + the Procfile (web and worker)")
+    up = commands.add_parser("up", help="embedded Redis + the Procfile (web, worker, batch)")
     up.add_argument("-c", "--concurrency", default="", help="processes per type, e.g. worker=2")
     up.add_argument(
         "--workers",

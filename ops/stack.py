@@ -140,6 +140,22 @@ def start_worker(
         return wait_until(ready, process, timeout, f"worker {node} (see {output})")
 
 
+def start_batch(
+    env: Mapping[str, str], output: Path, new_session: bool = False, timeout: float = 60
+) -> subprocess.Popen[bytes]:
+    """The batch consumer as the Procfile runs it; returns once Celery logs it ready (past what
+    ``output`` held before: a restart appends to the same log)."""
+    start = output.stat().st_size if output.exists() else 0
+    process = spawn(procfile_argv("batch", env), env, output, new_session)
+
+    def ready() -> bool:
+        with output.open("rb") as log:
+            log.seek(start)
+            return b" ready." in log.read()
+
+    return wait_until(ready, process, timeout, f"batch consumer (see {output})")
+
+
 def stop(process: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_SECONDS) -> None:
     """SIGTERM, then SIGKILL after ``timeout``; always reaps."""
     stop_process(process, timeout)
@@ -153,9 +169,9 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
 
 
 class LocalStack:
-    """Redis, one web tier and named workers on one config file, each started, stopped or
-    killed on its own and restarted at the same address, as a supervisor restarts them: the
-    stack that fault tests and chaos benchmarks break on purpose.
+    """Redis, one web tier, the batch consumer and named workers on one config file, each
+    started, stopped or killed on its own and restarted at the same address, as a supervisor
+    restarts them: the stack that fault tests and chaos benchmarks break on purpose.
 
     ``config`` turns the Redis URL into the file's text. ``append_only`` and ``redis_args``
     apply at every start of Redis (which starts here). ``own_groups`` runs the web tier and
@@ -183,6 +199,7 @@ class LocalStack:
         self.config_path.write_text(config(self.redis_url))
         self.redis_args, self.own_groups = redis_args, own_groups
         self.web_process: subprocess.Popen[bytes] | None = None
+        self.batch_process: subprocess.Popen[bytes] | None = None
         self.workers: list[subprocess.Popen[bytes]] = []
         self.redis_process = start_redis(
             self.redis_port, self.redis_dir, append_only=append_only, extra_args=redis_args
@@ -201,6 +218,11 @@ class LocalStack:
         log = self.log_dir / "web.log"
         env = child_env(self.config_path, env)
         self.web_process = start_web(env, self.web_port, log, self.own_groups, timeout)
+
+    def start_batch(self, env: Mapping[str, str] | None = None, timeout: float = 60) -> None:
+        log = self.log_dir / "batch.log"
+        env = child_env(self.config_path, env)
+        self.batch_process = start_batch(env, log, self.own_groups, timeout)
 
     def start_worker(
         self,
@@ -235,9 +257,10 @@ class LocalStack:
     def close(self) -> None:
         """Stop everything, workers first; safe to call more than once."""
         self.stop_workers()
-        if self.web_process is not None:
-            self._stop(self.web_process)
-            self.web_process = None
+        for process in (self.batch_process, self.web_process):
+            if process is not None:
+                self._stop(process)
+        self.batch_process = self.web_process = None
         stop_redis(self.redis_process)
 
     def _stop(self, process: subprocess.Popen[bytes]) -> None:

@@ -158,8 +158,8 @@ default_max_tokens = 32
 result_ttl_seconds = 600
 max_queued_jobs = 100
 [files]
-# The in-process apps share one Redis: only a test of the sweeper runs one.
-batch_sweep_seconds = 0
+# The stack's batch consumer settles finished batches this often.
+batch_sweep_seconds = 0.5
 [webhooks]
 allowed_hosts = ["127.0.0.1"]
 allow_private_addresses = true
@@ -263,9 +263,20 @@ def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def stack_url(web_url: str, worker_process: subprocess.Popen[bytes]) -> str:
-    """The whole service: web tier plus one worker serving demo, tiny-llama, scripted (and the
-    real model when the run serves it)."""
+def batch_process(config_path: Path, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
+    process = stack.start_batch(config_path, log_dir)
+    yield process
+    stack.stop(process)
+
+
+@pytest.fixture(scope="session")
+def stack_url(
+    web_url: str,
+    worker_process: subprocess.Popen[bytes],
+    batch_process: subprocess.Popen[bytes],
+) -> str:
+    """The whole service: web tier, the batch consumer and one worker serving demo,
+    tiny-llama, scripted (and the real model when the run serves it)."""
     return web_url
 
 

@@ -32,9 +32,11 @@ def build_fault_stack(
     append_only: bool = False,
     redis_args: tuple[str, ...] = (),
     web_env: Mapping[str, str] | None = None,
+    batches: bool = True,
 ) -> FaultStack:
-    """Redis and a web tier on ``settings_toml`` and ``models_toml``; workers come from each
-    test (``FaultStack.worker``)."""
+    """Redis, a web tier and (``batches``) the batch consumer on ``settings_toml`` and
+    ``models_toml``, as the Procfile runs them; workers come from each test
+    (``FaultStack.worker``)."""
 
     def config(redis_url: str) -> str:
         head = f'default_model = "demo"\n[redis]\nurl = "{redis_url}"\n'
@@ -43,6 +45,8 @@ def build_fault_stack(
     faults = FaultStack(root, config, append_only, redis_args, config_name="faults.toml")
     try:
         faults.start_web({**ACCESS_LOG, **(web_env or {})})
+        if batches:
+            faults.start_batch(web_env)
     except Exception:
         faults.close()
         raise

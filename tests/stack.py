@@ -10,7 +10,7 @@ from subprocess import Popen
 from ops import stack
 from ops.stack import child_env, stop
 
-__all__ = ["ACCESS_LOG", "child_env", "start_web", "start_worker", "stop"]
+__all__ = ["ACCESS_LOG", "child_env", "start_batch", "start_web", "start_worker", "stop"]
 
 # gunicorn's access log, as an operator would turn it on: tests read its status lines.
 ACCESS_LOG = {"GUNICORN_CMD_ARGS": "--access-logfile -"}
@@ -30,6 +30,14 @@ def start_worker(
     env = child_env(config_path, extra_env)
     output = log_dir / f"{name}.log"
     return stack.start_worker(env, redis_url, name, models, output, timeout=timeout)
+
+
+def start_batch(
+    config_path: Path, log_dir: Path, extra_env: Mapping[str, str] | None = None
+) -> Popen[bytes]:
+    """The batch consumer (the Procfile's ``batch`` line); returns once Celery says ready."""
+    env = child_env(config_path, extra_env)
+    return stack.start_batch(env, log_dir / "batch.log")
 
 
 def start_web(

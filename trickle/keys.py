@@ -24,6 +24,13 @@ GENERATE_TASK = "trickle.generate"
 WEBHOOK_TASK = "trickle.webhook"
 # Every worker consumes this queue, whatever models it serves.
 WEBHOOK_QUEUE = f"{PREFIX}.webhooks"
+# Batch work (reading an input file into jobs, settling a batch into its files, the periodic
+# sweep) runs on this queue, consumed by the Procfile's ``batch`` process (web/batch_consumer.py)
+# and by no generation worker.
+BATCH_QUEUE = f"{PREFIX}.batches"
+BATCH_INGEST_TASK = "trickle.batch_ingest"
+BATCH_SETTLE_TASK = "trickle.batch_settle"
+BATCH_SWEEP_TASK = "trickle.batch_sweep"
 
 
 def shard_of_uncached(job_id: str) -> int:
@@ -146,13 +153,13 @@ def batch_items(batch_id: str) -> str:
 
 
 def batch_ingest(batch_id: str) -> str:
-    """String (with a TTL) naming the web process reading a file batch's input into jobs: while
-    it lives nobody else does; once it lapses (that process died) the next read resumes."""
+    """String (with a TTL) held by the batch task reading a file batch's input into jobs: while
+    it lives nobody else does; once it lapses (its process died) the next sweep resumes."""
     return f"{batch(batch_id)}:ingest"
 
 
 def batch_finalize(batch_id: str) -> str:
-    """String (with a TTL) held while one web process writes a finished batch's output files."""
+    """String (with a TTL) held while one batch task writes a finished batch's output files."""
     return f"{batch(batch_id)}:finalize"
 
 
@@ -163,13 +170,13 @@ def batches_of(owner: str) -> str:
 
 
 def batches_unsettled() -> str:
-    """Sorted set of the batches not yet in a final stage, by creation time: what each web
-    process's sweeper (web/batches/sweeper.py) settles without waiting for a read."""
+    """Sorted set of the batches not yet in a final stage, by creation time: what the batch
+    sweep (web/batches/sweeper.py) resumes and settles."""
     return f"{PREFIX}:batches-unsettled"
 
 
 def batch_sweep() -> str:
-    """String (with a TTL of one sweep interval): the web process sweeping now; the others
+    """String (with a TTL of one sweep interval): the batch consumer sweeping now; the others
     skip that turn."""
     return f"{PREFIX}:batches-sweep"
 

@@ -128,9 +128,11 @@ class TenantQueues:
         return next(turns) if turns is not None else keys.model_queue(model)
 
 
-def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
+def make_celery(settings: Settings, models: Iterable[str], batch_queue: bool = False) -> Celery:
     """The Celery app on ``settings.broker_url``, with one queue per model (per key and
-    model, too; see TenantQueues) and the webhooks'."""
+    model, too; see TenantQueues) and the webhooks'; ``batch_queue``: the batch work's too
+    (the web tier sends to it, the batch consumer takes from it; a generation worker, which
+    consumes every queue its app declares, must not)."""
     amqp = is_amqp(settings.broker_url)
     app = Celery("trickle", broker=settings.broker_url, set_as_current=False)
     models = list(models)
@@ -138,7 +140,11 @@ def make_celery(settings: Settings, models: Iterable[str]) -> Celery:
     tenant_queues = TenantQueues(
         models, settings.tenants if settings.shares_slots else settings.keys
     )
-    names = [*tenant_queues.names(), keys.WEBHOOK_QUEUE]
+    names = [
+        *tenant_queues.names(),
+        keys.WEBHOOK_QUEUE,
+        *([keys.BATCH_QUEUE] if batch_queue else []),
+    ]
     visibility = settings.worker.visibility_timeout_seconds
     transport: dict[str, Any] = {
         "visibility_timeout": visibility,
@@ -259,6 +265,15 @@ def publishing_into(producer: Any, pipe: Any) -> Iterator[None]:
 
 def enqueue_webhook(app: Celery, job_id: str) -> None:
     app.send_task(keys.WEBHOOK_TASK, args=[job_id], queue=keys.WEBHOOK_QUEUE)
+
+
+def enqueue_batch_task(
+    app: Celery, task: str, batch_id: str, expires_seconds: float | None = None
+) -> None:
+    """Send one of the batch tasks (``keys.BATCH_*_TASK``) for ``batch_id`` to the batch
+    queue; ``expires_seconds``: a copy nobody took by then is dropped (the sweep sends another
+    on its next turn)."""
+    app.send_task(task, args=[batch_id], queue=keys.BATCH_QUEUE, expires=expires_seconds)
 
 
 class QueueReader:

@@ -10,7 +10,6 @@ from flask import Flask
 from trickle.config.settings import Settings, load_settings
 from trickle.telemetry.tracing import Tracing
 from web.admission.auth import install_auth
-from web.batches.sweeper import BatchSweeper
 from web.common.arrival import install_arrival
 from web.common.cors import install_cors
 from web.common.errors import register_error_handlers
@@ -32,9 +31,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION_KEY] = svc = build_services(settings)
     svc.tracing = Tracing.from_environment(os.environ, "trickle-web")
-    sweeper = BatchSweeper(svc, app)
-    svc.on_close.append(sweeper.close)
-    sweeper.start()
 
     from web import page
     from web.anthropic import errors as anthropic_errors

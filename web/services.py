@@ -66,8 +66,6 @@ class Services:
     tasks_ride_with_records: bool = False
     tenants: TenantTable = field(default_factory=lambda: TenantTable({}))
     tracing: Tracing = field(default_factory=Tracing.disabled)
-    # Stopped with the Services (the batch sweeper's thread, web/batches/sweeper.py).
-    on_close: list[Callable[[], None]] = field(default_factory=list)
     _tokenizers: dict[str, Tokenizer] = field(default_factory=dict)
     _budgets: dict[str, AnswerBudget] = field(default_factory=dict)
     _stream_tokens: StreamTokens | None = None
@@ -80,8 +78,6 @@ class Services:
 
     def close(self) -> None:
         """Release Redis connections and stop the subscriber (tests; orderly shutdown)."""
-        for stop in self.on_close:
-            stop()
         self.hub.close()
         for client in (self.redis, self._binary_redis):
             if client is None:

@@ -24,7 +24,7 @@ from web.streams.tokens import StreamTokens, load_secret
 def build_services(settings: Settings) -> Services:
     """Connects to Redis and the broker and builds each part from the settings, once."""
     client = connect_pooled(settings.redis)
-    celery = make_celery(settings, settings.models)
+    celery = make_celery(settings, settings.models, batch_queue=True)
     limits = settings.limits
     store = JobStore(client, limits.result_ttl_seconds, limits.queued_ttl_seconds)
     queues = QueueReader(celery, store)

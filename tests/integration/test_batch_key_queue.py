@@ -3,8 +3,8 @@ overshoot the cap (audit hole 9).
 
 The probe: with a slow drain, 1,041 of 2,000 lines failed ``key_queue_full`` and the key's
 waiting jobs reached 404 against a cap of 300. Here no worker serves ``bound``; the test drains
-the key's queue itself, as workers taking jobs would, and the reading resumes on a read of the
-batch and on the sweeper's turn."""
+the key's queue itself, as workers taking jobs would, and runs the batch consumer's tasks itself:
+the reading resumes on the sweep's turn, never on a read."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import pytest
 import redis
 from flask import Flask
 
-from tests.file_batches import bearer, job_ids_of, jsonl, line
+from tests.file_batches import bearer, job_ids_of, jsonl, line, sweep_now
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import BATCH_PRIORITY
 from trickle.tenants import build_keys, digest_of_entry
-from web.batches.sweeper import BatchSweeper, sweep
+from web.batches.tasks import ingest_batch
 from web.services import services
 
 KEY, NAME, CAP, LINES = "queue-cap-key", "capped", 5, 12
@@ -74,21 +74,23 @@ def test_lines_past_the_keys_cap_wait_and_never_overshoot_it(app: Flask) -> None
     created = client.post("/v1/batches", json=request, headers=bearer(KEY))
     assert created.status_code == 200, created.get_data(as_text=True)
     batch = created.get_json()
-    assert batch["status"] == "validating"  # the rest of its lines wait for room
-    assert batch["request_counts"]["failed"] == 0
+    assert batch["status"] == "validating" and job_ids_of(app, batch["id"]) == []
+    ingest_batch(app, batch["id"])  # the batch consumer's task: the rest waits for room
+    path = f"/v1/batches/{batch['id']}"
+    found = client.get(path, headers=bearer(KEY)).get_json()
+    assert found["status"] == "validating" and found["request_counts"]["failed"] == 0
     assert len(job_ids_of(app, batch["id"])) == CAP
     assert settled_at(app, CAP) == CAP
-    path = f"/v1/batches/{batch['id']}"
-    assert client.get(path, headers=bearer(KEY)).get_json()["status"] == "validating"
-    assert len(job_ids_of(app, batch["id"])) == CAP  # no room yet: nothing more was read
 
-    drain(app)  # the workers took the first five: a read of the batch reads on
+    drain(app)  # the workers took the first five: a read changes nothing, a sweep reads on
     client.get(path, headers=bearer(KEY))
+    assert len(job_ids_of(app, batch["id"])) == CAP
+    assert sweep_now(app, batch["id"]) == [keys.BATCH_INGEST_TASK]
     assert len(job_ids_of(app, batch["id"])) == 2 * CAP
     assert settled_at(app, CAP) == CAP
 
-    drain(app)  # and so does the sweeper's turn, without any read
-    sweep(services(app), 0.01, BatchSweeper(services(app), app).resume)
+    drain(app)
+    sweep_now(app, batch["id"])
     assert settled_at(app, LINES - 2 * CAP) == LINES - 2 * CAP
     done = client.get(path, headers=bearer(KEY)).get_json()
     assert done["status"] == "in_progress"

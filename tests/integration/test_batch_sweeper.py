@@ -1,6 +1,7 @@
-"""The web tier's batch sweeper on the test Redis: a batch whose requests all finished gets its
-files and final stage with nobody reading it, one past its window expires, and one process
-sweeps per turn. No worker serves ``bound``: the test runs the jobs as a worker would."""
+"""The batch sweep on the test Redis: it sends a finished batch's settle task, which writes its
+files and final stage with nobody reading it, expires one past its window, resumes a reading
+nobody holds, and gives each turn to one batch consumer. No worker serves ``bound``: the test
+runs the jobs as a worker would, and the sent tasks as the batch consumer would."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections.abc import Callable
 import redis
 from flask import Flask
 
-from tests.faultstack import wait_for
 from tests.file_batches import (
     FIRST,
     bearer,
@@ -21,6 +21,7 @@ from tests.file_batches import (
     jsonl,
     line,
     run_jobs,
+    sweep_now,
     upload,
 )
 from tests.integration.test_files_batches import file_settings, purge
@@ -45,49 +46,42 @@ def stage(redis_client: redis.Redis, batch_id: str) -> str | None:
 def test_a_finished_batch_gets_its_files_with_nobody_reading_it(
     file_settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
 ) -> None:
-    redis_client.delete(keys.batches_unsettled(), keys.batch_sweep())
-    app = make_app(with_files(file_settings, batch_sweep_seconds=0.2))
-    try:
-        swept_alone(app, redis_client)
-    finally:
-        for stop in services(app).on_close:  # the app lives on: its sweeper must not
-            stop()
-    purge(app)
-
-
-def swept_alone(app: Flask, redis_client: redis.Redis) -> None:
+    app = make_app(file_settings)
     client = app.test_client()
     file_id = upload(client, jsonl(line("a"), line("b"), "{bad")).get_json()["id"]
     batch_id = create(client, file_id).get_json()["id"]
     assert redis_client.zscore(keys.batches_unsettled(), batch_id) is not None
+    assert sweep_now(app, batch_id) == [keys.BATCH_SETTLE_TASK]  # not due: left as it is
+    assert stage(redis_client, batch_id) == "in_progress"
     run_jobs(app, job_ids_of(app, batch_id))
-    wait_for(lambda: stage(redis_client, batch_id) == "completed", 10, "the sweeper")
+    assert sweep_now(app, batch_id) == [keys.BATCH_SETTLE_TASK]
+    assert stage(redis_client, batch_id) == "completed"
     assert redis_client.zscore(keys.batches_unsettled(), batch_id) is None
+    assert sweep_now(app, batch_id) == []  # settled: the sweep leaves it
     done = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
     assert done["request_counts"] == {"total": 3, "completed": 2, "failed": 1}
     assert [x["custom_id"] for x in content(client, done["output_file_id"])] == ["a", "b"]
     assert len(content(client, done["error_file_id"])) == 1
+    purge(app)
 
 
-def test_one_process_sweeps_a_turn_and_a_batch_past_its_window_expires(
+def test_one_consumer_sweeps_a_turn_and_a_batch_past_its_window_expires(
     file_settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
 ) -> None:
-    # Only this test's batches are swept (the others' are left in the set by tests that read).
-    redis_client.delete(keys.batches_unsettled(), keys.batch_sweep())
-    settings = with_files(file_settings, batch_window_seconds=1, batch_sweep_seconds=0)
-    app, other = make_app(settings), make_app(settings)
+    app = make_app(with_files(file_settings, batch_window_seconds=1))
     client = app.test_client()
     file_id = upload(client, jsonl(line("a"), line("b"))).get_json()["id"]
     batch_id = create(client, file_id).get_json()["id"]
     first, second = job_ids_of(app, batch_id)
     run_jobs(app, [first])
-    # Not due yet (a request is pending, the window is open): swept, but left as it is.
-    assert sweep(services(app), 0.3) == 0 and stage(redis_client, batch_id) == "in_progress"
-    assert redis_client.zscore(keys.batches_unsettled(), batch_id) is not None
-    time.sleep(1.1)  # the window closes, the turn's lock lapses
-    assert sweep(services(app), 30) == 1
-    # That process holds the turn: another one's sweep does nothing until it lapses.
-    assert sweep(services(other), 30) == 0
+    time.sleep(1.1)  # the window closes
+    redis_client.delete(keys.batch_sweep())
+    sent: list[tuple[str, str]] = []
+    assert sweep(services(app), 30, lambda task, found: sent.append((task, found))) >= 1
+    assert (keys.BATCH_SETTLE_TASK, batch_id) in sent
+    # That consumer holds the turn: another one's sweep sends nothing until it lapses.
+    assert sweep(services(app), 30, lambda task, found: sent.append((task, found))) == 0
+    assert sweep_now(app, batch_id) == [keys.BATCH_SETTLE_TASK]
     assert stage(redis_client, batch_id) == "expired"
     found = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
     assert [x["custom_id"] for x in content(client, found["output_file_id"])] == ["a"]

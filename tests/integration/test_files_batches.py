@@ -1,6 +1,7 @@
 """Files and file batches in process on the test Redis: ownership, limits, per-line failures,
 finalization into output and error files, cancel, expiry, a reading resumed after its process
-died. No worker serves ``bound``: a test runs a job as a worker would (claim, then finish)."""
+died. No worker serves ``bound``: a test runs a job as a worker would (claim, then finish), and
+the batch consumer's tasks as it would (their functions, ``tests.file_batches``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ from tests.file_batches import (
     job_ids_of,
     jsonl,
     line,
+    post_batch,
     run_jobs,
+    settle,
+    sweep_now,
     upload,
 )
 from trickle import keys
@@ -34,6 +38,7 @@ from trickle.jobs import JobStatus
 from trickle.tenants import digest_of_entry
 from web.batches import ingest as batch_ingest
 from web.batches.file_store import CHUNK_BYTES
+from web.batches.tasks import ingest_batch
 from web.services import services
 
 # Small enough that no test body spills to a temporary file in Flask's test client.
@@ -61,9 +66,11 @@ def app(file_settings: Settings, make_app: Callable[[Settings], Flask]) -> Itera
 
 
 def purge(app: Flask) -> None:
+    """The jobs and batch tasks the test sent, which nothing here consumes."""
     celery = services(app).celery
     with celery.connection_for_write() as conn:
-        celery.amqp.queues[keys.model_queue("bound")].bind(conn.default_channel).purge()
+        for queue in (keys.model_queue("bound"), keys.BATCH_QUEUE):
+            celery.amqp.queues[queue].bind(conn.default_channel).purge()
 
 
 @pytest.fixture
@@ -194,7 +201,10 @@ def test_a_file_batch_fails_bad_lines_alone_and_ends_in_two_files(
         assert redis_client.hget(keys.job(job_id), "result_ttl") == str(kept)
     run_jobs(app, job_ids)
     assert redis_client.ttl(keys.job(job_ids[0])) > services(app).settings.limits.result_ttl_seconds
-    done = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
+    read = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
+    assert read["status"] == "in_progress" and read["output_file_id"] is None  # reads only
+    assert read["request_counts"] == {"total": 7, "completed": 2, "failed": 5}
+    done = settle(client, batch["id"]).get_json()
     assert done["status"] == "completed", done
     assert done["request_counts"] == {"total": 7, "completed": 2, "failed": 5}
     assert done["finalizing_at"] is not None and done["completed_at"] is not None
@@ -213,6 +223,26 @@ def test_a_file_batch_fails_bad_lines_alone_and_ends_in_two_files(
     # The same batch read again: final, the same files.
     again = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
     assert again == done
+
+
+def test_the_post_answers_validating_and_the_batch_task_reads_the_input(
+    app: Flask, client: FlaskClient, redis_client: redis.Redis
+) -> None:
+    file_id = upload(client, jsonl(line("a"), line("b"))).get_json()["id"]
+    answered = post_batch(client, file_id).get_json()
+    assert answered["status"] == "validating" and answered["request_counts"]["total"] == 0
+    assert job_ids_of(app, answered["id"]) == []
+    path = f"/v1/batches/{answered['id']}"
+    assert client.get(path, headers=bearer(FIRST)).get_json() == answered  # a read reads only
+    celery = services(app).celery  # the reading went to the batch queue
+    with celery.connection_for_write() as conn:
+        assert conn.default_channel.client.llen(keys.BATCH_QUEUE) >= 1
+    found = ingest_batch(app, answered["id"])
+    assert found is not None and found.stage == "in_progress"
+    assert len(job_ids_of(app, answered["id"])) == 2
+    assert ingest_batch(app, answered["id"]) == found  # run again: nothing more is read
+    assert len(job_ids_of(app, answered["id"])) == 2
+    purge(app)
 
 
 def test_bad_batch_requests_name_the_field(client: FlaskClient) -> None:
@@ -263,7 +293,8 @@ def test_a_cancelled_batch_ends_cancelled_with_its_lines_in_the_error_file(
     batch = create(client, file_id).get_json()
     run_jobs(app, job_ids_of(app, batch["id"])[:1])
     cancelled = client.post(f"/v1/batches/{batch['id']}/cancel", headers=bearer(FIRST))
-    found = cancelled.get_json()
+    assert cancelled.get_json()["status"] == "cancelling"  # the settle task writes the files
+    found = settle(client, batch["id"]).get_json()
     assert found["status"] == "cancelled", found  # b was queued: canceled at once
     assert found["cancelling_at"] is not None and found["cancelled_at"] is not None
     assert found["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
@@ -282,7 +313,7 @@ def test_a_batch_past_its_window_expires(
     batch = create(client, file_id).get_json()
     run_jobs(app, job_ids_of(app, batch["id"])[:1])
     time.sleep(1.1)
-    found = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
+    found = settle(client, batch["id"]).get_json()
     assert found["status"] == "expired" and found["expired_at"] is not None
     assert [x["custom_id"] for x in content(client, found["output_file_id"])] == ["a"]
     (error,) = content(client, found["error_file_id"])
@@ -302,19 +333,63 @@ def test_a_reading_cut_short_is_resumed_and_reads_every_line_once(
 
     def dies_after_one(*args: Any) -> Any:
         if groups:
-            raise RuntimeError("the web process died here")
+            raise RuntimeError("the batch task's process died here")
         groups.append(1)
         return real(*args)
 
     monkeypatch.setattr(batch_ingest, "_write_group", dies_after_one)
-    assert create(client, file_id).status_code == 500
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    with pytest.raises(RuntimeError):
+        ingest_batch(app, batch_id)
     monkeypatch.setattr(batch_ingest, "_write_group", real)
-    (batch_id,) = services(app).redis.zrange(keys.batches_of(_digest(FIRST)), -1, -1)
-    resumed = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
+    path = f"/v1/batches/{batch_id}"
+    cut = client.get(path, headers=bearer(FIRST)).get_json()
+    assert (
+        cut["status"] == "validating"
+        and cut["request_counts"]["total"] == batch_ingest.INGEST_LINES
+    )
+    assert sweep_now(app, batch_id) == [keys.BATCH_INGEST_TASK]  # the sweep resumes it
+    resumed = client.get(path, headers=bearer(FIRST)).get_json()
     assert resumed["status"] == "in_progress" and resumed["request_counts"]["total"] == count
     entries = services(app).redis.lrange(keys.batch_items(batch_id), 0, -1)
     assert [json.loads(x)["custom_id"] for x in entries] == [f"r{i}" for i in range(count)]
     assert len(set(job_ids_of(app, batch_id))) == count
+
+
+def test_two_readings_of_one_batch_write_each_line_once(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reading too slow to renew its lease meets the one the sweep started meanwhile: each
+    group is written by one of them, and the other takes its jobs back and stops."""
+    count = batch_ingest.INGEST_LINES * 2 + 30
+    file_id = upload(client, jsonl(*(line(f"t{i}") for i in range(count)))).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    real = batch_ingest._write_group
+
+    def slow_first(*args: Any) -> Any:
+        monkeypatch.setattr(batch_ingest, "_write_group", real)
+        services(app).redis.delete(keys.batch_ingest(batch_id))  # its lease lapsed
+        ingest_batch(app, batch_id)  # the sweep's reading, to the end
+        return real(*args)  # the slow one's first group, too late
+
+    store = services(app).store
+    delete_unpublished = store.delete_unpublished
+    taken: list[str] = []
+
+    def take_back(job_ids: list[str], *rest: Any) -> None:
+        taken.extend(job_ids)
+        delete_unpublished(job_ids, *rest)
+
+    monkeypatch.setattr(batch_ingest, "_write_group", slow_first)
+    monkeypatch.setattr(store, "delete_unpublished", take_back)
+    found = ingest_batch(app, batch_id)
+    assert found is not None and (found.stage, found.total) == ("in_progress", count)
+    entries = services(app).redis.lrange(keys.batch_items(batch_id), 0, -1)
+    assert [json.loads(x)["custom_id"] for x in entries] == [f"t{i}" for i in range(count)]
+    named = set(job_ids_of(app, batch_id))
+    assert len(named) == count and len(taken) == batch_ingest.INGEST_LINES
+    assert not named & set(taken) and not any(store.get(job_id) for job_id in taken)
+    purge(app)
 
 
 def test_a_jsonl_body_batch_ends_in_files_too(app: Flask, client: FlaskClient) -> None:
@@ -322,6 +397,7 @@ def test_a_jsonl_body_batch_ends_in_files_too(app: Flask, client: FlaskClient) -
     batch = client.post("/v1/batches", data=body, headers=bearer(FIRST)).get_json()
     assert batch["input_file_id"] is None and batch["status"] == "in_progress"
     run_jobs(app, job_ids_of(app, batch["id"]))
+    assert sweep_now(app, batch["id"]) == [keys.BATCH_SETTLE_TASK]
     done = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
     assert done["status"] == "completed" and done["request_counts"]["failed"] == 1
     assert [x["custom_id"] for x in content(client, done["output_file_id"])] == ["a"]
@@ -345,7 +421,7 @@ def test_a_cancel_while_the_input_is_read_stops_the_reading_and_its_jobs(
         return written
 
     monkeypatch.setattr(batch_ingest, "_write_group", cancelled_meanwhile)
-    batch = create(client, file_id).get_json()
+    batch = settle(client, create(client, file_id).get_json()["id"]).get_json()
     assert batch["status"] == "cancelled", batch
     assert batch["request_counts"] == {
         "total": batch_ingest.INGEST_LINES, "completed": 0, "failed": batch_ingest.INGEST_LINES
@@ -364,7 +440,10 @@ def test_an_idempotency_key_makes_one_file_batch(app: Flask, client: FlaskClient
     headers = {**bearer(FIRST), "Idempotency-Key": f"once-{time.time()}"}
     first = client.post("/v1/batches", json=body, headers=headers).get_json()
     again = client.post("/v1/batches", json=body, headers=headers).get_json()
-    assert again["id"] == first["id"] and len(job_ids_of(app, first["id"])) == 2
+    assert again["id"] == first["id"]
+    ingest_batch(app, first["id"])  # each POST sent the reading: it runs once
+    ingest_batch(app, first["id"])
+    assert len(job_ids_of(app, first["id"])) == 2
     changed = client.post("/v1/batches", json={**body, "metadata": {"x": "y"}}, headers=headers)
     assert changed.status_code == 422
 

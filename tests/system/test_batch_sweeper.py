@@ -1,5 +1,6 @@
-"""The batch sweeper in a real web process (gunicorn + gevent): a file batch's output file is
-written and listed, and the batch completed, while nobody reads the batch."""
+"""The batch sweep in the real batch consumer (Celery beat in it, the tasks on the batch queue):
+a file batch's output file is written and listed, and the batch completed, while nobody reads
+the batch."""
 
 from __future__ import annotations
 
@@ -51,11 +52,11 @@ def test_a_batch_nobody_reads_gets_its_output_file(sweep_stack: FaultStack) -> N
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     name = f"{batch.id}_output.jsonl"
-    # Files are listed, the batch is never read: only the sweeper can have written this one.
+    # Files are listed, the batch is never read: only the sweep's task can have written this one.
     output = wait_for(
         lambda: next((f for f in client.files.list() if f.filename == name), None),
         60,
-        "the sweeper to write the output file",
+        "the sweep to write the output file",
     )
     store = redis.Redis(port=sweep_stack.redis_port, decode_responses=True)
     assert store.hget(keys.batch(batch.id), "stage") == "completed"
@@ -64,5 +65,5 @@ def test_a_batch_nobody_reads_gets_its_output_file(sweep_stack: FaultStack) -> N
     assert found.status == "completed" and found.output_file_id == output.id
     text = client.files.content(output.id).text
     assert [json.loads(x)["custom_id"] for x in text.splitlines()] == ["a", "b"]
-    web_log = (sweep_stack.log_dir / "web.log").read_text("utf-8", "replace")
-    assert "batch sweep" not in web_log  # no sweep failed or was skipped
+    batch_log = (sweep_stack.log_dir / "batch.log").read_text("utf-8", "replace")
+    assert f"batch {batch.id}: completed" in batch_log and "Traceback" not in batch_log

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -107,6 +108,22 @@ def test_up_runs_the_procfile_and_stops_everything_on_sigterm(config_path: Path)
             timeout=40,
         ).json()
         assert job["status"] == "succeeded" and job["usage"]["completion_tokens"] == 8
+        # The Procfile's batch line runs too: a file batch is read and settled by it.
+        line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                "body": {"model": "demo", "prompt": "The", "max_tokens": 2}}  # fmt: skip
+        files = {"file": ("in.jsonl", json.dumps(line).encode() + b"\n")}
+        uploaded = requests.post(f"{base}/v1/files", data={"purpose": "batch"}, files=files,
+                                 timeout=30).json()  # fmt: skip
+        batch = requests.post(f"{base}/v1/batches", timeout=30, json={
+            "input_file_id": uploaded["id"], "endpoint": "/v1/completions",
+            "completion_window": "24h"}).json()  # fmt: skip
+
+        def completed() -> dict[str, Any] | None:
+            found = requests.get(f"{base}/v1/batches/{batch['id']}", timeout=10).json()
+            return found if found["status"] == "completed" else None
+
+        done = wait_for(completed, 60, "the batch consumer to complete a batch", interval=0.2)
+        assert done["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
     finally:
         up.send_signal(signal.SIGTERM)
         try:
@@ -116,4 +133,5 @@ def test_up_runs_the_procfile_and_stops_everything_on_sigterm(config_path: Path)
             output, _ = up.communicate()
     assert up.returncode == 0, output
     assert f"embedded Redis on 127.0.0.1:{redis_port}" in output
+    assert "batch.1 started" in output
     assert not port_in_use(redis_port) and not port_in_use(web_port)  # nothing outlives it

@@ -47,7 +47,12 @@ def environment(container: dict[str, Any]) -> dict[str, str]:
 
 def test_workloads_select_their_own_pods_and_load_a_valid_config() -> None:
     workloads = {**by_kind("Deployment"), **by_kind("StatefulSet")}
-    assert set(workloads) == {"trickle-web", "trickle-worker-demo", "trickle-redis"}
+    assert set(workloads) == {
+        "trickle-web",
+        "trickle-worker-demo",
+        "trickle-batch",
+        "trickle-redis",
+    }
     services = by_kind("Service")
     for name, workload in workloads.items():
         selector = workload["spec"]["selector"]["matchLabels"]
@@ -100,7 +105,7 @@ def test_keda_watches_the_scaling_endpoint_and_no_broker_key(stack_url: str) -> 
 def test_compose_runs_redis_with_aof_web_and_workers() -> None:
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"redis", "web", "worker"}
+    assert set(services) == {"redis", "web", "worker", "batch"}
     assert "--appendonly" in services["redis"]["command"]
     assert (
         services["redis"]["command"][services["redis"]["command"].index("--appendonly") + 1]
@@ -108,7 +113,7 @@ def test_compose_runs_redis_with_aof_web_and_workers() -> None:
     )
     assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
     procfile = (PROJECT_ROOT / "Procfile").read_text()
-    for name in ("web", "worker"):
+    for name in ("web", "worker", "batch"):
         service = services[name]
         assert service["environment"]["TRICKLE_REDIS_URL"] == "redis://redis:6379/0"
         assert "redis" in service["depends_on"]

@@ -107,6 +107,7 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("", {"TRICKLE__MODELS__DEMO__DEVICE": "tpu"}, "device"),
         ("[web\n", {}, "line 1"),
         ("", {"TRICKLE_BROKER_URL": "kafka://x"}, "broker.url"),
+        ("[files]\nbatch_sweep_seconds = 0\n", {}, "files.batch_sweep_seconds"),
         ("[tuning]\ngil_switch_interval_ms = -1\n", {}, "tuning.gil_switch_interval_ms"),
         ("", {"TRICKLE__TUNING__PUBLISH_MAX_INTERVAL_MS": "-5"}, "tuning.publish_max_interval_ms"),
         ("", {"TRICKLE__MODELS__DEMO__TUNING__OVERFLOW_LANES": "-1"}, "demo.tuning.overflow_lanes"),

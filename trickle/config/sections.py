@@ -156,9 +156,10 @@ class FileSettings(Section):
     # How long a batch's finished requests keep their results (and the batch its record) for
     # its output files, however long ``limits.result_ttl_seconds`` is: its completion window.
     batch_window_seconds: int = 86_400
-    # How often one web process (a Redis lock picks it) settles every batch that has finished
-    # or outlived its window, so its files exist without a read; 0: only reads settle them.
-    batch_sweep_seconds: float = 30.0
+    # How often the batch consumer (a Redis lock picks one) sweeps the unsettled batches: each
+    # finished or expired one is settled into its files, a stalled reading is resumed. A read
+    # never settles a batch, so this is how long a finished batch may still show in_progress.
+    batch_sweep_seconds: float = 5.0
 
 
 @dataclass(frozen=True)

@@ -302,6 +302,8 @@ def _check(settings: Settings) -> None:
         raise ConfigError("autoscale.max_batch_workers must be >= 0 (0: idle capacity only)")
     if settings.worker.republish_after_seconds <= 0:
         raise ConfigError("worker.republish_after_seconds must be > 0")
+    if settings.files.batch_sweep_seconds <= 0:  # the sweep is what settles a batch
+        raise ConfigError("files.batch_sweep_seconds must be > 0")
     if "+cluster://" in settings.broker_url:
         raise ConfigError(
             "broker.url: Celery's queue cannot live on a Redis Cluster (kombu's Redis transport "

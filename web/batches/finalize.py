@@ -1,11 +1,12 @@
 """Ending a batch: its output and error files, written once every request has finished.
 
-Each web process's sweeper (``web.batches.sweeper``) settles batches that are due, and so does
-the first read of one (``GET /v1/batches/<id>``, the list) that finds all its requests
-finished, or its window over: whichever comes first writes the files, holding a lease so two
-never both do. The requests' results outlive ``limits.result_ttl_seconds`` for this
-(a batch's jobs keep theirs ``files.batch_window_seconds`` longer: ``batch_result_ttl``), and
-the files then keep them for ``files.retention_seconds``.
+The batch consumer's settle task (``web.batches.tasks``, sent by each sweep and by a cancel)
+writes them once it finds all the batch's requests finished, or its window over, holding a
+lease so two tasks never both do; the files appear with the final stage, in one step, so a
+task that dies midway leaves the batch to the next one, which writes them anew. The requests'
+results outlive ``limits.result_ttl_seconds`` for this (a batch's jobs keep theirs
+``files.batch_window_seconds`` longer: ``batch_result_ttl``), and the files then keep them
+for ``files.retention_seconds``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from collections import Counter
 
 from trickle import keys
 from web.admission.submission import cancel_many
-from web.batches.file_store import FileWriter
+from web.batches.file_store import FileRecord
 from web.batches.output import counts, finished_slices, output_line, slices
 from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
 from web.services import Services
 
 FINALIZE_LEASE_SECONDS = 120
-# Lines between two turns of the event loop while the files are written.
-YIELD_EVERY = 25
 
 
 def batch_result_ttl(svc: Services) -> int:
@@ -72,7 +71,7 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
         if expired and batch.cancelling_at is None:
             batch.expired_at = time.time()  # its unfinished lines fail as batch_expired
             cancel_pending(svc, store, batch)
-        outputs = _write_files(svc, store, batch)
+        written, outputs = _write_files(svc, store, batch)
         if batch.cancelling_at is not None:
             batch.stage, batch.cancelled_at = "cancelled", time.time()
         elif batch.expired_at is not None:
@@ -80,8 +79,14 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
         else:
             batch.stage, batch.completed_at = "completed", time.time()
         batch.output_file_id, batch.error_file_id, batch.completed, batch.failed = outputs
+        # The files appear with the final stage, in one step: a task that dies before it
+        # leaves no file behind, and the next one writes them anew.
+        pipe = svc.files.redis.pipeline(transaction=not svc.store.cluster)
+        for record in written:
+            svc.files.commit(record, pipe)
         store.update(
             batch.id,
+            pipe,
             stage=batch.stage,
             cancelled_at=batch.cancelled_at,
             expired_at=batch.expired_at,
@@ -91,7 +96,8 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
             completed=batch.completed,
             failed=batch.failed,
         )
-        store.settled(batch.id)
+        store.settled(batch.id, pipe)
+        pipe.execute()
     finally:
         svc.redis.delete(lease)
     return batch
@@ -110,9 +116,10 @@ def cancel_pending(svc: Services, store: BatchStore, batch: BatchRecord) -> None
 
 def _write_files(
     svc: Services, store: BatchStore, batch: BatchRecord
-) -> tuple[str | None, str | None, int, int]:
+) -> tuple[list[FileRecord], tuple[str | None, str | None, int, int]]:
     """The output file (requests that succeeded) and the error file (the rest), in input
-    order; a file with no line is not made. Returns their ids and line counts."""
+    order; a file with no line is not made. Returns their records (written, not committed)
+    and their ids and line counts."""
     files = svc.files
     # Counted against the owner's storage (a batch's output may be thousands of times its
     # input), never refused: the requests ran, their results are kept whole.
@@ -126,22 +133,20 @@ def _write_files(
         target = output if line["error"] is None else errors
         target.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
         written[id(target)] += 1
-        if index % YIELD_EVERY == 0:
-            time.sleep(0)  # each line is parsed again to render its body: take turns
+    records: list[FileRecord] = []
     ids: list[str | None] = []
     for writer, name in ((output, "output"), (errors, "error")):
-        ids.append(_keep(svc, batch, writer, name) if written[id(writer)] else None)
-        if not written[id(writer)]:
+        if written[id(writer)]:
+            writer.finish()
+            records.append(
+                files.record_for(writer, batch.owner, _filename(batch, name), "batch_output")
+            )
+            ids.append(writer.file_id)
+        else:
             writer.discard()
-    return ids[0], ids[1], written[id(output)], written[id(errors)]
+            ids.append(None)
+    return records, (ids[0], ids[1], written[id(output)], written[id(errors)])
 
 
 def _filename(batch: BatchRecord, name: str) -> str:
     return f"{batch.id}_{name}.jsonl"
-
-
-def _keep(svc: Services, batch: BatchRecord, writer: FileWriter, name: str) -> str:
-    writer.finish()
-    files = svc.files
-    files.commit(files.record_for(writer, batch.owner, _filename(batch, name), "batch_output"))
-    return writer.file_id

@@ -1,25 +1,27 @@
-"""Reading a file batch's input into jobs, ``INGEST_LINES`` lines at a time.
+"""Reading a file batch's input into jobs, ``INGEST_LINES`` lines at a time, in the batch
+consumer's ingest task (``web.batches.tasks``).
 
-The input file is read a chunk at a time and each group of lines is written in one transaction
-(its jobs, its items, and how far the input has been read), then sent to the queues, then the
-event loop gets a turn: a 10,000-line batch never sits whole in a web process, and never holds
-its other requests for longer than one group. A lease names the process reading; if that
-process dies, the next read of the batch finds the lease gone and resumes from the offset
-recorded with the last group, so every line becomes jobs exactly once.
+The input file is read a chunk at a time; each group of lines' jobs are recorded, then its
+items and how far the input has been read are written in one script, only if the recorded
+offset is still the one this reading started the group from (``BatchStore.append_group``), then
+the jobs are sent to the queues: a 10,000-line batch never sits whole in memory. A lease
+(renewed every group) names the task reading; if its process dies, the lease lapses and the
+next sweep (or the task's redelivery) resumes from the offset recorded with the last group.
+A reading too slow to renew its lease in time may meet the one that resumed it: the offset
+check lets one of them write each group, the other takes its jobs back and stops, so every line
+becomes jobs exactly once.
 
 A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses before the
 first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
-``validating`` with its offset, and a later read of the batch or the sweeper's next turn
-resumes it once the workers have taken jobs.
+``validating`` with its offset, and a later sweep resumes it once the workers have taken jobs.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
 
 from trickle import keys
 from trickle.jobs import BATCH_PRIORITY, Job
@@ -37,9 +39,8 @@ from web.common.errors import HttpError
 from web.services import Services
 
 INGEST_LINES = 200
-INGEST_LEASE_SECONDS = 30
-# Lines between two turns of the event loop, inside a group.
-YIELD_EVERY = 25
+# A group takes well under a second: a reading whose process died resumes this much later.
+INGEST_LEASE_SECONDS = 10
 
 
 def count_lines(svc: Services, file_id: str) -> int:
@@ -48,8 +49,22 @@ def count_lines(svc: Services, file_id: str) -> int:
     return sum(1 for _end, line in lines if line.strip())
 
 
+class ReadingTaken(Exception):
+    """Another reading of the batch wrote the group this one was about to write."""
+
+
+@dataclass
+class Reading:
+    """How far a reading has come: what the batch's record holds after its last group."""
+
+    offset: int  # input bytes read into items
+    number: int  # lines read (the batch's total)
+    jobs_made: int = 0
+    seen: set[str] = field(default_factory=set)  # custom_ids read
+
+
 def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
-    """Reads the rest of the batch's input into jobs unless another process is at it; the
+    """Reads the rest of the batch's input into jobs unless another task is at it; the
     batch is ``in_progress`` once the whole input is read."""
     lease = keys.batch_ingest(batch.id)
     if not svc.redis.set(lease, "1", nx=True, ex=INGEST_LEASE_SECONDS):
@@ -58,32 +73,33 @@ def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
         latest = store.record(batch.id) or batch  # a resumed read starts where the last stopped
         if latest.stage == "validating":
             _ingest(svc, store, latest, lease)
-        return store.record(batch.id) or latest
+    except ReadingTaken:  # a slow reading met the one that resumed it: that one goes on
+        return store.record(batch.id) or batch
     finally:
         svc.redis.delete(lease)
+    return store.record(batch.id) or latest
 
 
 def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) -> None:
-    seen, jobs_made = _read_so_far(store, batch)
-    offset = batch.ingest_offset or 0
-    number = batch.total
+    if batch.cancelling_at is not None:  # cancelled before its reading began (or resumed)
+        cancel_pending(svc, store, batch)
+        _read(svc, batch)
+        store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+        return
+    reading = _read_so_far(store, batch)
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
     max_line = svc.settings.web.max_body_bytes
-    read_to = offset
-    for end, line in lines_of(svc.files.chunks(batch.input_file_id), offset, max_line):
+    read_to = reading.offset
+    for end, line in lines_of(svc.files.chunks(batch.input_file_id), read_to, max_line):
         read_to = end
         if line.strip():
             group.append((end, line))
         if len(group) == INGEST_LINES:
-            number, jobs_made, paused = _write_group(
-                svc, store, batch, group, number, seen, jobs_made
-            )
-            if paused:  # the key's queue is full: the rest waits (module docstring)
-                return
+            if _write_group(svc, store, batch, group, reading):
+                return  # the key's queue is full: the rest waits (module docstring)
             svc.redis.expire(lease, INGEST_LEASE_SECONDS)
             group = []
-            time.sleep(0)  # under gevent: the process's other requests run between groups
             latest = store.record(batch.id)
             if latest is None:  # the batch expired meanwhile
                 return
@@ -92,7 +108,7 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
                 _read(svc, batch)
                 store.update(batch.id, stage="in_progress", in_progress_at=time.time())
                 return
-    if group and _write_group(svc, store, batch, group, number, seen, jobs_made)[2]:
+    if group and _write_group(svc, store, batch, group, reading):
         return
     _read(svc, batch)
     if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
@@ -123,19 +139,18 @@ def _fail_cut_short(svc: Services, store: BatchStore, batch: BatchRecord, read_t
     store.update(batch.id, stage="failed", failed_at=now, errors=[error])
 
 
-def _read_so_far(store: BatchStore, batch: BatchRecord) -> tuple[set[str], int]:
-    """The custom_ids and job count of the items already read (a resumed read goes on)."""
-    seen: set[str] = set()
-    jobs = 0
+def _read_so_far(store: BatchStore, batch: BatchRecord) -> Reading:
+    """Where the batch's reading stands (a resumed read goes on from there)."""
+    reading = Reading(batch.ingest_offset or 0, batch.total)
     start = 0
     while start < batch.total:
         items = store.items(batch.id, start, 1000)
         if not items:
             break
-        seen.update(item.custom_id for item in items if item.custom_id)
-        jobs += sum(len(item.job_ids) for item in items)
+        reading.seen.update(item.custom_id for item in items if item.custom_id)
+        reading.jobs_made += sum(len(item.job_ids) for item in items)
         start += len(items)
-    return seen, jobs
+    return reading
 
 
 def _write_group(
@@ -143,20 +158,21 @@ def _write_group(
     store: BatchStore,
     batch: BatchRecord,
     group: list[tuple[int, bytes]],
-    number: int,
-    seen: set[str],
-    jobs_made: int,
-) -> tuple[int, int, bool]:
-    """One group of lines: its jobs, its items and the new offset in one transaction, then
-    the jobs to the queues. Returns the lines and jobs read so far, and whether the reading
-    paused at a line the key's queue has no room for yet (it is read again on resuming)."""
+    reading: Reading,
+) -> bool:
+    """One group of lines: its jobs recorded, then its items and the new offset if no other
+    reading wrote this group first (else its jobs are taken back: ``ReadingTaken``), then the
+    jobs to the queues; ``reading`` moves on. Returns whether the reading paused at a line
+    the key's queue has no room for yet (it is read again on resuming)."""
     items: list[BatchItem] = []
     jobs: list[Job] = []
     room = KeyRoom(svc, current_key())
-    offset, paused = group[0][0], False
+    number, offset, paused = reading.number, reading.offset, False
     try:
         for end, raw in group:
-            item, item_jobs = _item(svc, batch, number + 1, raw, seen, jobs_made + len(jobs))
+            item, item_jobs = _item(
+                svc, batch, number + 1, raw, reading.seen, reading.jobs_made + len(jobs)
+            )
             if not room.take(item_jobs):
                 paused = True
                 break
@@ -164,10 +180,8 @@ def _write_group(
             offset = end
             items.append(item)
             jobs += item_jobs
-            if number % YIELD_EVERY == 0:
-                time.sleep(0)  # a line costs a parse, a template and a tokenization: take turns
         if not items:
-            return number, jobs_made, paused
+            return paused
         if jobs:
             try:
                 svc.rate_limiter.admit(admission_cost(jobs))
@@ -177,22 +191,23 @@ def _write_group(
                         _refuse(item, exc)
                 jobs = []
 
-        def writes(pipe: Any) -> None:
-            pipe.rpush(keys.batch_items(batch.id), *[json.dumps(it.to_dict()) for it in items])
-            store.update(batch.id, pipe, total=number, ingest_offset=offset)
-
-        svc.store.create_many(jobs, also=writes)
+        svc.store.create_many(jobs)  # first: an item never names a job that does not exist
+        if not store.append_group(batch.id, items, reading.offset, offset, number):
+            svc.store.delete_unpublished([job.id for job in jobs])
+            raise ReadingTaken(batch.id)
         if jobs:
             enqueue_many(svc, jobs, recorded=True, on_sent=room.hand_over())
     finally:
         room.release()  # a no-op once the fan-out owns the places
-    return number, jobs_made + len(jobs), paused
+    reading.number, reading.offset = number, offset
+    reading.jobs_made += len(jobs)
+    return paused
 
 
 class KeyRoom:
     """The places a named key's ``max_queued_jobs`` leaves its batch jobs, per model: a line
     whose jobs find none waits (the reading pauses and resumes later, on a read of the batch
-    or the sweeper's turn) instead of failing ``key_queue_full``. The places are reserved with
+    or the sweep's turn) instead of failing ``key_queue_full``. The places are reserved with
     the jobs accepted but not yet sent (``web.batch_pending``), so a group's lines, or two
     batches, never overshoot the cap. A line that could never fit fails as it did."""
 

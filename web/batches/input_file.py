@@ -1,20 +1,22 @@
 """``POST /v1/batches`` as OpenAI's client sends it: ``input_file_id``, ``endpoint``,
 ``completion_window``, ``metadata``.
 
-The batch is recorded ``validating`` (so a concurrent read sees it), then its input file is read
-into jobs group by group (``web.batch_ingest``); the answer is the batch once the input is read,
-or as far as a named key's ``max_queued_jobs`` lets it be read for now (the rest waits).
-A malformed line fails on its own, in the error file; an input that cannot make a batch at all
-(no line, more than ``limits.max_batch_requests``) makes a ``failed`` batch with ``errors``.
+The request only checks the request and counts the input's lines: the batch is recorded
+``validating`` and answered at once, and the batch consumer reads its input into jobs, group by
+group (``web.batches.tasks``, ``web.batches.ingest``). A malformed line fails on its own, in
+the error file; an input that cannot make a batch at all (no line, more than
+``limits.max_batch_requests``) makes a ``failed`` batch with ``errors``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
+from trickle.queue import BROKER_ERRORS, enqueue_batch_task
 from web.admission.auth import current_owner
 from web.admission.idempotency import (
     HEADER,
@@ -27,7 +29,7 @@ from web.admission.idempotency import (
 )
 from web.batches.file_store import FileRecord
 from web.batches.files import visible_file
-from web.batches.ingest import count_lines, ingest
+from web.batches.ingest import count_lines
 from web.batches.lines import BATCH_ENDPOINTS
 from web.batches.quota import hold_batch_storage
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
@@ -35,6 +37,7 @@ from web.common.body import parse_json
 from web.common.errors import invalid, too_many
 from web.services import Services
 
+log = logging.getLogger(__name__)
 FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
 COMPLETION_WINDOWS = ("24h",)
 MAX_METADATA_PAIRS = 16
@@ -84,7 +87,10 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
         readers = keys.file_readers(source.id)  # the file is kept until its reading ends
         svc.redis.sadd(readers, batch.id)
         svc.redis.expire(readers, svc.settings.files.retention_seconds)
-        batch = ingest(svc, store, batch)
+        try:
+            enqueue_batch_task(svc.celery, keys.BATCH_INGEST_TASK, batch.id)
+        except BROKER_ERRORS as exc:  # recorded: the next sweep sends its reading
+            log.warning("batch %s: its reading waits for the sweep: %s", batch.id, exc)
     return batch
 
 

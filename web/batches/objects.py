@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import cast
 
+from web.batches.output import counts
 from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
 from web.common.response_models import Batch, BatchErrors, BatchStatus, Queued
 from web.services import Services
@@ -63,6 +64,14 @@ def next_start(svc: Services, store: BatchStore, batch: Batch) -> Queued | None:
     items = store.items(batch["id"], done, NEXT_START_ITEMS)
     found = svc.waiting.first_of(job_id for item in items for job_id in item.job_ids)
     return None if found is None else queued_object(found.position, found.eta_seconds)
+
+
+def current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
+    """The batch as its record and its requests' states tell it now (read only: the batch
+    consumer reads its input and writes its files). Only a batch in between counts its
+    requests' states: one still read has none yet, a final one counts its files' lines."""
+    counted = batch.stage not in FINAL_STAGES and batch.stage != "validating"
+    return batch_object(svc, batch, counts(store, batch) if counted else Counter())
 
 
 def _seconds(moment: float | None) -> int | None:

@@ -3,7 +3,9 @@ it, ``web.batches.input_file``) or from JSONL in the body; poll, list, cancel, r
 
 Every valid line becomes Trickle jobs at batch priority on the same queues: workers always take
 interactive jobs first, and batch jobs still share the engine's batching with everyone else.
-A batch ends with an output file and an error file (``web.batches.finalize``).
+A batch ends with an output file and an error file (``web.batches.finalize``), written by the
+batch consumer's tasks (``web.batches.tasks``), which also read a file batch's input: the
+routes here only record, read and cancel, and a read never writes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from werkzeug.formparser import FormDataParser
 
 from trickle import keys
 from trickle.jobs import BATCH_PRIORITY, Job
+from trickle.queue import BROKER_ERRORS, enqueue_batch_task
 from web.admission.auth import current_key, current_owner
 from web.admission.idempotency import (
     HEADER,
@@ -35,11 +38,10 @@ from web.admission.key_policy import check_key_policy
 from web.admission.ratelimit import counted_read
 from web.admission.submission import admission_cost, enqueue_many
 from web.batches.files import cursor_page, page_limit
-from web.batches.finalize import batch_result_ttl, batch_store, cancel_pending, settle
-from web.batches.ingest import ingest
+from web.batches.finalize import batch_result_ttl, batch_store, cancel_pending
 from web.batches.input_file import create_file_batch, file_batch_request
 from web.batches.lines import check_line_sizes, parse_line, parse_request
-from web.batches.objects import batch_object, next_start
+from web.batches.objects import current_object, next_start
 from web.batches.output import finished_slices, output_line
 from web.batches.pending import Reservation
 from web.batches.quota import hold_batch_storage
@@ -213,8 +215,7 @@ def _take_back(svc: Services, jobs: list[Job]) -> None:
 
 def _created_response(svc: Services, batch: BatchRecord, job_ids: list[str]) -> Response:
     try:
-        found, tally = settle(svc, _store(svc), batch)
-        response = jsonify(batch_object(svc, found, tally))
+        response = jsonify(current_object(svc, _store(svc), batch))
     except redis.RedisError as exc:  # created: name its jobs, never a 5xx that hides them
         raise unavailable(
             f"job store (Redis) unavailable after creating batch {batch.id}: {exc}", job_ids
@@ -295,10 +296,9 @@ def list_batches() -> Response:
         if len(objects) > limit:  # one more than the page tells has_more
             break
         found = store.record(batch_id)
-        if found is None:  # expired: its index entry goes too
-            svc.redis.zrem(keys.batches_of(owner), batch_id)
+        if found is None:  # expired (its entry leaves the index at the owner's next batch)
             continue
-        objects.append(_current_object(svc, store, found))
+        objects.append(current_object(svc, store, found))
     return jsonify(cursor_page(objects, limit))
 
 
@@ -306,19 +306,11 @@ def list_batches() -> Response:
 def get_batch(batch_id: str) -> Response:
     svc = services()
     store = _store(svc)
-    found = _current_object(svc, store, _visible_record(svc, store, batch_id))
+    found = current_object(svc, store, _visible_record(svc, store, batch_id))
     queued = next_start(svc, store, found)
     if queued is not None:
         found["queued"] = queued
     return jsonify(found)
-
-
-def _current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
-    """The batch now: a reading whose process died is resumed, a finished batch finalized."""
-    if batch.stage == "validating" and not svc.redis.exists(keys.batch_ingest(batch.id)):
-        batch = ingest(svc, store, batch)
-    found, tally = settle(svc, store, batch)
-    return batch_object(svc, found, tally)
 
 
 @blueprint.post("/v1/batches/<batch_id>/cancel")
@@ -330,7 +322,11 @@ def cancel_batch(batch_id: str) -> Response:
         batch.cancelling_at = time.time()
         store.mark_cancelled(batch_id, batch.cancelling_at)
         cancel_pending(svc, store, batch)
-    return jsonify(_current_object(svc, store, batch))
+        try:  # its files now rather than at the next sweep
+            enqueue_batch_task(svc.celery, keys.BATCH_SETTLE_TASK, batch_id)
+        except BROKER_ERRORS as exc:
+            log.warning("batch %s: settled at the next sweep: %s", batch_id, exc)
+    return jsonify(current_object(svc, store, batch))
 
 
 @blueprint.get("/v1/batches/<batch_id>/output")
@@ -339,9 +335,8 @@ def batch_output(batch_id: str) -> Response:
     """OpenAI Batch output JSONL for the requests that have finished, in input order."""
     svc = services()
     store = _store(svc)
-    batch = _visible_record(svc, store, batch_id)
-    found, tally = settle(svc, store, batch)
-    status = batch_object(svc, found, tally)["status"]
+    found = _visible_record(svc, store, batch_id)
+    status = current_object(svc, store, found)["status"]
 
     def lines() -> Iterator[str]:
         for index, item, state, jobs in finished_slices(svc, store, found):

@@ -18,6 +18,14 @@ from trickle import keys
 from web.common.turns import in_turns
 
 BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
+# A group of read lines is appended only if the batch's read offset is still the one its
+# reading started from: KEYS batch, items; ARGV offset from, offset to, total, item entries.
+APPEND_GROUP = """
+if redis.call('HGET', KEYS[1], 'ingest_offset') ~= ARGV[1] then return 0 end
+if #ARGV > 3 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 4)) end
+redis.call('HSET', KEYS[1], 'ingest_offset', ARGV[2], 'total', ARGV[3])
+return 1
+"""
 # A refused line's stored error message is cut here: some messages quote the input (a model
 # name), and the input may be as long as the whole batch allows.
 MAX_ERROR_MESSAGE_CHARS = 500
@@ -172,6 +180,7 @@ class BatchStore:
     def __init__(self, client: redis.Redis, ttl_seconds: int):
         self.redis: Any = client
         self.ttl_seconds = ttl_seconds
+        self._append_group = client.register_script(APPEND_GROUP)
 
     def create(self, batch: BatchRecord, items: list[BatchItem]) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -184,17 +193,20 @@ class BatchStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.batches_of(batch.owner), {batch.id: batch.created_at})
         pipe.expire(keys.batches_of(batch.owner), self.ttl_seconds)
+        # Batches whose record has expired leave the owner's list (a list only reads).
+        older = batch.created_at - self.ttl_seconds
+        pipe.zremrangebyscore(keys.batches_of(batch.owner), "-inf", older)
         pipe.zadd(keys.batches_unsettled(), {batch.id: batch.created_at})
         # Batches no sweep saw end (sweeping off) leave the set once their record is gone.
-        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", batch.created_at - self.ttl_seconds)
+        pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", older)
         pipe.execute()
 
     def unsettled(self) -> list[str]:
         """The batches not yet in a final stage (or gone since), oldest first."""
         return list(self.redis.zrange(keys.batches_unsettled(), 0, -1))
 
-    def settled(self, batch_id: str) -> None:
-        self.redis.zrem(keys.batches_unsettled(), batch_id)
+    def settled(self, batch_id: str, pipe: Any = None) -> None:
+        (pipe if pipe is not None else self.redis).zrem(keys.batches_unsettled(), batch_id)
 
     def queue_create(self, pipe: Any, batch: BatchRecord, items: list[BatchItem]) -> None:
         """Queue a new batch's writes on ``pipe`` (a pipeline, or the idempotent create's
@@ -228,6 +240,17 @@ class BatchStore:
             for name, value in values.items()
         }
         (pipe if pipe is not None else self.redis).hset(keys.batch(batch_id), mapping=fields)
+
+    def append_group(
+        self, batch_id: str, items: list[BatchItem], read_from: int, read_to: int, total: int
+    ) -> bool:
+        """Appends a group of read lines' items and moves the read offset from ``read_from``
+        to ``read_to`` (``total`` lines read), unless another reading moved it first: then
+        nothing is written and the answer is False."""
+        entries = [json.dumps(item.to_dict()) for item in items]
+        keys_ = [keys.batch(batch_id), keys.batch_items(batch_id)]
+        args = [json.dumps(read_from), json.dumps(read_to), str(total), *entries]
+        return bool(self._append_group(keys=keys_, args=args))
 
     def items(self, batch_id: str, start: int, count: int) -> list[BatchItem]:
         """``count`` of the batch's items from ``start``: a large batch is read in slices."""

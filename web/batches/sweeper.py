@@ -1,89 +1,45 @@
-"""Settles batches without waiting for a read: a batch whose requests have all finished, or
-whose window is over, gets its output and error files and its final stage (``settle``, as
-``GET /v1/batches/<id>`` does), so a client that only waits for ``output_file_id`` or lists
-its files finds them, and an expired batch's unfinished jobs stop.
+"""The batch sweep: what moves every unsettled batch on without anybody reading it.
 
-One thread per web process (a greenlet under gunicorn's gevent workers, whose ``threading``
-is patched) wakes every ``files.batch_sweep_seconds``. A Redis lock with that lifetime lets one
-process sweep per turn, and ``finalize``'s own lease keeps two processes from writing one
-batch's files should two sweeps (or a sweep and a read) meet.
+It runs as a task on the batch queue, every ``files.batch_sweep_seconds``
+(``web.batches.tasks``): a batch still ``validating`` whose reading nobody holds (its task died
+with its process, or paused on a full key queue) gets an ingest task, every other one a settle
+task, which writes its files once its requests have all finished or its window is over. The
+sweep itself only sends tasks, so one long batch never delays another's turn. A Redis lock of
+half an interval lets one consumer sweep per turn when several send the sweep; the ingest and
+finalize leases keep two tasks off one batch should two turns (or a redelivery) meet.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 from collections.abc import Callable
 
-import redis
-from flask import Flask, g
-
 from trickle import keys
-from web.batches.finalize import batch_store, settle
-from web.batches.ingest import ingest
-from web.batches.store import FINAL_STAGES, BatchRecord
+from web.batches.finalize import batch_store
+from web.batches.store import FINAL_STAGES
 from web.services import Services
 
-log = logging.getLogger(__name__)
+# (task name, batch id): the sender puts it on the batch queue.
+SendTask = Callable[[str, str], None]
 
 
-class BatchSweeper:
-    def __init__(self, svc: Services, app: Flask | None = None):
-        self._svc = svc
-        self._app = app
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        interval = self._svc.settings.files.batch_sweep_seconds
-        if interval <= 0 or self._thread is not None:
-            return
-        self._thread = threading.Thread(
-            target=self._run, args=(interval,), name="trickle-batch-sweeper", daemon=True
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def resume(self, batch: BatchRecord) -> BatchRecord:
-        """Reads on a batch's input as its owner would (its key's policy and limits), in a
-        request context of the owner's: the reading takes the caller from Flask's ``g``."""
-        assert self._app is not None
-        with self._app.test_request_context("/v1/batches", method="GET"):
-            g.api_key_digest = batch.owner
-            g.api_key = self._svc.tenants.by_digest(batch.owner) if batch.owner else None
-            return ingest(self._svc, batch_store(self._svc), batch)
-
-    def _run(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                sweep(self._svc, interval, self.resume if self._app is not None else None)
-            except redis.RedisError as exc:  # Redis away: the next turn tries again
-                log.warning("batch sweep skipped: redis unavailable: %s", exc)
-            except Exception:  # one bad batch must not end the sweeps of every other
-                log.exception("batch sweep failed")
-
-
-def sweep(
-    svc: Services, interval: float, resume: Callable[[BatchRecord], BatchRecord] | None = None
-) -> int:
-    """Settles every unsettled batch that is due, after ``resume`` reads on the input of a
-    batch still ``validating``; returns how many reached a final stage (0 when another process
-    holds this turn)."""
-    if not svc.redis.set(keys.batch_sweep(), "1", nx=True, px=max(int(interval * 1000), 1)):
+def sweep(svc: Services, interval: float, send: SendTask) -> int:
+    """Sends each unsettled batch the task it needs; returns how many were sent (0 when another
+    consumer holds this turn)."""
+    turn = max(int(interval * 500), 1)  # half an interval: the next turn is never skipped
+    if not svc.redis.set(keys.batch_sweep(), "1", nx=True, px=turn):
         return 0
     store = batch_store(svc)
-    settled = 0
+    sent = 0
     for batch_id in store.unsettled():
         batch = store.record(batch_id)
         if batch is None or batch.stage in FINAL_STAGES:
-            store.settled(batch_id)  # expired, or ended by a read or at validation
+            store.settled(batch_id)  # expired, or ended at validation or by an earlier task
             continue
-        if batch.stage == "validating" and resume is not None:
-            batch = resume(batch)  # its reading paused (the key's queue was full) or died
-        found, _tally = settle(svc, store, batch)
-        settled += found.stage in FINAL_STAGES
-        time.sleep(0)  # under gevent: the process's requests run between batches
-    return settled
+        if batch.stage == "validating":
+            if svc.redis.exists(keys.batch_ingest(batch_id)):
+                continue  # a task is reading it now
+            send(keys.BATCH_INGEST_TASK, batch_id)
+        else:
+            send(keys.BATCH_SETTLE_TASK, batch_id)
+        sent += 1
+    return sent
