@@ -60,7 +60,7 @@ def test_newcomers_admitted_beside_a_busy_lane_match_ctranslate2_alone(
     harness = Harness(
         llama_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=40,
         rebatch_wait_ratio=4, engine_threads=1, pricing=CPU_LIKE,
-        overflow_lanes=llama_engine.reserve_lanes,
+        spare_lanes=llama_engine.reserve_lanes,
     )  # fmt: skip
     try:
         runner = harness.job(**greedy("The", 1500))  # type: ignore[arg-type]

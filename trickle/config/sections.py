@@ -278,13 +278,13 @@ class ModelSettings(Section):
     def tenant_reserve(self, shared: bool) -> bool:
         """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)
         rather than overflow lanes: when keys share the slots (``Settings.shares_slots``) and
-        ``tuning.tenant_reserve_lane``."""
-        return shared and self.tuning.tenant_reserve_lane
+        ``tuning.reserve_lane``."""
+        return shared and self.tuning.reserve_lane
 
     def spare_lanes_per_device(self, shared: bool) -> int:
         """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
-        else ``overflow_lanes``."""
-        return 1 if self.tenant_reserve(shared) else self.tuning.overflow_lanes
+        else ``overflow_lanes_per_device``."""
+        return 1 if self.tenant_reserve(shared) else self.tuning.overflow_lanes_per_device
 
     def reserve_lanes(self, shared: bool) -> int:
         """Spare lanes the engine runs besides ``lanes``, over every device."""
