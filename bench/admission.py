@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["loads"][f"{load:g}"] = figures
                 worst = ", ".join(f"{value:.0f}" for value in figures["ttft_worst5_ms"])
                 print(
-                    f"{args.model} spare lanes {engine.reserve_lanes} {load:g}x "
+                    f"{args.model} spare lanes {engine.lanes.spare} {load:g}x "
                     f"({figures['rate_per_s']:.2f} jobs/s): TTFT p50 "
                     f"{figures['ttft_p50_ms']:.0f} ms, p99 {figures['ttft_p99_ms']:.0f} ms, "
                     f"worst five {worst}; ITL p99 {figures['itl_p99_ms']:.0f} ms "

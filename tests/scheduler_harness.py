@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from trickle.config.lanes import SpareUse
 from trickle.config.sections import ModelSettings
 from trickle.jobs import Job, new_job_id
 from trickle.params import GenerationParams
@@ -58,7 +59,7 @@ class Harness:
         pricing: RestartPricing | None = None,
         spare_lanes: int = 0,
     ):
-        """``overflow_lanes_per_device``: spare lanes as overflow lanes (the engine must have them)."""
+        """``spare_lanes``: overflow lanes, over every device (the engine must have them)."""
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(
@@ -83,7 +84,7 @@ class Harness:
             step_times=None if pricing is None else StepTimes(pricing.step_seconds, learn=False),
             prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
             spare_lanes=spare_lanes,
-            overflow=spare_lanes > 0,
+            spare_use=SpareUse.OVERFLOW,
         )
 
     def job(self, prompt: str, tenant_digest: str = "", **params: object) -> ScheduledJob:

@@ -150,10 +150,8 @@ def ordinary_and_reserve_slots(settings: Settings) -> tuple[int, int]:
     shared = settings.shares_slots
     models = [settings.model(name) for name in settings.served_models()]
     lanes = sum(slots_per_worker(model) for model in models)
-    reserve = sum(
-        model.max_batch_size * model.reserve_lanes(shared)
-        for model in models
-        if model.tenant_reserve(shared)  # overflow lanes take jobs the window already holds
+    reserve = sum(  # overflow lanes take jobs the window already holds: no slots
+        model.max_batch_size * model.engine_lanes(shared).reserve for model in models
     )
     return lanes, reserve
 

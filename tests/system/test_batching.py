@@ -255,7 +255,7 @@ def test_a_newcomer_no_batch_takes_cheaply_starts_on_an_overflow_lane(
     steps (past the 40 ms budget). With an overflow lane the newcomer starts there at once and
     ends long before the runner, which is never restarted; without one it waits for the
     runner's end. Outputs are the solo ones either way."""
-    assert demo_engine.reserve_lanes >= 1  # the engine's spare replicas (overflow_lanes_per_device)
+    assert demo_engine.lanes.spare >= 1  # the engine's overflow lanes
     specs: list[dict[str, object]] = [
         {"prompt": PROMPTS[1], "max_tokens": 1200, "temperature": 0.0, "ignore_eos": True},
         {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0.0, "ignore_eos": True},

@@ -53,7 +53,7 @@ SHARED = ""  # the partition of configured prefixes: every caller's
 
 def cache_partition(tenant_digest: str, cache_salt: str = "") -> str:
     """Whose cached prefixes a job may find: those of its ``cache_salt`` (any key that sends
-    the same salt), else its API key's (``tenant_digest``, the key's digest; anonymous callers share)."""
+    the same salt), else its tenant's (``tenant_digest``; anonymous callers share)."""
     return f"salt:{cache_salt}" if cache_salt else f"key:{tenant_digest}"
 
 

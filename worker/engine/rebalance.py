@@ -69,15 +69,15 @@ def by_priority(jobs: Sequence[ScheduledJob]) -> list[ScheduledJob]:
 class Rebalancer:
     """The moves of work between lanes, decided over the scheduler's state under its lock."""
 
-    def __init__(self, policy: RestartPolicy, spare: ReserveShares, lane_count: int):
-        """``reserve``: the scheduler's count of the spare lanes and what they hold;
+    def __init__(self, policy: RestartPolicy, shares: ReserveShares, lane_count: int):
+        """``shares``: the scheduler's count of the spare lanes and what they hold;
         ``lane_count``: the ordinary lanes."""
         self._policy = policy
-        self._shares = spare
+        self._shares = shares
         self._lane_count = lane_count
         self._max_batch_size = policy.rules.max_batch_size
         # The spare lanes' role: the tenants' reserve, else (any at all) overflow lanes.
-        self._overflow = bool(spare.lanes) and not spare.reserving
+        self._overflow = bool(shares.lanes) and not shares.reserving
 
     def rebalance(
         self,

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from trickle.config.lanes import SpareUse
 from trickle.jobs import FinishReason
 from worker.engine.admission_window import AdmissionWindow
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
@@ -64,14 +65,14 @@ class BatchScheduler:
         step_times: StepTimes | None = None,
         prefill_seconds_per_token: float | None = None,
         spare_lanes: int = 0,
-        overflow: bool = False,
+        spare_use: SpareUse = SpareUse.RESERVE,
     ):
         """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
         engine's warm-up measurements, refined by every step. A test that checks what the
         scheduler does with a decision passes fixed ones, so the decision does not depend on
-        how the cores happened to be shared while the engine warmed up. ``reserve_threads``:
-        spare lanes besides the ``engine_threads`` (the engine must have both): the tenants'
-        reserve, or with ``overflow`` overflow lanes."""
+        how the cores happened to be shared while the engine warmed up. ``spare_lanes``:
+        lanes besides the ``engine_threads`` (the engine must have both), used as
+        ``spare_use`` says (trickle/config/lanes.py)."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -95,7 +96,10 @@ class BatchScheduler:
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
         self._shares = ReserveShares(
-            spare_lanes, max_batch_size * engine_threads, max_batch_size, reserving=not overflow
+            spare_lanes,
+            max_batch_size * engine_threads,
+            max_batch_size,
+            reserving=spare_use is SpareUse.RESERVE,
         )
         policy = RestartPolicy(rules, self._step_times)
         self._rebalancer = Rebalancer(policy, self._shares, engine_threads)
@@ -112,9 +116,7 @@ class BatchScheduler:
             threading.Thread(target=self._run, name=f"trickle-engine-{i}", daemon=True)
             for i in range(engine_threads)
         ] + [
-            threading.Thread(
-                target=self._run, args=(True,), name=f"trickle-reserve-{i}", daemon=True
-            )
+            threading.Thread(target=self._run, args=(True,), name=f"trickle-spare-{i}", daemon=True)
             for i in range(spare_lanes)
         ]
         for thread in self._threads:
@@ -149,8 +151,8 @@ class BatchScheduler:
             rebalance_gain_ratio=model.tuning.rebalance_gain_ratio,
             prefixes=PrefixTable.for_model(model, engine.tokenizer),
             on_restart=on_restart,
-            spare_lanes=engine.reserve_lanes,
-            overflow=not engine.tenant_reserve,
+            spare_lanes=engine.lanes.spare,
+            spare_use=engine.lanes.spare_use,
         )
 
     def take_pending(self) -> list[ScheduledJob]:
