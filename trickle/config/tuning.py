@@ -38,8 +38,8 @@ class TuningSettings(Section):
     # With two API keys or more: how far a key's service on a worker (its tokens, weighted: a
     # prompt token 1, an output token 2, over the key's weight) may run ahead of the
     # least-served other key at work there before the key's next job waits for it
-    # (worker/fairness/vtc.py): keys share in tokens, not in jobs. About two long jobs' cost; 0: keys
-    # only take turns by jobs.
+    # (worker/fairness/vtc.py): keys share in tokens, not in jobs. About two long jobs' cost;
+    # 0: keys only take turns by jobs.
     share_lag_tokens: NonNegativeFloat = 4096.0
     # A stream writes at most once per this interval after the first token (tokens that arrive
     # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
