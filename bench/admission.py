@@ -141,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         "across runs on a machine whose speed varies",
     )
     parser.add_argument(
-        "--overflow-lanes", type=int, default=None, help="spare lanes (default: the model's)"
+        "--overflow-lanes-per-device",
+        type=int,
+        default=None,
+        help="spare lanes (default: the model's)",
     )
     parser.add_argument(
         "--wait-ratio", type=float, default=None, help="rebatch_wait_ratio (default: the model's)"
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "model": args.model,
         "capacity_per_s": capacity,
-        "overflow_lanes": args.overflow_lanes,
+        "overflow_lanes_per_device": args.overflow_lanes_per_device,
         "wait_ratio": args.wait_ratio,
         "loads": {},
     }
@@ -167,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         server = start_redis(port, Path(scratch), append_only=False)
         client = redis.Redis(port=port, decode_responses=True)
         knobs: dict[str, Any] = {}
-        if args.overflow_lanes is not None:
-            knobs["overflow_lanes"] = args.overflow_lanes
+        if args.overflow_lanes_per_device is not None:
+            knobs["overflow_lanes_per_device"] = args.overflow_lanes_per_device
         if args.wait_ratio is not None:
             knobs["rebatch_wait_ratio"] = args.wait_ratio
         tuning = ModelTuning(**knobs)
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["loads"][f"{load:g}"] = figures
                 worst = ", ".join(f"{value:.0f}" for value in figures["ttft_worst5_ms"])
                 print(
-                    f"{args.model} spare lanes {engine.reserve_lanes} {load:g}x "
+                    f"{args.model} spare lanes {engine.lanes.spare} {load:g}x "
                     f"({figures['rate_per_s']:.2f} jobs/s): TTFT p50 "
                     f"{figures['ttft_p50_ms']:.0f} ms, p99 {figures['ttft_p99_ms']:.0f} ms, "
                     f"worst five {worst}; ITL p99 {figures['itl_p99_ms']:.0f} ms "
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     source = "given" if args.capacity else "CTranslate2 generate_batch(32)"
     print(f"{args.model}: capacity {capacity:.2f} jobs/s ({source})")
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"admission-{args.model}-spare{args.overflow_lanes}-ratio{args.wait_ratio}"
+    name = f"admission-{args.model}-spare{args.overflow_lanes_per_device}-ratio{args.wait_ratio}"
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
     return 0
 

@@ -56,7 +56,7 @@ max_queued_jobs = 100000
 {tenants}
 [models.demo]
 path = "{DEFAULT_MODEL_DIR}"
-tuning.tenant_reserve_lane = {str(reserve_lane).lower()}
+tuning.reserve_lane = {str(reserve_lane).lower()}
 {model_extra}"""
 
 
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-reserve-lane",
         action="store_true",
-        help="tenant_reserve_lane = false: the worker as it was before the reserve lane",
+        help="reserve_lane = false: the worker as it was before the reserve lane",
     )
     parser.add_argument(
         "--plain-keys", action="store_true", help="the two keys as [auth] api_keys, no tables"

@@ -5,7 +5,7 @@ both flood: key A sends long jobs (``--long`` tokens), key B short ones (``--sho
 the tokens each key was served over the same ``--seconds`` window once both backlogs are
 queued, and B's share of them. With ``--turns`` (``tuning.share_lag_tokens = 0``) keys only
 take turns by jobs, and A's long jobs take the engine; with the token counters (the default)
-each key gets about half (worker/vtc.py).
+each key gets about half (worker/fairness/vtc.py).
 """
 
 from __future__ import annotations

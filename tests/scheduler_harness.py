@@ -9,6 +9,7 @@ from pathlib import Path
 
 import redis
 
+from trickle.config.lanes import SpareUse
 from trickle.config.sections import ModelSettings
 from trickle.jobs import Job, new_job_id
 from trickle.params import GenerationParams
@@ -56,9 +57,9 @@ class Harness:
         rebalance_gain_ratio: float = 0.0,
         prefixes: PrefixTable | None = None,
         pricing: RestartPricing | None = None,
-        overflow_lanes: int = 0,
+        spare_lanes: int = 0,
     ):
-        """``overflow_lanes``: spare lanes as overflow lanes (the engine must have them)."""
+        """``spare_lanes``: overflow lanes, over every device (the engine must have them)."""
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(
@@ -82,23 +83,23 @@ class Harness:
             prefixes=prefixes,
             step_times=None if pricing is None else StepTimes(pricing.step_seconds, learn=False),
             prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
-            reserve_threads=overflow_lanes,
-            overflow=overflow_lanes > 0,
+            spare_lanes=spare_lanes,
+            spare_use=SpareUse.OVERFLOW,
         )
 
-    def job(self, prompt: str, owner: str = "", **params: object) -> ScheduledJob:
+    def job(self, prompt: str, tenant_digest: str = "", **params: object) -> ScheduledJob:
         """A job stored and claimed as a worker would, so its writes carry a real fence;
-        ``owner``: the API key digest it comes from (its prefix cache partition)."""
+        ``tenant_digest``: the API key digest it comes from (its prefix cache partition)."""
         options = GenerationParams(**params)  # type: ignore[arg-type]
         job = Job(new_job_id(), self.engine.settings.name, prompt, options, created_at=time.time())
-        job.owner = owner
+        job.tenant_digest = tenant_digest
         self.store.create(job)
         claim = self.store.leases.claim(
             job.id, "harness", time.time(), lease_ms=60_000, max_attempts=3
         )
         assert claim.claimed
         ids = self.engine.tokenizer.encode(prompt)
-        partition = cache_partition(owner, options.cache_salt)
+        partition = cache_partition(tenant_digest, options.cache_salt)
         return make_scheduled_job(
             self.engine, job.id, ids, options, claim.fence, cache_partition=partition
         )

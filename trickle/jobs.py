@@ -163,7 +163,7 @@ class Job:
     # How many times a worker claimed it (more than one: it survived a worker's death).
     attempts: int = 0
     # Digest of the API key that created it ("" without keys): only that key may see it.
-    owner: str = ""
+    tenant_digest: str = ""
     # Queue priority: INTERACTIVE jobs are always fetched before BATCH ones.
     priority: int = 0
     # Where to POST the finished job (allowlisted host), "" for none.
@@ -249,8 +249,8 @@ class Job:
             "prompt_tokens": str(self.usage.prompt_tokens),
             "attempts": "0",  # CLAIM counts them
         }
-        if self.owner:
-            fields["owner_key"] = self.owner
+        if self.tenant_digest:
+            fields["tenant_digest"] = self.tenant_digest
         if self.priority:
             fields["priority"] = str(self.priority)
         if self.webhook_url:
@@ -295,7 +295,7 @@ class Job:
             first_token_at=optional_float("first_token_at"),
             completed_at=optional_float("completed_at"),
             attempts=int(fields.get("attempts", 0)),
-            owner=fields.get("owner_key", ""),
+            tenant_digest=fields.get("tenant_digest", ""),
             priority=int(fields.get("priority", 0)),
             webhook_url=fields.get("webhook_url", ""),
             prompt_ids=tuple(int(i) for i in fields.get("prompt_ids", "").split()),
@@ -377,7 +377,7 @@ READ_FIELDS = (
     "first_token_at",
     "completed_at",
     "attempts",
-    "owner_key",
+    "tenant_digest",
     "priority",
     "webhook_url",
     "traceparent",

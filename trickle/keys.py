@@ -143,7 +143,7 @@ def response(response_id: str) -> str:
 
 
 def batch(batch_id: str) -> str:
-    """Hash of a batch: status, owner, timestamps, request count."""
+    """Hash of a batch: status, tenant, timestamps, request count."""
     return f"{PREFIX}:batch:{{{batch_id}}}"
 
 
@@ -163,10 +163,10 @@ def batch_finalize(batch_id: str) -> str:
     return f"{batch(batch_id)}:finalize"
 
 
-def batches_of(owner: str) -> str:
-    """Sorted set of an owner's batch ids by creation time (``GET /v1/batches`` pages it);
-    ``owner`` is the API key's digest, "" without keys."""
-    return f"{PREFIX}:batches:{{{owner or 'open'}}}"
+def batches_of(tenant_digest: str) -> str:
+    """Sorted set of a tenant's batch ids by creation time (``GET /v1/batches`` pages it);
+    ``tenant_digest`` is the API key's digest, "" without keys."""
+    return f"{PREFIX}:batches:{{{tenant_digest or 'open'}}}"
 
 
 def batches_unsettled() -> str:
@@ -182,7 +182,7 @@ def batch_sweep() -> str:
 
 
 def file(file_id: str) -> str:
-    """Hash of a stored file's object: owner, bytes, filename, purpose, times."""
+    """Hash of a stored file's object: tenant, bytes, filename, purpose, times."""
     return f"{PREFIX}:file:{{{file_id}}}"
 
 
@@ -198,33 +198,33 @@ def file_readers(file_id: str) -> str:
     return f"{file(file_id)}:readers"
 
 
-def files_of(owner: str) -> str:
-    """Sorted set of an owner's file ids by creation time: listing and the per-key quota."""
-    return f"{PREFIX}:files:{{{owner or 'open'}}}"
+def files_of(tenant_digest: str) -> str:
+    """Sorted set of a tenant's file ids by creation time: listing and the per-key quota."""
+    return f"{PREFIX}:files:{{{tenant_digest or 'open'}}}"
 
 
-def files_held(owner: str) -> str:
-    """Sorted set of what counts against an owner's file storage (its files, uploads under
+def files_held(tenant_digest: str) -> str:
+    """Sorted set of what counts against a tenant's file storage (its files, uploads under
     way, batch outputs) by the moment each hold lapses; with ``files_held_bytes``, the per-key
     quota's one source, kept by a script (trickle/store/held_quota.py) so concurrent uploads cannot
     both take the last room."""
-    return f"{files_of(owner)}:held"
+    return f"{files_of(tenant_digest)}:held"
 
 
-def files_held_bytes(owner: str) -> str:
+def files_held_bytes(tenant_digest: str) -> str:
     """Hash of each held file's bytes (its metadata included)."""
-    return f"{files_of(owner)}:held-bytes"
+    return f"{files_of(tenant_digest)}:held-bytes"
 
 
-def batch_inputs_held(owner: str) -> str:
-    """Sorted set of an owner's live batches by the moment their input stops counting (the
+def batch_inputs_held(tenant_digest: str) -> str:
+    """Sorted set of a tenant's live batches by the moment their input stops counting (the
     batch's expiry): ``limits.max_batch_input_bytes_per_key``'s holds, as ``files_held``."""
-    return f"{batches_of(owner)}:held"
+    return f"{batches_of(tenant_digest)}:held"
 
 
-def batch_inputs_held_bytes(owner: str) -> str:
+def batch_inputs_held_bytes(tenant_digest: str) -> str:
     """Hash of each live batch's input bytes."""
-    return f"{batches_of(owner)}:held-bytes"
+    return f"{batches_of(tenant_digest)}:held-bytes"
 
 
 def idempotency_shard(scope: str, key: str) -> int:

@@ -29,7 +29,7 @@ channel with a prefetch window; the broker sends from whichever queue has messag
 window frees, with no promise of turns between queues (in practice it alternates), and a
 message's priority orders only its own queue. Anonymous callers (no keys), and one key alone,
 keep the model's one queue, so the single-tenant path is what it was. Turns count jobs; the
-workers count tokens too (worker/vtc.py).
+workers count tokens too (worker/fairness/vtc.py).
 
 Either way the engine's scheduler puts interactive jobs first in its next batch.
 

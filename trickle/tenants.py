@@ -183,9 +183,9 @@ class TenantTable:
     def __len__(self) -> int:
         return len(self._by_name)
 
-    def name_of_owner(self, owner: str) -> str:
-        """The tenant of a job's owner (its key digest): its name, or the default one (no key)."""
-        spec = self._by_digest.get(owner)
+    def name_of_digest(self, tenant_digest: str) -> str:
+        """The tenant of a job's tenant (its key digest): its name, or the default one (no key)."""
+        spec = self._by_digest.get(tenant_digest)
         return spec.name if spec else DEFAULT_TENANT
 
     def weight(self, name: str) -> int:

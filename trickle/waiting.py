@@ -63,7 +63,7 @@ class QueuedEntry:
     job_id: str
     submitted: float  # its queue score (submission order)
     priority: int  # lower is taken first (interactive before batch)
-    owner: str  # its API key's digest: keys take turns
+    tenant_digest: str  # its API key's digest: keys take turns
     max_tokens: int
 
 
@@ -85,7 +85,7 @@ def service_order(entries: Sequence[QueuedEntry]) -> list[QueuedEntry]:
         by_owner: dict[str, list[QueuedEntry]] = {}
         for entry in sorted(entries, key=lambda e: e.submitted):
             if entry.priority == priority:
-                by_owner.setdefault(entry.owner, []).append(entry)
+                by_owner.setdefault(entry.tenant_digest, []).append(entry)
         queues = list(by_owner.values())  # in the order of each key's oldest job
         for turn in range(max(len(queue) for queue in queues)):
             ordered.extend(queue[turn] for queue in queues if turn < len(queue))

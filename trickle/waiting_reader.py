@@ -63,15 +63,15 @@ def read_queued(client: redis.Redis, limit: int) -> dict[str, list[QueuedEntry]]
         return {}
     pipe = client.pipeline(transaction=False)
     for _score, job_id in scored:
-        pipe.hmget(keys.job(job_id), ["model", "priority", "owner_key", "params", "status"])
+        pipe.hmget(keys.job(job_id), ["model", "priority", "tenant_digest", "params", "status"])
     by_model: dict[str, list[QueuedEntry]] = {}
-    for (score, job_id), (model, priority, owner, params, status) in zip(
+    for (score, job_id), (model, priority, tenant_digest, params, status) in zip(
         scored, pipe.execute(), strict=True
     ):
         if not model or status != "queued":  # gone, or claimed since the index was read
             continue
         max_tokens = int(json.loads(params).get("max_tokens", 1)) if params else 1
-        entry = QueuedEntry(job_id, score, int(priority or 0), str(owner or ""), max_tokens)
+        entry = QueuedEntry(job_id, score, int(priority or 0), str(tenant_digest or ""), max_tokens)
         by_model.setdefault(str(model), []).append(entry)
     return by_model
 

@@ -283,7 +283,7 @@ def component_schemas(models: RequestModels, more: tuple[type[BaseModel], ...] =
         schema_generator=PublishedNames,
     )
     schemas: Part = dict(requests.get("$defs", {}))
-    for name, shape in {**RESPONSE_MODELS, **anthropic_models.RESPONSE_MODELS}.items():
+    for name, shape in {**RESPONSE_MODELS, **anthropic_models.ANTHROPIC_RESPONSE_MODELS}.items():
         schema = TypeAdapter(shape).json_schema(
             mode="serialization", ref_template=REF_TEMPLATE, schema_generator=PublishedNames
         )

@@ -6,7 +6,7 @@ sweep) runs here as Celery tasks (web/batches/tasks.py), off the web processes: 
 waits behind a batch, and a web process that dies loses no batch. It is the web tier's code (a
 batch line becomes jobs exactly as its endpoint would make them), so it runs in a process of
 the web tier's own, on a Flask app built as the web's is but never served: its request
-context is how a task acts as the batch's owner. It loads no model and imports no ``worker/``.
+context is how a task acts as the batch's tenant. It loads no model and imports no ``worker/``.
 
 The sweep is sent by Celery beat, run as a thread of this process (``SweepClock``) rather
 than as a Procfile line of its own: nothing more to supervise, and every batch consumer sends

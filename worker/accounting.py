@@ -49,7 +49,7 @@ def account_finished(
     key: str = DEFAULT_TENANT_LABEL,
     hops: Mapping[str, float] | None = None,
 ) -> None:
-    """Count the job and its tokens (for its ``key`` too: the owner's name), observe its
+    """Count the job and its tokens (for its ``key`` too: the tenant's name), observe its
     latencies, and log how it ended.
 
     Tokens streamed by an earlier attempt (``resumed``) were counted by that attempt, and a

@@ -35,11 +35,11 @@ from trickle.store.redis_connection import connect
 from trickle.telemetry.tracing import Tracing
 from trickle.tenants import TenantTable
 from worker.dispatch import JobDispatcher
-from worker.key_caps import KeyCaps
+from worker.fairness.key_caps import KeyCaps
+from worker.fairness.token_shares import TokenShares
+from worker.fairness.vtc import VirtualTokenCounter
 from worker.runtime import WorkerRuntime
 from worker.tasks import register_tasks
-from worker.token_shares import TokenShares
-from worker.vtc import VirtualTokenCounter
 
 log = logging.getLogger(__name__)
 SETTINGS_KEY = "trickle_settings"
@@ -74,8 +74,8 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
 
         tenants = TenantTable(settings.tenants)
 
-        def requeue(job_id: str, model: str, priority: int, owner: str) -> None:
-            tenant = tenants.name_of_owner(owner)
+        def requeue(job_id: str, model: str, priority: int, tenant_digest: str) -> None:
+            tenant = tenants.name_of_digest(tenant_digest)
             enqueue_generation(producer, job_id, model, priority, tenant=tenant)
 
         def notify(job_id: str) -> None:
@@ -91,7 +91,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         if any(key.max_running_jobs for key in settings.keys.values()):
             entry_seconds = settings.limits.max_job_seconds + settings.worker.lease_seconds
             caps = KeyCaps(runtime.redis, tenants, entry_seconds)
-        lane_slots, reserve_slots = lane_and_reserve_slots(settings)
+        lane_slots, reserve_slots = ordinary_and_reserve_slots(settings)
         shares = None
         if settings.shares_slots and settings.tuning.share_lag_tokens > 0:
             served = settings.served_models()
@@ -142,7 +142,7 @@ class TrickleWorker(bootsteps.StartStopStep):  # type: ignore[misc]
         self.stop(worker)
 
 
-def lane_and_reserve_slots(settings: Settings) -> tuple[int, int]:
+def ordinary_and_reserve_slots(settings: Settings) -> tuple[int, int]:
     """(lane slots, reserve slots) of one worker over the models it serves: jobs the ordinary
     lanes run at once, and those the reserve lanes add (worker/engine/fair_share.py), which no
     single key may take: with keys sharing the slots one key holds at most the lane slots
@@ -150,10 +150,8 @@ def lane_and_reserve_slots(settings: Settings) -> tuple[int, int]:
     shared = settings.shares_slots
     models = [settings.model(name) for name in settings.served_models()]
     lanes = sum(slots_per_worker(model) for model in models)
-    reserve = sum(
-        model.max_batch_size * model.reserve_lanes(shared)
-        for model in models
-        if model.tenant_reserve(shared)  # overflow lanes take jobs the window already holds
+    reserve = sum(  # overflow lanes take jobs the window already holds: no slots
+        model.max_batch_size * model.engine_lanes(shared).reserve for model in models
     )
     return lanes, reserve
 
@@ -175,7 +173,7 @@ def create_worker_app(settings: Settings) -> Celery:
     # Slots to fill every engine thread's batch for every served model, and the reserve lanes'
     # (keys sharing the slots only): the job threads, and the prefetch window (one message per
     # slot, acked once its job is stored).
-    app.conf.worker_concurrency = sum(lane_and_reserve_slots(settings))
+    app.conf.worker_concurrency = sum(ordinary_and_reserve_slots(settings))
     register_tasks(app, settings.webhooks)
     app.steps["worker"].add(TrickleWorker)
     return app

@@ -22,9 +22,9 @@ hook for that, a task ``Strategy`` (``celery.worker.strategy``):
 With two keys or more no key may hold more than the ordinary lanes' slots of a worker
 (``key_slots``): the prefetch window has a reserve lane's batch more (worker/app.py), so a
 flood cannot fill it, and another key's task is fetched at once (worker/engine/fair_share.py).
-A key served more tokens than another key at work here (``worker.token_shares``) waits for it.
-A key at either limit is held back as ``max_running_jobs`` holds it (``worker.key_caps``,
-``worker.key_holds``).
+A key served more tokens than another key at work here (``worker.fairness.token_shares``)
+waits for it. A key at either limit is held back as ``max_running_jobs`` holds it
+(``worker.fairness.key_caps``, ``worker.fairness.key_holds``).
 
 Leases, not the broker, decide who runs a job: a redelivered task whose job is ``running`` under
 a live lease (or already finished) is not claimed, only acked. The dispatcher and the runtime
@@ -49,9 +49,9 @@ from celery.worker.consumer import Consumer
 from celery.worker.request import Request
 
 from trickle.queue import tenant_queues
-from worker.key_caps import KeyCaps
-from worker.key_holds import QueueSwitches, queue_switches
-from worker.token_shares import TokenShares
+from worker.fairness.key_caps import KeyCaps
+from worker.fairness.key_holds import QueueSwitches, queue_switches
+from worker.fairness.token_shares import TokenShares
 
 log = logging.getLogger(__name__)
 

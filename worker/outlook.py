@@ -96,7 +96,7 @@ def running_slots(engine: Engine, window: int) -> int:
     """Jobs a model's engine runs at once: its lanes' batches, and its overflow lanes' too
     when the worker's prefetch ``window`` (every served model's lane slots) holds that many of
     its jobs; a tenants' reserve lane is not counted (no key may fill it)."""
-    spare = 0 if engine.tenant_reserve else engine.reserve_lanes
+    spare = engine.lanes.spare - engine.lanes.reserve  # overflow lanes only
     lanes = engine.settings.max_batch_size * engine.settings.lanes
     return max(min(engine.settings.max_batch_size * (engine.settings.lanes + spare), window), lanes)
 

@@ -50,7 +50,7 @@ MAX_ITEMS_PER_FLUSH = 4096
 # A job's first tokens go out unpaced: a leading piece can decode to no visible text, and time to
 # first token is what a reader feels.
 UNPACED_TOKENS = 2
-RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+PUBLISH_RETRY_DELAYS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 
 class TokenPublisher:
@@ -287,7 +287,9 @@ class TokenPublisher:
                 # A server that lost its scripts: restarted, or a replica promoted by failover.
                 self._store.scripts_lost()
             except (redis.ConnectionError, redis.TimeoutError) as exc:
-                delay = RETRY_DELAYS_SECONDS[min(attempt, len(RETRY_DELAYS_SECONDS) - 1)]
+                delay = PUBLISH_RETRY_DELAYS_SECONDS[
+                    min(attempt, len(PUBLISH_RETRY_DELAYS_SECONDS) - 1)
+                ]
                 log.warning("publishing tokens failed (%s); retrying in %.2fs", exc, delay)
                 time.sleep(delay)
                 attempt += 1

@@ -56,7 +56,7 @@ class Begun:
 
 
 # (job id, model, priority) -> put the job id on the model's queue again.
-# (job id, model, priority, owner: its key digest, which picks its key's queue)
+# (job id, model, priority, tenant: its key digest, which picks its key's queue)
 Enqueue = Callable[[str, str, int, str], None]
 
 
@@ -142,11 +142,11 @@ class WorkerRuntime:
 
     def requeue(self, job_id: str) -> str:
         """Put a recovered job back on its model's queue, at its priority; returns the model."""
-        model, priority, owner = self.redis.hmget(
-            keys.job(job_id), ["model", "priority", "owner_key"]
+        model, priority, tenant_digest = self.redis.hmget(
+            keys.job(job_id), ["model", "priority", "tenant_digest"]
         )
         if model:
-            self._enqueue(job_id, str(model), int(priority or 0), str(owner or ""))
+            self._enqueue(job_id, str(model), int(priority or 0), str(tenant_digest or ""))
         return str(model or "unknown")
 
     def hand_back_pending(self) -> int:
@@ -337,7 +337,7 @@ class WorkerRuntime:
         self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
-        key = tenant_label(self.tenants.name_of_owner(job.owner))
+        key = tenant_label(self.tenants.name_of_digest(job.tenant_digest))
         hops = hop_seconds(job, timeline) if timeline is not None else {}
         account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key, hops)
 
@@ -377,8 +377,8 @@ class WorkerRuntime:
             resume,
             deadline,
             job.priority,
-            self.tenants.name_of_owner(job.owner),
-            cache_partition(job.owner, job.params.cache_salt),
+            self.tenants.name_of_digest(job.tenant_digest),
+            cache_partition(job.tenant_digest, job.params.cache_salt),
         )
         if job.deadline is not None and job.deadline < deadline:
             scheduled.deadline = job.deadline  # the client's: stopped, not failed

@@ -34,8 +34,8 @@ def app(
 ) -> Iterator[Flask]:
     bound = dataclasses.replace(settings.models["late"], name="bound")
     named = build_keys({NAME: {"key": KEY, "max_queued_jobs": CAP}})
-    owner = digest_of_entry(KEY)
-    redis_client.delete(keys.files_held(owner), keys.files_held_bytes(owner))
+    tenant_digest = digest_of_entry(KEY)
+    redis_client.delete(keys.files_held(tenant_digest), keys.files_held_bytes(tenant_digest))
     app = make_app(
         dataclasses.replace(settings, keys=named, models={**settings.models, "bound": bound})
     )

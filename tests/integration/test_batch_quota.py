@@ -56,11 +56,11 @@ def client(
         )
     )
     for key in (FIRST, SECOND):  # each test starts with no batch of either key
-        owner = digest_of_entry(key)
+        tenant_digest = digest_of_entry(key)
         redis_client.delete(
-            keys.batches_of(owner),
-            keys.batch_inputs_held(owner),
-            keys.batch_inputs_held_bytes(owner),
+            keys.batches_of(tenant_digest),
+            keys.batch_inputs_held(tenant_digest),
+            keys.batch_inputs_held_bytes(tenant_digest),
         )
     yield app.test_client()
     celery = services(app).celery

@@ -176,7 +176,7 @@ def test_another_keys_batch_answers_404(client: FlaskClient) -> None:
     ):
         assert response.status_code == 404
         assert response.get_json()["error"]["param"] == "batch_id"
-    # The owner's batch was not canceled by the other key's attempt.
+    # The tenant's batch was not canceled by the other key's attempt.
     assert client.get(path, headers=bearer(FIRST)).get_json()["status"] != "cancelled"
 
 

@@ -43,11 +43,13 @@ def app(
     quota_settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
 ) -> Iterator[Flask]:
     for key in (FIRST, SECOND):
-        owner = digest_of_entry(key)
-        index = keys.files_of(owner)
+        tenant_digest = digest_of_entry(key)
+        index = keys.files_of(tenant_digest)
         for file_id in redis_client.zrange(index, 0, -1):
             redis_client.delete(keys.file(str(file_id)), keys.file_chunks(str(file_id)))
-        redis_client.delete(index, keys.files_held(owner), keys.files_held_bytes(owner))
+        redis_client.delete(
+            index, keys.files_held(tenant_digest), keys.files_held_bytes(tenant_digest)
+        )
     yield make_app(quota_settings)
 
 
@@ -73,10 +75,10 @@ def test_concurrent_uploads_never_pass_the_quota(app: Flask, redis_client: redis
     assert sorted(statuses) == [200, 200, 413, 413], statuses
     held = services(app).files.quota(digest_of_entry(FIRST)).used()
     assert 380_000 < held <= QUOTA
-    owner = digest_of_entry(FIRST)
+    tenant_digest = digest_of_entry(FIRST)
     stored = sum(
         int(redis_client.hget(keys.file(str(file_id)), "bytes") or 0)
-        for file_id in redis_client.zrange(keys.files_of(owner), 0, -1)
+        for file_id in redis_client.zrange(keys.files_of(tenant_digest), 0, -1)
     )
     assert stored == 380_000
     orphans = [

@@ -9,7 +9,7 @@ import redis
 
 from trickle import keys
 from trickle.tenants import TenantTable, build_keys
-from worker.key_caps import KeyCaps
+from worker.fairness.key_caps import KeyCaps
 
 
 def test_the_cap_is_shared_and_lapses(private_redis: redis.Redis) -> None:

@@ -33,11 +33,11 @@ def test_a_keys_usage_is_in_metrics_by_its_name(
         "x",
         GenerationParams(),
         usage=Usage(prompt_tokens=7),
-        owner=named[name].digest,
+        tenant_digest=named[name].digest,
     )
     result = JobResult(JobStatus.SUCCEEDED, "abc", FinishReason.LENGTH, 5, time.time())
     recorder = MetricsRecorder()
-    key = tenant_label(table.name_of_owner(job.owner))
+    key = tenant_label(table.name_of_digest(job.tenant_digest))
     for _ in range(2):
         account_finished(recorder, job, 1, result, None, 0, key)
     recorder.flush(redis_client)

@@ -56,11 +56,11 @@ def test_newcomers_admitted_beside_a_busy_lane_match_ctranslate2_alone(
     40 ms budget), and six jobs arrive 5 ms apart: the first starts on an overflow lane at
     once, the next ones join that young batch by a restart. The runner is never restarted,
     every newcomer ends before it, and every output is CTranslate2's alone."""
-    assert llama_engine.reserve_lanes >= 1
+    assert llama_engine.lanes.spare >= 1
     harness = Harness(
         llama_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=40,
         rebatch_wait_ratio=4, engine_threads=1, pricing=CPU_LIKE,
-        overflow_lanes=llama_engine.reserve_lanes,
+        spare_lanes=llama_engine.lanes.spare,
     )  # fmt: skip
     try:
         runner = harness.job(**greedy("The", 1500))  # type: ignore[arg-type]

@@ -247,28 +247,28 @@ def test_a_newcomer_joins_a_long_batch_when_its_wait_dwarfs_the_pause(
     assert outputs[4.0] == outputs[0.0]  # a restart changes nothing in greedy output
 
 
-@pytest.mark.parametrize("overflow_lanes", [1, 0])
+@pytest.mark.parametrize("spare_lanes", [1, 0])
 def test_a_newcomer_no_batch_takes_cheaply_starts_on_an_overflow_lane(
-    overflow_lanes: int, demo_engine: Engine, private_redis: redis.Redis
+    spare_lanes: int, demo_engine: Engine, private_redis: redis.Redis
 ) -> None:
     """The only lane runs a long sequence 40 tokens in: joining it would pause that stream 40
     steps (past the 40 ms budget). With an overflow lane the newcomer starts there at once and
     ends long before the runner, which is never restarted; without one it waits for the
     runner's end. Outputs are the solo ones either way."""
-    assert demo_engine.reserve_lanes >= 1  # the engine's spare replicas (overflow_lanes)
+    assert demo_engine.lanes.spare >= 1  # the engine's overflow lanes
     specs: list[dict[str, object]] = [
         {"prompt": PROMPTS[1], "max_tokens": 1200, "temperature": 0.0, "ignore_eos": True},
         {"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0.0, "ignore_eos": True},
     ]
     harness = Harness(
         demo_engine, private_redis, 8, wait_ms=0, rebatch_max_stall_ms=40, engine_threads=1,
-        pricing=CPU_LIKE, overflow_lanes=overflow_lanes,
+        pricing=CPU_LIKE, spare_lanes=spare_lanes,
     )  # fmt: skip
     try:
         runner, newcomer = (harness.job(**spec) for spec in specs)  # type: ignore[arg-type]
         harness.runner_then_newcomer(runner, newcomer, after_tokens=40, timeout=120)
         assert newcomer.first_token_at is not None and runner.last_token_at is not None
-        if overflow_lanes:
+        if spare_lanes:
             assert newcomer.last_token_at is not None
             assert newcomer.last_token_at < runner.last_token_at
         else:

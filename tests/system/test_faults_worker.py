@@ -64,7 +64,7 @@ def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> It
             # One lane, no spare one: a newcomer beside a running job is admitted only by
             # restarting that job's batch (a long join, its pause well under the wait).
             f'[models.onelane]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
-            "inter_threads = 1\ntuning.overflow_lanes = 0\n"
+            "inter_threads = 1\ntuning.overflow_lanes_per_device = 0\n"
             f'[models.nobody]\npath = "{demo_model_dir}"\n'
         ),
         settings_toml=(

@@ -21,7 +21,7 @@ import requests
 
 from tests.clients import poll_until_finished
 from tests.faultstack import FaultStack, build_fault_stack, build_slow_model, wait_for
-from worker.engine.flags import PREFIX as SHM_PREFIX
+from worker.engine.flags import SHM_PREFIX
 
 LONG = {"model": "slow", "max_tokens": 1500, "ignore_eos": True, "temperature": 0}
 HEADER = "Idempotency-Key"

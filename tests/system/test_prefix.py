@@ -149,13 +149,13 @@ def test_another_keys_chat_never_starts_from_a_keys_cached_prefix(
     ]
     for spec in specs:
         spec.update(ignore_eos=True, temperature=0.0)
-    owners = ["digest-a"] * 3 + ["digest-b"] * 3
+    tenant_digests = ["digest-a"] * 3 + ["digest-b"] * 3
     table = PrefixTable((), max_entries=4, min_tokens=32)
     harness = Harness(llama_engine, private_redis, 8, wait_ms=50, prefixes=table)
     try:
         jobs = [
-            harness.run([harness.job(owner=owner, **spec)])[0]  # type: ignore[arg-type]
-            for owner, spec in zip(owners, specs, strict=True)
+            harness.run([harness.job(tenant_digest=tenant_digest, **spec)])[0]  # type: ignore[arg-type]
+            for tenant_digest, spec in zip(tenant_digests, specs, strict=True)
         ]
     finally:
         harness.close()

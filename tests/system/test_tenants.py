@@ -117,7 +117,7 @@ def test_a_flood_that_fills_every_lane_leaves_another_key_the_reserve_lane(
 ) -> None:
     """The flood's first batch is far enough along that joining it would pause its streams
     too long, and its key holds every ordinary slot: without the reserve lane the other key's
-    job would wait for that batch to end (with ``tenant_reserve_lane = false`` this fails)."""
+    job would wait for that batch to end (with ``reserve_lane = false`` this fails)."""
     flood = [post(tenants, FLOOD, max_tokens=400) for _ in range(8)]
     client = tenants.client()
     try:

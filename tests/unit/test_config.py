@@ -110,12 +110,20 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
         ("[files]\nbatch_sweep_seconds = 0\n", {}, "files.batch_sweep_seconds"),
         ("[tuning]\ngil_switch_interval_ms = -1\n", {}, "tuning.gil_switch_interval_ms"),
         ("", {"TRICKLE__TUNING__PUBLISH_MAX_INTERVAL_MS": "-5"}, "tuning.publish_max_interval_ms"),
-        ("", {"TRICKLE__MODELS__DEMO__TUNING__OVERFLOW_LANES": "-1"}, "demo.tuning.overflow_lanes"),
+        (
+            "",
+            {"TRICKLE__MODELS__DEMO__TUNING__OVERFLOW_LANES_PER_DEVICE": "-1"},
+            "demo.tuning.overflow_lanes_per_device",
+        ),
         ("[tuning]\npublish_intervall_ms = 1\n", {}, "tuning.publish_intervall_ms: unknown key"),
         ("[models.demo.tuning]\nlanes = 1\n", {}, "models.demo.tuning.lanes: unknown key"),
         # The tuning knobs' old places are gone (CHANGELOG.md): unknown keys, named.
         ("[worker]\npublish_interval_ms = 5\n", {}, "worker.publish_interval_ms: unknown key"),
-        ("[models.demo]\noverflow_lanes = 1\n", {}, "models.demo.overflow_lanes: unknown key"),
+        (
+            "[models.demo]\noverflow_lanes_per_device = 1\n",
+            {},
+            "models.demo.overflow_lanes_per_device: unknown key",
+        ),
         (
             "",
             {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},

@@ -10,8 +10,8 @@ from typing import Any
 
 from tests.unit.test_dispatch_caps import FakeCaps, FakeRequest, wait
 from worker.dispatch import JobDispatcher, QueueSwitches
-from worker.token_shares import TokenShares
-from worker.vtc import VirtualTokenCounter
+from worker.fairness.token_shares import TokenShares
+from worker.fairness.vtc import VirtualTokenCounter
 
 
 @dataclass

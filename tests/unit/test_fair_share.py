@@ -38,8 +38,8 @@ def jobs(
     ]  # fmt: skip
 
 
-def batch(members: list[ScheduledJob], reserve: bool = False) -> RunningBatch:
-    return RunningBatch(members, [job.current_request() for job in members], reserve=reserve)
+def batch(members: list[ScheduledJob], spare: bool = False) -> RunningBatch:
+    return RunningBatch(members, [job.current_request() for job in members], spare=spare)
 
 
 def test_a_key_alone_never_gets_the_reserve(holder: Holder) -> None:
@@ -66,9 +66,9 @@ def test_a_key_at_its_share_of_the_lanes_does_not(holder: Holder) -> None:
 def test_the_reserve_lanes_own_jobs_do_not_count_against_the_share(holder: Holder) -> None:
     # b's first job runs on the reserve lane; its next one may join it there.
     lanes = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
-    reserve = batch(jobs(holder, "b", 1), reserve=True)
+    spare = batch(jobs(holder, "b", 1), spare=True)
     waiting = jobs(holder, "b", 1)
-    assert keys_below_share(waiting, [*lanes, reserve], lane_slots=8, batch_size=4) == {"b"}
+    assert keys_below_share(waiting, [*lanes, spare], lane_slots=8, batch_size=4) == {"b"}
 
 
 def test_interactive_work_comes_first_then_arrival_order(holder: Holder) -> None:
@@ -97,7 +97,7 @@ def test_a_restarting_lanes_jobs_still_count_as_held(holder: Holder) -> None:
     restarting = jobs(holder, "a", 8)
     waiting = [*jobs(holder, "a", 1), *jobs(holder, "b", 1)]
     assert shares.below(waiting, []) == {"a", "b"}  # as if a held nothing
-    in_hand = shares.hand_over(restarting, reserve=False)
+    in_hand = shares.hand_over(restarting, spare=False)
     assert in_hand is restarting
     assert shares.below(waiting, []) == {"b"}
     assert [job.job_id for job in shares.candidates(waiting, [])] == ["b0"]
@@ -160,14 +160,14 @@ def test_a_job_alone_on_the_reserve_lane_holds_no_share(holder: Holder) -> None:
     """b's job that runs alone took the reserve lane beside a's flood: b is still below its
     share of the ordinary lanes (it waits for the reserve lane, not the flood's batches)."""
     flood = [batch(jobs(holder, "a", 4)), batch(jobs(holder, "a", 4))]
-    reserve = batch(jobs(holder, "b", 1, seed=3, temperature=0.7), reserve=True)
+    spare = batch(jobs(holder, "b", 1, seed=3, temperature=0.7), spare=True)
     waiting = jobs(holder, "b", 1)
-    assert keys_below_share(waiting, [*flood, reserve], lane_slots=8, batch_size=4) == {"b"}
+    assert keys_below_share(waiting, [*flood, spare], lane_slots=8, batch_size=4) == {"b"}
 
 
 def test_a_restarting_lane_of_a_job_alone_still_holds_the_lane(holder: Holder) -> None:
     shares = ReserveShares(lanes=1, lane_slots=4, batch_size=4)
     restarting = jobs(holder, "a", 1, seed=3, temperature=0.8)
     waiting = [*jobs(holder, "a", 1, seed=3, temperature=0.8), *jobs(holder, "b", 1)]
-    shares.hand_over(restarting, reserve=False)
+    shares.hand_over(restarting, spare=False)
     assert shares.below(waiting, []) == {"b"}

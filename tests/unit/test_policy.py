@@ -194,7 +194,7 @@ def test_alike_waiting_jobs_are_priced_once_per_rebalance(holder: Holder) -> Non
     lanes = [running([job(holder, 100)], steps=100), running([job(holder, 90)], steps=90)]
     waiting = [job(holder, 0) for _ in range(50)]
     counting = CountingPolicy()
-    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, tenants=False), 2)
+    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, reserving=False), 2)
     restarts: list[object] = []
 
     def restart(batch: RunningBatch, **how: object) -> bool:
@@ -208,7 +208,7 @@ def test_alike_waiting_jobs_are_priced_once_per_rebalance(holder: Holder) -> Non
     # A young batch takes joiners: each join changes the batches, so the next is priced anew.
     young = [running([job(holder, 2)], steps=2), running([job(holder, 3)], steps=3)]
     counting = CountingPolicy()
-    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, tenants=False), 2)
+    rebalancer = Rebalancer(counting, ReserveShares(0, 32, 16, reserving=False), 2)
     fresh = [job(holder, 0) for _ in range(3)]
     rebalancer.rebalance(fresh, young, 0, restart)
     assert len(restarts) == 3 and fresh == []

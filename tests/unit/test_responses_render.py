@@ -25,7 +25,7 @@ from web.streams.sse_events import typed_event
 RECORD = StoredResponse(
     id="resp_" + "a" * 32,
     job_id="job_" + "a" * 32,
-    owner="",
+    tenant_digest="",
     model="demo",
     created_at=1,
     messages=(ChatTurn("user", "hi"),),

@@ -40,8 +40,8 @@ def test_a_key_table_reads_every_field() -> None:
     assert alice.allowed_models == ("demo",) and alice.weight == 2
     assert bob.digest == digest and bob.requests_per_minute is None and bob.weight == 1
     table = TenantTable(settings.keys)
-    assert table.name_of_owner(digest) == "bob"
-    assert table.name_of_owner("someone-else") == DEFAULT_TENANT
+    assert table.name_of_digest(digest) == "bob"
+    assert table.name_of_digest("someone-else") == DEFAULT_TENANT
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_every_accepted_key_is_a_tenant_named_never_by_its_key() -> None:
     assert (plain.weight, plain.max_running_jobs, plain.requests_per_minute) == (1, 0, None)
     table = TenantTable(settings.tenants)
     # A plain key and its sha256: form are one tenant.
-    assert table.name_of_owner(digest_b) == f"key-{digest_b[:12]}"
+    assert table.name_of_digest(digest_b) == f"key-{digest_b[:12]}"
     queues = TenantQueues(settings.models, settings.tenants)
     assert (
         queues.next_queue("demo", f"key-{digest_a[:12]}") == f"trickle.demo.key.key-{digest_a[:12]}"

@@ -19,7 +19,7 @@ from web.openai.responses_api.tool_events import ToolEvents, read_whole
 RECORD = StoredResponse(
     id="resp_" + "b" * 32,
     job_id="job_" + "b" * 32,
-    owner="",
+    tenant_digest="",
     model="demo",
     created_at=1,
     messages=(ChatTurn("user", "weather?"),),

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from worker.vtc import OUTPUT_TOKEN_COST, PROMPT_TOKEN_COST, VirtualTokenCounter, job_cost
+from worker.fairness.vtc import OUTPUT_TOKEN_COST, PROMPT_TOKEN_COST, VirtualTokenCounter, job_cost
 
 
 def test_a_job_costs_its_prompt_and_twice_its_output() -> None:

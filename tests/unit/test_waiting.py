@@ -14,9 +14,9 @@ from trickle.waiting import (
 
 
 def entry(
-    name: str, at: float, owner: str = "", priority: int = 0, tokens: int = 10
+    name: str, at: float, tenant_digest: str = "", priority: int = 0, tokens: int = 10
 ) -> QueuedEntry:
-    return QueuedEntry(name, at, priority, owner, tokens)
+    return QueuedEntry(name, at, priority, tenant_digest, tokens)
 
 
 def test_without_keys_jobs_are_taken_in_submission_order() -> None:

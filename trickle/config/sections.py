@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, NonNegativeFloat, PositiveInt
 
 from trickle.config.base import Section
+from trickle.config.lanes import Lanes, SpareUse
 from trickle.config.tuning import ModelTuning
 
 
@@ -275,20 +276,16 @@ class ModelSettings(Section):
     # what a client sees (trickle/config/tuning.py).
     tuning: ModelTuning = field(default_factory=ModelTuning)
 
-    def tenant_reserve(self, shared: bool) -> bool:
-        """Whether the spare lanes are the tenants' reserve (worker/engine/fair_share.py)
-        rather than overflow lanes: when keys share the slots (``Settings.shares_slots``) and
-        ``tuning.tenant_reserve_lane``."""
-        return shared and self.tuning.tenant_reserve_lane
-
-    def spare_lanes_per_device(self, shared: bool) -> int:
-        """Engine lanes per device besides ``inter_threads``: the tenants' reserve lane, or
-        else ``overflow_lanes``."""
-        return 1 if self.tenant_reserve(shared) else self.tuning.overflow_lanes
-
-    def reserve_lanes(self, shared: bool) -> int:
-        """Spare lanes the engine runs besides ``lanes``, over every device."""
-        return max(len(self.device_index), 1) * self.spare_lanes_per_device(shared)
+    def engine_lanes(self, shares_slots: bool) -> Lanes:
+        """The engine's lanes by kind (trickle/config/lanes.py); ``shares_slots``: keys share
+        the slots (``Settings.shares_slots``), so the spare lanes may be their reserve."""
+        reserve = shares_slots and self.tuning.reserve_lane
+        return Lanes(
+            devices=max(len(self.device_index), 1),
+            ordinary_per_device=max(self.inter_threads, 1),
+            spare_per_device=1 if reserve else self.tuning.overflow_lanes_per_device,
+            spare_use=SpareUse.RESERVE if reserve else SpareUse.OVERFLOW,
+        )
 
     def with_threads(self, cores: int) -> ModelSettings:
         """These settings with engine threads left at 0 derived from ``cores``."""

@@ -38,8 +38,8 @@ class TuningSettings(Section):
     # With two API keys or more: how far a key's service on a worker (its tokens, weighted: a
     # prompt token 1, an output token 2, over the key's weight) may run ahead of the
     # least-served other key at work there before the key's next job waits for it
-    # (worker/vtc.py): keys share in tokens, not in jobs. About two long jobs' cost; 0: keys
-    # only take turns by jobs.
+    # (worker/fairness/vtc.py): keys share in tokens, not in jobs. About two long jobs' cost;
+    # 0: keys only take turns by jobs.
     share_lag_tokens: NonNegativeFloat = 4096.0
     # A stream writes at most once per this interval after the first token (tokens that arrive
     # meanwhile go out together). 0: as messages arrive, since the publisher already paces each
@@ -90,11 +90,11 @@ class ModelTuning(Section):
     # With two API keys or more (named or api_keys): one engine lane more per device, and one
     # batch more in the prefetch window, for keys below their share of the slots while a flood
     # holds every other lane (worker/engine/fair_share.py). It shares the cores while it runs.
-    tenant_reserve_lane: bool = True
+    reserve_lane: bool = True
     # Without the tenants' reserve lane: engine lanes beyond inter_threads per device for a job
     # that no running batch can take without pausing its streams past rebatch_max_stall_ms and
     # that would otherwise wait for a batch to end (worker/engine/rebalance.py), while one more
     # lane stretches the running steps by at most that budget. They are never given a split's
     # half, so one is free for the next such job; on a CPU they share the cores while they run.
     # More than one, because arrivals come in clumps (docs/performance.md). 0 = none.
-    overflow_lanes: NonNegativeInt = 3
+    overflow_lanes_per_device: NonNegativeInt = 3

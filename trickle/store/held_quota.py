@@ -1,4 +1,4 @@
-"""A per-owner quota whose holds are taken atomically, before what they pay for is written.
+"""A per-tenant quota whose holds are taken atomically, before what they pay for is written.
 
 Checking the room, then writing, lets concurrent writers each see the same room and all take it
 (six 52 MiB uploads stored 313 MiB against a 256 MiB quota). Here one script drops the holds
@@ -45,7 +45,7 @@ return {0, used + adding}
 
 class QuotaFull(Exception):
     """A hold was refused: ``kind`` is ``bytes`` (no room) or ``count`` (too many holders);
-    ``used`` the owner's bytes, or holders, at that moment."""
+    ``used`` the tenant's bytes, or holders, at that moment."""
 
     def __init__(self, kind: str, used: int):
         super().__init__(f"{kind} quota full at {used}")
@@ -54,7 +54,7 @@ class QuotaFull(Exception):
 
 
 class HeldQuota:
-    """One owner's holds against a per-key quota (``HOLD_SCRIPT``): bytes are held before
+    """One tenant's holds against a per-key quota (``HOLD_SCRIPT``): bytes are held before
     they are written, by one script, so concurrent writers never both take the last room; a
     hold lapses at its time (a file's expiry, a dead upload's lease) without anyone's help."""
 
@@ -86,7 +86,7 @@ class HeldQuota:
 
     def keep(self, pipe: Any, holder: str, lapses_at: float) -> None:
         """Renews ``holder``'s hold to ``lapses_at`` on ``pipe``: what it pays for is kept
-        until then (a file committed: its expiry, the longest any hold of the owner lasts)."""
+        until then (a file committed: its expiry, the longest any hold of the tenant lasts)."""
         pipe.zadd(self.keys[0], {holder: lapses_at}, xx=True)
         for key in self.keys:
             pipe.expire(key, max(1, int(lapses_at - time.time()) + 1))

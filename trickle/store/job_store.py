@@ -155,13 +155,13 @@ class JobStore:
         value = self.redis.hget(keys.job(job_id), "status")
         return JobStatus(value) if value else None
 
-    def owner(self, job_id: str) -> str | None:
+    def tenant_digest(self, job_id: str) -> str | None:
         """The digest of the API key that created the job ("" without keys), None if the job
         does not exist: enough to tell a caller it may wait for the job."""
         if not is_job_id(job_id):
             return None
-        status, owner = self.redis.hmget(keys.job(job_id), ["status", "owner_key"])
-        return None if status is None else str(owner or "")
+        status, tenant_digest = self.redis.hmget(keys.job(job_id), ["status", "tenant_digest"])
+        return None if status is None else str(tenant_digest or "")
 
     def finished_many(self, job_ids: Sequence[str]) -> list[Job | None]:
         """Finished jobs' records in one round trip (a batch's output reads thousands); a job

@@ -36,7 +36,7 @@ CLAIM_FIELDS = (
     "traceparent",
     "arrived_at",
     "deadline",
-    "owner_key",  # its key's name: usage per key, and its queue when it is requeued
+    "tenant_digest",  # its key's name: usage per key, and its queue when it is requeued
 )
 
 

@@ -9,8 +9,7 @@ from typing import Any
 import sentencepiece as spm
 
 from trickle.tokenization.interface import SPECIAL_MARK, Tokenizer
-
-SPACE = "\u2581"  # SentencePiece's word-boundary marker
+from trickle.tokenization.piece_bytes import SPACE  # SentencePiece's word-boundary marker
 
 
 class SentencePieceTokenizer(Tokenizer):

@@ -74,7 +74,7 @@ def unauthorized(message: str) -> HttpError:
     )
 
 
-def current_owner() -> str:
+def current_tenant_digest() -> str:
     """The caller's key digest ("" when no API keys are configured): jobs belong to it."""
     return str(g.get("api_key_digest", ""))
 

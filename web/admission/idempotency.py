@@ -26,7 +26,7 @@ from typing import Any
 from flask import request
 
 from trickle import keys
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.common.errors import HttpError, invalid
 from web.services import Services
 
@@ -72,7 +72,7 @@ def requested_key(payload: Any) -> IdempotencyKey | None:
         raise invalid(HEADER, f"{HEADER} must not be empty")
     if len(value) > MAX_LENGTH:
         raise invalid(HEADER, f"{HEADER} must be at most {MAX_LENGTH} characters")
-    scope = current_owner()
+    scope = current_tenant_digest()
     return IdempotencyKey(
         keys.idempotency(scope, value), keys.idempotency_shard(scope, value), _fingerprint(payload)
     )

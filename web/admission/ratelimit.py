@@ -37,7 +37,7 @@ from limits import RateLimitItem, RateLimitItemPerMinute
 from trickle import keys
 from trickle.config.sections import RateLimitSettings
 from trickle.config.settings import Settings
-from web.admission.auth import current_key, current_owner, route_access, stream_grant
+from web.admission.auth import current_key, current_tenant_digest, route_access, stream_grant
 from web.common.errors import too_many
 
 KINDS = ("requests", "tokens")
@@ -79,7 +79,7 @@ def caller_limits(defaults: RateLimitSettings) -> CallerLimits | None:
         subject = f"key:{key.name}"
     else:
         rpm, tpm = defaults.requests_per_minute, defaults.tokens_per_minute
-        subject = current_owner() or f"addr:{request.remote_addr or 'unknown'}"
+        subject = current_tenant_digest() or f"addr:{request.remote_addr or 'unknown'}"
     if not (rpm or tpm):
         return None
     return CallerLimits(subject, rpm, tpm)

@@ -18,7 +18,7 @@ from trickle.queue import BROKER_ERRORS, enqueue_generation, publishing_into
 from trickle.store.job_store import CancelOutcome
 from trickle.telemetry.metric_defs import JOBS
 from trickle.telemetry.metrics import count_now
-from web.admission.auth import current_key, current_owner
+from web.admission.auth import current_key, current_tenant_digest
 from web.admission.idempotency import Created, IdempotencyKey, matching, ttl_seconds
 from web.admission.key_policy import check_key_policy
 from web.common.arrival import arrival_time
@@ -77,7 +77,7 @@ def prepare_job(
         params=params,
         usage=Usage(prompt_tokens=len(prompt_ids)),
         created_at=time.time(),
-        owner=current_owner(),
+        tenant_digest=current_tenant_digest(),
         prompt_ids=tuple(prompt_ids),
         arrived_at=arrival_time(),
     )
@@ -89,8 +89,8 @@ def admission_cost(jobs: list[Job]) -> int:
 
 
 def tenant_of(svc: Services, job: Job) -> str:
-    """The job's tenant (its owner's key name), which picks its queue."""
-    return svc.tenants.name_of_owner(job.owner)
+    """The job's tenant (its tenant's key name), which picks its queue."""
+    return svc.tenants.name_of_digest(job.tenant_digest)
 
 
 def admit(svc: Services, jobs: list[Job]) -> None:

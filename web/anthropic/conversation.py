@@ -28,7 +28,7 @@ from web.common.errors import invalid
 from web.common.tools.definitions import ToolFields, ToolUse, tool_use
 
 ERROR_PREFIX = "Error: "
-FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema")
+TOOL_FIELDS = ToolFields("tools[{}].name", "tools[{}].input_schema")
 
 
 def message_tools(
@@ -60,7 +60,7 @@ def message_tools(
     named = choice.name if choice is not None and choice.type == "tool" else None
     parallel = False if choice is not None and choice.disable_parallel_tool_use else None
     choice_kind = "required" if kind == "any" else kind
-    return tool_use(definitions, names, FIELDS, choice_kind, named, parallel, parser)
+    return tool_use(definitions, names, TOOL_FIELDS, choice_kind, named, parallel, parser)
 
 
 def conversation_turns(messages: list[AnthropicMessage], declared: set[str]) -> list[ChatTurn]:

@@ -15,7 +15,7 @@ from flask import Flask, Response, request
 from web.anthropic.models import AnthropicError
 from web.common.errors import HttpError
 
-PREFIX = "/v1/messages"
+MESSAGES_PATH = "/v1/messages"
 # Anthropic's error types by HTTP status (their documented table; 503 is Trickle's Redis or
 # broker being away, an api_error there).
 TYPES = {
@@ -49,7 +49,7 @@ def from_http_error(error: HttpError) -> AnthropicError:
 
 
 def is_messages_path(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
 
 
 def install_error_shape(app: Flask) -> None:

@@ -21,13 +21,13 @@ from web.common.request_models import (
     MIN_TOP_P,
     STRICT,
     UNBOUND_MAX_TOKENS,
-    Text,
+    PromptText,
     max_tokens_field,
 )
 from web.common.tools.models import MAX_TOOLS, Strict, ToolName
 
 # Anthropic's temperature range (OpenAI's goes to 2).
-MAX_TEMPERATURE = 1.0
+MAX_ANTHROPIC_TEMPERATURE = 1.0
 MAX_USER_ID_CHARS = 256
 # anthropic-version is a date (the SDKs send the one they were built for: 2023-06-01 for years,
 # later ones since); every version's Messages API is served the same, but a value that is no
@@ -53,7 +53,7 @@ class AnthropicTextBlock(BaseModel):
     model_config = STRICT
 
     type: Literal["text"]
-    text: Text
+    text: PromptText
     cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
 
 
@@ -76,7 +76,7 @@ class AnthropicToolResultBlock(BaseModel):
 
     type: Literal["tool_result"]
     tool_use_id: Annotated[str, Field(min_length=1)]
-    content: Text | list[AnthropicTextBlock] | None = None
+    content: PromptText | list[AnthropicTextBlock] | None = None
     is_error: bool | None = Field(None, description="true: the template reads 'Error: ' first")
     cache_control: AnthropicCacheControl | None = Field(None, description="accepted, not used")
 
@@ -91,7 +91,7 @@ class AnthropicMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["user", "assistant"]
-    content: Text | list[AnthropicBlock]
+    content: PromptText | list[AnthropicBlock]
 
 
 class AnthropicMetadata(BaseModel):
@@ -149,7 +149,7 @@ class CountTokensRequest(BaseModel):
 
     model: str | None = Field(None, description="a served model; the default one when absent")
     messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
-    system: Text | list[AnthropicTextBlock] | None = None
+    system: PromptText | list[AnthropicTextBlock] | None = None
     tools: Annotated[list[AnthropicTool] | None, Field(max_length=MAX_TOOLS)] = None
     tool_choice: AnthropicToolChoice | None = None
 
@@ -221,7 +221,7 @@ class MessagesRequest(CountTokensRequest):
     stop_sequences: stop_sequences_field(  # type: ignore[valid-type]
         UNBOUND_MAX_TOKENS, UNBOUND_MAX_TOKENS
     ) = None
-    temperature: Annotated[float | None, Field(ge=0.0, le=MAX_TEMPERATURE)] = None
+    temperature: Annotated[float | None, Field(ge=0.0, le=MAX_ANTHROPIC_TEMPERATURE)] = None
     top_p: Annotated[float | None, Field(ge=MIN_TOP_P, le=1.0)] = None
     top_k: Annotated[int | None, Field(ge=0, le=MAX_TOP_K)] = None
     metadata: AnthropicMetadata | None = None
@@ -324,7 +324,7 @@ class AnthropicError(TypedDict):
     error: AnthropicErrorDetail
 
 
-RESPONSE_MODELS: dict[str, Any] = {
+ANTHROPIC_RESPONSE_MODELS: dict[str, Any] = {
     "Message": MessageObject,
     "MessageTokensCount": MessageTokensCount,
     "AnthropicError": AnthropicError,

@@ -37,7 +37,7 @@ def stop_reason(job: Job, called: bool = False) -> StopReason:
         return "max_tokens"  # cut short: by max_tokens, or by its deadline
     if called:
         return "tool_use"
-    # A job canceled through /v1/jobs/<id>/cancel ended at its owner's request: a turn's end.
+    # A job canceled through /v1/jobs/<id>/cancel ended at its tenant's request: a turn's end.
     return "stop_sequence" if job.stop_sequence else "end_turn"
 
 

@@ -127,7 +127,9 @@ def _event_stream(
     try:
         # With tools the parser reads every token from the first, whatever the resume point.
         first = after if parser is None else -1
-        follower = JobFollower(svc.store, svc.hub, job.id, first, job.owner, False, svc.waiting)
+        follower = JobFollower(
+            svc.store, svc.hub, job.id, first, job.tenant_digest, False, svc.waiting
+        )
     except JobNotFound:
         raise not_found(f"message {render.message_id(job.id)!r} has expired", HEADER) from None
     body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))

@@ -46,10 +46,10 @@ def is_file_id(value: str) -> bool:
 
 @dataclass
 class FileRecord:
-    """A stored file's object, exactly the fields OpenAI's file object has, plus its owner."""
+    """A stored file's object, exactly the fields OpenAI's file object has, plus its tenant."""
 
     id: str
-    owner: str
+    tenant_digest: str
     bytes: int
     created_at: int
     filename: str
@@ -72,7 +72,7 @@ class FileRecord:
     def to_hash(self) -> dict[str, str]:
         return {
             "id": self.id,
-            "owner": self.owner,
+            "tenant_digest": self.tenant_digest,
             "bytes": str(self.bytes),
             "created_at": str(self.created_at),
             "filename": self.filename,
@@ -84,7 +84,7 @@ class FileRecord:
     def from_hash(cls, fields: dict[str, str]) -> FileRecord:
         return cls(
             id=fields["id"],
-            owner=fields.get("owner", ""),
+            tenant_digest=fields.get("tenant_digest", ""),
             bytes=int(fields["bytes"]),
             created_at=int(fields["created_at"]),
             filename=fields["filename"],
@@ -99,7 +99,7 @@ class FileTooLarge(Exception):
 
 class FileWriter:
     """Appends a new file's bytes to its chunk list as they arrive, a chunk per RPUSH, each
-    chunk's bytes held against the owner's quota before it is written.
+    chunk's bytes held against the tenant's quota before it is written.
 
     The file does not exist until ``FileStore.commit`` writes its record: chunks of an upload
     that fails or whose process dies are never listed and expire with their TTL, and their
@@ -180,30 +180,39 @@ class FileStore:
         self.settings = settings
         self.retention_seconds = settings.retention_seconds
 
-    def quota(self, owner: str) -> HeldQuota:
-        """The owner's file storage: ``files.max_bytes_per_key`` and ``max_files_per_key``."""
+    def quota(self, tenant_digest: str) -> HeldQuota:
+        """The tenant's file storage: ``files.max_bytes_per_key`` and ``max_files_per_key``."""
         return HeldQuota(
             self.redis,
-            keys.files_held(owner),
-            keys.files_held_bytes(owner),
+            keys.files_held(tenant_digest),
+            keys.files_held_bytes(tenant_digest),
             self.settings.max_bytes_per_key,
             self.settings.max_files_per_key,
         )
 
-    def writer(self, owner: str, filename: str, limit: int, enforce: bool = True) -> FileWriter:
+    def writer(
+        self, tenant_digest: str, filename: str, limit: int, enforce: bool = True
+    ) -> FileWriter:
         """A new file's writer, its record's cost held already (QuotaFull when refused);
-        ``enforce`` False: its bytes count against the owner's storage but are never refused
+        ``enforce`` False: its bytes count against the tenant's storage but are never refused
         (a batch's output, which must be kept whole)."""
         writer = FileWriter(
-            self.redis, new_file_id(), limit, self.retention_seconds, self.quota(owner), enforce
+            self.redis,
+            new_file_id(),
+            limit,
+            self.retention_seconds,
+            self.quota(tenant_digest),
+            enforce,
         )
         return writer.open(filename)
 
-    def record_for(self, writer: FileWriter, owner: str, filename: str, purpose: str) -> FileRecord:
+    def record_for(
+        self, writer: FileWriter, tenant_digest: str, filename: str, purpose: str
+    ) -> FileRecord:
         now = int(time.time())
         return FileRecord(
             writer.file_id,
-            owner,
+            tenant_digest,
             writer.size,
             now,
             filename,
@@ -212,7 +221,7 @@ class FileStore:
         )
 
     def commit(self, record: FileRecord, pipe: Any = None) -> None:
-        """Makes a written file visible: its record, its place in the owner's index, and its
+        """Makes a written file visible: its record, its place in the tenant's index, and its
         hold kept until it expires (on ``pipe`` when given, so it lands with the caller's
         other writes)."""
         own = pipe is None
@@ -221,9 +230,9 @@ class FileStore:
         pipe.expire(keys.file(record.id), self.retention_seconds)
         pipe.expire(keys.file_chunks(record.id), self.retention_seconds)
         # Scored by the moment, not created_at's whole seconds: the list keeps upload order.
-        pipe.zadd(keys.files_of(record.owner), {record.id: time.time()})
-        pipe.expire(keys.files_of(record.owner), self.retention_seconds)
-        self.quota(record.owner).keep(pipe, record.id, record.expires_at)
+        pipe.zadd(keys.files_of(record.tenant_digest), {record.id: time.time()})
+        pipe.expire(keys.files_of(record.tenant_digest), self.retention_seconds)
+        self.quota(record.tenant_digest).keep(pipe, record.id, record.expires_at)
         if own:
             pipe.execute()
 
@@ -247,18 +256,23 @@ class FileStore:
     def delete(self, record: FileRecord) -> None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.delete(keys.file(record.id), keys.file_chunks(record.id))
-        pipe.zrem(keys.files_of(record.owner), record.id)
-        self.quota(record.owner).release(record.id, pipe)
+        pipe.zrem(keys.files_of(record.tenant_digest), record.id)
+        self.quota(record.tenant_digest).release(record.id, pipe)
         pipe.execute()
 
     def page(
-        self, owner: str, limit: int, after: str | None, newest_first: bool, purpose: str | None
+        self,
+        tenant_digest: str,
+        limit: int,
+        after: str | None,
+        newest_first: bool,
+        purpose: str | None,
     ) -> tuple[list[FileRecord], bool] | None:
-        """Up to ``limit`` of the owner's live files after the file ``after`` (None: from the
-        start), and whether more follow; None when ``after`` is not the owner's. Records are
+        """Up to ``limit`` of the tenant's live files after the file ``after`` (None: from the
+        start), and whether more follow; None when ``after`` is not the tenant's. Records are
         read a slice at a time, never all of the key's: ids whose file expired leave the
         index."""
-        index = keys.files_of(owner)
+        index = keys.files_of(tenant_digest)
         start = 0
         if after is not None:
             rank = (self.redis.zrevrank if newest_first else self.redis.zrank)(index, after)
@@ -275,13 +289,13 @@ class FileStore:
             ]
             if not ids:
                 break
-            live, gone = self._live(owner, ids, purpose)
+            live, gone = self._live(tenant_digest, ids, purpose)
             found += live
             start += len(ids) - gone  # the ids that left the index moved the rest up
         return found[:limit], len(found) > limit
 
     def _live(
-        self, owner: str, ids: list[str], purpose: str | None
+        self, tenant_digest: str, ids: list[str], purpose: str | None
     ) -> tuple[list[FileRecord], int]:
         """The live records of ``ids`` (of ``purpose``), and how many left the index."""
         pipe = self.redis.pipeline(transaction=False)
@@ -296,7 +310,7 @@ class FileStore:
             if purpose is None or record.purpose == purpose:
                 found.append(record)
         if gone:
-            self.redis.zrem(keys.files_of(owner), *gone)
+            self.redis.zrem(keys.files_of(tenant_digest), *gone)
         return found, len(gone)
 
 

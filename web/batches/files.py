@@ -17,7 +17,7 @@ from werkzeug.formparser import FormDataParser
 from trickle import keys
 from trickle.config.sections import FileSettings
 from trickle.store.held_quota import QuotaFull
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.admission.ratelimit import counted_read
 from web.batches.file_store import (
     MAX_FILENAME_CHARS,
@@ -48,7 +48,7 @@ def upload_file() -> Response:
     svc = services()
     settings = svc.settings.files
     store = svc.files
-    owner = current_owner()
+    tenant_digest = current_tenant_digest()
     if request.mimetype != "multipart/form-data":
         raise invalid("file", "upload the file as multipart/form-data, in a field named 'file'")
     length = request.content_length
@@ -60,7 +60,7 @@ def upload_file() -> Response:
         filename = part.get("filename") or "file"
         if len(filename) > MAX_FILENAME_CHARS:
             raise invalid("file", f"a filename is at most {MAX_FILENAME_CHARS} characters")
-        writers.append(store.writer(owner, filename, settings.max_file_bytes))
+        writers.append(store.writer(tenant_digest, filename, settings.max_file_bytes))
         return writers[-1]
 
     try:
@@ -78,7 +78,7 @@ def upload_file() -> Response:
             raise invalid("file", "a multipart upload needs the file in a field named 'file'")
         assert isinstance(writer, FileWriter)
         writer.finish()
-        record = store.record_for(writer, owner, filename, purpose)
+        record = store.record_for(writer, tenant_digest, filename, purpose)
         store.commit(record)
     except FileTooLarge as exc:
         _discard(writers)
@@ -162,7 +162,7 @@ def list_files() -> Response:
     limit = page_limit(MAX_LIST_LIMIT, MAX_LIST_LIMIT)
     after = request.args.get("after")
     found = svc.files.page(
-        current_owner(), limit, after, order == "desc", request.args.get("purpose")
+        current_tenant_digest(), limit, after, order == "desc", request.args.get("purpose")
     )
     if found is None:
         raise invalid("after", f"{after!r} is not in this list")
@@ -251,7 +251,7 @@ def _check_unread(svc: Services, record: FileRecord) -> None:
 def visible_file(store: FileStore, file_id: str, param: str = "file_id") -> FileRecord:
     """The caller's file; unknown, expired, deleted or another key's: 404 naming ``param``."""
     record = store.get(file_id)
-    if record is None or not owned_by(record.owner, current_owner()):
+    if record is None or not owned_by(record.tenant_digest, current_tenant_digest()):
         raise not_found(f"file {file_id!r} does not exist", param)
     return record
 

@@ -121,10 +121,10 @@ def _write_files(
     order; a file with no line is not made. Returns their records (written, not committed)
     and their ids and line counts."""
     files = svc.files
-    # Counted against the owner's storage (a batch's output may be thousands of times its
+    # Counted against the tenant's storage (a batch's output may be thousands of times its
     # input), never refused: the requests ran, their results are kept whole.
     output, errors = (
-        files.writer(batch.owner, _filename(batch, name), sys.maxsize, enforce=False)
+        files.writer(batch.tenant_digest, _filename(batch, name), sys.maxsize, enforce=False)
         for name in ("output", "error")
     )
     written = {id(output): 0, id(errors): 0}
@@ -139,7 +139,9 @@ def _write_files(
         if written[id(writer)]:
             writer.finish()
             records.append(
-                files.record_for(writer, batch.owner, _filename(batch, name), "batch_output")
+                files.record_for(
+                    writer, batch.tenant_digest, _filename(batch, name), "batch_output"
+                )
             )
             ids.append(writer.file_id)
         else:

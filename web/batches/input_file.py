@@ -17,7 +17,7 @@ from typing import Any
 from trickle import keys
 from trickle.jobs import BATCH_PRIORITY
 from trickle.queue import BROKER_ERRORS, enqueue_batch_task
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.admission.idempotency import (
     HEADER,
     Created,
@@ -40,10 +40,10 @@ from web.services import Services
 log = logging.getLogger(__name__)
 FIELDS = ("input_file_id", "endpoint", "completion_window", "metadata")
 COMPLETION_WINDOWS = ("24h",)
-MAX_METADATA_PAIRS = 16
+MAX_BATCH_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
-BACKLOG_RETRY_AFTER_SECONDS = 30
+INPUT_BACKLOG_RETRY_AFTER_SECONDS = 30
 
 
 def file_batch_request(raw: bytes) -> dict[str, Any] | None:
@@ -108,7 +108,7 @@ def _create(
     lines = count_lines(svc, source.id)
     now = time.time()
     batch = BatchRecord(
-        batch_id, current_owner(), now, endpoint, 0, stage="validating",
+        batch_id, current_tenant_digest(), now, endpoint, 0, stage="validating",
         input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
     )  # fmt: skip
     limit = svc.settings.limits.max_batch_requests
@@ -153,9 +153,9 @@ def _metadata(value: Any) -> dict[str, str] | None:
     """OpenAI's metadata: at most 16 string pairs, keys to 64 characters, values to 512."""
     if value is None:
         return None
-    if not isinstance(value, dict) or len(value) > MAX_METADATA_PAIRS:
+    if not isinstance(value, dict) or len(value) > MAX_BATCH_METADATA_PAIRS:
         raise invalid(
-            "metadata", f"metadata must be an object of at most {MAX_METADATA_PAIRS} pairs"
+            "metadata", f"metadata must be an object of at most {MAX_BATCH_METADATA_PAIRS} pairs"
         )
     for name, text in value.items():
         if len(name) > MAX_METADATA_KEY or not isinstance(text, str):
@@ -177,7 +177,7 @@ def _check_backlog(svc: Services, adding: int) -> None:
     waiting for any served model (lines are read later, so their models are not known yet).
     The 429 names the caller's limit, never the depth of other callers' work."""
     limit = svc.settings.limits.max_batch_backlog
-    tenant = svc.tenants.name_of_owner(current_owner())
+    tenant = svc.tenants.name_of_digest(current_tenant_digest())
     waiting = sum(
         svc.queues.depth(model, tenant, BATCH_PRIORITY) for model in svc.settings.served_models()
     )
@@ -186,7 +186,7 @@ def _check_backlog(svc: Services, adding: int) -> None:
             "batch_queue_full",
             f"no room for {adding} more batch jobs of this key "
             f"(limits.max_batch_backlog = {limit} per key); retry later",
-            BACKLOG_RETRY_AFTER_SECONDS,
+            INPUT_BACKLOG_RETRY_AFTER_SECONDS,
         )
 
 

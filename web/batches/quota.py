@@ -18,7 +18,7 @@ import time
 
 from trickle import keys
 from trickle.store.held_quota import HeldQuota, QuotaFull
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.batches.store import BatchStore
 from web.common.errors import HttpError
 from web.services import Services
@@ -26,12 +26,12 @@ from web.services import Services
 QUOTA_CODE = "batch_storage_full"
 
 
-def batch_inputs(svc: Services, owner: str) -> HeldQuota:
-    """The owner's batch-input holds (no bound on their count: the job backlog is one)."""
+def batch_inputs(svc: Services, tenant_digest: str) -> HeldQuota:
+    """The tenant's batch-input holds (no bound on their count: the job backlog is one)."""
     return HeldQuota(
         svc.redis,
-        keys.batch_inputs_held(owner),
-        keys.batch_inputs_held_bytes(owner),
+        keys.batch_inputs_held(tenant_digest),
+        keys.batch_inputs_held_bytes(tenant_digest),
         svc.settings.limits.max_batch_input_bytes_per_key,
         sys.maxsize,
     )
@@ -46,7 +46,7 @@ def hold_batch_storage(
     batch not be made."""
     check_output_room(svc, param)
     limit = svc.settings.limits.max_batch_input_bytes_per_key
-    quota = batch_inputs(svc, current_owner())
+    quota = batch_inputs(svc, current_tenant_digest())
     try:
         quota.hold(batch_id, adding, time.time() + store.ttl_seconds)
     except QuotaFull as exc:
@@ -71,7 +71,7 @@ def check_output_room(svc: Services, param: str) -> None:
     while the key's files already fill that storage, and what outputs can overrun it is bounded
     by the batches in flight."""
     files = svc.settings.files
-    used = svc.files.quota(current_owner()).used()
+    used = svc.files.quota(current_tenant_digest()).used()
     if used < files.max_bytes_per_key:
         return
     raise HttpError(

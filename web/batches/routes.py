@@ -24,7 +24,7 @@ from werkzeug.formparser import FormDataParser
 from trickle import keys
 from trickle.jobs import BATCH_PRIORITY, Job
 from trickle.queue import BROKER_ERRORS, enqueue_batch_task
-from web.admission.auth import current_key, current_owner
+from web.admission.auth import current_key, current_tenant_digest
 from web.admission.idempotency import (
     HEADER,
     Created,
@@ -48,6 +48,7 @@ from web.batches.quota import hold_batch_storage
 from web.batches.store import BatchItem, BatchRecord, BatchStore, new_batch_id
 from web.common.body import decode_utf8, read_body
 from web.common.errors import HttpError, invalid, not_found, too_many, unavailable
+from web.common.openapi_parts import JSONL
 from web.common.response_models import Batch
 from web.common.turns import collection_paused, in_groups, in_turns
 from web.openai.requests import OpenAIRequest
@@ -59,7 +60,6 @@ log = logging.getLogger(__name__)
 blueprint = Blueprint("batches", __name__)
 
 BATCH_URLS = ("/v1/chat/completions", "/v1/completions")
-JSONL = "application/jsonl"
 BACKLOG_RETRY_AFTER_SECONDS = 30
 DEFAULT_PAGE = 20
 MAX_PAGE = 100
@@ -156,7 +156,7 @@ def _create(
     urls = {item.url for item in items}
     now = time.time()
     endpoint = urls.pop() if len(urls) == 1 else "mixed"
-    batch = BatchRecord(batch_id, current_owner(), now, endpoint, len(items))
+    batch = BatchRecord(batch_id, current_tenant_digest(), now, endpoint, len(items))
     batch.in_progress_at = now
     batch.input_bytes = input_bytes
     store = _store(svc)
@@ -262,7 +262,7 @@ def _reserve_jobs(svc: Services, parsed: dict[int, OpenAIRequest]) -> Reservatio
             f"the batch would create {adding} jobs (prompts x n per line); "
             f"the limit is {limits.max_batch_jobs}",
         )
-    tenant = svc.tenants.name_of_owner(current_owner())
+    tenant = svc.tenants.name_of_digest(current_tenant_digest())
     waiting = {model: svc.queues.depth(model, tenant, BATCH_PRIORITY) for model in per_model}
     reserved = svc.pending_batch.reserve_within(
         tenant, per_model, waiting, limits.max_batch_backlog
@@ -284,8 +284,8 @@ def list_batches() -> Response:
     svc = services()
     store = _store(svc)
     limit = page_limit(DEFAULT_PAGE, MAX_PAGE)
-    owner = current_owner()
-    ids = store.owned(owner)
+    tenant_digest = current_tenant_digest()
+    ids = store.of_tenant(tenant_digest)
     after = request.args.get("after")
     if after is not None:
         if after not in ids:
@@ -296,7 +296,7 @@ def list_batches() -> Response:
         if len(objects) > limit:  # one more than the page tells has_more
             break
         found = store.record(batch_id)
-        if found is None:  # expired (its entry leaves the index at the owner's next batch)
+        if found is None:  # expired (its entry leaves the index at the tenant's next batch)
             continue
         objects.append(current_object(svc, store, found))
     return jsonify(cursor_page(objects, limit))
@@ -355,15 +355,15 @@ def _store(svc: Services) -> BatchStore:
 
 def _visible_record(svc: Services, store: BatchStore, batch_id: str) -> BatchRecord:
     found = store.record(batch_id)
-    if found is None or not owned_by(found.owner, current_owner()):
+    if found is None or not owned_by(found.tenant_digest, current_tenant_digest()):
         raise not_found(f"batch {batch_id!r} does not exist or has expired", "batch_id")
     return found
 
 
 def _visible(svc: Services, batch_id: str) -> tuple[BatchRecord, list[BatchItem]]:
     found = _store(svc).get(batch_id)
-    owner = current_owner()
-    if found is None or (owner and found[0].owner != owner):
+    tenant_digest = current_tenant_digest()
+    if found is None or (tenant_digest and found[0].tenant_digest != tenant_digest):
         raise not_found(f"batch {batch_id!r} does not exist or has expired", "batch_id")
     return found
 

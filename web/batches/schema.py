@@ -5,8 +5,8 @@ from __future__ import annotations
 from web.batches.file_store import UPLOAD_PURPOSES
 from web.batches.input_file import (
     COMPLETION_WINDOWS,
+    MAX_BATCH_METADATA_PAIRS,
     MAX_METADATA_KEY,
-    MAX_METADATA_PAIRS,
     MAX_METADATA_VALUE,
 )
 from web.batches.lines import BATCH_ENDPOINTS
@@ -34,7 +34,7 @@ BATCH_CREATE_SCHEMA: Part = {
         "completion_window": {"type": "string", "enum": list(COMPLETION_WINDOWS)},
         "metadata": {
             "type": ["object", "null"],
-            "maxProperties": MAX_METADATA_PAIRS,
+            "maxProperties": MAX_BATCH_METADATA_PAIRS,
             "propertyNames": {"maxLength": MAX_METADATA_KEY},
             "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
         },

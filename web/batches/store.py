@@ -122,7 +122,7 @@ class BatchRecord:
     ``web.common.response_models.Batch``."""
 
     id: str
-    owner: str
+    tenant_digest: str
     created_at: float
     endpoint: str
     total: int
@@ -150,7 +150,7 @@ class BatchRecord:
     def to_hash(self) -> dict[str, str]:
         fields = {
             "id": self.id,
-            "owner": self.owner,
+            "tenant_digest": self.tenant_digest,
             "created_at": repr(self.created_at),
             "endpoint": self.endpoint,
             "total": str(self.total),
@@ -167,7 +167,7 @@ class BatchRecord:
         optional = {name: json.loads(fields[name]) for name in _OPTIONAL if name in fields}
         return cls(
             id=fields["id"],
-            owner=fields.get("owner", ""),
+            tenant_digest=fields.get("tenant_digest", ""),
             created_at=float(fields["created_at"]),
             endpoint=fields["endpoint"],
             total=int(fields["total"]),
@@ -189,13 +189,13 @@ class BatchStore:
         self.index(batch)
 
     def index(self, batch: BatchRecord) -> None:
-        """Lists a created batch under its owner (another slot on a cluster: its own call)."""
+        """Lists a created batch under its tenant (another slot on a cluster: its own call)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.zadd(keys.batches_of(batch.owner), {batch.id: batch.created_at})
-        pipe.expire(keys.batches_of(batch.owner), self.ttl_seconds)
-        # Batches whose record has expired leave the owner's list (a list only reads).
+        pipe.zadd(keys.batches_of(batch.tenant_digest), {batch.id: batch.created_at})
+        pipe.expire(keys.batches_of(batch.tenant_digest), self.ttl_seconds)
+        # Batches whose record has expired leave the tenant's list (a list only reads).
         older = batch.created_at - self.ttl_seconds
-        pipe.zremrangebyscore(keys.batches_of(batch.owner), "-inf", older)
+        pipe.zremrangebyscore(keys.batches_of(batch.tenant_digest), "-inf", older)
         pipe.zadd(keys.batches_unsettled(), {batch.id: batch.created_at})
         # Batches no sweep saw end (sweeping off) leave the set once their record is gone.
         pipe.zremrangebyscore(keys.batches_unsettled(), "-inf", older)
@@ -263,9 +263,9 @@ class BatchStore:
         fields = self.redis.hgetall(keys.batch(batch_id))
         return BatchRecord.from_hash(fields) if fields else None
 
-    def owned(self, owner: str) -> list[str]:
-        """The owner's batch ids, newest first (ids whose batch expired are left out later)."""
-        return list(self.redis.zrevrange(keys.batches_of(owner), 0, -1))
+    def of_tenant(self, tenant_digest: str) -> list[str]:
+        """The tenant's batch ids, newest first (ids whose batch expired are left out later)."""
+        return list(self.redis.zrevrange(keys.batches_of(tenant_digest), 0, -1))
 
     def job_statuses(self, items: list[BatchItem]) -> dict[str, str]:
         """The status of every job of the batch (missing: expired)."""

@@ -8,8 +8,8 @@ lapses when its process dies; settling writes the files under a lease and only t
 stage. So a task run twice does the work once, and one that died midway is run again (its
 message is acked late, and the sweep resends it) from where the last group ended.
 
-A line becomes jobs exactly as the same request sent by its owner would: the tasks run in a
-request context of the batch's owner (its key's policy and limits are read from Flask's ``g``).
+A line becomes jobs exactly as the same request sent by its tenant would: the tasks run in a
+request context of the batch's tenant (its key's policy and limits are read from Flask's ``g``).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def as_owner(app: Flask, owner: str) -> Iterator[Services]:
-    """A request context of ``owner``'s (the API key digest that made the batch)."""
+def as_owner(app: Flask, tenant_digest: str) -> Iterator[Services]:
+    """A request context of ``tenant_digest``'s (the API key digest that made the batch)."""
     svc = services(app)
     with app.test_request_context("/v1/batches", method="POST"):
-        g.api_key_digest = owner
-        g.api_key = svc.tenants.by_digest(owner) if owner else None
+        g.api_key_digest = tenant_digest
+        g.api_key = svc.tenants.by_digest(tenant_digest) if tenant_digest else None
         yield svc
 
 
@@ -50,7 +50,7 @@ def ingest_batch(app: Flask, batch_id: str) -> BatchRecord | None:
     batch = store.record(batch_id)
     if batch is None or batch.stage != "validating":
         return batch
-    with as_owner(app, batch.owner) as svc:
+    with as_owner(app, batch.tenant_digest) as svc:
         found = ingest(svc, store, batch)
     if found.stage != "validating":
         log.info("batch %s: input read, %d lines, %s", batch_id, found.total, found.stage)

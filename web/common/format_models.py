@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
+FORMAT_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
 # OpenAI's rule for a schema's name.
 SchemaName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
 SCHEMA_DESCRIPTION = "a JSON Schema the answer must match (docs/structured-output.md)"
@@ -16,7 +16,7 @@ STRICT_DESCRIPTION = "accepted either way: the schema is always enforced"
 
 
 class TextResponseFormat(BaseModel):
-    model_config = STRICT
+    model_config = FORMAT_STRICT
 
     type: Literal["text"]
 
@@ -24,13 +24,13 @@ class TextResponseFormat(BaseModel):
 class JsonObjectFormat(BaseModel):
     """Any JSON object."""
 
-    model_config = STRICT
+    model_config = FORMAT_STRICT
 
     type: Literal["json_object"]
 
 
 class JsonSchemaSpec(BaseModel):
-    model_config = STRICT
+    model_config = FORMAT_STRICT
 
     name: SchemaName
     description: str | None = None
@@ -41,7 +41,7 @@ class JsonSchemaSpec(BaseModel):
 class JsonSchemaFormat(BaseModel):
     """Chat's ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``."""
 
-    model_config = STRICT
+    model_config = FORMAT_STRICT
 
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
@@ -73,7 +73,7 @@ ResponseFormat = Annotated[
 class TextJsonSchemaFormat(BaseModel):
     """The Responses API's flat form: ``{"type": "json_schema", "name", "schema", "strict"}``."""
 
-    model_config = STRICT
+    model_config = FORMAT_STRICT
 
     type: Literal["json_schema"]
     name: SchemaName

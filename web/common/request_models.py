@@ -62,7 +62,7 @@ def _one_or_many(value: Any) -> Any:
 
 
 # pydantic refuses lone surrogates (\\ud800), which JSON can smuggle but are not text.
-Text = str
+PromptText = str
 
 
 def stop_field(max_count: int, max_chars: int) -> Any:
@@ -127,7 +127,7 @@ class JobRequest(SamplingFields):
         }
     )
 
-    prompt: Text
+    prompt: PromptText
     webhook_url: str | None = Field(
         None, description="POST the finished job here (its host must be allowlisted)"
     )
@@ -173,7 +173,7 @@ class OpenAIFields(SamplingFields):
     )
 
 
-Prompts = Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+Prompts = Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)]
 
 
 class CompletionRequest(OpenAIFields):
@@ -188,7 +188,9 @@ class CompletionRequest(OpenAIFields):
         }
     )
 
-    prompt: Annotated[Prompts, BeforeValidator(_one_or_many, json_schema_input_type=Text | Prompts)]
+    prompt: Annotated[
+        Prompts, BeforeValidator(_one_or_many, json_schema_input_type=PromptText | Prompts)
+    ]
     suffix: Literal[""] | None = Field(None, description="only empty")
     best_of: Annotated[int | None, Field(ge=1, le=MAX_CHOICES)] = Field(
         None, description="must equal n (no server-side ranking)"
@@ -202,14 +204,14 @@ class TextPart(BaseModel):
     model_config = STRICT
 
     type: Literal["text"]
-    text: Text
+    text: PromptText
 
 
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = Field(None, description="null only for assistant")
+    content: PromptText | list[TextPart] | None = Field(None, description="null only for assistant")
     name: str | None = None
     tool_calls: list[ChatToolCall] | None = Field(None, description="only for assistant")
     tool_call_id: str | None = Field(None, description="the call a tool message answers")
@@ -252,7 +254,7 @@ class InputText(BaseModel):
     model_config = STRICT
 
     type: Literal["input_text", "output_text"]
-    text: Text
+    text: PromptText
     annotations: list[Any] | None = Field(None, description="accepted on output_text, ignored")
     logprobs: list[Any] | None = Field(None, description="accepted on output_text, ignored")
 
@@ -264,7 +266,7 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] | None = None
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[InputText]
+    content: PromptText | list[InputText]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
@@ -318,8 +320,8 @@ class ResponseCreateRequest(SamplingFields):
     )
 
     max_tokens: None = Field(None, description="use max_output_tokens")
-    input: Text | Annotated[list[InputItem], Field(min_length=1)]
-    instructions: Text | None = None
+    input: PromptText | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: PromptText | None = None
     max_output_tokens: max_tokens_field(UNBOUND_MAX_TOKENS) = None  # type: ignore[valid-type]
     stream: bool | None = None
     stream_options: ResponseStreamOptions | None = None

@@ -9,7 +9,7 @@ import redis
 from flask import Blueprint, Response, jsonify, request
 
 from trickle.jobs import Job
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.admission.deadline import with_deadline
 from web.admission.idempotency import earlier, requested_key
 from web.admission.submission import admit, cancel, enqueue, prepare_job
@@ -68,9 +68,9 @@ def get_job(job_id: str) -> Response:
     svc = services()
     wait = parse_wait(request.headers.get("Prefer"), svc.settings.web.max_wait_seconds)
     if wait > 0:
-        # A waiter reads the job once, at the end; until then only the owner and the status.
-        owner = svc.store.owner(job_id)
-        if owner is None or not owned_by(owner, current_owner()):
+        # A waiter reads the job once, at the end; until then only the tenant and the status.
+        tenant_digest = svc.store.tenant_digest(job_id)
+        if tenant_digest is None or not owned_by(tenant_digest, current_tenant_digest()):
             raise missing(job_id)
         job = wait_for_job(svc.store, svc.hub, job_id, wait)
         if job is None:
@@ -93,7 +93,7 @@ def cancel_job(job_id: str) -> Response:
 def visible_job(job_id: str) -> Job:
     """The job, if it exists for this caller (another API key's job is a 404 too)."""
     job = services().store.get(job_id)
-    if job is None or not visible_to(job, current_owner()):
+    if job is None or not visible_to(job, current_tenant_digest()):
         raise missing(job_id)
     return job
 

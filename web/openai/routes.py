@@ -126,11 +126,11 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         id=jobs[0].id, created=int(time.time()), model=req.model, job_ids=tuple(j.id for j in jobs)
     )
     if req.stream:
-        owner = jobs[0].owner
+        tenant_digest = jobs[0].tenant_digest
         # Chunks carry no status: no status changes, and no queue position read as it starts;
         # while a job waits, comments say where it stands.
         job_ids = [job.id for job in jobs]
-        followers = open_followers(svc.store, svc.hub, job_ids, owner, False, svc.waiting)
+        followers = open_followers(svc.store, svc.hub, job_ids, tenant_digest, False, svc.waiting)
         held = key is not None and stream_hold.grace_seconds(svc) > 0
         body = stream_with_context(_stream(svc, req, jobs, followers, envelope, held))
         response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)

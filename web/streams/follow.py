@@ -73,14 +73,14 @@ class JobNotFound(LookupError):
     pass
 
 
-def visible_to(job: Job, owner: str) -> bool:
+def visible_to(job: Job, tenant_digest: str) -> bool:
     """With API keys, a job exists only for the key that created it."""
-    return owned_by(job.owner, owner)
+    return owned_by(job.tenant_digest, tenant_digest)
 
 
-def owned_by(job_owner: str, caller: str) -> bool:
-    """``visible_to`` for a job's owner digest alone (read without the job)."""
-    return not caller or job_owner == caller
+def owned_by(job_tenant_digest: str, caller: str) -> bool:
+    """``visible_to`` for a job's tenant digest alone (read without the job)."""
+    return not caller or job_tenant_digest == caller
 
 
 def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) -> Job | None:
@@ -137,12 +137,12 @@ class JobFollower:
         hub: TokenHub,
         job_id: str,
         after: int,
-        owner: str = "",
+        tenant_digest: str = "",
         statuses: bool = True,
         waiting: WaitEstimator | None = None,
     ):
         """Subscribe and take the first snapshot; raises JobNotFound for unknown ids, and for
-        another API key's job (``owner`` is the caller's key digest, "" without keys).
+        another API key's job (``tenant_digest`` is the caller's key digest, "" without keys).
         ``statuses=False``: a reader with no use for status changes (an OpenAI stream) gets
         none, and no queue position is read when it connects. ``waiting``: while the job is
         queued, a ``Status`` with its position and expected start every
@@ -155,7 +155,7 @@ class JobFollower:
         self._subscription: Subscription = hub.subscribe(job_id)
         try:
             job, events = store.snapshot(job_id, self._next)
-            if job is None or not visible_to(job, owner):
+            if job is None or not visible_to(job, tenant_digest):
                 raise JobNotFound(job_id)
         except BaseException:
             self.close()  # a failed first read (Redis away, unknown id) leaks nothing
@@ -322,7 +322,7 @@ def open_followers(
     store: JobStore,
     hub: TokenHub,
     job_ids: list[str],
-    owner: str = "",
+    tenant_digest: str = "",
     statuses: bool = True,
     waiting: WaitEstimator | None = None,
 ) -> list[JobFollower]:
@@ -330,7 +330,7 @@ def open_followers(
     followers: list[JobFollower] = []
     try:
         for job_id in job_ids:
-            followers.append(JobFollower(store, hub, job_id, -1, owner, statuses, waiting))
+            followers.append(JobFollower(store, hub, job_id, -1, tenant_digest, statuses, waiting))
     except BaseException:
         close_all(followers)
         raise

@@ -18,7 +18,7 @@ from simple_websocket import ConnectionClosed
 
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.common.errors import HttpError, not_found
 from web.common.response_models import Queued
 from web.common.validation import parse_after
@@ -60,7 +60,9 @@ def stream_pace(svc: Services) -> Callable[[], float]:
 def open_follower(job_id: str, after: int) -> JobFollower:
     svc = services()
     try:
-        return JobFollower(svc.store, svc.hub, job_id, after, current_owner(), True, svc.waiting)
+        return JobFollower(
+            svc.store, svc.hub, job_id, after, current_tenant_digest(), True, svc.waiting
+        )
     except JobNotFound:
         raise not_found(f"job {job_id!r} does not exist or has expired", "job_id") from None
 
@@ -251,7 +253,9 @@ def open_ws_follower(ws: Any, job_id: str) -> JobFollower | None:
     svc = services()
     try:
         after = parse_after(request.args.get("after"), "after")
-        return JobFollower(svc.store, svc.hub, job_id, after, current_owner(), True, svc.waiting)
+        return JobFollower(
+            svc.store, svc.hub, job_id, after, current_tenant_digest(), True, svc.waiting
+        )
     except JobNotFound:
         error = {"type": "not_found", "message": f"job {job_id!r} does not exist"}
         close_with_error(ws, {**error, "param": "job_id"}, WS_CLOSE_NOT_FOUND, "job not found")

@@ -44,7 +44,7 @@ class RunningBatch:
     long: bool = False  # its restart pauses its streams past rebatch_max_stall_ms
     # On the reserve lane (worker/engine/fair_share.py): its steps share the cores with the
     # other lanes', so they do not price the model's step times.
-    reserve: bool = False
+    spare: bool = False
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
     clock: StepClock = field(default_factory=StepClock)  # the engine's start of the step seen
@@ -56,7 +56,7 @@ class RunningBatch:
             interval = now - self.last_step_at
             previous = self.step_seconds
             self.step_seconds = interval if previous is None else 0.7 * previous + 0.3 * interval
-            if not self.reserve:
+            if not self.spare:
                 step_times.observe(self.live(), interval)
         self.last_step_at = now
 

@@ -59,24 +59,19 @@ class Lane:
 
 class Engine:
     def __init__(self, model: ModelSettings, shares_slots: bool = False):
-        """The engine runs the model's spare lanes besides its ordinary ones
-        (``ModelSettings.reserve_lanes``): with ``shares_slots`` (two API keys or more:
-        ``Settings.shares_slots``) one per device, the tenants' reserve
-        (worker/engine/fair_share.py); else its overflow lanes. ``settings`` still says the
-        ordinary ones."""
+        """The engine runs the model's spare lanes besides its ordinary ones (``self.lanes``,
+        trickle/config/lanes.py): with ``shares_slots`` (two API keys or more:
+        ``Settings.shares_slots``) the tenants' reserve, else overflow lanes. ``settings``
+        still says the ordinary ones."""
         if not (Path(model.path) / "model.bin").is_file():
             raise ValueError(
                 f"model {model.name!r}: no CTranslate2 model at {model.path} "
                 "(run `trickle demo-model` or fix models.<name>.path)"
             )
         self.settings = model = model.with_threads(available_cores())
-        self.reserve_lanes = model.reserve_lanes(shares_slots)
-        # Whether those are the tenants' reserve, or else overflow lanes (the scheduler's rule).
-        self.tenant_reserve = model.tenant_reserve(shares_slots)
+        self.lanes = model.engine_lanes(shares_slots)
         # What the engine process runs: the spare lanes' replicas on every device too.
-        self._process_settings = dataclasses.replace(
-            model, inter_threads=model.inter_threads + model.spare_lanes_per_device(shares_slots)
-        )
+        self._process_settings = dataclasses.replace(model, inter_threads=self.lanes.per_device)
         self.tokenizer = load_tokenizer(model)
         # Each engine start maps a segment of its own (worker/engine/flags.py); the ones of
         # earlier starts stay mapped here (a thread may still write a stale flag) until close.

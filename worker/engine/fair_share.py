@@ -5,7 +5,7 @@ time), so another key's job used to wait for one of those batches to end: up to 
 however fairly the queue took turns. Joining it to a running batch by a restart is no better:
 the flood's sequences, far longer than the newcomer's prompt, would pause one step per token
 they had generated. So with two keys or more (``Settings.shares_slots``) the engine runs one
-lane more (``tenant_reserve_lane``: a CTranslate2 replica sharing the weights), and the
+lane more (``reserve_lane``: a CTranslate2 replica sharing the weights), and the
 worker's prefetch
 window holds one batch more than its slots, which no single key may fill
 (``worker/dispatch.py``). The reserve lane takes only jobs of keys that hold fewer than their
@@ -55,11 +55,11 @@ def keys_below_share(
     none. A job holds what it ``occupies``."""
     with_work = {job.tenant for job in pending}
     held: Counter[str] = Counter()
-    lanes: list[InHand] = [(batch.live_jobs() + batch.joiners, batch.reserve) for batch in running]
-    for jobs, reserve in [*lanes, *in_hand]:
+    lanes: list[InHand] = [(batch.live_jobs() + batch.joiners, batch.spare) for batch in running]
+    for jobs, spare in [*lanes, *in_hand]:
         for job in jobs:
             with_work.add(job.tenant)
-            if not reserve:
+            if not spare:
                 held[job.tenant] += occupies(job, batch_size)
     if len(with_work) < 2:
         return set()
@@ -88,19 +88,19 @@ class ReserveShares:
     their share, counting the jobs a restarting lane holds between two batches (off the old
     one, not yet on the new one), which would otherwise look like free slots."""
 
-    def __init__(self, lanes: int, lane_slots: int, batch_size: int, tenants: bool = True):
+    def __init__(self, lanes: int, lane_slots: int, batch_size: int, reserving: bool = True):
         """``lane_slots``: the ordinary lanes' slots, ``batch_size`` each; ``tenants``: the
         spare lanes are the tenants' reserve; else they are overflow lanes
         (worker/engine/rebalance.py) and no key is ever below its share."""
         self.lanes = lanes  # spare lanes (0: none)
-        self.tenants = tenants and lanes > 0  # False: every answer is "none"
+        self.reserving = reserving and lanes > 0  # False: every answer is "none"
         self.idle = 0  # spare lanes waiting for a job
         self._lane_slots = lane_slots
         self._batch_size = batch_size
         self._in_hand: dict[int, InHand] = {}  # by the id of the lane's next batch (a list)
 
     def below(self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]) -> set[str]:
-        if not self.tenants:
+        if not self.reserving:
             return set()
         return keys_below_share(
             pending, running, self._lane_slots, self._in_hand.values(), batch_size=self._batch_size
@@ -109,18 +109,18 @@ class ReserveShares:
     def candidates(
         self, pending: Sequence[ScheduledJob], running: Sequence[RunningBatch]
     ) -> list[ScheduledJob]:
-        if not self.tenants or not pending:
+        if not self.reserving or not pending:
             return []
         return reserve_candidates(
             pending, running, self._lane_slots, self._in_hand.values(), batch_size=self._batch_size
         )
 
-    def hand_over(self, jobs: list[ScheduledJob], reserve: bool) -> list[ScheduledJob] | None:
+    def hand_over(self, jobs: list[ScheduledJob], spare: bool) -> list[ScheduledJob] | None:
         """A restarted batch's jobs on their way to its lane's next batch (None: no jobs)."""
         if not jobs:
             return None
         if self.lanes:
-            self._in_hand[id(jobs)] = (jobs, reserve)
+            self._in_hand[id(jobs)] = (jobs, spare)
         return jobs
 
     def taken(self, jobs: list[ScheduledJob]) -> None:

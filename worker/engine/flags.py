@@ -17,14 +17,14 @@ import secrets
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
 
-PREFIX = "trickle_"
+SHM_PREFIX = "trickle_"
 SHM_DIR = Path("/dev/shm")
 
 
 def create_flags(size: int) -> SharedMemory:
     """A fresh segment for one engine start (after sweeping dead workers' leftovers)."""
     unlink_dead_segments()
-    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+    name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
     return SharedMemory(name=name, create=True, size=size)
 
 
@@ -38,8 +38,8 @@ def attach_flags(name: str) -> SharedMemory:
 def unlink_dead_segments(root: Path = SHM_DIR) -> list[str]:
     """Unlink the segments of worker processes that are gone; returns their names."""
     removed = []
-    for entry in root.glob(f"{PREFIX}*"):
-        pid = entry.name[len(PREFIX) :].partition("_")[0]
+    for entry in root.glob(f"{SHM_PREFIX}*"):
+        pid = entry.name[len(SHM_PREFIX) :].partition("_")[0]
         if pid.isdigit() and not _alive(int(pid)):
             with contextlib.suppress(OSError):
                 entry.unlink()

@@ -275,7 +275,7 @@ def takes_along(
     waiting: Sequence[ScheduledJob],
     running: Sequence[RunningBatch],
     room: int,
-    reserve: bool,
+    spare: bool,
 ) -> list[ScheduledJob]:
     """The waiting jobs (most urgent first) a restarting batch of ``carried`` takes along,
     with ``room`` rows left: those that can share its batch, less the share of the other
@@ -285,11 +285,11 @@ def takes_along(
     fits = [job for job in waiting if batches_with(job, first)]
     young = (
         []
-        if reserve
+        if spare
         else [
             batch.load()
             for batch in running
-            if not batch.reserve
+            if not batch.spare
             and batch.steps == 0
             and not batch.split
             and batches_with(carried[0], batch.requests[0])

@@ -14,7 +14,7 @@ prompt's own, and greedy output cannot change):
 - **learned**: a prompt that shares at least ``prefix_min_tokens`` leading ids with a recent
   prompt makes their common part (less the same margin) a prefix.
 
-Partitions: a cached prefix makes its owner's next prompt fast, which another caller could time
+Partitions: a cached prefix makes its tenant's next prompt fast, which another caller could time
 to learn what someone else recently sent. So learned prefixes belong to a partition, the
 submitting API key's by default (``cache_partition``), or a ``cache_salt`` the request names
 (vLLM's field: every key that sends the same salt shares): a prompt only finds prefixes learned
@@ -51,10 +51,10 @@ RECENT_PROMPTS = 64  # prompts a new one is compared with, to learn a common pre
 SHARED = ""  # the partition of configured prefixes: every caller's
 
 
-def cache_partition(owner: str, cache_salt: str = "") -> str:
+def cache_partition(tenant_digest: str, cache_salt: str = "") -> str:
     """Whose cached prefixes a job may find: those of its ``cache_salt`` (any key that sends
-    the same salt), else its API key's (``owner``, the key's digest; anonymous callers share)."""
-    return f"salt:{cache_salt}" if cache_salt else f"key:{owner}"
+    the same salt), else its tenant's (``tenant_digest``; anonymous callers share)."""
+    return f"salt:{cache_salt}" if cache_salt else f"key:{tenant_digest}"
 
 
 @dataclass(frozen=True)

@@ -69,15 +69,15 @@ def by_priority(jobs: Sequence[ScheduledJob]) -> list[ScheduledJob]:
 class Rebalancer:
     """The moves of work between lanes, decided over the scheduler's state under its lock."""
 
-    def __init__(self, policy: RestartPolicy, reserve: ReserveShares, lane_count: int):
-        """``reserve``: the scheduler's count of the spare lanes and what they hold;
+    def __init__(self, policy: RestartPolicy, shares: ReserveShares, lane_count: int):
+        """``shares``: the scheduler's count of the spare lanes and what they hold;
         ``lane_count``: the ordinary lanes."""
         self._policy = policy
-        self._reserve = reserve
+        self._shares = shares
         self._lane_count = lane_count
         self._max_batch_size = policy.rules.max_batch_size
         # The spare lanes' role: the tenants' reserve, else (any at all) overflow lanes.
-        self._overflow = bool(reserve.lanes) and not reserve.tenants
+        self._overflow = bool(shares.lanes) and not shares.reserving
 
     def rebalance(
         self,
@@ -94,14 +94,14 @@ class Rebalancer:
             return False
         now = time.monotonic()
         if pending and idle_lanes == 0:
-            below = self._reserve.below(pending, running)
+            below = self._shares.below(pending, running)
             overflow = self._overflow_open(now, running, idle_lanes)
             # Waiting jobs alike (see ``join_class``) get the same answer until a join changes
             # the batches: each class is priced once per call, not once per job, so a long
             # queue does not make every decoding step pay for every waiting job.
             refused: set[tuple[object, ...]] = set()
             for job in by_priority(pending):
-                if job.tenant in below and self._reserve.idle:
+                if job.tenant in below and self._shares.idle:
                     continue  # the reserve lane starts it at once, pausing no running batch
                 alike = join_class(job, job.tenant in below)
                 if alike in refused:
@@ -117,7 +117,7 @@ class Rebalancer:
                 refused.clear()
             return overflow and bool(pending)
         if not pending and idle_lanes > 0:
-            split = self._policy.split([b for b in running if not b.reserve], now)
+            split = self._policy.split([b for b in running if not b.spare], now)
             if split is not None:
                 restart(split.batch, split=True, long=split.long)
         return False
@@ -138,15 +138,13 @@ class Rebalancer:
         lanes = self._lane_count
         if idle_lanes < lanes and take > 1:
             first = compatible[0].request
-            busy = sum(
-                b.load() for b in running if not b.reserve and batches_with(b.jobs[0], first)
-            )
+            busy = sum(b.load() for b in running if not b.spare and batches_with(b.jobs[0], first))
             fair = max(-(-(len(compatible) + busy) // lanes), 1)
             left = compatible[fair:]
             # Only for a short join: a job left waiting on a long one may find it refused.
             join = None
             if left:
-                below = self._reserve.below(pending, running)
+                below = self._shares.below(pending, running)
                 joinable = self._joinable(left[0], below, running)
                 join = self._policy.join(joinable, left[0], time.monotonic())
             if fair < take and join is not None and not join.long:
@@ -162,7 +160,7 @@ class Rebalancer:
         if idle_lanes:
             return []
         if not self._overflow:
-            return self._reserve.candidates(pending, running)
+            return self._shares.candidates(pending, running)
         if not self._overflow_open(time.monotonic(), running, idle_lanes):
             return []
         return by_priority(pending)
@@ -172,18 +170,18 @@ class Rebalancer:
         carried: list[ScheduledJob],
         pending: Sequence[ScheduledJob],
         running: Sequence[RunningBatch],
-        reserve: bool,
+        spare: bool,
     ) -> list[ScheduledJob]:
-        """The waiting jobs a restarted batch (``reserve``: on a spare lane) takes along with
+        """The waiting jobs a restarted batch (``spare``: on a spare lane) takes along with
         its ``carried`` jobs: a reserve lane's only those of keys below their share; an ordinary
         lane's any but those the idle reserve lane is about to take."""
-        if reserve and self._reserve.tenants:
-            waiting = self._reserve.candidates(pending, running)
+        if spare and self._shares.reserving:
+            waiting = self._shares.candidates(pending, running)
         else:
-            left_to_reserve = self._reserve.below(pending, running) if self._reserve.idle else set()
+            left_to_reserve = self._shares.below(pending, running) if self._shares.idle else set()
             waiting = by_priority([job for job in pending if job.tenant not in left_to_reserve])
         room = self._max_batch_size - len(carried)
-        return takes_along(carried, waiting, running, room, reserve)
+        return takes_along(carried, waiting, running, room, spare)
 
     def _joinable(
         self, job: ScheduledJob, below: set[str], running: Sequence[RunningBatch]
@@ -191,14 +189,14 @@ class Rebalancer:
         """The batches ``job`` may join: a reserve lane's only if its key is ``below`` its share
         (an overflow lane's, any)."""
         return [
-            batch for batch in running if not batch.reserve or self._overflow or job.tenant in below
+            batch for batch in running if not batch.spare or self._overflow or job.tenant in below
         ]
 
     def _overflow_open(self, now: float, running: Sequence[RunningBatch], idle_lanes: int) -> bool:
         """Whether an idle overflow lane should take a waiting job no batch takes with a short
         pause: every ordinary lane runs a batch, and the policy says none ends soon."""
-        if not self._overflow or not self._reserve.idle or idle_lanes:
+        if not self._overflow or not self._shares.idle or idle_lanes:
             return False
-        ordinary = [batch for batch in running if not batch.reserve]
+        ordinary = [batch for batch in running if not batch.spare]
         spares = len(running) - len(ordinary)
         return len(ordinary) >= self._lane_count and self._policy.overflow(ordinary, now, spares)

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from trickle.config.lanes import SpareUse
 from trickle.jobs import FinishReason
 from worker.engine.admission_window import AdmissionWindow
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
@@ -43,7 +44,7 @@ __all__ = ["BatchScheduler", "RowResume", "ScheduledJob", "StepSink"]
 log = logging.getLogger(__name__)
 
 # How often an idle reserve lane looks at the shares again besides each arrival and lane start.
-RESERVE_RECHECK_SECONDS = 0.05
+SPARE_RECHECK_SECONDS = 0.05
 
 
 class BatchScheduler:
@@ -63,15 +64,15 @@ class BatchScheduler:
         on_restart: Callable[[bool], None] | None = None,
         step_times: StepTimes | None = None,
         prefill_seconds_per_token: float | None = None,
-        reserve_threads: int = 0,
-        overflow: bool = False,
+        spare_lanes: int = 0,
+        spare_use: SpareUse = SpareUse.RESERVE,
     ):
         """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
         engine's warm-up measurements, refined by every step. A test that checks what the
         scheduler does with a decision passes fixed ones, so the decision does not depend on
-        how the cores happened to be shared while the engine warmed up. ``reserve_threads``:
-        spare lanes besides the ``engine_threads`` (the engine must have both): the tenants'
-        reserve, or with ``overflow`` overflow lanes."""
+        how the cores happened to be shared while the engine warmed up. ``spare_lanes``:
+        lanes besides the ``engine_threads`` (the engine must have both), used as
+        ``spare_use`` says (trickle/config/lanes.py)."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -94,11 +95,14 @@ class BatchScheduler:
         self._pending: list[ScheduledJob] = []
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
-        self._reserve = ReserveShares(
-            reserve_threads, max_batch_size * engine_threads, max_batch_size, tenants=not overflow
+        self._shares = ReserveShares(
+            spare_lanes,
+            max_batch_size * engine_threads,
+            max_batch_size,
+            reserving=spare_use is SpareUse.RESERVE,
         )
         policy = RestartPolicy(rules, self._step_times)
-        self._rebalancer = Rebalancer(policy, self._reserve, engine_threads)
+        self._rebalancer = Rebalancer(policy, self._shares, engine_threads)
         # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
         # an arrival wakes only a lane that may take it, not every lane per job.
         lock = threading.RLock()
@@ -112,10 +116,8 @@ class BatchScheduler:
             threading.Thread(target=self._run, name=f"trickle-engine-{i}", daemon=True)
             for i in range(engine_threads)
         ] + [
-            threading.Thread(
-                target=self._run, args=(True,), name=f"trickle-reserve-{i}", daemon=True
-            )
-            for i in range(reserve_threads)
+            threading.Thread(target=self._run, args=(True,), name=f"trickle-spare-{i}", daemon=True)
+            for i in range(spare_lanes)
         ]
         for thread in self._threads:
             thread.start()
@@ -149,8 +151,8 @@ class BatchScheduler:
             rebalance_gain_ratio=model.tuning.rebalance_gain_ratio,
             prefixes=PrefixTable.for_model(model, engine.tokenizer),
             on_restart=on_restart,
-            reserve_threads=engine.reserve_lanes,
-            overflow=not engine.tenant_reserve,
+            spare_lanes=engine.lanes.spare,
+            spare_use=engine.lanes.spare_use,
         )
 
     def take_pending(self) -> list[ScheduledJob]:
@@ -174,7 +176,7 @@ class BatchScheduler:
             self._pending.append(job)
             self._rebalance()
             self._cond.notify()
-            if self._reserve.tenants:
+            if self._shares.reserving:
                 self._spare_cond.notify()  # its key may be below its share
 
     def close(self) -> None:
@@ -188,11 +190,11 @@ class BatchScheduler:
         (``r`` marks a spare lane's, ``!`` a restart due), then the idle ordinary and spare lanes
         and the waiting jobs. Under the lock."""
         batches = " ".join(
-            f"{'r' if b.reserve else 'o'}:{b.live()}/{b.steps}{'!' if b.restart else ''}"
+            f"{'r' if b.spare else 'o'}:{b.live()}/{b.steps}{'!' if b.restart else ''}"
             for b in self._running
         )
         return (
-            f"{batches or '-'} idle={self._idle_lanes} spare_idle={self._reserve.idle} "
+            f"{batches or '-'} idle={self._idle_lanes} spare_idle={self._shares.idle} "
             f"waiting={len(self._pending)}"
         )
 
@@ -255,18 +257,18 @@ class BatchScheduler:
 
     # -- the lanes -----------------------------------------------------------------------------
 
-    def _run(self, reserve: bool = False) -> None:
+    def _run(self, spare: bool = False) -> None:
         carried: list[ScheduledJob] | None = None
         while True:
             try:
-                batch = carried or (self._next_reserve_batch() if reserve else self._next_batch())
+                batch = carried or (self._next_spare_batch() if spare else self._next_batch())
                 if batch is None:
                     return
-                carried = self._run_batch(batch, reserve)
+                carried = self._run_batch(batch, spare)
             except Exception:  # a lane that died would leave every later job one lane short
                 if carried:
                     with self._cond:
-                        self._reserve.taken(carried)
+                        self._shares.taken(carried)
                 carried = None
                 log.exception("engine lane %s failed; it goes on", threading.current_thread().name)
 
@@ -281,15 +283,15 @@ class BatchScheduler:
                     # Another lane's admission window ended first and took every waiting job.
             finally:
                 self._idle_lanes -= 1
-                if self._reserve.lanes and self._pending:
+                if self._shares.lanes and self._pending:
                     self._spare_cond.notify()  # every lane busy now: a spare lane may be due
 
-    def _next_reserve_batch(self) -> list[ScheduledJob] | None:
+    def _next_spare_batch(self) -> list[ScheduledJob] | None:
         """A spare lane's next batch, once every ordinary lane is busy: the waiting jobs of
         keys below their share, or (an overflow lane) those no batch takes with a short pause.
         No admission window: their first token is the point."""
         with self._cond:
-            self._reserve.idle += 1
+            self._shares.idle += 1
             try:
                 while not self._closed:
                     candidates = self._rebalancer.spare_candidates(
@@ -298,7 +300,7 @@ class BatchScheduler:
                     if candidates:
                         break
                     # Shares also change as sequences end: look again now and then.
-                    self._spare_cond.wait(RESERVE_RECHECK_SECONDS)
+                    self._spare_cond.wait(SPARE_RECHECK_SECONDS)
                 if self._closed:
                     return None
                 batch = runs_with_first(candidates)[: self._max_batch_size]
@@ -306,7 +308,7 @@ class BatchScheduler:
                 self._pending = [job for job in self._pending if id(job) not in chosen]
                 return batch
             finally:
-                self._reserve.idle -= 1
+                self._shares.idle -= 1
 
     def _choose_batch(self) -> list[ScheduledJob] | None:
         """Wait for jobs and the admission window, then take a batch: None once closed, [] if
@@ -333,7 +335,7 @@ class BatchScheduler:
         return batch
 
     def _run_batch(
-        self, batch: list[ScheduledJob], reserve: bool = False
+        self, batch: list[ScheduledJob], spare: bool = False
     ) -> list[ScheduledJob] | None:
         """Run one batch to its end or its restart; returns the jobs this lane runs next (a
         restarted batch's survivors and joiners, or its half of a split), or None to take from
@@ -353,10 +355,10 @@ class BatchScheduler:
         if self._on_batch is not None:
             self._on_batch(len(batch))
         requests = [job.current_request() for job in batch]
-        running = RunningBatch(batch, requests, reserve=reserve)
+        running = RunningBatch(batch, requests, spare=spare)
         with self._cond:
             self._running.append(running)
-            self._reserve.taken(batch)
+            self._shares.taken(batch)
         step_buffer = StepBuffer(batch, requests, self._publish_step)
         on_step = step_callback(batch, running, step_buffer, self._on_new_step)
         try:
@@ -393,16 +395,14 @@ class BatchScheduler:
                 # The idle lane takes the given half (every ordinary lane wakes: notify() could
                 # wake one waiting out its admission window instead; spare lanes wait apart).
                 self._cond.notify_all()
-                return self._reserve.hand_over(carried, running.reserve), going_on
+                return self._shares.hand_over(carried, running.spare), going_on
             carried = [*survivors, *running.joiners]
             if not carried:
                 return None, going_on
-            fits = self._rebalancer.take_along(
-                carried, self._pending, self._running, running.reserve
-            )
+            fits = self._rebalancer.take_along(carried, self._pending, self._running, running.spare)
             chosen = {id(job) for job in fits}
             self._pending = [job for job in self._pending if id(job) not in chosen]
-            return self._reserve.hand_over([*carried, *fits], running.reserve), going_on
+            return self._shares.hand_over([*carried, *fits], running.spare), going_on
 
     def _on_new_step(self, running: RunningBatch) -> None:
         """A batch began a decoding step: time it, and (jobs wait for a lane, or a lane waits

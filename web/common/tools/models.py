@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+TOOL_STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 MAX_TOOLS = 128
 
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
@@ -36,7 +36,7 @@ Strict = Annotated[
 
 
 class FunctionDefinition(BaseModel):
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     name: ToolName
     description: str | None = None
@@ -47,20 +47,20 @@ class FunctionDefinition(BaseModel):
 class ChatTool(BaseModel):
     """``{"type": "function", "function": {...}}``."""
 
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function"]
     function: FunctionDefinition
 
 
 class FunctionName(BaseModel):
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     name: str
 
 
 class ChatNamedToolChoice(BaseModel):
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function"]
     function: FunctionName
@@ -71,7 +71,7 @@ ChatTools = Annotated[list[ChatTool], Field(max_length=MAX_TOOLS)]
 
 
 class CalledFunction(BaseModel):
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     name: str
     arguments: str
@@ -80,7 +80,7 @@ class CalledFunction(BaseModel):
 class ChatToolCall(BaseModel):
     """An assistant message's earlier call, as the client sends it back."""
 
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     id: str
     type: Literal["function"]
@@ -90,7 +90,7 @@ class ChatToolCall(BaseModel):
 class FunctionTool(BaseModel):
     """The Responses API's function tool: the definition's fields at the top level."""
 
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function"]
     name: ToolName
@@ -100,7 +100,7 @@ class FunctionTool(BaseModel):
 
 
 class ResponsesNamedToolChoice(BaseModel):
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function"]
     name: str
@@ -108,29 +108,29 @@ class ResponsesNamedToolChoice(BaseModel):
 
 ResponsesToolChoice = Literal["none", "auto", "required"] | ResponsesNamedToolChoice
 ResponsesTools = Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)]
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ToolItemStatus = Literal["in_progress", "completed", "incomplete"]
 
 
 class FunctionCallItem(BaseModel):
     """A ``function_call`` the model made, sent back as input."""
 
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function_call"]
     call_id: str
     name: str
     arguments: str
     id: str | None = None
-    status: ItemStatus | None = None
+    status: ToolItemStatus | None = None
 
 
 class FunctionCallOutputItem(BaseModel):
     """A function's result: ``output`` answers the call named by ``call_id``."""
 
-    model_config = STRICT
+    model_config = TOOL_STRICT
 
     type: Literal["function_call_output"]
     call_id: str
     output: str
     id: str | None = None
-    status: ItemStatus | None = None
+    status: ToolItemStatus | None = None

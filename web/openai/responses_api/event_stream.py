@@ -80,7 +80,7 @@ def event_stream(
     first_token = max(after - render.HEAD_EVENTS, -1) if record.tool_parser is None else -1
     try:
         follower = JobFollower(
-            svc.store, svc.hub, job.id, first_token, job.owner, False, svc.waiting
+            svc.store, svc.hub, job.id, first_token, job.tenant_digest, False, svc.waiting
         )
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
@@ -212,7 +212,7 @@ def _stream_ended(
             log.warning("response stream %s: could not hold its job: %s", record.id, exc)
             left = False
     if cancel_on_close and not finished and not (hold is not None and left):
-        cancel_job(svc, record.job_id, record.model)
+        cancel_response_job(svc, record.job_id, record.model)
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
@@ -222,7 +222,7 @@ def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[s
     return [typed_event(e) for e in events if e["sequence_number"] > after]
 
 
-def cancel_job(svc: Services, job_id: str, model: str) -> None:
+def cancel_response_job(svc: Services, job_id: str, model: str) -> None:
     try:
         cancel_many(svc, [(job_id, model)])
     except redis.RedisError as exc:

@@ -14,7 +14,7 @@ import logging
 from flask import Blueprint, Response, jsonify, request
 
 from trickle.jobs import Job
-from web.admission.auth import current_owner
+from web.admission.auth import current_tenant_digest
 from web.admission.deadline import with_deadline
 from web.admission.idempotency import IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, enqueue, prepare_job
@@ -27,7 +27,7 @@ from web.common.tools.calls import call_id
 from web.openai.requests import chat_prompt
 from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.event_stream import (
-    cancel_job,
+    cancel_response_job,
     event_stream,
     last_event,
     starting_after,
@@ -152,7 +152,7 @@ def record_of(req: ResponseRequest, job: Job, messages: tuple[ChatTurn, ...]) ->
     return StoredResponse(
         id=response_id_for(job.id),
         job_id=job.id,
-        owner=job.owner,
+        tenant_digest=job.tenant_digest,
         model=req.model,
         created_at=int(job.created_at),
         messages=messages,
@@ -180,7 +180,7 @@ def conversation(svc: Services, req: ResponseRequest) -> tuple[ChatTurn, ...]:
         return req.messages
     param = "previous_response_id"
     previous = svc.responses.load(req.previous_response_id)
-    if previous is None or not owned_by(previous.owner, current_owner()):
+    if previous is None or not owned_by(previous.tenant_digest, current_tenant_digest()):
         raise not_found(f"response {req.previous_response_id!r} does not exist", param)
     job = svc.store.get(previous.job_id)
     if job is None:
@@ -206,7 +206,7 @@ def _answer_turn(record: StoredResponse, job: Job) -> ChatTurn:
 def _visible(svc: Services, response_id: str) -> tuple[StoredResponse, Job]:
     """The caller's stored response and its job; 404 for unknown, expired or another key's."""
     record = svc.responses.load(response_id)
-    if record is None or not owned_by(record.owner, current_owner()):
+    if record is None or not owned_by(record.tenant_digest, current_tenant_digest()):
         raise not_found(f"response {response_id!r} does not exist", "response_id")
     job = svc.store.get(record.job_id)
     if job is None:
@@ -233,4 +233,4 @@ def _flag(name: str) -> bool:
 
 
 def _cancel(svc: Services, job: Job) -> None:
-    cancel_job(svc, job.id, job.model)
+    cancel_response_job(svc, job.id, job.model)

@@ -2,7 +2,7 @@
 
 A response is a job: the job holds the text, status, usage and token log. The record keeps
 what the job does not know: the conversation (for ``previous_response_id``), the request fields
-the response object echoes, and the owner. It expires no later than its job could (queued for
+the response object echoes, and the tenant. It expires no later than its job could (queued for
 ``queued_ttl_seconds``, then kept ``result_ttl_seconds``); a record whose job is gone reads as
 expired.
 """
@@ -39,7 +39,7 @@ class StoredResponse:
 
     id: str
     job_id: str
-    owner: str
+    tenant_digest: str
     model: str
     created_at: int
     # The whole conversation up to this response's input (previous turns included); the

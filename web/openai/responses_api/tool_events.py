@@ -25,7 +25,7 @@ from web.common.tools.parser import CallArguments, CallEnd, CallStart, Event, Te
 from web.openai.responses_api import render
 from web.openai.responses_api.store import StoredResponse
 
-HEAD_EVENTS = 2  # created, in_progress
+TOOL_HEAD_EVENTS = 2  # created, in_progress
 
 
 class ToolEvents:
@@ -34,14 +34,14 @@ class ToolEvents:
     def __init__(self, record: StoredResponse, parser: ToolCallParser):
         self._record = record
         self._parser = parser
-        self.sequence = HEAD_EVENTS
+        self.sequence = TOOL_HEAD_EVENTS
         self.items: list[dict[str, Any]] = []
         self._message: dict[str, Any] | None = None  # the open message item
         self._messages = 0
         self._calls: dict[int, dict[str, Any]] = {}  # open call items by call index
 
     def head(self) -> list[dict[str, Any]]:
-        return render.head_events(self._record)[:HEAD_EVENTS]
+        return render.head_events(self._record)[:TOOL_HEAD_EVENTS]
 
     def token(self, text: str) -> list[dict[str, Any]]:
         return self._events(self._parser.feed(text))

@@ -16,7 +16,7 @@ the key's weight, and serves the key that was served least:
   waits, so that key is served first.
 
 Pure logic over counters; the worker's dispatcher calls it under its lock
-(``worker.token_shares``).
+(``worker.fairness.token_shares``).
 """
 
 from __future__ import annotations

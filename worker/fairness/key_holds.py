@@ -2,7 +2,8 @@
 prefetch window widened by each message held, so another key's task is fetched meanwhile.
 
 Used by the dispatcher (worker/dispatch.py) for a key over its ``max_running_jobs``, over its
-share of this worker's slots (the reserve lane's), or ahead of its token share (worker/vtc.py).
+share of this worker's slots (the reserve lane's), or ahead of its token share
+(worker/fairness/vtc.py).
 """
 
 from __future__ import annotations

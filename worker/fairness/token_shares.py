@@ -1,4 +1,4 @@
-"""The dispatcher's side of the token shares (``worker.vtc``): what each job costs its key.
+"""The dispatcher's side of the token shares (``worker.fairness.vtc``): what each job costs its key.
 
 A job is charged when this worker claims it, at its prompt plus ``max_tokens`` (what it may
 still cost: a long job counts as long from its start, not only once it has run), and the
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
-from worker.vtc import VirtualTokenCounter, job_cost
+from worker.fairness.vtc import VirtualTokenCounter, job_cost
 
 
 def _estimate(claim: Any) -> float | None:
