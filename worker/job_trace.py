@@ -56,7 +56,7 @@ def hops(job: Job, timeline: JobTimeline) -> list[tuple[str, float, float]]:
     return [(name, start, end) for name, start, end in spans if start and end]
 
 
-def hop_seconds(job: Job, timeline: JobTimeline) -> dict[str, float]:
+def logged_hop_seconds(job: Job, timeline: JobTimeline) -> dict[str, float]:
     """The hops' durations for the job log (``queue_wait_seconds``...): where a slow first token
     waited, without a trace collector (``bench.outside`` reads them for its worst arrivals)."""
     return {

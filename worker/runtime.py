@@ -35,7 +35,7 @@ from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
 from worker.in_flight import InFlight
-from worker.job_trace import hop_seconds, record_job_trace
+from worker.job_trace import logged_hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
 from worker.outlook import worker_outlooks
 from worker.publisher import TokenPublisher
@@ -338,7 +338,7 @@ class WorkerRuntime:
         if job.webhook_url:
             self._notify(job.id)
         key = tenant_label(self.tenants.name_of_digest(job.tenant_digest))
-        hops = hop_seconds(job, timeline) if timeline is not None else {}
+        hops = logged_hop_seconds(job, timeline) if timeline is not None else {}
         account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key, hops)
 
     def _batch_observer(self, model: str) -> Callable[[int], None]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("web", "worker", "trickle")
-# Every module's own by convention: its logger and its Flask blueprint.
-CONVENTIONAL = {"log", "blueprint"}
+# Every module's own by convention: its logger, its Flask blueprint, and a Celery app module's
+# ``app`` (what ``celery -A module`` looks for).
+CONVENTIONAL = {"log", "blueprint", "app"}
 
 
 def _is_type_var(value: ast.expr | None) -> bool:

@@ -16,7 +16,7 @@ from trickle.jobs import Job
 from web.common.arrival import arrival_time
 from web.common.errors import HttpError, invalid
 
-HEADER = "Cancel-After"
+CANCEL_AFTER_HEADER = "Cancel-After"
 # Go's duration syntax, as Replicate takes it: one or more <number><unit>, e.g. 1m30s, 500ms.
 _UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(h|ms|m|s|us|µs|ns)")
@@ -30,12 +30,14 @@ def parse_duration(value: str) -> float:
     text = value.strip()
     if not _DURATION.fullmatch(text):
         raise ValueError(
-            f"{HEADER} must be a duration such as 30s, 1m30s or 500ms (units h, m, s, ms, us, "
-            f"ns), got {value[:40]!r}"
+            f"{CANCEL_AFTER_HEADER} must be a duration such as 30s, 1m30s or 500ms (units h, m, "
+            f"s, ms, us, ns), got {value[:40]!r}"
         )
     seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in _PART.findall(text))
     if not 0 < seconds <= MAX_SECONDS:
-        raise ValueError(f"{HEADER} must be more than 0 and at most 7 days, got {value[:40]!r}")
+        raise ValueError(
+            f"{CANCEL_AFTER_HEADER} must be more than 0 and at most 7 days, got {value[:40]!r}"
+        )
     return seconds
 
 
@@ -44,12 +46,12 @@ def request_deadline(body_deadline: float | None = None) -> float | None:
     body's ``deadline``; None without either. A malformed one, or one already past, is a 400
     naming it."""
     deadlines: list[float] = []
-    header = request.headers.get(HEADER)
+    header = request.headers.get(CANCEL_AFTER_HEADER)
     if header is not None:
         try:
             seconds = parse_duration(header)
         except ValueError as exc:
-            raise invalid(HEADER, str(exc)) from None
+            raise invalid(CANCEL_AFTER_HEADER, str(exc)) from None
         deadlines.append((arrival_time() or time.time()) + seconds)
     if body_deadline is not None:
         if body_deadline <= time.time():
@@ -74,7 +76,8 @@ def expired_error(job: Job) -> HttpError:
     return HttpError(
         504,
         "timeout",
-        f"job {job.id} was not started before its deadline ({HEADER} or deadline): it was not run",
-        HEADER,
+        f"job {job.id} was not started before its deadline ({CANCEL_AFTER_HEADER} or "
+        "deadline): it was not run",
+        CANCEL_AFTER_HEADER,
         code="deadline_exceeded",
     )

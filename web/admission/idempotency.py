@@ -30,7 +30,7 @@ from web.admission.auth import current_tenant_digest
 from web.common.errors import HttpError, invalid
 from web.services import Services
 
-HEADER = "Idempotency-Key"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_LENGTH = 255
 
 
@@ -65,13 +65,15 @@ class Created:
 def requested_key(payload: Any) -> IdempotencyKey | None:
     """The request's ``Idempotency-Key`` (None without one); ``payload`` (the parsed body, or
     the raw bytes) makes its fingerprint. A 400 naming the header for an empty or long one."""
-    value = request.headers.get(HEADER)
+    value = request.headers.get(IDEMPOTENCY_HEADER)
     if value is None:
         return None
     if not value.strip():
-        raise invalid(HEADER, f"{HEADER} must not be empty")
+        raise invalid(IDEMPOTENCY_HEADER, f"{IDEMPOTENCY_HEADER} must not be empty")
     if len(value) > MAX_LENGTH:
-        raise invalid(HEADER, f"{HEADER} must be at most {MAX_LENGTH} characters")
+        raise invalid(
+            IDEMPOTENCY_HEADER, f"{IDEMPOTENCY_HEADER} must be at most {MAX_LENGTH} characters"
+        )
     scope = current_tenant_digest()
     return IdempotencyKey(
         keys.idempotency(scope, value), keys.idempotency_shard(scope, value), _fingerprint(payload)
@@ -104,9 +106,9 @@ def matching(key: IdempotencyKey, raw: str) -> Created:
         raise HttpError(
             422,
             "invalid_request_error",
-            f"this {HEADER} was already used with a different request (route or body); "
+            f"this {IDEMPOTENCY_HEADER} was already used with a different request (route or body); "
             "use a new key for a new request",
-            HEADER,
+            IDEMPOTENCY_HEADER,
             code="idempotency_key_reused",
         )
     return created

@@ -18,7 +18,7 @@ from flask import Blueprint, Response, jsonify, request, stream_with_context
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
-from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
 from web.anthropic.errors import anthropic_error, from_http_error
@@ -93,7 +93,7 @@ def _resume_point(call: MessagesCall, key: IdempotencyKey | None) -> int:
         raise invalid(
             RESUME_HEADER,
             f"{RESUME_HEADER} resumes the stream of an earlier request: send "
-            f"that request again with its {HEADER}",
+            f"that request again with its {IDEMPOTENCY_HEADER}",
         )
     return after
 
@@ -103,7 +103,10 @@ def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resum
     whose key created nothing is a 404: a new stream begun after token n would lose 0..n."""
     first = earlier(svc, key)
     if first is None and resuming:
-        raise not_found(f"no message to resume: this {HEADER} has none (expired?)", HEADER)
+        raise not_found(
+            f"no message to resume: this {IDEMPOTENCY_HEADER} has none (expired?)",
+            IDEMPOTENCY_HEADER,
+        )
     if first is None:
         job = prepare_job(svc, call.model, call.prompt, call.params, key.shard if key else None)
         with_deadline([job])
@@ -113,7 +116,7 @@ def _submit(svc: Services, call: MessagesCall, key: IdempotencyKey | None, resum
             return job
     found = svc.store.get(first.job_ids[0])
     if found is None:
-        raise not_found(f"the message of this {HEADER} has expired", HEADER)
+        raise not_found(f"the message of this {IDEMPOTENCY_HEADER} has expired", IDEMPOTENCY_HEADER)
     return found
 
 
@@ -131,7 +134,9 @@ def _event_stream(
             svc.store, svc.hub, job.id, first, job.tenant_digest, False, svc.waiting
         )
     except JobNotFound:
-        raise not_found(f"message {render.message_id(job.id)!r} has expired", HEADER) from None
+        raise not_found(
+            f"message {render.message_id(job.id)!r} has expired", IDEMPOTENCY_HEADER
+        ) from None
     body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))
     response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     response.call_on_close(follower.close)

@@ -19,7 +19,7 @@ from trickle.jobs import BATCH_PRIORITY
 from trickle.queue import BROKER_ERRORS, enqueue_batch_task
 from web.admission.auth import current_tenant_digest
 from web.admission.idempotency import (
-    HEADER,
+    IDEMPOTENCY_HEADER,
     Created,
     IdempotencyKey,
     earlier,
@@ -70,7 +70,9 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
         )
     key = requested_key(body)
     if key is not None and svc.store.cluster:
-        raise invalid(HEADER, f"{HEADER} on /v1/batches needs a single Redis")
+        raise invalid(
+            IDEMPOTENCY_HEADER, f"{IDEMPOTENCY_HEADER} on /v1/batches needs a single Redis"
+        )
     first = earlier(svc, key)
     if first is not None:
         return _earlier(store, first.batch_id)
@@ -193,5 +195,5 @@ def _check_backlog(svc: Services, adding: int) -> None:
 def _earlier(store: BatchStore, batch_id: str) -> BatchRecord:
     found = store.record(batch_id)
     if found is None:
-        raise invalid(HEADER, f"the batch of this {HEADER} has expired")
+        raise invalid(IDEMPOTENCY_HEADER, f"the batch of this {IDEMPOTENCY_HEADER} has expired")
     return found

@@ -26,7 +26,7 @@ from trickle.jobs import BATCH_PRIORITY, Job
 from trickle.queue import BROKER_ERRORS, enqueue_batch_task
 from web.admission.auth import current_key, current_tenant_digest
 from web.admission.idempotency import (
-    HEADER,
+    IDEMPOTENCY_HEADER,
     Created,
     IdempotencyKey,
     earlier,
@@ -84,9 +84,9 @@ def _create_batch() -> Response:
     key = requested_key(raw)
     if key is not None and svc.store.cluster:
         raise invalid(
-            HEADER,
-            f"{HEADER} on /v1/batches needs a single Redis: on a cluster a batch's records "
-            "span slots, so they cannot be written in one step with the key",
+            IDEMPOTENCY_HEADER,
+            f"{IDEMPOTENCY_HEADER} on /v1/batches needs a single Redis: on a cluster a batch's "
+            "records span slots, so they cannot be written in one step with the key",
         )
     first = earlier(svc, key)
     if first is not None:

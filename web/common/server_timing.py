@@ -11,7 +11,7 @@ from flask import Response
 from trickle.hop_timings import server_timing
 from trickle.jobs import Job
 
-HEADER = "Server-Timing"
+SERVER_TIMING_HEADER = "Server-Timing"
 
 
 def answer_hops(jobs: Sequence[Job], delivered: bool = True) -> dict[str, float]:
@@ -32,7 +32,7 @@ def with_server_timing(response: Response, jobs: Sequence[Job], delivered: bool 
     """``response`` with its ``Server-Timing`` header (none when no hop was reached yet)."""
     value = server_timing(answer_hops(jobs, delivered))
     if value:
-        response.headers[HEADER] = value
+        response.headers[SERVER_TIMING_HEADER] = value
     return response
 
 

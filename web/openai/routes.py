@@ -25,7 +25,7 @@ from trickle.capacity import live_workers
 from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
-from web.admission.idempotency import HEADER, IdempotencyKey, earlier, requested_key
+from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, cancel_many, enqueue_all, prepare_job
 from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found, unavailable
@@ -171,7 +171,7 @@ def _create_jobs(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) 
     return jobs
 
 
-def request_canceled(job_ids: list[str], param: str | None = HEADER) -> HttpError:
+def request_canceled(job_ids: list[str], param: str | None = IDEMPOTENCY_HEADER) -> HttpError:
     """The request's jobs were canceled (its client left and no retry came within
     ``web.stream_resume_grace_seconds``, or someone canceled them): their output is cut, so
     neither the request nor its retry may report it as a finished answer."""
@@ -179,8 +179,8 @@ def request_canceled(job_ids: list[str], param: str | None = HEADER) -> HttpErro
         409,
         "invalid_request_error",
         f"the request was canceled before it finished ({', '.join(job_ids)}); its output is "
-        f"incomplete. A retry with the same {HEADER} gets this answer too: send it with a new "
-        "key (or none) to run it again",
+        f"incomplete. A retry with the same {IDEMPOTENCY_HEADER} gets this answer too: send it "
+        "with a new key (or none) to run it again",
         param,
         code="request_canceled",
     )

@@ -18,10 +18,10 @@ import time
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.5
+PARENT_POLL_SECONDS = 0.5
 
 
-def exit_with_parent(poll_seconds: float = POLL_SECONDS) -> threading.Thread:
+def exit_with_parent(poll_seconds: float = PARENT_POLL_SECONDS) -> threading.Thread:
     """Start a daemon thread that ends this process at once when its parent is gone."""
     parent = multiprocessing.parent_process()
     expected = parent.pid if parent is not None and parent.pid else os.getppid()

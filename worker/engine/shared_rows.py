@@ -51,7 +51,7 @@ Logits = npt.NDArray[np.float64]
 # (position, step, token id, log-probability, is last) -> stop; StepStream.token.
 StreamSink = Callable[[int, int, int, Logprob, bool], bool]
 # (step, its row's logits) -> what an accepted token reports (alternatives.Scores.for_job).
-Scorer = Callable[[Any, Callable[[], Logits | None]], Logprob]
+RowScorer = Callable[[Any, Callable[[], Logits | None]], Logprob]
 # (prompts, max new tokens, callback): one generate_batch with the logits of every row.
 BatchCall = Callable[[list[list[str]], int, Callable[[Any], bool]], None]
 
@@ -155,7 +155,7 @@ class SharedRow:
     pieces: list[str]  # its prompt plus every token emitted (the next call's prompt)
     left: int  # tokens its budget has left
     run: ConstrainedRun | None  # its grammar, if any
-    score: Scorer
+    score: RowScorer
     checked: bool  # its logits are read (a grammar or alternatives): each read is checked
     done: bool = False
     call: RowCall = field(default_factory=RowCall)
