@@ -17,6 +17,7 @@ from worker.engine.engine import Engine
 from worker.engine.new_job import make_scheduled_job
 from worker.engine.prefix import PrefixTable, cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
+from worker.engine.sharing_gate import RefusalRate
 from worker.engine.step_times import StepTimes
 from worker.publisher import TokenPublisher
 
@@ -57,8 +58,10 @@ class Harness:
         prefixes: PrefixTable | None = None,
         pricing: RestartPricing | None = None,
         overflow_lanes: int = 0,
+        refusals: RefusalRate | None = None,
     ):
-        """``overflow_lanes``: spare lanes as overflow lanes (the engine must have them)."""
+        """``overflow_lanes``: spare lanes as overflow lanes (the engine must have them);
+        ``refusals``: the grammar refusal rate the sharing gate reads (the engine's if None)."""
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(
@@ -84,6 +87,7 @@ class Harness:
             prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
             reserve_threads=overflow_lanes,
             overflow=overflow_lanes > 0,
+            refusals=refusals,
         )
 
     def job(self, prompt: str, owner: str = "", **params: object) -> ScheduledJob:
