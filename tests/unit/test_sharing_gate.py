@@ -101,7 +101,8 @@ def test_a_job_the_gate_holds_back_runs_alone_in_every_batching_rule() -> None:
     plain = request(grammar=None, top_logprobs=2)
     assert sharing.decided(plain) is plain and not alone(plain)
     assert batches_with(ScheduledJob("c", "", plain, None), plain)  # type: ignore[arg-type]
-    # Optimistic again: the same request goes through untouched.
+    # Optimistic again: a request goes through untouched, and one held back before is freed.
     fresh = gate(RefusalRate())
     job = request()
     assert fresh.decided(job) is job and not alone(job)
+    assert fresh.decided(held).shares_calls and not alone(fresh.decided(held))

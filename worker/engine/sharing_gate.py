@@ -110,7 +110,9 @@ class SharingGate:
         return self.refusals.rate < self.break_even(request)
 
     def decided(self, request: EngineRequest) -> EngineRequest:
-        """``request`` as the scheduler takes it in: marked to run alone unless it shares."""
-        if self.shares(request):
+        """``request`` as the scheduler takes it in, marked with today's decision (a job taken
+        in again, e.g. resumed, is decided again)."""
+        shares = self.shares(request)
+        if request.shares_calls == shares:
             return request
-        return dataclasses.replace(request, shares_calls=False)
+        return dataclasses.replace(request, shares_calls=shares)
