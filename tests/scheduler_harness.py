@@ -18,6 +18,7 @@ from worker.engine.engine import Engine
 from worker.engine.new_job import make_scheduled_job
 from worker.engine.prefix import PrefixTable, cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
+from worker.engine.sharing_gate import RefusalRate
 from worker.engine.step_times import StepTimes
 from worker.publisher import TokenPublisher
 
@@ -58,8 +59,10 @@ class Harness:
         prefixes: PrefixTable | None = None,
         pricing: RestartPricing | None = None,
         spare_lanes: int = 0,
+        refusals: RefusalRate | None = None,
     ):
-        """``spare_lanes``: overflow lanes, over every device (the engine must have them)."""
+        """``spare_lanes``: overflow lanes, over every device (the engine must have them);
+        ``refusals``: the grammar refusal rate the sharing gate reads (the engine's if None)."""
         self.engine = engine
         self.store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=60)
         self.publisher = TokenPublisher(
@@ -85,6 +88,7 @@ class Harness:
             prefill_seconds_per_token=None if pricing is None else pricing.prefill_per_token,
             spare_lanes=spare_lanes,
             spare_use=SpareUse.OVERFLOW,
+            refusals=refusals,
         )
 
     def job(self, prompt: str, tenant_digest: str = "", **params: object) -> ScheduledJob:

@@ -1,7 +1,9 @@
 """Constrained jobs, and jobs reporting alternatives, share batches (worker/engine/shared_rows.py)
 on the real engine process and a real Redis: several of them run as one batch, every answer
 validates and was allowed token by token, greedy answers equal the ones each job gets alone,
-and the text the worker streamed is the text it stored."""
+and the text the worker streamed is the text it stored. The scheduler lets constrained jobs
+share only while the model's measured refusals make it pay (worker/engine/sharing_gate.py):
+the demo model refuses often, so once it has been measured its bursts run row by row."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import llguidance
 import pytest
 import redis
 
-from tests.scheduler_harness import Harness, solo_outputs
+from tests.scheduler_harness import CPU_LIKE, Harness, solo_outputs
 from trickle.grammar_matcher import MatcherCache
 from worker.engine.engine import Engine
 from worker.engine.request import EngineRequest, SamplingKey, Scored
+from worker.engine.sharing_gate import RefusalRate
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -128,17 +131,51 @@ def test_alternatives_in_a_shared_call_equal_those_alone(demo_engine: Engine) ->
 def test_constrained_jobs_share_a_batch_through_the_scheduler(
     demo_engine: Engine, private_redis: redis.Redis
 ) -> None:
+    """Nothing refused yet (a fresh estimate): the gate starts optimistic, and they share."""
     specs: list[dict[str, object]] = [
         {"prompt": prompt, "max_tokens": 80, "temperature": 0.0, "grammar": GRAMMAR}
         for prompt in PROMPTS
     ]
-    harness = Harness(demo_engine, private_redis, max_batch_size=8, wait_ms=200)
+    harness = Harness(
+        demo_engine, private_redis, max_batch_size=8, wait_ms=200, refusals=RefusalRate()
+    )
     try:
         jobs = harness.run([harness.job(**spec) for spec in specs])  # type: ignore[arg-type]
         assert max(harness.scheduler.batch_sizes) == len(specs)  # they really ran together
         stored = [harness.store.get(job.job_id) for job in jobs]
     finally:
         harness.close()
+    outputs = [job.state.output for job in jobs]
+    for output in outputs:
+        jsonschema.validate(json.loads(output), PERSON)
+    assert [record.output if record else None for record in stored] == outputs
+    assert outputs == solo_outputs(demo_engine, private_redis, specs)
+
+
+def test_a_constrained_burst_runs_alone_once_the_demo_is_seen_to_refuse_often(
+    demo_engine: Engine, private_redis: redis.Redis
+) -> None:
+    """The engine reports each batch's refusals back; past the break-even rate (CPU-like
+    prices, so the threshold does not move with the machine's load) a burst runs row by row,
+    and every answer still validates and equals the one each job gets alone."""
+    specs: list[dict[str, object]] = [
+        {"prompt": prompt, "max_tokens": 80, "temperature": 0.0, "grammar": GRAMMAR}
+        for prompt in PROMPTS
+    ]
+    harness = Harness(demo_engine, private_redis, max_batch_size=8, wait_ms=200, pricing=CPU_LIKE)
+    try:
+        harness.run([harness.job(**specs[0])])  # type: ignore[arg-type]
+        measured = demo_engine.refusals.rate
+        first = harness.job(**specs[0])  # type: ignore[arg-type]
+        assert measured > harness.scheduler.sharing.break_even(first.request) > 0
+        sizes_before = len(harness.scheduler.batch_sizes)
+        jobs = harness.run([first] + [harness.job(**spec) for spec in specs[1:]])  # type: ignore[arg-type]
+        sizes = list(harness.scheduler.batch_sizes)[sizes_before:]
+        stored = [harness.store.get(job.job_id) for job in jobs]
+    finally:
+        harness.close()
+    assert sizes == [1] * len(specs)  # each row alone
+    assert all(job.request.shares_calls is False for job in jobs)
     outputs = [job.state.output for job in jobs]
     for output in outputs:
         jsonschema.validate(json.loads(output), PERSON)

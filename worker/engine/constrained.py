@@ -1,8 +1,8 @@
 """Grammar-constrained decoding on CTranslate2, which has no logits processor.
 
-A constrained job runs alone on its lane (``policy.batches_with``): with more than one row,
-``return_logits_vocab`` hands the step callback the whole batch's logits in an order that is
-not the rows' (checked on CTranslate2 4.8), so the row's own logits are only known alone.
+A constrained job runs alone on its calls here; several share a batch through
+worker/engine/shared_rows.py, which maps the batched logits to their rows, while the model's
+measured refusals let sharing pay (worker/engine/sharing_gate.py).
 
 Each token CTranslate2 proposes is checked by the job's llguidance matcher inside the step
 callback, before it is sent anywhere:
@@ -108,6 +108,10 @@ class ConstrainedRun:
         self._escape: list[int] | None = None
         self._pending: list[int] | None = None  # the escape after the token being checked
         self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
+        # Tokens the model proposed, and those refused that cost the row its call (the refusal
+        # rate worker/engine/sharing_gate.py decides by; a refused end closes, never restarts).
+        self.proposed = 0
+        self.refused = 0
 
     def run(self, prompt: list[str], max_new: int, generate: GenerateCall, sink: TokenSink) -> None:
         """Generate up to ``max_new`` tokens after ``prompt``, every one of them accepted (alone
@@ -177,6 +181,7 @@ class ConstrainedRun:
         needed); True stops the job's row: refused (``settle`` then picks what follows), or
         ended."""
         token = int(step.token_id)
+        self.proposed += 1
         room = self._left - 1  # tokens left after this one
         self._pending = None
         if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
@@ -187,6 +192,8 @@ class ConstrainedRun:
             call.logits = logits()
             if token in self._end_ids:
                 call.refused_end = token
+            else:
+                self.refused += 1
             return True
         call.accepted.append(token)
         self._since_refresh += 1

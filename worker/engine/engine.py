@@ -29,10 +29,11 @@ from trickle.config.sections import ModelSettings, available_cores
 from trickle.params import GenerationParams
 from trickle.tokenization import load_tokenizer
 from worker.engine.batch_command import BatchCommand
+from worker.engine.engine_ready import EngineReady
 from worker.engine.flags import create_flags
 from worker.engine.prefix import SHARED
 from worker.engine.prefix_cache import PrefixCacheState
-from worker.engine.process import EngineReady, serve
+from worker.engine.process import serve
 from worker.engine.request import (
     EngineError,
     EngineRequest,
@@ -40,6 +41,7 @@ from worker.engine.request import (
     StepClock,
     reads_logits,
 )
+from worker.engine.sharing_gate import RefusalRate
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,8 @@ class Engine:
         self.warm_step_seconds: dict[int, float] = {}  # step time by batch size, from warm-up
         self.prefill_seconds_per_token = 0.0  # one prompt token's share of a forward pass
         self._cache = PrefixCacheState(model.prefix_cache_tokens)
+        # The model's grammar refusals, as each batch's end reports them (the sharing gate's).
+        self.refusals = RefusalRate()
         self._start()
 
     def _start(self) -> None:
@@ -291,6 +295,7 @@ class Engine:
             while True:
                 message = lane.events.recv()
                 if message[0] == "end":
+                    self.refusals.observe(*message[3])
                     if message[2] is not None:
                         raise EngineError(message[2])
                     if prefix:

@@ -260,13 +260,15 @@ def alone(request: EngineRequest) -> bool:
     """Whether a request runs in a batch of its own: seeded (on a Generator seeded for it), or
     constrained with min_tokens or a repetition penalty (its calls restart at refusals: each
     call owes its own min_length, and CTranslate2 penalizes only what the call generated, so
-    a row's calls must be its own). Other constrained jobs, and those reporting alternatives,
-    share batches with each other (worker/engine/shared_rows.py maps the batched logits)."""
+    a row's calls must be its own), or constrained while the model refuses too often for
+    sharing to pay (``shares_calls``: worker/engine/sharing_gate.py). Other constrained jobs,
+    and those reporting alternatives, share batches with each other
+    (worker/engine/shared_rows.py maps the batched logits)."""
     if request.seed is not None:
         return True
     sampling = request.sampling
     return request.grammar is not None and (
-        sampling.min_tokens > 0 or sampling.repetition_penalty != 1.0
+        not request.shares_calls or sampling.min_tokens > 0 or sampling.repetition_penalty != 1.0
     )
 
 

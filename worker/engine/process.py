@@ -24,9 +24,11 @@ package):
   worker -> engine: ``BatchCommand.to_dict()``, or None to stop.
   engine -> worker: ("ready", ``EngineReady.to_dict()``) | ("fatal", message) on lane 0 at
                     start, then per batch
-                    ("steps", batch_id, steps)... ("end", batch_id, error or None), where
-                    steps is a list of (started_at, tokens), one per decoding step, and tokens
-                    a list of (position, step, token_id, logprob, is_last).
+                    ("steps", batch_id, steps)... ("end", batch_id, error or None,
+                    (proposed, refused)), where steps is a list of (started_at, tokens), one
+                    per decoding step, tokens a list of (position, step, token_id, logprob,
+                    is_last), and (proposed, refused) the tokens the batch's grammars were
+                    proposed and refused (worker/engine/sharing_gate.py decides by them).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -47,6 +48,7 @@ from trickle.tokenization import load_tokenizer
 from worker.engine.alternatives import Scores, row_logits
 from worker.engine.batch_command import BatchCommand
 from worker.engine.constrained import ConstrainedRun
+from worker.engine.engine_ready import EngineReady
 from worker.engine.flags import attach_flags
 from worker.engine.grammar_runs import GrammarRuns
 from worker.engine.malloc import keep_freed_memory
@@ -64,29 +66,6 @@ LanePipes = tuple[Connection, Connection]
 
 
 WARM_UP_STEPS = 8  # decoding steps timed per batch size at start
-
-
-@dataclass(frozen=True)
-class EngineReady:
-    """The engine is loaded and warm: its device, and a decoding step's seconds by batch size
-    (measured during warm-up; the scheduler's first restart decisions are priced with them)."""
-
-    device: str
-    step_seconds: dict[int, float]
-    prefill_seconds_per_token: float = 0.0  # a restart's catch-up is priced with it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "device": self.device,
-            "step_seconds": dict(self.step_seconds),
-            "prefill_seconds_per_token": self.prefill_seconds_per_token,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineReady:
-        steps = {int(size): float(seconds) for size, seconds in data["step_seconds"].items()}
-        prefill = float(data.get("prefill_seconds_per_token", 0.0))
-        return cls(str(data["device"]), steps, prefill)
 
 
 class EngineRunner:
@@ -164,20 +143,22 @@ class EngineRunner:
         coalesce = self.settings.tuning.engine_step_coalesce_ms / 1000
         stream = StepStream(command, self._flags, events.send, coalesce)
         error: str | None = None
+        runs: list[ConstrainedRun] = []  # the batch's grammar runs, as they are made
         try:
             if command.grammar(0) is not None and len(command.prompts) == 1:
-                self._generate_constrained(command, stream)
+                self._generate_constrained(command, stream, runs)
             elif command.seed is not None:
                 self._generate_seeded(command, stream)
             elif command.reads_logits():
-                self._generate_shared(command, stream)
+                self._generate_shared(command, stream, runs)
             else:
                 self._generate(command, stream)
         except Exception as exc:  # the worker fails the batch's jobs with this message
             log.exception("generate_batch failed")
             error = f"{type(exc).__name__}: {exc}"
         stream.flush()
-        events.send(("end", command.batch_id, error))
+        refusals = (sum(run.proposed for run in runs), sum(run.refused for run in runs))
+        events.send(("end", command.batch_id, error, refusals))
 
     def _generate(self, command: BatchCommand, stream: StepStream) -> None:
         token = stream.token
@@ -204,13 +185,15 @@ class EngineRunner:
 
         self._on_seeded_generator(command, run)
 
-    def _generate_shared(self, command: BatchCommand, stream: StepStream) -> None:
+    def _generate_shared(
+        self, command: BatchCommand, stream: StepStream, runs: list[ConstrainedRun]
+    ) -> None:
         """Rows that read their own logits (grammars, alternatives), as shared calls
         (worker/engine/shared_rows.py)."""
         rows = []
         for i, prompt in enumerate(command.prompts):
             grammar = command.grammar(i)
-            run = None if grammar is None else self._constrained_run(command, i, grammar)
+            run = None if grammar is None else self._constrained_run(command, i, grammar, runs)
             if run is not None:
                 run.start(command.max_new_tokens[i])
             scorer = self._scores.for_job(
@@ -280,28 +263,40 @@ class EngineRunner:
             callback=callback,
         )
 
-    def _generate_constrained(self, command: BatchCommand, stream: StepStream) -> None:
+    def _generate_constrained(
+        self, command: BatchCommand, stream: StepStream, runs: list[ConstrainedRun]
+    ) -> None:
         """One sequence whose every token the grammar accepts (worker/engine/constrained.py);
         a seeded one on its own seeded Generator, whose draws then repeat across restarts."""
         if command.seed is None:
-            self._constrained(command, stream, self.generator, lambda: None)
+            self._constrained(command, stream, self.generator, lambda: None, runs)
         else:
             self._on_seeded_generator(
                 command,
-                lambda generator, drawn: self._constrained(command, stream, generator, drawn),
+                lambda generator, drawn: self._constrained(command, stream, generator, drawn, runs),
             )
 
-    def _constrained_run(self, command: BatchCommand, row: int, grammar: str) -> ConstrainedRun:
-        return self._grammars.run(command, row, grammar, self._to_piece)
+    def _constrained_run(
+        self, command: BatchCommand, row: int, grammar: str, runs: list[ConstrainedRun]
+    ) -> ConstrainedRun:
+        """Row ``row``'s grammar run, noted in ``runs`` (the batch's end reports its refusals)."""
+        run = self._grammars.run(command, row, grammar, self._to_piece)
+        runs.append(run)
+        return run
 
     def _to_piece(self, token: int) -> str:
         return self.tokenizer.to_pieces([token])[0]
 
     def _constrained(
-        self, command: BatchCommand, stream: StepStream, generator: Any, drawn: Callable[[], None]
+        self,
+        command: BatchCommand,
+        stream: StepStream,
+        generator: Any,
+        drawn: Callable[[], None],
+        runs: list[ConstrainedRun],
     ) -> None:
         """One constrained row alone on its calls (seeded, or the batch's only row)."""
-        run = self._constrained_run(command, 0, command.grammar(0) or "")
+        run = self._constrained_run(command, 0, command.grammar(0) or "", runs)
         static = command.seed is None  # a seeded job's whole prompt goes as one
 
         def generate(

@@ -77,6 +77,9 @@ class EngineRequest:
     grammar_replay: str = ""  # what it streamed before a resume, replayed into its matcher
     # Alternatives to report per token (worker/engine/alternatives.py): the same.
     top_logprobs: int = 0
+    # Whether a constrained request may share its batch: the scheduler's sharing gate decides
+    # when it takes the job in (worker/engine/sharing_gate.py); False runs it alone.
+    shares_calls: bool = True
 
 
 def reads_logits(request: EngineRequest) -> bool:

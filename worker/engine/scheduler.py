@@ -37,6 +37,7 @@ from worker.engine.prefix import PrefixTable
 from worker.engine.rebalance import Rebalancer, by_priority, split_in_flight
 from worker.engine.restart import RowResume, resume_rows
 from worker.engine.scheduled import ScheduledJob
+from worker.engine.sharing_gate import RefusalRate, SharingGate
 from worker.engine.step_times import StepTimes
 
 __all__ = ["BatchScheduler", "RowResume", "ScheduledJob", "StepSink"]
@@ -66,13 +67,15 @@ class BatchScheduler:
         prefill_seconds_per_token: float | None = None,
         spare_lanes: int = 0,
         spare_use: SpareUse = SpareUse.RESERVE,
+        refusals: RefusalRate | None = None,
     ):
         """``step_times`` and ``prefill_seconds_per_token`` price restarts; by default the
         engine's warm-up measurements, refined by every step. A test that checks what the
         scheduler does with a decision passes fixed ones, so the decision does not depend on
         how the cores happened to be shared while the engine warmed up. ``spare_lanes``:
         lanes besides the ``engine_threads`` (the engine must have both), used as
-        ``spare_use`` says (trickle/config/lanes.py)."""
+        ``spare_use`` says (trickle/config/lanes.py). ``refusals``: the model's grammar refusal
+        rate the sharing gate decides by (by default the engine's, learned from its batches)."""
         self._engine = engine
         self._on_batch = on_batch
         self._on_restart = on_restart  # called with True for a split, False for a join
@@ -92,6 +95,9 @@ class BatchScheduler:
             ),
         )
         self._prefixes = prefixes or PrefixTable((), 0, 1)
+        refusals = refusals or engine.refusals
+        prefill = rules.prefill_seconds_per_token
+        self.sharing = SharingGate(refusals, self._step_times, prefill, max_batch_size)
         self._pending: list[ScheduledJob] = []
         self._running: list[RunningBatch] = []
         self._idle_lanes = 0
@@ -171,6 +177,7 @@ class BatchScheduler:
                     job.request = dataclasses.replace(
                         job.request, prefix=found.prefix, cache_partition=found.partition
                     )
+            job.request = self.sharing.decided(job.request)
             self._window.arrived()
             job.lanes_at_arrival = self._lanes_note()
             self._pending.append(job)
