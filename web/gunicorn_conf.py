@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from trickle.config.settings import load_settings
-from trickle.heap import IdleTrim, freeze_startup_heap
+from trickle.heap import IdleTrim, freeze_startup_heap, trim_freed_memory
 from web import gunicorn_errors
 
 _settings = load_settings(environ=os.environ)
@@ -39,7 +39,17 @@ def post_worker_init(worker: object) -> None:
     global _idle_trim
     freeze_startup_heap()
     if _settings.web.trim_after_idle_seconds > 0:
-        _idle_trim = IdleTrim(_settings.web.trim_after_idle_seconds)
+        _idle_trim = IdleTrim(_settings.web.trim_after_idle_seconds, trim=_trim_on_a_native_thread)
+
+
+def _trim_on_a_native_thread() -> object:
+    """``malloc_trim`` on gevent's pool of OS threads, the calling greenlet waiting for it:
+    every greenlet shares one OS thread, so a trim made there held every stream until it
+    returned (a page's 400-token stream reached it all at once); ctypes lets the GIL go for
+    the call, so the loop runs on while another thread trims."""
+    from gevent import get_hub
+
+    return get_hub().threadpool.apply(trim_freed_memory)
 
 
 def pre_request(worker: object, request: object) -> None:
