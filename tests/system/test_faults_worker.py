@@ -198,7 +198,7 @@ def test_sigterm_hands_back_waiting_jobs_and_finishes_running_ones(faults: Fault
     # wait (an overflow lane would start them beside it).
     leaving = faults.worker(
         "term-a", ("slow",), TRICKLE__MODELS__SLOW__INTER_THREADS="1",
-        TRICKLE__MODELS__SLOW__TUNING__OVERFLOW_LANES="0",
+        TRICKLE__MODELS__SLOW__TUNING__OVERFLOW_LANES_PER_DEVICE="0",
     )  # fmt: skip
     # Long enough to still run once the next worker is up (a few seconds on a loaded machine).
     running = submit(faults.web_url, {"prompt": "The", **LONG})
