@@ -18,11 +18,13 @@ the web process after its requests (web/gunicorn_conf.py).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
+import logging
 import threading
 import time
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 def freeze_startup_heap() -> None:
@@ -31,19 +33,26 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` from the symbols the process has loaded already (no
+    ``ctypes.util.find_library``: it runs ``ldconfig`` in a subprocess, which gevent's patched
+    ``subprocess`` refuses on a thread of its pool); None where the C library is not glibc."""
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    malloc_trim.restype = ctypes.c_int
+    return malloc_trim  # type: ignore[no-any-return]
+
+
+_MALLOC_TRIM = _find_malloc_trim()  # resolved once, at import, on the importing thread
+
+
 def trim_freed_memory() -> bool:
     """Give the free pages of every malloc arena back to the OS (glibc's ``malloc_trim``);
     False where there was nothing to give back or the C library is not glibc."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        malloc_trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    malloc_trim.argtypes = [ctypes.c_size_t]
-    malloc_trim.restype = ctypes.c_int
-    return bool(malloc_trim(0))
+    return _MALLOC_TRIM is not None and bool(_MALLOC_TRIM(0))
 
 
 class IdleTrim:
@@ -90,5 +99,8 @@ class IdleTrim:
                     self._cond.wait(left)
                     continue  # a batch may have begun (and ended) meanwhile: look again
                 self._trimmed = True
-            self._trim()
+            try:
+                self._trim()
+            except Exception:  # one failed trim must not end the thread (and every later trim)
+                log.exception("malloc_trim failed; the next idle spell tries again")
             self.trims += 1

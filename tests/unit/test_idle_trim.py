@@ -79,3 +79,18 @@ def test_two_lanes_one_still_running_is_not_idle() -> None:
     assert trims.count() == 1
     trim.end()
     wait_for(lambda: trims.count() == 2, 5, "the trim once both lanes ended")
+
+
+def test_a_trim_that_raises_leaves_the_next_spell_its_trim() -> None:
+    calls: list[float] = []
+
+    def failing_once() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise RuntimeError("the first trim fails")
+
+    trim = IdleTrim(AFTER, failing_once)
+    wait_for(lambda: len(calls) == 1, 5, "the failing trim")
+    trim.note()
+    wait_for(lambda: len(calls) == 2, 5, "the trim of the next idle spell")
+
