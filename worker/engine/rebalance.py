@@ -55,9 +55,9 @@ def join_class(job: ScheduledJob, below_share: bool) -> tuple[object, ...]:
         request.cache_partition,
         request.seed,
         request.grammar is not None,
+        request.shares_calls,
         request.top_logprobs,
         job.total_length(),
-        job.long_pauses,
     )
 
 
