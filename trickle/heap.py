@@ -43,7 +43,7 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
         return None
     malloc_trim.argtypes = [ctypes.c_size_t]
     malloc_trim.restype = ctypes.c_int
-    return malloc_trim  # type: ignore[no-any-return]
+    return malloc_trim
 
 
 _MALLOC_TRIM = _find_malloc_trim()  # resolved once, at import, on the importing thread

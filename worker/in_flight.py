@@ -8,7 +8,7 @@ import time
 
 from trickle.jobs import FinishReason, JobError
 from worker.engine.scheduled import ScheduledJob
-from worker.outlook import LengthRatios
+from worker.length_ratios import LengthRatios
 
 
 class InFlight:

@@ -8,47 +8,18 @@ each queued job's expected start (trickle/waiting.py).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from trickle.capacity import slots_per_worker
-from trickle.jobs import FinishReason
 from trickle.waiting import WorkerOutlook, slots_free_in
 from worker.engine.scheduled import ScheduledJob
 
-if TYPE_CHECKING:  # the in-flight table keeps a LengthRatios: no import at run time
+if TYPE_CHECKING:
     from worker.engine.engine import Engine
     from worker.engine.scheduler import BatchScheduler
     from worker.in_flight import InFlight
-
-# Weight of a finished job in a model's length ratio (its tokens over its max_tokens).
-LENGTH_SMOOTHING = 0.1
-
-
-class LengthRatios:
-    """How much of its max_tokens a model's finished jobs used, a moving average per model: a
-    model that ends its answers early (an end token) holds a slot for less than max_tokens."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ratios: dict[str, float] = {}
-
-    def finished(self, model: str, job: ScheduledJob) -> None:
-        budget = job.request.max_new_tokens
-        if budget <= 0 or job.state.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
-            return  # failed or canceled: says nothing of how long the model's answers run
-        ratio = min(job.state.count / budget, 1.0)
-        with self._lock:
-            previous = self._ratios.get(model)
-            self._ratios[model] = (
-                ratio if previous is None else previous + LENGTH_SMOOTHING * (ratio - previous)
-            )
-
-    def ratio(self, model: str) -> float:
-        with self._lock:
-            return self._ratios.get(model, 1.0)
 
 
 def expected_tokens(job: ScheduledJob, ratio: float) -> int:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from trickle.jobs import FinishReason
-from worker.outlook import LengthRatios, expected_tokens, model_outlook, seconds_per_token
+from worker.length_ratios import LengthRatios
+from worker.outlook import expected_tokens, model_outlook, seconds_per_token
 
 
 def job(
