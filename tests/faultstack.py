@@ -109,3 +109,20 @@ def build_slow_demo_stack(root: Path, tokenizer: Path, settings_toml: str = "") 
     )
     faults.worker("slow-demo", ("demo",))
     return faults
+
+
+def build_demo_and_slow_stack(
+    root: Path, demo_model_dir: Path, settings_toml: str, more_models_toml: str = ""
+) -> FaultStack:
+    """The worker-fault modules' stack: ``demo`` and a ``slow`` model big enough that LONG
+    takes several seconds on one thread of a fast core (at d_model 256 and 4 layers it took
+    1 s, and a one-second deadline raced the job's end), on one engine thread and four rows.
+    ``more_models_toml`` may name the slow model's files as ``{slow}``."""
+    slow = build_slow_model(
+        root, demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
+    )
+    models_toml = (
+        f'[models.demo]\npath = "{demo_model_dir}"\n'
+        f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+    ) + more_models_toml.replace("{slow}", str(slow))
+    return build_fault_stack(root, models_toml=models_toml, settings_toml=settings_toml)

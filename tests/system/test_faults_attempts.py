@@ -21,8 +21,7 @@ import pytest
 from tests.clients import assert_gapless, get_job, poll_until_finished, stream_in_background, submit
 from tests.faultstack import (
     FaultStack,
-    build_fault_stack,
-    build_slow_model,
+    build_demo_and_slow_stack,
     tokens_streamed,
     wait_for,
 )
@@ -36,16 +35,9 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    root = tmp_path_factory.mktemp("attempt-faults")
-    slow = build_slow_model(
-        root, demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
-    )
-    stack = build_fault_stack(
-        root,
-        models_toml=(
-            f'[models.demo]\npath = "{demo_model_dir}"\n'
-            f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
-        ),
+    stack = build_demo_and_slow_stack(
+        tmp_path_factory.mktemp("attempt-faults"),
+        demo_model_dir,
         settings_toml=(
             f"[worker]\nlease_seconds = {LEASE_SECONDS}\n"
             "recovery_interval_seconds = 0.5\nheartbeat_seconds = 0.5\nmax_attempts = 2\n"

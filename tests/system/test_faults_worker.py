@@ -27,8 +27,7 @@ from tests.clients import (
 )
 from tests.faultstack import (
     FaultStack,
-    build_fault_stack,
-    build_slow_model,
+    build_demo_and_slow_stack,
     tokens_streamed,
     wait_for,
 )
@@ -50,20 +49,13 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path) -> Iterator[FaultStack]:
-    root = tmp_path_factory.mktemp("worker-faults")
-    # Big enough that LONG takes several seconds on one thread of a fast core (at d_model 256 and
-    # 4 layers it took 1 s, and the one-second deadline raced the job's end).
-    slow = build_slow_model(
-        root, demo_model_dir / "tokenizer.model", d_model=512, num_layers=6, ffn_dim=1536
-    )
-    stack = build_fault_stack(
-        root,
-        models_toml=(
-            f'[models.demo]\npath = "{demo_model_dir}"\n'
-            f'[models.slow]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+    stack = build_demo_and_slow_stack(
+        tmp_path_factory.mktemp("worker-faults"),
+        demo_model_dir,
+        more_models_toml=(
             # One lane, no spare one: a newcomer beside a running job is admitted only by
             # restarting that job's batch (a long join, its pause well under the wait).
-            f'[models.onelane]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
+            '[models.onelane]\npath = "{slow}"\nmax_batch_size = 4\nintra_threads = 1\n'
             "inter_threads = 1\ntuning.overflow_lanes_per_device = 0\n"
             f'[models.nobody]\npath = "{demo_model_dir}"\n'
         ),

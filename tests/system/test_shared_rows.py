@@ -162,11 +162,12 @@ def test_a_constrained_burst_runs_alone_once_the_demo_is_seen_to_refuse_often(
         {"prompt": prompt, "max_tokens": 80, "temperature": 0.0, "grammar": GRAMMAR}
         for prompt in PROMPTS
     ]
+    # A fresh estimate that only the burst's own prompts feed, one at a time: the engine's is
+    # shared with every earlier test of the module (their sampled rows refuse less), and once
+    # left the rate at 0.352 against a break-even of 0.351.
+    earlier, demo_engine.refusals = demo_engine.refusals, RefusalRate()
     harness = Harness(demo_engine, private_redis, max_batch_size=8, wait_ms=200, pricing=CPU_LIKE)
     try:
-        # The burst's own prompts, one at a time, are what the estimate has seen last: the
-        # engine's rate is shared with every earlier test, and a prompt's break-even moves with
-        # its length (one measured job once left the rate 0.352 against a break-even of 0.351).
         for spec in specs:
             harness.run([harness.job(**spec)])  # type: ignore[arg-type]
         measured = demo_engine.refusals.rate
@@ -179,6 +180,7 @@ def test_a_constrained_burst_runs_alone_once_the_demo_is_seen_to_refuse_often(
         stored = [harness.store.get(job.job_id) for job in jobs]
     finally:
         harness.close()
+        demo_engine.refusals = earlier
     assert sizes == [1] * len(specs)  # each row alone
     assert all(job.request.shares_calls is False for job in jobs)
     outputs = [job.state.output for job in jobs]
