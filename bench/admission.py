@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.admission [--model 46m] [--loads 0.15,0.3] [--jobs 60]
         [--max-tokens 128] [--seed 1]
 
-The worker's scheduler (``BatchScheduler.for_engine``), engine process and publisher with the
+The worker's scheduler (``scheduler_for``), engine process and publisher with the
 model's default knobs on a private Redis, as ``bench.scheduler_burst`` wires them; no HTTP, no
 Celery. The engine's capacity is CTranslate2's own ``generate_batch(32)`` tokens/s in the same
 process, divided by ``--max-tokens``; each load is a fraction of it. Jobs (greedy,
@@ -44,6 +44,7 @@ from trickle.config.tuning import ModelTuning, TuningSettings
 from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
 from worker.engine.scheduler import BatchScheduler
+from worker.engine.scheduler_setup import scheduler_for
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher
 
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             TuningSettings(), store, lambda _job_id: None, lambda _job_id: None
         )
         times = TokenTimes(publisher.publish_step)
-        scheduler = BatchScheduler.for_engine(engine, times.publish_step)
+        scheduler = scheduler_for(engine, times.publish_step)
         try:
             one_load(engine, store, scheduler, times, capacity * 0.2, 4, args.max_tokens, 0)
             for load in (float(value) for value in args.loads.split(",") if value.strip()):

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.scheduler_burst [--model bench] [--jobs 16] [--spread-ms 0,25]
         [--bursts 8] [--max-tokens 64]
 
-The worker's scheduler (``BatchScheduler.for_engine``, as a worker builds it), engine process
+The worker's scheduler (``scheduler_for``, as a worker builds it), engine process
 and publisher, with the model's default knobs, on a private Redis; no HTTP, no Celery, no web
 tier. Each burst hands ``--jobs`` claimed jobs to the scheduler, all at once or spread evenly
 over a window (a burst reaches the scheduler over the 20-50 ms its claims take in the stack),
@@ -41,6 +41,7 @@ from trickle.store.job_store import JobStore
 from worker.engine.engine import Engine
 from worker.engine.new_job import make_scheduled_job
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
+from worker.engine.scheduler_setup import scheduler_for
 from worker.publisher import TokenPublisher
 
 
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         publisher = TokenPublisher.paced_as(
             TuningSettings(), store, lambda _job_id: None, lambda _job_id: None
         )
-        scheduler = BatchScheduler.for_engine(engine, publisher.publish_step)
+        scheduler = scheduler_for(engine, publisher.publish_step)
         try:
             for spread in spreads:
                 one_burst(engine, store, scheduler, args.jobs, spread, args.max_tokens)  # warm-up

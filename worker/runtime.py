@@ -34,6 +34,7 @@ from worker.engine.engine import Engine
 from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import BatchScheduler, ScheduledJob
+from worker.engine.scheduler_setup import scheduler_for
 from worker.in_flight import InFlight
 from worker.job_trace import logged_hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
@@ -98,7 +99,7 @@ class WorkerRuntime:
             engine = Engine(model, shares_slots=settings.shares_slots)
             self.cold_start.loaded(time.monotonic() - loading)
             self.engines[name] = engine
-            self.schedulers[name] = BatchScheduler.for_engine(
+            self.schedulers[name] = scheduler_for(
                 engine,
                 self.publisher.publish_step,
                 on_batch=self._batch_observer(name),

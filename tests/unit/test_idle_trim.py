@@ -93,4 +93,3 @@ def test_a_trim_that_raises_leaves_the_next_spell_its_trim() -> None:
     wait_for(lambda: len(calls) == 1, 5, "the failing trim")
     trim.note()
     wait_for(lambda: len(calls) == 2, 5, "the trim of the next idle spell")
-

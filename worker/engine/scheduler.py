@@ -133,34 +133,6 @@ class BatchScheduler:
         waiting estimate's pace when no running job has measured its own."""
         return self._step_times.estimate(size)
 
-    @classmethod
-    def for_engine(
-        cls,
-        engine: Engine,
-        publish_step: StepSink,
-        on_batch: Callable[[int], None] | None = None,
-        on_restart: Callable[[bool], None] | None = None,
-    ) -> BatchScheduler:
-        """The scheduler for ``engine``'s model with its configured knobs: what a worker runs
-        (and what ``bench.scheduler_burst`` measures without the rest of the worker)."""
-        model = engine.settings
-        return cls(
-            engine,
-            publish_step,
-            max_batch_size=model.max_batch_size,
-            max_batch_wait_ms=model.tuning.max_batch_wait_ms,
-            engine_threads=model.lanes,
-            on_batch=on_batch,
-            rebatch_max_stall_ms=model.tuning.rebatch_max_stall_ms,
-            rebatch_wait_ratio=model.tuning.rebatch_wait_ratio,
-            quiet_start_after_ms=model.tuning.quiet_start_after_ms,
-            rebalance_gain_ratio=model.tuning.rebalance_gain_ratio,
-            prefixes=PrefixTable.for_model(model, engine.tokenizer),
-            on_restart=on_restart,
-            spare_lanes=engine.lanes.spare,
-            spare_use=engine.lanes.spare_use,
-        )
-
     def take_pending(self) -> list[ScheduledJob]:
         """Remove and return every job not yet in a batch (to hand back on shutdown)."""
         with self._cond:
