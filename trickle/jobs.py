@@ -308,6 +308,13 @@ class Job:
         )
 
 
+# Why an expired job was not run: the same whether a claim or the deadline sweep ended it.
+NOT_STARTED_BY_DEADLINE = JobError(
+    "deadline_exceeded",
+    "not started before its deadline (Cancel-After or deadline), so it was not run",
+)
+
+
 @dataclass(frozen=True)
 class JobResult:
     """How a job ended, as the worker reports it (FINISH stores it)."""
@@ -333,12 +340,15 @@ class JobResult:
     @classmethod
     def expired(cls, claimed_at: float) -> JobResult:
         """A job not started before its client's deadline: not run, its readers told why."""
-        error = JobError(
-            "deadline_exceeded",
-            "not started before its deadline (Cancel-After or deadline), so it was not run",
-        )
         return cls(
-            JobStatus.EXPIRED, "", FinishReason.DEADLINE, 0, time.time(), error, "", claimed_at
+            JobStatus.EXPIRED,
+            "",
+            FinishReason.DEADLINE,
+            0,
+            time.time(),
+            NOT_STARTED_BY_DEADLINE,
+            "",
+            claimed_at,
         )
 
     def to_hash(self) -> dict[str, str]:

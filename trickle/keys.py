@@ -117,6 +117,12 @@ def queued_jobs(shard: int) -> str:
     return f"{_tag(shard)}:queued"
 
 
+def deadline_jobs(shard: int) -> str:
+    """Sorted set of the shard's jobs that have a client's deadline: job id -> the deadline.
+    Workers sweep it, so a job no worker claims in time still ends ``expired`` then."""
+    return f"{_tag(shard)}:deadlines"
+
+
 @functools.cache
 def every_shard(index: Callable[[int], str]) -> tuple[str, ...]:
     """A per-shard key's name for every shard, in shard order, built once per key: a count over

@@ -1,8 +1,9 @@
 """A worker's background duties: heartbeats, lease renewal, and sweeping up other workers' mess.
 
 Every live worker sweeps: running jobs whose lease lapsed (their worker died) are requeued and
-resume where their stream stopped (every recovery interval); queued jobs past the queue TTL fail
-with a clear error (checked at a tenth of the TTL, at most once a minute).
+resume where their stream stopped (every recovery interval); queued jobs past their client's
+deadline end ``expired`` (as often), whether or not any worker serves their model; queued jobs
+past the queue TTL fail with a clear error (checked at a tenth of the TTL, at most once a minute).
 The sweep is idempotent and race-free (each transition is one Lua script), so any number of
 workers may run it at once.
 """
@@ -113,6 +114,7 @@ class Maintenance:
             ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
             ("renew", worker.lease_seconds / 3, self.renew_leases),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
+            ("deadlines", worker.recovery_interval_seconds, self.expire_at_deadlines),
             ("expire", expiry_interval(self._runtime.settings), self.expire),
             ("republish", worker.republish_after_seconds / 2, self.republish),
             ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
@@ -221,3 +223,13 @@ class Maintenance:
             model = runtime.store.model_of(job_id)
             log_job_event("expired_in_queue", job_id, model)
             runtime.metrics.count(JOBS, model=model, status="failed")
+
+    def expire_at_deadlines(self) -> None:
+        """End the queued jobs that no worker started by their client's deadline (any model's:
+        a model nobody serves is the case that needs it)."""
+        runtime = self._runtime
+        now = time.time()
+        for job_id in runtime.store.deadlines.expire_due(now):
+            model = runtime.store.model_of(job_id)
+            log_job_event("expired", job_id, model, swept_by=runtime.node_name)
+            runtime.metrics.count(JOBS, model=model, status="expired")

@@ -159,13 +159,16 @@ def test_cors_preflight_allowed_before_any_key(client: FlaskClient) -> None:
     assert headers["Access-Control-Allow-Credentials"] == "true"
     assert "POST" in headers["Access-Control-Allow-Methods"]
     allowed = {h.strip().lower() for h in headers["Access-Control-Allow-Headers"].split(",")}
-    assert {"authorization", "content-type", "last-event-id", "prefer"} <= allowed
+    assert {"authorization", "content-type", "last-event-id", "prefer", "cancel-after"} <= allowed
     assert "Origin" in headers["Vary"]
     # The actual request (a 401 too) tells the page what happened.
     job = client.post("/v1/jobs", json={"prompt": "Hi", "model": "late"}, headers={
         **AUTH, "Origin": PAGE_ORIGIN})  # fmt: skip
     assert job.headers["Access-Control-Allow-Origin"] == PAGE_ORIGIN
     assert "Location" in job.headers["Access-Control-Expose-Headers"]
+    # The page may read the answer's hops: the header, and its Resource Timing entry's.
+    assert "Server-Timing" in job.headers["Access-Control-Expose-Headers"]
+    assert job.headers["Timing-Allow-Origin"] == PAGE_ORIGIN
     refused = client.get("/v1/models", headers={"Origin": PAGE_ORIGIN})
     assert refused.status_code == 401
     assert refused.headers["Access-Control-Allow-Origin"] == PAGE_ORIGIN
@@ -182,6 +185,7 @@ def test_cors_unlisted_origins_get_no_cors_headers(client: FlaskClient) -> None:
             assert not any(
                 h.lower().startswith("access-control-") for h, _ in response.headers.items()
             )
+            assert "Timing-Allow-Origin" not in response.headers
         assert "Origin" in read.headers["Vary"]
     assert "Access-Control-Allow-Origin" not in client.get("/healthz", headers={
         "Origin": PAGE_ORIGIN}).headers  # fmt: skip
@@ -199,9 +203,11 @@ def test_cors_wildcard_never_comes_with_credentials(
     assert preflight.status_code == 204
     assert preflight.headers["Access-Control-Allow-Origin"] == "*"
     assert "Access-Control-Allow-Credentials" not in preflight.headers
+    assert preflight.headers["Timing-Allow-Origin"] == "*"
     listed = wild.get("/v1/models", headers={"Origin": PAGE_ORIGIN})
     assert listed.headers["Access-Control-Allow-Origin"] == PAGE_ORIGIN
     assert listed.headers["Access-Control-Allow-Credentials"] == "true"
+    assert listed.headers["Timing-Allow-Origin"] == PAGE_ORIGIN
 
 
 def test_cors_origins_from_the_environment_and_checked() -> None:

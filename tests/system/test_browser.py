@@ -342,6 +342,33 @@ def test_queued_job_shows_queued_and_stop_cancels_it(page: Page, stack_url: str)
     assert job["output"] == "" == page.eval_on_selector("#output", "el => el.textContent")
 
 
+def test_a_job_not_started_by_its_deadline_ends_expired_and_says_why(
+    page: Page, stack_url: str
+) -> None:
+    # The page sends no deadline of its own: the request gets one on its way out.
+    def with_deadline(route: Any) -> None:
+        if route.request.method != "POST":
+            route.continue_()
+            return
+        route.continue_(headers={**route.request.headers, "cancel-after": "1s"})
+
+    page.route("**/v1/jobs", with_deadline)
+    open_page(page, stack_url)
+    page.select_option("#model", "late")  # no worker serves it: only the deadline ends it
+    page.fill("#prompt", "Hello")
+    page.click("#generate")
+    page.wait_for_selector("#status[data-status='queued']")
+
+    page.wait_for_selector(FINAL)
+    assert page.inner_text("#status") == "expired"
+    job = stored_job(stack_url, attributes(page)["jobId"])
+    assert job["status"] == "expired"
+    meta = page.inner_text("#meta")
+    assert f"Expired: {job['error']['message']}" in meta
+    assert "error" in (page.get_attribute("#meta", "class") or "")
+    assert page.is_disabled("#stop-button") and not page.is_disabled("#generate")
+
+
 @pytest.mark.parametrize("transport", ["sse", "ws"])
 def test_network_drop_mid_stream_resumes_without_gap_or_duplicate(
     page: Page, proxy: DroppingProxy, transport: str

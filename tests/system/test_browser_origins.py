@@ -90,6 +90,7 @@ def page_origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Another origin: a tiny static server on another port."""
     root = tmp_path_factory.mktemp("elsewhere")
     (root / "watch.html").write_text(WATCH_HTML)
+    (root / "blank.html").write_text('<!doctype html><meta charset="utf-8"><title>blank</title>')
     handler = functools.partial(QuietHandler, directory=str(root))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -201,3 +202,36 @@ def test_the_built_in_page_shows_a_wrong_token(page: Page, api_url: str) -> None
     page.wait_for_selector("#form-error:not([hidden])")
     assert "stream token" in page.inner_text("#form-error")
     assert page.get_attribute("#status", "data-status") == "error"
+
+
+# A page elsewhere calls the API with its own key (a test's shortcut) and a deadline, then reads
+# the answer's hops twice: the Server-Timing header and its Resource Timing entry.
+FETCH_WITH_HOPS = """async ([url, key]) => {
+  const response = await fetch(url, {
+    method: "POST",
+    headers: {
+      "Authorization": `Bearer ${key}`, "Content-Type": "application/json",
+      "Prefer": "wait=60", "Cancel-After": "60s",
+    },
+    body: JSON.stringify({prompt: "The", max_tokens: 4}),
+  });
+  const job = await response.json();
+  const entry = performance.getEntriesByName(url).pop();
+  return {
+    status: response.status, job, header: response.headers.get("Server-Timing"),
+    timings: entry.serverTiming.map((timing) => timing.name),
+  };
+}"""
+
+
+def test_a_page_on_another_origin_reads_the_hops_of_its_answer(
+    page: Page, api_url: str, page_origin: str
+) -> None:
+    page.goto(f"{page_origin}/blank.html")
+    seen = page.evaluate(FETCH_WITH_HOPS, [f"{api_url}/v1/jobs", KEY])
+    assert seen["status"] == 200 and seen["job"]["status"] == "succeeded", seen
+    assert seen["job"]["deadline"] is not None  # Cancel-After passed the preflight
+    header = seen["header"] or ""
+    hops = [part.split(";")[0].strip() for part in header.split(",")]
+    assert {"queue", "generate"} <= set(hops), header
+    assert seen["timings"] == hops  # Timing-Allow-Origin: the page's timing API sees them too

@@ -241,6 +241,26 @@ def test_job_nobody_starts_expires_after_the_queue_ttl(faults: FaultStack) -> No
     assert requests.get(f"{faults.web_url}/v1/jobs/{job['id']}", timeout=5).status_code == 200
 
 
+def test_a_job_nobody_starts_ends_expired_at_its_deadline(faults: FaultStack) -> None:
+    # No worker serves "nobody": only the deadline sweep (any worker's, here one serving
+    # "demo") can end it, and its readers must hear it then, not at the queue TTL (6 s).
+    faults.worker("sweeper", ("demo",))
+    deadline = time.time() + 1.5
+    body = {"prompt": "The", "model": "nobody", "max_tokens": 5, "deadline": deadline}
+    job = submit(faults.web_url, body)
+    assert job["status"] == "queued"
+    stream = read_sse(faults.web_url, job["id"], timeout=30)
+    heard = time.time()
+    assert stream.done is not None and stream.done["status"] == "expired", stream.done
+    assert stream.done["finish_reason"] == "deadline"
+    assert stream.done["error"]["type"] == "deadline_exceeded"
+    assert stream.tokens == []
+    assert deadline <= heard < deadline + 1.5  # the sweep runs every 0.5 s
+    record = get_job(faults.web_url, job["id"])
+    assert record["status"] == "expired" and record["error"] == stream.done["error"]
+    assert deadline <= record["completed_at"] < deadline + 1.0
+
+
 def test_a_job_record_whose_task_was_never_published_is_published_again(
     faults: FaultStack,
 ) -> None:

@@ -7,7 +7,8 @@ claiming a job while a client cancels it, a crashed worker's job being recovered
 one wakes up) are single Lua scripts (``store.scripts``), so each job has exactly one outcome
 and only the current lease holder can write its tokens. The store holds the records, reads,
 cancels and a worker's output; who holds a job is its ``leases`` (``store.leases``), composed,
-and both run their scripts through one ``ScriptRunner``.
+as is the index of clients' deadlines (``store.deadlines``), and all run their scripts through
+one ``ScriptRunner``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trickle.jobs import (
     hash_fields,
     is_job_id,
 )
+from trickle.store.deadlines import Deadlines
 from trickle.store.flush_records import StepAppend as StepAppend
 from trickle.store.flush_records import StepOutcome as StepOutcome
 from trickle.store.flush_records import finish_outcome as finish_outcome
@@ -53,6 +55,7 @@ class JobStore:
         self._runner = ScriptRunner(client)
         self.cluster = self._runner.cluster
         self.leases = Leases(self._runner, result_ttl_seconds, queued_ttl_seconds)
+        self.deadlines = Deadlines(self._runner, result_ttl_seconds)
 
     def pipeline(self) -> Any:
         """A pipeline for ``queue_step`` and ``queue_finish`` (per node on a cluster)."""
@@ -123,6 +126,7 @@ class JobStore:
         for job_id in job_ids:
             pipe.delete(keys.job(job_id))
             pipe.zrem(keys.queued_jobs(keys.shard_of(job_id)), job_id)
+            Deadlines.queue_unindex(pipe, job_id)
         if idempotency_key:
             pipe.delete(idempotency_key)
         pipe.execute()
@@ -135,6 +139,7 @@ class JobStore:
         pipe.expire(keys.job(job.id), self.queued_ttl_seconds + kept)
         queued = keys.queued_jobs(keys.shard_of(job.id))
         pipe.zadd(queued, {job.id: job.created_at + self.queued_ttl_seconds})
+        Deadlines.queue_index(pipe, job)
 
     # -- reads ------------------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "RECOVER",
     "RELEASE",
     "EXPIRE_QUEUED",
+    "EXPIRE_AT_DEADLINE",
     "APPEND_STEP",
     "FINISH",
     "SUM_PER_SHARD",

@@ -208,6 +208,27 @@ return 1
 """
 )
 
+# A queued job whose client's deadline passed before any worker claimed it: ended as a late
+# claim ends it (``expired``, unrun), so its readers learn it then, served or not. One that
+# logged tokens before its worker died is left to its next claim, which stops it with what it
+# made. Atomic with CLAIM: a job is either claimed in time or expired, never both.
+# KEYS: job, deadlines, queued, tokens, output, events, done
+# ARGV: id, now, error_json, result_ttl, publish, done_msg
+EXPIRE_AT_DEADLINE = (
+    _ENDING
+    + """
+local status = redis.call('HGET', KEYS[1], 'status')
+redis.call('ZREM', KEYS[2], ARGV[1])
+if status ~= 'queued' or redis.call('LLEN', KEYS[4]) > 0 then return 0 end
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HSET', KEYS[1], 'status', 'expired', 'finish_reason', 'deadline',
+           'completed_at', ARGV[2], 'error', ARGV[3])
+settle(KEYS[1], KEYS[4], KEYS[5], ARGV[4])
+announce(ARGV[5], KEYS[6], KEYS[7], ARGV[6])
+return 1
+"""
+)
+
 # One flush of token events, fenced per job: only the lease holder may append. Entries already
 # in the log (a retried flush whose first reply was lost) are skipped, so a retry is harmless.
 # Entries that would leave a gap (log position must equal token index) are refused and the log's

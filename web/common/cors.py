@@ -12,6 +12,8 @@ never pass (it carries no ``Authorization``).
 A listed origin is echoed back with ``Access-Control-Allow-Credentials: true``; ``*`` answers
 any origin with a literal ``*`` and never with credentials (browsers refuse the pair, and it
 would let every site send a user's cookies). An origin not listed gets no CORS header at all.
+An allowed origin also gets ``Timing-Allow-Origin`` (the same value) and may read
+``Server-Timing``: the hops of its answers, in the header and in the page's Resource Timing.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ WILDCARD = "*"
 ALLOWED_METHODS = "GET, POST, OPTIONS"
 ALLOWED_HEADERS = (
     "Authorization, Content-Type, Last-Event-ID, Prefer, Accept, Idempotency-Key, "
-    "x-api-key, anthropic-version"
+    "Cancel-After, x-api-key, anthropic-version"
 )
 # Response headers a script may read besides the CORS-safelisted ones.
 EXPOSED_HEADERS = (
-    "Location, Retry-After, WWW-Authenticate, X-Batch-Status, Trickle-Wait-Interrupted"
+    "Location, Retry-After, WWW-Authenticate, X-Batch-Status, Trickle-Wait-Interrupted, "
+    "Server-Timing"
 )
 PREFLIGHT_MAX_AGE_SECONDS = "600"
 
@@ -49,7 +52,9 @@ class CorsPolicy:
         allowed = self.allow_origin(origin)
         if allowed is None:
             return {}
-        headers = {"Access-Control-Allow-Origin": allowed}
+        # Timing-Allow-Origin lets the page's Resource Timing read the hops (``serverTiming``),
+        # which CORS alone leaves empty for another origin.
+        headers = {"Access-Control-Allow-Origin": allowed, "Timing-Allow-Origin": allowed}
         if allowed != WILDCARD:
             headers["Access-Control-Allow-Credentials"] = "true"
         return headers

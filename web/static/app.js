@@ -21,7 +21,9 @@
   const PREFS_STORAGE = "trickle.prefs";
   const PARAM_FIELDS = ["max_tokens", "temperature", "top_p", "top_k", "seed", "stop"];
   const ERROR_FIELDS = new Set(["model", "prompt", ...PARAM_FIELDS]);
-  const TERMINAL = new Set(["succeeded", "failed", "canceled"]);
+  const TERMINAL = new Set(["succeeded", "failed", "canceled", "expired"]);
+  // Ended with an error worth showing: failed, or expired (not started before its deadline).
+  const ENDED_WITH_ERROR = new Map([["failed", "Failed"], ["expired", "Expired"]]);
   const RECONNECT_DELAYS_MS = [250, 500, 1000, 2000, 4000];
   const CANCEL_GRACE_MS = 2000;
   const MIN_RATE_SPAN_MS = 250;
@@ -521,7 +523,7 @@
     el.output.setAttribute("aria-busy", "false");
     setStatus(job.status);
     tick();
-    el.meta.classList.toggle("error", job.status === "failed");
+    el.meta.classList.toggle("error", ENDED_WITH_ERROR.has(job.status));
     el.meta.textContent = describeJob(job);
     el.copy.hidden = !current.text || !navigator.clipboard;
     el.generate.disabled = false;
@@ -531,7 +533,9 @@
 
   function describeJob(job) {
     const parts = [];
-    if (job.status === "failed" && job.error) parts.push(`Failed: ${job.error.message}`);
+    if (ENDED_WITH_ERROR.has(job.status) && job.error) {
+      parts.push(`${ENDED_WITH_ERROR.get(job.status)}: ${job.error.message}`);
+    }
     if (job.finish_reason) parts.push(`finish: ${job.finish_reason}`);
     const metrics = job.metrics || {};
     const server = [];
