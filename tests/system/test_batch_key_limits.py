@@ -43,14 +43,17 @@ def body_batch(base: str, key: str, lines: int, max_tokens: int) -> requests.Res
         }) + "\n"
         for index in range(lines)
     )  # fmt: skip
-    headers = {"Content-Type": "application/jsonl", "Authorization": f"Bearer {key}"}
+    headers = {"Content-Type": "application/jsonl", **bearer(key)}
     return requests.post(f"{base}/v1/batches", data=body, headers=headers, timeout=30)
 
 
-def batch_of(stack: FaultStack, batch_id: str) -> dict[str, Any]:
-    found: dict[str, Any] = requests.get(
-        f"{stack.web_url}/v1/batches/{batch_id}", timeout=10
-    ).json()
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def batch_of(stack: FaultStack, key: str, batch_id: str) -> dict[str, Any]:
+    url = f"{stack.web_url}/v1/batches/{batch_id}"
+    found: dict[str, Any] = requests.get(url, headers=bearer(key), timeout=10).json()
     return found
 
 
@@ -61,17 +64,18 @@ def test_lines_past_the_keys_queue_cap_wait_for_room(limited: FaultStack) -> Non
     try:
         # The reading pauses before the line whose job finds no room: two read, two queued.
         wait_for(
-            lambda: batch_of(limited, batch_id)["request_counts"]["total"] == 2,
+            lambda: batch_of(limited, QUEUED, batch_id)["request_counts"]["total"] == 2,
             30, "two lines read",
         )  # fmt: skip
         time.sleep(1.5)  # sweeps meanwhile resume the reading, which finds no room yet
-        found = batch_of(limited, batch_id)
+        found = batch_of(limited, QUEUED, batch_id)
         assert found["status"] == "validating" and found["request_counts"]["total"] == 2, found
         with limited.client() as client:
             items = [json.loads(x) for x in client.lrange(keys.batch_items(batch_id), 0, -1)]
         assert [len(item["job_ids"]) for item in items] == [1, 1]
     finally:
-        requests.post(f"{limited.web_url}/v1/batches/{batch_id}/cancel", timeout=30)
+        cancel = f"{limited.web_url}/v1/batches/{batch_id}/cancel"
+        requests.post(cancel, headers=bearer(QUEUED), timeout=30)
 
 
 def test_lines_past_the_keys_tokens_per_minute_fail_naming_it(limited: FaultStack) -> None:
@@ -79,11 +83,12 @@ def test_lines_past_the_keys_tokens_per_minute_fail_naming_it(limited: FaultStac
     assert created.status_code == 200, created.text
     batch_id = created.json()["id"]
     done = wait_for(
-        lambda: (found := batch_of(limited, batch_id))["status"] == "completed" and found,
+        lambda: (found := batch_of(limited, TOKENS, batch_id))["status"] == "completed" and found,
         60, "the batch to end",
     )  # fmt: skip
     assert done["request_counts"] == {"total": 2, "completed": 0, "failed": 2}, done
-    errors = requests.get(f"{limited.web_url}/v1/files/{done['error_file_id']}/content", timeout=10)
+    content = f"{limited.web_url}/v1/files/{done['error_file_id']}/content"
+    errors = requests.get(content, headers=bearer(TOKENS), timeout=10)
     lines = [json.loads(x) for x in errors.text.splitlines()]
     assert {line["response"]["status_code"] for line in lines} == {429}
     for line in lines:
