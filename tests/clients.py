@@ -193,3 +193,18 @@ def batch_line(custom_id: str = "r1", **body: Any) -> dict[str, Any]:
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
+
+
+def batch_read_in(
+    base: str, batch_id: str, timeout: float = 60, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The batch once the batch consumer has read its input into jobs (``POST /v1/batches``
+    answers ``validating``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        url = f"{base}/v1/batches/{batch_id}"
+        batch: dict[str, Any] = requests.get(url, headers=headers, timeout=10).json()
+        if batch["status"] != "validating":
+            return batch
+        assert time.monotonic() < deadline, batch
+        time.sleep(0.05)

@@ -105,3 +105,13 @@ def content(client: FlaskClient, file_id: str) -> list[dict[str, Any]]:
     response = client.get(f"/v1/files/{file_id}/content", headers=bearer(FIRST))
     assert response.status_code == 200
     return [json.loads(x) for x in response.get_data(as_text=True).splitlines()]
+
+
+def read_in(client: FlaskClient, response: Any, headers: dict[str, str] | None = None) -> Any:
+    """A ``POST /v1/batches`` answer's batch after the batch consumer's reading of its input
+    (the task's own function), as a read then finds it; a refusal as it came."""
+    if response.status_code != 200 or response.get_json()["status"] != "validating":
+        return response
+    batch_id = response.get_json()["id"]
+    ingest_batch(client.application, batch_id)
+    return client.get(f"/v1/batches/{batch_id}", headers=headers or {})

@@ -1,6 +1,6 @@
-"""How a JSONL batch's records are written: its jobs a group per transaction, then the batch
-(with an ``Idempotency-Key``, in the key's script); a failure in between takes the jobs back.
-In process, on the test Redis; ``late`` has no worker, so nothing runs."""
+"""How a JSONL-body batch is recorded: its body stored as its input file, then the batch (with
+an ``Idempotency-Key``, in the key's script); a failure in between takes the file and the
+batch's storage hold back. In process, on the test Redis; ``late`` has no worker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from flask import Flask
 
 from trickle import keys
 from trickle.config.settings import Settings
-from web.batches import routes as batches
+from web.batches.quota import batch_inputs
 from web.services import services
 
 
@@ -27,36 +27,27 @@ def body(lines: int) -> bytes:
     ).encode()  # fmt: skip
 
 
-def test_a_redis_error_after_some_groups_takes_their_jobs_back(
+def test_a_redis_error_recording_the_batch_takes_its_input_back(
     settings: Settings,
     make_app: Callable[[Settings], Flask],
     redis_client: redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     app = make_app(settings)
-    store = services(app).store
-    recorded: list[str] = []
-    create_many = store.create_many
-
-    def spying(jobs: Any, also: Any = None) -> None:
-        group = list(jobs)
-        create_many(group, also)
-        recorded.extend(job.id for job in group)
+    svc = services(app)
 
     def down(*_args: Any, **_kwargs: Any) -> None:
         raise redis.ConnectionError("Redis went away")
 
-    monkeypatch.setattr(store, "create_many", spying)
-    monkeypatch.setattr(store, "create_once", down)
-    lines = 2 * batches.RECORD_GROUP + 7  # three groups
+    monkeypatch.setattr(svc.store, "create_once", down)
+    anonymous = ""  # no API keys: every caller's digest
+    files_before = set(redis_client.zrange(keys.files_of(anonymous), 0, -1))
+    held_before = batch_inputs(svc, anonymous).used()
     response = app.test_client().post(
-        "/v1/batches", data=body(lines), headers={"Idempotency-Key": "records-take-back"}
+        "/v1/batches", data=body(7), headers={"Idempotency-Key": "records-take-back"}
     )
     assert response.status_code == 503, response.get_json()
-    assert len(recorded) == lines  # every group was written before the key's script failed
-    pipe = redis_client.pipeline(transaction=False)
-    for job_id in recorded:
-        pipe.exists(keys.job(job_id))
-    assert sum(pipe.execute()) == 0  # and every one was taken back
-    queued = redis_client.zrange(keys.queued_jobs(keys.shard_of(recorded[0])), 0, -1)
-    assert recorded[0] not in queued
+    # The stored input went again, and so did the batch's hold on the key's storage.
+    assert set(redis_client.zrange(keys.files_of(anonymous), 0, -1)) == files_before
+    assert batch_inputs(svc, anonymous).used() == held_before
+    assert not redis_client.exists(keys.idempotency(anonymous, "records-take-back"))

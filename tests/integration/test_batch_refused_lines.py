@@ -10,6 +10,7 @@ import redis
 from flask import Flask
 
 from tests.clients import batch_line, jsonl
+from tests.file_batches import read_in
 from trickle import keys
 from trickle.config.settings import Settings
 from web.batches.store import MAX_ERROR_MESSAGE_CHARS
@@ -25,7 +26,7 @@ def test_refused_lines_store_their_error_not_their_prompt(
     lines.append(batch_line("named", model="m" * 50_000))  # its error quotes the name
     lines.append(batch_line("fine", model="late", prompt="Hi"))  # no worker: stays queued
     body = jsonl(lines)
-    response = client.post("/v1/batches", data=body)
+    response = read_in(client, client.post("/v1/batches", data=body))
     assert response.status_code == 200, response.get_json()
     batch = response.get_json()
     assert batch["request_counts"]["failed"] == 5

@@ -203,7 +203,8 @@ def test_a_file_batch_fails_bad_lines_alone_and_ends_in_two_files(
     assert redis_client.ttl(keys.job(job_ids[0])) > services(app).settings.limits.result_ttl_seconds
     read = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
     assert read["status"] == "in_progress" and read["output_file_id"] is None  # reads only
-    assert read["request_counts"] == {"total": 7, "completed": 2, "failed": 5}
+    # A read answers the counts the tasks last kept: the reading's, until a settle task's.
+    assert read["request_counts"] == {"total": 7, "completed": 0, "failed": 5}
     done = settle(client, batch["id"]).get_json()
     assert done["status"] == "completed", done
     assert done["request_counts"] == {"total": 7, "completed": 2, "failed": 5}
@@ -395,7 +396,15 @@ def test_two_readings_of_one_batch_write_each_line_once(
 def test_a_jsonl_body_batch_ends_in_files_too(app: Flask, client: FlaskClient) -> None:
     body = jsonl(line("a", url="/v1/completions"), line("b", url="/v1/completions", n=0))
     batch = client.post("/v1/batches", data=body, headers=bearer(FIRST)).get_json()
-    assert batch["input_file_id"] is None and batch["status"] == "in_progress"
+    assert batch["status"] == "validating" and batch["request_counts"]["total"] == 0
+    # The body is the batch's input file, read by the batch consumer as an uploaded one.
+    source = client.get(f"/v1/files/{batch['input_file_id']}", headers=bearer(FIRST)).get_json()
+    assert source["purpose"] == "batch" and source["bytes"] == len(body)
+    assert source["filename"] == f"{batch['id']}_input.jsonl"
+    assert sweep_now(app, batch["id"]) == [keys.BATCH_INGEST_TASK]
+    read = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
+    assert read["status"] == "in_progress" and read["endpoint"] == "/v1/completions"
+    assert read["request_counts"] == {"total": 2, "completed": 0, "failed": 1}
     run_jobs(app, job_ids_of(app, batch["id"]))
     assert sweep_now(app, batch["id"]) == [keys.BATCH_SETTLE_TASK]
     done = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from flask.testing import FlaskClient
 
 from ops.redis_server import free_port
 from tests.clients import batch_line, jsonl
+from tests.file_batches import read_in
 from trickle.config.sections import AuthSettings, WebhookSettings
 from trickle.config.settings import Settings
 from trickle.jobs import BATCH_PRIORITY, new_job_id
@@ -69,17 +71,26 @@ def test_without_a_metrics_token_metrics_follow_the_api_keys(
 def test_batch_jobs_and_backlog_are_bounded(
     settings: Settings, make_app: Callable[[Settings], Flask], redis_client: redis.Redis
 ) -> None:
-    limits = dataclasses.replace(settings.limits, max_batch_jobs=100)
-    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
-    lines = [batch_line(f"r{i}", prompt=["The"] * 16, n=8) for i in range(10)]  # 1,280 jobs
-    error = client.post("/v1/batches", data=jsonl(lines)).get_json()["error"]
-    assert error["param"] == "input" and "1280 jobs" in error["message"]
-    waiting = services(client.application).queues.depth("demo", DEFAULT_TENANT, BATCH_PRIORITY)
+    # The backlog is checked before the answer, by lines (each makes a job at least).
+    waiting = services(make_app(settings)).queues.depth("demo", DEFAULT_TENANT, BATCH_PRIORITY)
     limits = dataclasses.replace(settings.limits, max_batch_backlog=waiting + 1)
     client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
-    response = client.post("/v1/batches", data=jsonl([batch_line(prompt=["a", "b"])]))
+    response = client.post("/v1/batches", data=jsonl([batch_line("a"), batch_line("b")]))
     assert response.status_code == 429 and response.headers["Retry-After"]
     assert response.get_json()["error"]["code"] == "batch_queue_full"
+    # Jobs are counted as the lines are read: the lines past the batch's bound fail alone.
+    limits = dataclasses.replace(settings.limits, max_batch_jobs=100)
+    client = make_app(dataclasses.replace(settings, limits=limits)).test_client()
+    lines = [batch_line(f"r{i}", prompt=["The"] * 2, n=8) for i in range(10)]  # 16 jobs each
+    batch = read_in(client, client.post("/v1/batches", data=jsonl(lines))).get_json()
+    try:
+        assert batch["request_counts"] == {"total": 10, "completed": 0, "failed": 4}
+        output = client.get(f"/v1/batches/{batch['id']}/output").get_data(as_text=True)
+        failed = [json.loads(line) for line in output.splitlines()]
+        assert [line["custom_id"] for line in failed] == ["r6", "r7", "r8", "r9"]
+        assert {line["error"]["code"] for line in failed} == {"batch_job_limit"}
+    finally:
+        client.post(f"/v1/batches/{batch['id']}/cancel")  # its queued jobs go away
 
 
 def test_webhook_hosts_resolving_to_internal_addresses_are_refused_at_delivery() -> None:

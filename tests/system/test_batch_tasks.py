@@ -80,16 +80,33 @@ def file_lines(store: redis.Redis, file_id: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in data.splitlines()]
 
 
+def create_from_body(stack: FaultStack, lines: list[dict[str, Any]]) -> Any:
+    """A batch of JSONL in the body (Trickle's extension), as the OpenAI client's object."""
+    answer = requests.post(
+        f"{stack.web_url}/v1/batches",
+        data=jsonl(lines),
+        headers={"Content-Type": "application/jsonl"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    return openai.types.Batch.model_validate(answer.json())
+
+
 @pytest.mark.timeout(300)
-def test_healthz_answers_through_a_large_batchs_life(batch_stack: FaultStack) -> None:
+@pytest.mark.parametrize("way", ["file", "body"])
+def test_healthz_answers_through_a_large_batchs_life(batch_stack: FaultStack, way: str) -> None:
     count = 3000
     client = openai_client(batch_stack)
     health = f"{batch_stack.web_url}/healthz"
     waits: list[float] = []
+    lines = [chat_line(f"h{i}") for i in range(count)]
     with requests.Session() as session:
         session.get(health, timeout=10).raise_for_status()  # connected, warm
         started = time.monotonic()
-        batch = create(client, [chat_line(f"h{i}") for i in range(count)], "health.jsonl")
+        if way == "file":
+            batch = create(client, lines, "health.jsonl")
+        else:
+            batch = create_from_body(batch_stack, lines)
         answered = time.monotonic() - started
         assert batch.status == "validating", batch  # answered at once: the consumer reads it
         seen = {batch.status}
@@ -106,8 +123,8 @@ def test_healthz_answers_through_a_large_batchs_life(batch_stack: FaultStack) ->
             time.sleep(0.02)
     ranked = sorted(waits)
     print(
-        f"{count} lines: created in {answered * 1000:.0f} ms, stages {sorted(seen)}; /healthz "
-        f"{len(waits)} answers, p50 {ranked[len(ranked) // 2] * 1000:.1f} ms, p99 "
+        f"{count} lines ({way}): created in {answered * 1000:.0f} ms, stages {sorted(seen)}; "
+        f"/healthz {len(waits)} answers, p50 {ranked[len(ranked) // 2] * 1000:.1f} ms, p99 "
         f"{ranked[len(ranked) * 99 // 100] * 1000:.1f} ms, slowest {ranked[-1] * 1000:.1f} ms, "
         f"{sum(w >= 0.05 for w in waits)} at 50 ms or more"
     )
@@ -162,6 +179,43 @@ def test_a_batch_completes_exactly_with_its_ingest_and_web_processes_killed(
         output = file_lines(binary, json.loads(record["output_file_id"]))
         assert sorted(x["custom_id"] for x in output) == sorted(f"k{i}" for i in range(count))
         assert len(output) == count and all(x["error"] is None for x in output)
+        assert {x["response"]["status_code"] for x in output} == {200}
+    finally:
+        store.close()
+        binary.close()
+        if batch_stack.web_process is None:
+            batch_stack.start_web(ACCESS_LOG)
+
+
+@pytest.mark.timeout(300)
+def test_a_jsonl_body_batch_completes_exactly_with_its_web_process_killed_after_the_answer(
+    batch_stack: FaultStack,
+) -> None:
+    count = 2000
+    batch = create_from_body(batch_stack, [chat_line(f"j{i}") for i in range(count)])
+    assert batch.status == "validating"  # answered before any line became a job
+    assert batch_stack.web_process is not None
+    batch_stack.kill(batch_stack.web_process)  # SIGKILL right after the answer
+    batch_stack.web_process = None
+    store = batch_stack.client()
+    binary = redis.Redis.from_url(batch_stack.redis_url)
+    try:
+        wait_for(
+            lambda: store.hget(keys.batch(batch.id), "stage") in FINAL,
+            240,
+            "the batch to end with no web process",
+            interval=0.2,
+        )
+        record = store.hgetall(keys.batch(batch.id))
+        assert record["stage"] == "completed", record
+        assert (int(record["total"]), json.loads(record["completed"])) == (count, count)
+        assert json.loads(record["failed"]) == 0
+        assert json.loads(record.get("error_file_id", "null")) is None
+        items = [json.loads(x) for x in store.lrange(keys.batch_items(batch.id), 0, -1)]
+        assert [item["custom_id"] for item in items] == [f"j{i}" for i in range(count)]
+        assert len({job_id for item in items for job_id in item["job_ids"]}) == count
+        output = file_lines(binary, json.loads(record["output_file_id"]))
+        assert [x["custom_id"] for x in output] == [f"j{i}" for i in range(count)]
         assert {x["response"]["status_code"] for x in output} == {200}
     finally:
         store.close()

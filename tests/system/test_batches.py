@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests import stack
-from tests.clients import poll_until_finished, submit
+from tests.clients import batch_read_in, poll_until_finished, submit
 
 
 def jsonl(lines: list[dict[str, Any]]) -> str:
@@ -58,10 +58,9 @@ def test_jsonl_batch_runs_and_returns_openai_output(stack_url: str, served_model
     )
     assert created.status_code == 200, created.text
     batch = created.json()
-    assert batch["object"] == "batch" and batch["endpoint"] == "mixed"
-    assert batch["request_counts"]["total"] == 5
+    assert batch["object"] == "batch" and batch["status"] == "validating"
     done = wait_until_done(stack_url, batch["id"], timeout=180)
-    assert done["status"] == "completed"
+    assert done["status"] == "completed" and done["endpoint"] == "mixed"
     assert done["request_counts"] == {"total": 5, "completed": 4, "failed": 1}
     output = requests.get(f"{stack_url}/v1/batches/{batch['id']}/output", timeout=30)
     assert output.headers["Content-Type"].startswith("application/jsonl")
@@ -91,21 +90,38 @@ def test_uploaded_file_is_accepted(stack_url: str, served_model: str) -> None:
     assert done["request_counts"]["completed"] == 2
 
 
-def test_malformed_input_is_refused_naming_the_line(stack_url: str) -> None:
+def test_input_that_cannot_be_a_batch_is_refused_naming_why(stack_url: str) -> None:
     for body, param in (
-        (jsonl([completion("a")]) + "{not json\n", "line 2"),
-        (jsonl([completion("a"), completion("a")]), "custom_id"),
+        ("{not json\n" + jsonl([completion("a")]), "line 1"),
         (jsonl([{**completion("a"), "url": "/v1/embeddings"}]), "line 1.url"),
         ("", "input"),
+        (b"\xff\xfe\n", "input"),
     ):
         response = requests.post(f"{stack_url}/v1/batches", data=body, timeout=10)
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == param
 
 
+def test_bad_lines_fail_alone_in_the_error_file(stack_url: str) -> None:
+    body = (
+        jsonl([completion("a", max_tokens=1)])
+        + "{not json\n"
+        + jsonl([completion("a"), {**completion("b"), "url": "/v1/embeddings"}])
+    )
+    created = requests.post(f"{stack_url}/v1/batches", data=body, timeout=10)
+    assert created.status_code == 200, created.text
+    done = wait_until_done(stack_url, created.json()["id"], timeout=120)
+    assert done["status"] == "completed"
+    assert done["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
+    errors = requests.get(f"{stack_url}/v1/files/{done['error_file_id']}/content", timeout=10)
+    params = [json.loads(x)["response"]["body"]["error"]["param"] for x in errors.text.splitlines()]
+    assert params == ["line 2", "line 3.custom_id", "line 4.url"]
+
+
 def test_cancel_stops_queued_requests(stack_url: str) -> None:
     lines = [completion(f"late-{i}", model="late", max_tokens=50) for i in range(5)]
     batch = requests.post(f"{stack_url}/v1/batches", data=jsonl(lines), timeout=30).json()
+    batch_read_in(stack_url, batch["id"])  # its jobs queued (a batch cancelled sooner reads none)
     cancelled = requests.post(f"{stack_url}/v1/batches/{batch['id']}/cancel", timeout=30).json()
     assert cancelled["status"] in ("cancelling", "cancelled")
     done = wait_until_done(stack_url, batch["id"])
@@ -126,6 +142,7 @@ def test_batch_work_does_not_delay_interactive_jobs(
         completion(f"bulk-{i}", model="late", max_tokens=300, ignore_eos=True) for i in range(30)
     ]
     batch = requests.post(f"{stack_url}/v1/batches", data=jsonl(lines), timeout=30).json()
+    batch_read_in(stack_url, batch["id"])  # the backlog queued first
     interactive = submit(stack_url, {"prompt": "Now", "model": "late", "max_tokens": 20})
     worker: subprocess.Popen[bytes] = stack.start_worker(
         config_path, redis_url, "priority", log_dir, models=("late",),

@@ -46,12 +46,15 @@ def window_over(svc: Services, batch: BatchRecord, now: float) -> bool:
 def settle(
     svc: Services, store: BatchStore, batch: BatchRecord
 ) -> tuple[BatchRecord, Counter[str]]:
-    """The batch and its requests' states now; a batch found finished is finalized first."""
+    """The batch and its requests' states now; a batch found finished is finalized first,
+    one still running keeps the counts found in its record (what a read answers with)."""
     if batch.stage in FINAL_STAGES or batch.stage == "validating":
         return batch, Counter()
     tally = counts(store, batch)
     expired = window_over(svc, batch, time.time())
     if tally["pending"] and not expired:
+        store.keep_counts(batch.id, tally["completed"], tally["failed"])
+        batch.completed, batch.failed = tally["completed"], tally["failed"]
         return batch, tally
     return finalize(svc, store, batch, expired and tally["pending"] > 0), tally
 

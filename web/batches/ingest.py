@@ -1,5 +1,5 @@
-"""Reading a file batch's input into jobs, ``INGEST_LINES`` lines at a time, in the batch
-consumer's ingest task (``web.batches.tasks``).
+"""Reading a batch's input file (uploaded, or a JSONL body stored as one) into jobs,
+``INGEST_LINES`` lines at a time, in the batch consumer's ingest task (``web.batches.tasks``).
 
 The input file is read a chunk at a time; each group of lines' jobs are recorded, then its
 items and how far the input has been read are written in one script, only if the recorded
@@ -61,6 +61,7 @@ class Reading:
     number: int  # lines read (the batch's total)
     jobs_made: int = 0
     seen: set[str] = field(default_factory=set)  # custom_ids read
+    urls: set[str] = field(default_factory=set)  # of the lines that made jobs
 
 
 def ingest(svc: Services, store: BatchStore, batch: BatchRecord) -> BatchRecord:
@@ -114,6 +115,9 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
         _fail_cut_short(svc, store, batch, read_to)
         return
+    if batch.urls and reading.urls:  # a JSONL body's lines may mix endpoints
+        endpoint = reading.urls.pop() if len(reading.urls) == 1 else "mixed"
+        store.update(batch.id, endpoint=endpoint)
     store.update(batch.id, stage="in_progress", in_progress_at=time.time())
 
 
@@ -148,6 +152,7 @@ def _read_so_far(store: BatchStore, batch: BatchRecord) -> Reading:
         if not items:
             break
         reading.seen.update(item.custom_id for item in items if item.custom_id)
+        reading.urls.update(item.url for item in items if item.error is None)
         reading.jobs_made += sum(len(item.job_ids) for item in items)
         start += len(items)
     return reading
@@ -201,6 +206,7 @@ def _write_group(
         room.release()  # a no-op once the fan-out owns the places
     reading.number, reading.offset = number, offset
     reading.jobs_made += len(jobs)
+    reading.urls.update(item.url for item in items if item.error is None)
     return paused
 
 
@@ -261,7 +267,7 @@ def _item(
     try:
         check_line_size(number, len(raw), svc.settings.web.max_body_bytes)
         text = decode_utf8(raw, f"line {number}", f"line {number}")
-        item = parse_line(number, text, (batch.endpoint,))
+        item = parse_line(number, text, tuple(batch.urls or (batch.endpoint,)))
         custom_id = item.custom_id
         if custom_id in seen:
             raise HttpError(

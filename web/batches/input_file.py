@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from trickle import keys
@@ -75,43 +76,48 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
         )
     first = earlier(svc, key)
     if first is not None:
-        return _earlier(store, first.batch_id)
+        return earlier_batch(store, first.batch_id)
     batch_id = new_batch_id()
     held = hold_batch_storage(svc, store, batch_id, source.bytes, "input_file_id")
     try:
-        batch = _create(svc, store, key, batch_id, source, endpoint, metadata)
+        lines = count_lines(svc, source.id)
+        batch = record_batch(svc, store, key, Input(batch_id, source, endpoint, lines), metadata)
     except BaseException:
         held.release(batch_id)
         raise
     if batch.id != batch_id or batch.stage == "failed":  # another request's batch, or none
         held.release(batch_id)  # that keeps lines
-    if batch.stage == "validating":
-        readers = keys.file_readers(source.id)  # the file is kept until its reading ends
-        svc.redis.sadd(readers, batch.id)
-        svc.redis.expire(readers, svc.settings.files.retention_seconds)
-        try:
-            enqueue_batch_task(svc.celery, keys.BATCH_INGEST_TASK, batch.id)
-        except BROKER_ERRORS as exc:  # recorded: the next sweep sends its reading
-            log.warning("batch %s: its reading waits for the sweep: %s", batch.id, exc)
+    start_reading(svc, batch)
     return batch
 
 
-def _create(
+@dataclass(frozen=True)
+class Input:
+    """A new batch's input: the file it reads, its lines (counted) and the urls they may
+    name (``endpoint``, or for a JSONL body any of ``urls``)."""
+
+    batch_id: str
+    source: FileRecord
+    endpoint: str
+    lines: int
+    urls: tuple[str, ...] | None = None
+
+
+def record_batch(
     svc: Services,
     store: BatchStore,
     key: IdempotencyKey | None,
-    batch_id: str,
-    source: FileRecord,
-    endpoint: str,
+    given: Input,
     metadata: dict[str, str] | None,
 ) -> BatchRecord:
     """The batch's record, ``validating`` (or ``failed`` for an input that cannot make one);
     with ``key``, the batch its first request made."""
-    lines = count_lines(svc, source.id)
     now = time.time()
+    source, lines = given.source, given.lines
     batch = BatchRecord(
-        batch_id, current_tenant_digest(), now, endpoint, 0, stage="validating",
+        given.batch_id, current_tenant_digest(), now, given.endpoint, 0, stage="validating",
         input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
+        urls=list(given.urls) if given.urls else None,
     )  # fmt: skip
     limit = svc.settings.limits.max_batch_requests
     if lines == 0:
@@ -131,9 +137,23 @@ def _create(
             lambda pipe: store.queue_create(pipe, batch, []),
         )
         if found is not None:  # a concurrent first request won: its batch
-            return _earlier(store, matching(key, found).batch_id)
+            return earlier_batch(store, matching(key, found).batch_id)
         store.index(batch)
     return batch
+
+
+def start_reading(svc: Services, batch: BatchRecord) -> None:
+    """A ``validating`` batch's reading goes to the batch consumer; its input file is kept
+    until the reading ends."""
+    if batch.stage != "validating" or batch.input_file_id is None:
+        return
+    readers = keys.file_readers(batch.input_file_id)
+    svc.redis.sadd(readers, batch.id)
+    svc.redis.expire(readers, svc.settings.files.retention_seconds)
+    try:
+        enqueue_batch_task(svc.celery, keys.BATCH_INGEST_TASK, batch.id)
+    except BROKER_ERRORS as exc:  # recorded: the next sweep sends its reading
+        log.warning("batch %s: its reading waits for the sweep: %s", batch.id, exc)
 
 
 def _checked(body: dict[str, Any]) -> tuple[str, str, dict[str, str] | None]:
@@ -192,7 +212,7 @@ def _check_backlog(svc: Services, adding: int) -> None:
         )
 
 
-def _earlier(store: BatchStore, batch_id: str) -> BatchRecord:
+def earlier_batch(store: BatchStore, batch_id: str) -> BatchRecord:
     found = store.record(batch_id)
     if found is None:
         raise invalid(IDEMPOTENCY_HEADER, f"the batch of this {IDEMPOTENCY_HEADER} has expired")

@@ -46,14 +46,6 @@ def check_line_size(number: int, size: int, limit: int) -> None:
         )
 
 
-def check_line_sizes(lines: list[tuple[int, str]], limit: int) -> None:
-    """``check_line_size`` for a JSONL body's numbered lines (only the long ones are encoded:
-    a character is at most 4 bytes)."""
-    for number, line in lines:
-        if 4 * len(line) > limit:
-            check_line_size(number, len(line.encode()), limit)
-
-
 def parse_line(number: int, line: str, urls: tuple[str, ...]) -> BatchItem:
     """A line's envelope (custom_id, method, url, body); 400 naming ``line N.<field>``."""
     where = f"line {number}"

@@ -1,12 +1,10 @@
-"""The batch object OpenAI's clients parse, from a batch's record and its requests' states."""
+"""The batch object OpenAI's clients parse, from a batch's record."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import cast
 
-from web.batches.output import counts
-from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
+from web.batches.store import BatchRecord, BatchStore
 from web.common.response_models import Batch, BatchErrors, BatchStatus, Queued
 from web.services import Services
 from web.streams.routes import queued_object
@@ -15,13 +13,10 @@ from web.streams.routes import queued_object
 NEXT_START_ITEMS = 64
 
 
-def batch_object(svc: Services, batch: BatchRecord, tally: Counter[str]) -> Batch:
-    """``tally``: the requests' states (pending, completed, failed) of a batch not final yet;
-    a final batch's counts are its files' lines."""
-    if batch.stage in FINAL_STAGES:
-        completed, failed = batch.completed or 0, batch.failed or 0
-    else:
-        completed, failed = tally["completed"], tally["failed"]
+def batch_object(svc: Services, batch: BatchRecord) -> Batch:
+    """The batch as its record tells it: its counts are those its tasks last wrote (a final
+    batch's are its files' lines), so a read makes no other round trip."""
+    completed, failed = batch.completed or 0, batch.failed or 0
     status = cast(BatchStatus, batch.stage)
     if batch.cancelling_at is not None and status in ("validating", "in_progress"):
         status = "cancelling"
@@ -67,11 +62,9 @@ def next_start(svc: Services, store: BatchStore, batch: Batch) -> Queued | None:
 
 
 def current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
-    """The batch as its record and its requests' states tell it now (read only: the batch
-    consumer reads its input and writes its files). Only a batch in between counts its
-    requests' states: one still read has none yet, a final one counts its files' lines."""
-    counted = batch.stage not in FINAL_STAGES and batch.stage != "validating"
-    return batch_object(svc, batch, counts(store, batch) if counted else Counter())
+    """The batch as its record tells it now (read only: the batch consumer reads its input,
+    keeps its counts and writes its files)."""
+    return batch_object(svc, batch)
 
 
 def _seconds(moment: float | None) -> int | None:

@@ -1,15 +1,15 @@
-"""Batch jobs accepted but not yet on the broker, for the batch backlog bound
-(web/batches/routes.py).
+"""Batch jobs accepted but not yet on the broker, for the key's queue cap a batch's reading
+honours (``web.batches.ingest.KeyRoom``).
 
 The broker counts the batch jobs that wait (``QueueReader.depth`` at batch priority), but a
-batch's task messages are sent in the background after it is accepted (about a second per
-10,000 jobs, ``submission.enqueue_many``), so batches accepted within that second would each
-find the old count and pass. So each web process also counts the batch jobs it has accepted
-whose messages are not all sent yet (``PendingBatchJobs``), and a batch reserves its jobs there
-in the same step that checks the bound: two concurrent batches of one process never both take
-the last places. Several web processes can overshoot the bound only by what the others accept
-within one fan-out. The reservation ends when the batch's messages are sent, or when the
-request fails before anything was created.
+group's task messages are sent in the background after it is recorded (about a second per
+10,000 jobs, ``submission.enqueue_many``), so groups read within that second would each find
+the old count and pass. So each batch consumer process also counts the batch jobs it has
+accepted whose messages are not all sent yet (``PendingBatchJobs``), and a group reserves its
+jobs there in the same step that checks the cap: two readings of one process never both take
+the last places. Several consumers can overshoot the cap only by what the others accept
+within one fan-out. The reservation ends when the messages are sent, or when the group fails
+before anything was created.
 """
 
 from __future__ import annotations

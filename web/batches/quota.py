@@ -1,7 +1,7 @@
 """A key's batch storage: the input its live batches hold in Redis, bounded per key.
 
 A batch keeps every line (its body included) in its items list until the batch expires, for
-its output file: a JSONL body's only copy, and a file batch's second one. Without a bound, one
+its output file, besides its input file (uploaded, or its JSONL body stored). Without a bound, one
 key could pin Redis memory with batch after batch, whatever the job backlog allows (a line may
 be refused, or make one short job, and still be stored). A batch's input bytes (the JSONL body,
 or its input file's size) are held under its id before it is recorded, until it expires;

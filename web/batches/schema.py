@@ -61,7 +61,8 @@ def batch_paths() -> Part:
                 "operationId": "createBatch",
                 "summary": "A batch from an uploaded file (input_file_id, as OpenAI's client "
                 "sends it), or from OpenAI Batch input (JSONL lines with custom_id, method, "
-                "url, body) as the body or an uploaded file; runs at batch priority",
+                "url, body) as the body or an uploaded file, stored as its input file; "
+                "answers validating, the batch consumer reads it; runs at batch priority",
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -84,7 +85,7 @@ def batch_paths() -> Part:
         "/v1/batches/{batch_id}": {
             "get": {
                 "operationId": "getBatch",
-                "summary": "The batch; the first read that finds it finished writes its files",
+                "summary": "The batch, from its record alone (counts as its tasks last kept them)",
                 "parameters": [batch_id],
                 "responses": responses(the_batch, 404),
             }

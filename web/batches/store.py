@@ -19,11 +19,20 @@ from web.common.turns import in_turns
 
 BATCH_ID_PATTERN = re.compile(r"batch_[0-9a-f]{32}")
 # A group of read lines is appended only if the batch's read offset is still the one its
-# reading started from: KEYS batch, items; ARGV offset from, offset to, total, item entries.
+# reading started from: KEYS batch, items; ARGV offset from, offset to, total, lines refused,
+# item entries. The refused lines count as failed at once (``failed``).
 APPEND_GROUP = """
 if redis.call('HGET', KEYS[1], 'ingest_offset') ~= ARGV[1] then return 0 end
-if #ARGV > 3 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 4)) end
+if #ARGV > 4 then redis.call('RPUSH', KEYS[2], unpack(ARGV, 5)) end
 redis.call('HSET', KEYS[1], 'ingest_offset', ARGV[2], 'total', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'failed', ARGV[4])
+return 1
+"""
+# A batch's counts as its settle task found them, kept only while it is in progress: a slower
+# task never writes over the final counts. KEYS batch; ARGV completed, failed.
+KEEP_COUNTS = """
+if redis.call('HGET', KEYS[1], 'stage') ~= 'in_progress' then return 0 end
+redis.call('HSET', KEYS[1], 'completed', ARGV[1], 'failed', ARGV[2])
 return 1
 """
 # A refused line's stored error message is cut here: some messages quote the input (a model
@@ -112,14 +121,15 @@ _OPTIONAL = (
     "failed",
     "ingest_offset",
     "input_bytes",
+    "urls",
 )
 
 
 @dataclass
 class BatchRecord:
-    """A batch's hash: who made it, when, for which endpoint, and the stage it reached. Until
-    it is final its counts come from its jobs; the object the API answers is
-    ``web.common.response_models.Batch``."""
+    """A batch's hash: who made it, when, for which endpoint, and the stage it reached; its
+    counts as its reading and settle tasks last found them (so a read counts nothing). The
+    object the API answers is ``web.common.response_models.Batch``."""
 
     id: str
     tenant_digest: str
@@ -139,13 +149,17 @@ class BatchRecord:
     output_file_id: str | None = None
     error_file_id: str | None = None
     errors: list[dict[str, Any]] | None = None
-    # The final counts, once the output files are written.
+    # Lines done: refused ones as they are read, then each settle task's tally, then the
+    # output files' lines once they are written.
     completed: int | None = None
     failed: int | None = None
     # A file batch's input is read up to this byte (a resumed reading starts there).
     ingest_offset: int | None = None
     # The input it holds (its JSONL body, or its input file's size): web.batches.quota.
     input_bytes: int | None = None
+    # The urls its lines may name when more than ``endpoint`` (a JSONL body's may mix them:
+    # its ``endpoint`` is the first line's url until the reading ends, then that or "mixed").
+    urls: list[str] | None = None
 
     def to_hash(self) -> dict[str, str]:
         fields = {
@@ -181,6 +195,7 @@ class BatchStore:
         self.redis: Any = client
         self.ttl_seconds = ttl_seconds
         self._append_group = client.register_script(APPEND_GROUP)
+        self._keep_counts = client.register_script(KEEP_COUNTS)
 
     def create(self, batch: BatchRecord, items: list[BatchItem]) -> None:
         pipe = self.redis.pipeline(transaction=True)
@@ -234,9 +249,10 @@ class BatchStore:
         self.redis.hsetnx(keys.batch(batch_id), "cancelling_at", json.dumps(now))
 
     def update(self, batch_id: str, pipe: Any = None, **values: Any) -> None:
-        """Sets optional fields (JSON) and ``stage``/``total`` (plain), on ``pipe`` if given."""
+        """Sets optional fields (JSON) and ``stage``/``total``/``endpoint`` (plain), on ``pipe``
+        if given."""
         fields = {
-            name: (str(value) if name in ("stage", "total") else json.dumps(value))
+            name: (str(value) if name in ("stage", "total", "endpoint") else json.dumps(value))
             for name, value in values.items()
         }
         (pipe if pipe is not None else self.redis).hset(keys.batch(batch_id), mapping=fields)
@@ -248,9 +264,14 @@ class BatchStore:
         to ``read_to`` (``total`` lines read), unless another reading moved it first: then
         nothing is written and the answer is False."""
         entries = [json.dumps(item.to_dict()) for item in items]
+        refused = sum(1 for item in items if item.error is not None)
         keys_ = [keys.batch(batch_id), keys.batch_items(batch_id)]
-        args = [json.dumps(read_from), json.dumps(read_to), str(total), *entries]
+        args = [json.dumps(read_from), json.dumps(read_to), str(total), str(refused), *entries]
         return bool(self._append_group(keys=keys_, args=args))
+
+    def keep_counts(self, batch_id: str, completed: int, failed: int) -> None:
+        """The counts a settle task found, for reads to answer with (none once it is final)."""
+        self._keep_counts(keys=[keys.batch(batch_id)], args=[str(completed), str(failed)])
 
     def items(self, batch_id: str, start: int, count: int) -> list[BatchItem]:
         """``count`` of the batch's items from ``start``: a large batch is read in slices."""
