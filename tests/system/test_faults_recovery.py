@@ -198,7 +198,7 @@ def test_a_task_taken_by_a_worker_killed_before_its_claim_runs(faults: FaultStac
     Celery consumer takes it, and the job runs, once."""
     job = submit(faults.web_url, {"prompt": "The", "model": "demo", "max_tokens": 5})
     taker = subprocess.run(
-        [sys.executable, "-c", TAKE_AND_DIE, keys.model_queue("demo")],
+        [sys.executable, "-c", TAKE_AND_DIE, keys.model_queue("demo"), job["id"]],
         env={**os.environ, "TRICKLE_CONFIG": str(faults.config_path)},
         capture_output=True,
         text=True,
@@ -214,16 +214,24 @@ def test_a_task_taken_by_a_worker_killed_before_its_claim_runs(faults: FaultStac
     assert final["attempts"] == 1
 
 
-# Takes one task off a queue with a plain kombu consumer and exits without acking it (os._exit:
-# no channel close, so kombu's restore-on-close never runs, as after a SIGKILL).
+# Takes the job's task off a queue with a plain kombu consumer and exits without acking it
+# (os._exit: no channel close, so kombu's restore-on-close never runs, as after a SIGKILL). The
+# tasks it takes before the job's are left unacked too: a task an earlier test's killed worker
+# held comes back after the visibility timeout, and sat ahead of this job's in one CI run.
 TAKE_AND_DIE = """
-import os, sys
+import os, sys, time
 from trickle.config.settings import load_settings
 from trickle.queue import make_celery
 settings = load_settings(environ=os.environ)
 app = make_celery(settings, settings.models)
 conn = app.connection_for_read()
-message = conn.default_channel.basic_get(sys.argv[1], no_ack=False)
-print(message.decode()[0][0], flush=True)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    message = conn.default_channel.basic_get(sys.argv[1], no_ack=False)
+    if message is None:
+        time.sleep(0.05)
+    elif message.decode()[0][0] == sys.argv[2]:
+        print(sys.argv[2], flush=True)
+        break
 os._exit(0)
 """
