@@ -137,6 +137,27 @@ def test_healthz_answers_through_a_large_batchs_life(batch_stack: FaultStack, wa
     assert max(waits) < 1.0
 
 
+def assert_completed_exactly(
+    store: redis.Redis, binary: redis.Redis, batch_id: str, custom_ids: list[str]
+) -> list[dict[str, Any]]:
+    """The batch completed with every line once: counts, items in input order, one job each,
+    an output line per input line, all answered 200, no error file. Returns the output lines."""
+    record = store.hgetall(keys.batch(batch_id))
+    assert record["stage"] == "completed", record
+    count = len(custom_ids)
+    assert (int(record["total"]), json.loads(record["completed"])) == (count, count)
+    assert json.loads(record["failed"]) == 0
+    assert json.loads(record.get("error_file_id", "null")) is None
+    items = [json.loads(x) for x in store.lrange(keys.batch_items(batch_id), 0, -1)]
+    assert [item["custom_id"] for item in items] == custom_ids
+    assert len({job_id for item in items for job_id in item["job_ids"]}) == count
+    output: list[dict[str, Any]] = file_lines(binary, json.loads(record["output_file_id"]))
+    assert sorted(x["custom_id"] for x in output) == sorted(custom_ids)
+    assert len(output) == count
+    assert {x["response"]["status_code"] for x in output} == {200}
+    return output
+
+
 @pytest.mark.timeout(300)
 def test_a_batch_completes_exactly_with_its_ingest_and_web_processes_killed(
     batch_stack: FaultStack,
@@ -168,18 +189,8 @@ def test_a_batch_completes_exactly_with_its_ingest_and_web_processes_killed(
             "the batch to end with no web process",
             interval=0.2,
         )
-        record = store.hgetall(keys.batch(batch.id))
-        assert record["stage"] == "completed", record
-        assert (int(record["total"]), json.loads(record["completed"])) == (count, count)
-        assert json.loads(record["failed"]) == 0
-        assert json.loads(record.get("error_file_id", "null")) is None
-        items = [json.loads(x) for x in store.lrange(keys.batch_items(batch.id), 0, -1)]
-        assert [item["custom_id"] for item in items] == [f"k{i}" for i in range(count)]
-        assert len({job_id for item in items for job_id in item["job_ids"]}) == count
-        output = file_lines(binary, json.loads(record["output_file_id"]))
-        assert sorted(x["custom_id"] for x in output) == sorted(f"k{i}" for i in range(count))
-        assert len(output) == count and all(x["error"] is None for x in output)
-        assert {x["response"]["status_code"] for x in output} == {200}
+        output = assert_completed_exactly(store, binary, batch.id, [f"k{i}" for i in range(count)])
+        assert all(x["error"] is None for x in output)
     finally:
         store.close()
         binary.close()
@@ -206,17 +217,8 @@ def test_a_jsonl_body_batch_completes_exactly_with_its_web_process_killed_after_
             "the batch to end with no web process",
             interval=0.2,
         )
-        record = store.hgetall(keys.batch(batch.id))
-        assert record["stage"] == "completed", record
-        assert (int(record["total"]), json.loads(record["completed"])) == (count, count)
-        assert json.loads(record["failed"]) == 0
-        assert json.loads(record.get("error_file_id", "null")) is None
-        items = [json.loads(x) for x in store.lrange(keys.batch_items(batch.id), 0, -1)]
-        assert [item["custom_id"] for item in items] == [f"j{i}" for i in range(count)]
-        assert len({job_id for item in items for job_id in item["job_ids"]}) == count
-        output = file_lines(binary, json.loads(record["output_file_id"]))
+        output = assert_completed_exactly(store, binary, batch.id, [f"j{i}" for i in range(count)])
         assert [x["custom_id"] for x in output] == [f"j{i}" for i in range(count)]
-        assert {x["response"]["status_code"] for x in output} == {200}
     finally:
         store.close()
         binary.close()
