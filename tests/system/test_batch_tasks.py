@@ -16,6 +16,7 @@ import pytest
 import redis
 import requests
 
+from tests.clients import jsonl
 from tests.faultstack import FaultStack, wait_for
 from tests.stack import ACCESS_LOG
 from trickle import keys
@@ -57,10 +58,6 @@ def chat_line(custom_id: str, **body: Any) -> dict[str, Any]:
     messages = [{"role": "user", "content": "Hello"}]
     body = {"model": "demo", "messages": messages, "max_tokens": 1, "temperature": 0, **body}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
-
-
-def jsonl(lines: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(x) + "\n" for x in lines).encode()
 
 
 def openai_client(stack: FaultStack) -> openai.OpenAI:
