@@ -45,6 +45,12 @@ class InFlight:
         with self._lock:
             return {job_id: job.fence for job_id, job in self._jobs.items()}
 
+    def fence_of(self, job_id: str) -> str | None:
+        """The fence this worker holds a running job's lease with (None: not running here)."""
+        with self._lock:
+            scheduled = self._jobs.get(job_id)
+        return None if scheduled is None else scheduled.fence
+
     def idle_since(self) -> float:
         """When this worker last ran a job (its start if none yet); 0 while it runs one."""
         with self._lock:

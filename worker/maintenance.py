@@ -21,7 +21,7 @@ import redis
 from trickle import capacity, keys
 from trickle.config.settings import Settings
 from trickle.joblog import log_job_event
-from trickle.jobs import FinishReason, JobError
+from trickle.jobs import JobError
 from trickle.store.job_store import JobStore
 from trickle.store.leases import RecoveryOutcome
 from trickle.telemetry.metric_defs import JOBS
@@ -56,6 +56,8 @@ class WorkerDuties:
     slot_usage: Callable[[], dict[str, tuple[int, int]]]
     requeue: Callable[[str], str]  # job id -> its model, after putting it back on its queue
     queue_depth: Callable[[str], int]  # model -> tasks waiting in its queue (the broker's)
+    # A job whose lease this worker, alive, found lost: stop its copy, report the lapse.
+    lease_lost: Callable[[str], None]
     # Called when Redis answers with another run_id: it restarted, and may have lost writes.
     redis_restarted: Callable[[], None] = lambda: None
     # Each served model's outlook now (worker/outlook.py), for the waiting estimate.
@@ -179,8 +181,7 @@ class Maintenance:
     def renew_leases(self) -> None:
         runtime = self._runtime
         for job_id in runtime.store.leases.renew(runtime.in_flight.leases(), runtime.lease_ms):
-            log.warning("job %s: lease lost; stopping this copy", job_id)
-            runtime.in_flight.stop(job_id, FinishReason.ERROR, LEASE_LOST)
+            runtime.lease_lost(job_id)
 
     def sweep(self) -> None:
         runtime = self._runtime

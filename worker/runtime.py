@@ -88,7 +88,7 @@ class WorkerRuntime:
             settings.tuning,
             self.store,
             self._cancel_requested,
-            self._lease_lost,
+            self.lease_lost,
             self.in_flight.first_published if self.tracing.enabled else None,
         )
         self.engines: dict[str, Engine] = {}
@@ -117,6 +117,7 @@ class WorkerRuntime:
             self.slot_usage,
             self.requeue,
             queue_depth or (lambda model: 0),
+            self.lease_lost,
             self.publisher.recheck_finished,
             outlooks=lambda: worker_outlooks(self.in_flight, self.engines, self.schedulers),
         )
@@ -406,9 +407,18 @@ class WorkerRuntime:
     def _cancel_requested(self, job_id: str) -> None:
         self._stop(job_id, FinishReason.CANCELED, None)
 
-    def _lease_lost(self, job_id: str) -> None:
+    def lease_lost(self, job_id: str) -> None:
+        """This worker, alive, lost a job's lease: stop its copy, and say the lapse was no death
+        so a starved worker's lapses never fail the job (``Leases.forgive_lapse``)."""
+        fence = self.in_flight.fence_of(job_id)
         log.warning("job %s: lease lost; stopping this copy", job_id)
         self._stop(job_id, FinishReason.ERROR, LEASE_LOST)
+        if fence is None:
+            return
+        try:
+            self.store.leases.forgive_lapse(job_id, fence)
+        except redis.RedisError as exc:  # the lapse then counts as a death: the old rule
+            log.warning("job %s: could not report its lapse (%s)", job_id, exc)
 
     def _stop(self, job_id: str, reason: FinishReason, error: JobError | None) -> None:
         self.in_flight.stop(job_id, reason, error)

@@ -206,3 +206,35 @@ def test_only_deaths_that_logged_no_token_count_toward_max_attempts(
     assert failed is not None and failed.status is JobStatus.FAILED
     assert failed.output == "t0t1t2t3t4" and failed.error is not None
     assert failed.error.message == "its worker died 3 times before the job made progress"
+
+
+def lapse(store: JobStore, job: Job, node: str) -> str:
+    """Claim the job as ``node`` under a short lease, let it lapse and sweep: its fence."""
+    claim = store.leases.claim(job.id, node, time.time(), lease_ms=20, max_attempts=2)
+    assert claim.claimed
+    wait_for(lambda: not store.redis.exists(keys.job_lease(job.id)), 5, "the lease lapse")
+    assert store.leases.recover_orphans(time.time()).get(job.id) == "requeued"
+    return claim.fence
+
+
+def test_a_lapse_whose_worker_was_alive_is_no_death(private_redis: redis.Redis) -> None:
+    """A starved worker (a saturated machine) renews too late, again and again, and says so
+    each time (before the next claim, or after it): the job is never poisoned, at max_attempts
+    2 after five such lapses. A lapse nobody reports still counts, and poisons it."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = stored_job(store)
+    for round_ in range(5):
+        fence = lapse(store, job, f"starved{round_}")
+        if round_ % 2:  # it wakes after the next claim, which counted its lapse: taken back
+            other = lapse(store, job, "other")
+            assert private_redis.hget(keys.job(job.id), "stalled_attempts") == "1"
+            assert store.leases.forgive_lapse(job.id, fence)
+            assert private_redis.hget(keys.job(job.id), "stalled_attempts") == "0"
+            fence = other
+        # It wakes before the next claim: nothing was counted, and that claim counts nothing.
+        assert not store.leases.forgive_lapse(job.id, fence)
+    assert private_redis.hget(keys.job(job.id), "status") == "queued"
+    lapse(store, job, "dead")  # this one dies for real and never says so
+    lapse(store, job, "dead")
+    poisoned = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=2)
+    assert poisoned.outcome == "poisoned"

@@ -169,6 +169,14 @@ class Leases:
         results = self._runner.execute(build)
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
+    def forgive_lapse(self, job_id: str, fence: str) -> bool:
+        """Say that this worker, alive, lost the lease it held with ``fence``: its lapse is
+        not counted as a death toward ``max_attempts`` (see ``scripts.FORGIVE_LAPSE``).
+
+        A starved worker on a saturated machine renews late; counting its lapses as deaths
+        failed jobs whose workers never died. True when a counted stall was taken back."""
+        return bool(self._runner.run("FORGIVE_LAPSE", [keys.job(job_id)], [fence]))
+
     def release(self, job_id: str, fence: str, now: float) -> ReleaseOutcome:
         """Hand a claimed, not yet started job back (graceful shutdown).
 

@@ -26,6 +26,7 @@ SCRIPT_NAMES = (
     "RENEW",
     "RECOVER",
     "RELEASE",
+    "FORGIVE_LAPSE",
     "EXPIRE_QUEUED",
     "EXPIRE_AT_DEADLINE",
     "APPEND_STEP",

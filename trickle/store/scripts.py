@@ -53,6 +53,9 @@ end
 # worker at one point stalls there on every resume, so it is still poisoned after max_attempts
 # such deaths; a job that moves on each time is bounded by its tokens left. 'attempts' still
 # counts every claim: it numbers the fence, which must never repeat.
+# Nor does a lapse whose worker was alive: a starved worker (a saturated machine) that later
+# finds its lease gone says so (FORGIVE_LAPSE), and a lapse forgiven before the next claim
+# ('alive_fence' is the recovered 'lapsed_fence') counts no stall.
 CLAIM = (
     _ENDING
     + """
@@ -76,8 +79,11 @@ if complete then
 else
   attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
   local before = redis.call('HGET', KEYS[1], 'claimed_tokens')
-  if before and logged <= tonumber(before) then
+  local lapsed = redis.call('HGET', KEYS[1], 'lapsed_fence')
+  local alive = lapsed and redis.call('HGET', KEYS[1], 'alive_fence') == lapsed
+  if before and logged <= tonumber(before) and not alive then
     stalled = redis.call('HINCRBY', KEYS[1], 'stalled_attempts', 1)
+    if lapsed then redis.call('HSET', KEYS[1], 'stall_fence', lapsed) end
   else
     stalled = tonumber(redis.call('HGET', KEYS[1], 'stalled_attempts') or '0')
   end
@@ -151,6 +157,8 @@ if redis.call('EXISTS', KEYS[2]) == 1 then return 'alive' end
 local status = redis.call('HGET', KEYS[1], 'status')
 redis.call('ZREM', KEYS[3], ARGV[1])
 if status ~= 'running' then return 'gone' end
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner then redis.call('HSET', KEYS[1], 'lapsed_fence', owner) end
 redis.call('HDEL', KEYS[1], 'owner')
 if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then
   redis.call('HSET', KEYS[1], 'status', 'canceled', 'finish_reason', 'canceled',
@@ -165,6 +173,21 @@ redis.call(ARGV[5], KEYS[7], ARGV[7])
 return 'requeued'
 """
 )
+
+# A worker that lost a lease while alive (its renewal came too late, or a write was fenced out)
+# says so: that lapse was no death. Before the next claim, the claim sees it ('alive_fence');
+# after it, the stall that claim counted for this fence is taken back. KEYS: job; ARGV: fence
+# Returns 1 when a counted stall was taken back.
+FORGIVE_LAPSE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'alive_fence', ARGV[1])
+if redis.call('HGET', KEYS[1], 'stall_fence') == ARGV[1] then
+  redis.call('HINCRBY', KEYS[1], 'stalled_attempts', -1)
+  redis.call('HDEL', KEYS[1], 'stall_fence')
+  return 1
+end
+return 0
+"""
 
 # Give a claimed job back without counting an attempt (graceful shutdown); one whose cancel is
 # pending is canceled instead. KEYS: job, lease, running, queued, tokens, output, events, done
