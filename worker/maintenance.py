@@ -81,6 +81,9 @@ class Maintenance:
         self._runtime = duties
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="trickle-maintenance", daemon=True)
+        # Renewal has a thread of its own: a slow sweep, expiry or republish (hundreds of jobs
+        # after a Redis restart) must never make this worker's own leases lapse.
+        self._renewer = threading.Thread(target=self._renew, name="trickle-leases", daemon=True)
         self._next: dict[str, float] = {}
         self._run_id = ""  # the Redis server's, as the last heartbeat found it
         self._outlook_busy, self._outlook_at = False, 0.0  # the last outlook written
@@ -94,11 +97,20 @@ class Maintenance:
         except redis.RedisError as exc:  # the loop retries the heartbeat; leases lapse anyway
             log.warning("start-up duties failed: %s", exc)
         self._thread.start()
+        self._renewer.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._renewer):
+            if thread.is_alive():
+                thread.join(timeout=5)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self._runtime.settings.worker.lease_seconds / 3):
+            try:
+                self.renew_leases()
+            except redis.RedisError as exc:
+                log.warning("renew failed: %s", exc)
 
     def withdraw(self) -> None:
         """Leave the per-model worker sets so /readyz stops counting this worker at once."""
@@ -114,7 +126,6 @@ class Maintenance:
         worker = self._runtime.settings.worker
         duties = (
             ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
-            ("renew", worker.lease_seconds / 3, self.renew_leases),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
             ("deadlines", worker.recovery_interval_seconds, self.expire_at_deadlines),
             ("expire", expiry_interval(self._runtime.settings), self.expire),
