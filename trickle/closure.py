@@ -31,6 +31,8 @@ STRING_PROBE = "a"
 
 # A completion longer than this is not searched for.
 MAX_CLOSING_TOKENS = 512
+# How far the greedy walk goes for a shortest-answer bound past the search's reach.
+LONGEST_WALK = 2048
 # States a quick search expands (the engine's check of each token near max_tokens).
 QUICK_EXPANSIONS = 40
 
@@ -64,8 +66,11 @@ class Closer:
         self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS
     ) -> list[int] | None:
         """The fewest tokens that take ``matcher`` to an accepting state (within ``limit``):
-        the search, bounded by what the greedy walk found."""
-        greedy = self.greedy(matcher, limit)
+        the search, bounded by what the greedy walk found. Where the search finds none within
+        its reach, the greedy walk's completion, which may run past ``limit``, up to
+        ``LONGEST_WALK``: a schema with hundreds of required keys has no shorter answer, and
+        without that length a budget it cannot fit would be taken and the answer cut."""
+        greedy = self.greedy(matcher, max(limit, LONGEST_WALK))
         bound = limit if greedy is None else len(greedy) - 1
         found = self._search.closing(matcher, min(bound, MAX_CLOSING_TOKENS))
         return greedy if found is None else found

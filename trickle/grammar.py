@@ -14,6 +14,8 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
   is a 400 naming it. The request body's limit bounds the schema's text.
 - ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
   (``trickle.one_of``).
+- ``pattern`` is generated anchored at the string's start (``trickle.patterns``): the answer
+  still matches the schema as sent, and it can always be closed.
 
 Checked grammars are cached per schema text (an LRU), since clients send one schema many times.
 Tool-call grammars are in ``trickle.tool_grammar``.
@@ -30,6 +32,7 @@ from llguidance import LLMatcher, LLParserLimits
 from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
+from trickle.patterns import anchor_patterns
 
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
     from llguidance._lib import JsonCompileOptions
@@ -79,7 +82,7 @@ def json_schema_grammar(schema: object, field: str) -> str:
 def schema_text(schema: object, field: str) -> str:
     """The schema as compact JSON (the cache key: key order is kept, since it is the order the
     answer writes properties in), checked for shape and depth, its disjoint ``oneOf``s as
-    ``anyOf``."""
+    ``anyOf`` and its patterns anchored at the start."""
     if not isinstance(schema, dict):
         raise GrammarError(field, None, f"{field} must be a JSON Schema object")
     if "x-guidance" in schema:
@@ -92,7 +95,10 @@ def schema_text(schema: object, field: str) -> str:
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if '"oneOf"' in text:
-        text = json.dumps(exclusive_one_of(schema), separators=(",", ":"), ensure_ascii=False)
+        schema = exclusive_one_of(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if '"pattern"' in text:
+        text = json.dumps(anchor_patterns(schema), separators=(",", ":"), ensure_ascii=False)
     return text
 
 

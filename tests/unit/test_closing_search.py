@@ -162,3 +162,43 @@ def test_generated_schemas_close_validly_wherever_a_random_model_leaves_them(
     closing = closer.closing(matcher)
     assert closing is not None, (schema, taken)
     check_answer(tokenizer, schema, [*taken, *closing])
+
+
+def test_an_unanchored_pattern_closes(
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache, closer: Closer
+) -> None:
+    """JSONSchemaBench's timestamps (Github_medium o12618): unanchored, every character was
+    allowed until a match completed, so no search told states apart and the answer came back
+    empty. Anchored at the start for generation, the answer closes and matches as sent."""
+    stamp = {"type": "string", "pattern": r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}.\d{6}"}
+    schema = {
+        "type": "object",
+        "properties": {"created": stamp, "modified": stamp},
+        "required": ["created", "modified"],
+    }
+    matcher = matchers.matcher(json_schema_grammar(schema, "response_format"))
+    shortest = closer.shortest(matcher)
+    assert shortest is not None
+    check_answer(tokenizer, schema, shortest)
+    fought = matchers.matcher(json_schema_grammar(schema, "response_format"))
+    taken = fight(fought, len(tokenizer.token_bytes()), 9, random.Random(3))
+    closing = closer.closing(fought)
+    assert closing is not None
+    check_answer(tokenizer, schema, [*taken, *closing])
+
+
+def test_a_shortest_answer_past_the_search_is_the_walk_s(
+    tokenizer: SentencePieceTokenizer, matchers: MatcherCache, closer: Closer
+) -> None:
+    """Hundreds of required keys: no answer fits 512 tokens, and the length found is given
+    (a budget below it is refused by the web tier) instead of None (taken, and cut)."""
+    keys = [f"setting_number_{i}" for i in range(120)]
+    schema = {
+        "type": "object",
+        "properties": {key: {"type": "boolean"} for key in keys},
+        "required": keys,
+    }
+    matcher = matchers.matcher(json_schema_grammar(schema, "response_format"))
+    shortest = closer.shortest(matcher)
+    assert shortest is not None and len(shortest) > 512
+    check_answer(tokenizer, schema, shortest)

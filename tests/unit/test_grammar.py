@@ -14,6 +14,7 @@ import pytest
 from tests.llg_tokenizer import llg_tokenizer, matches
 from trickle.grammar import GrammarError, json_object_grammar, json_schema_grammar
 from trickle.grammar_errors import schema_error
+from trickle.patterns import anchor_patterns
 
 FIELD = "response_format.json_schema.schema"
 PERSON: dict[str, Any] = {
@@ -238,3 +239,23 @@ def test_grammars_are_cached_per_schema_text() -> None:
 def test_llguidance_bounds_are_named(message: str, bound: str) -> None:
     error = schema_error(FIELD, message)
     assert error.field == FIELD and f"past the bound {bound}" in error.message
+
+
+def test_patterns_are_generated_anchored_at_the_start_and_data_is_left_alone(
+    tokenizer: llguidance.LLTokenizer,
+) -> None:
+    """An unanchored ``pattern`` allows only strings that begin with a match (each one valid
+    under the schema as sent); a ``pattern`` key inside ``const`` is data, not rewritten."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "b|c"},
+            "pattern": {"const": {"pattern": "x"}},
+        },
+    }
+    anchored = anchor_patterns(schema)
+    assert anchored["properties"]["a"]["pattern"] == "^(?:b|c)"
+    assert anchored["properties"]["pattern"] == {"const": {"pattern": "x"}}
+    grammar = json_schema_grammar({"type": "string", "pattern": r"\d{2}"}, "response_format")
+    assert matches(tokenizer, grammar, '"12"') and matches(tokenizer, grammar, '"12ab"')
+    assert not matches(tokenizer, grammar, '"ab12"')

@@ -276,7 +276,9 @@ class ConstrainedRun:
         if self._since_refresh >= REFRESH_EVERY:
             self._since_refresh = 0
             self._escape = self._completion(self._left)
-            self._closing_length = self._left if self._escape is None else len(self._escape)
+            # No way out known within the budget: closing now would end the answer empty or
+            # cut where it stands, so the model writes on and only the last tokens are checked.
+            self._closing_length = 0 if self._escape is None else len(self._escape)
         return sink(token, logprob, last or token in self._end_ids)
 
     def _ending(self, end: int, left: int) -> list[int]:
