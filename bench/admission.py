@@ -7,8 +7,9 @@ The worker's scheduler (``scheduler_for``), engine process and publisher with th
 model's default knobs on a private Redis, as ``bench.scheduler_burst`` wires them; no HTTP, no
 Celery. The engine's capacity is CTranslate2's own ``generate_batch(32)`` tokens/s in the same
 process, divided by ``--max-tokens``; each load is a fraction of it. Jobs (greedy,
-``ignore_eos``, ``--max-tokens`` each) arrive open-loop at exponential gaps from a seeded
-generator, so a run before and after a change replays the same arrivals.
+``ignore_eos``, ``--max-tokens`` each) arrive open-loop at the seeded times of
+``bench.harness.arrivals``, so a run before and after a change replays the same arrivals, and
+``bench.engine_arrivals`` replays them on CTranslate2 alone.
 
 Reported per load: TTFT (arrival to first token) p50, p99 and the worst five, and ITL p99: the
 gap between a job's consecutive tokens as the scheduler hands them to the publisher (the
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import threading
@@ -34,6 +34,7 @@ from typing import Any
 import redis
 
 from bench.harness import models
+from bench.harness.arrivals import poisson_offsets
 from bench.harness.capacity import batch_capacity
 from bench.harness.log import progress
 from bench.scheduler_burst import claimed_job
@@ -87,14 +88,12 @@ def one_load(
     seed: int,
 ) -> dict[str, Any]:
     """``jobs`` arrivals at ``rate`` per second (Poisson): TTFT and ITL figures in ms."""
-    gaps = random.Random(seed)
     burst = [claimed_job(engine, store, tokens) for _ in range(jobs)]
     arrivals: dict[str, float] = {}
-    due = time.monotonic()
+    start = time.monotonic()
     restarts = scheduler.restarts
-    for job in burst:
-        due += gaps.expovariate(rate)
-        pause = due - time.monotonic()
+    for job, offset in zip(burst, poisson_offsets(rate, jobs, seed), strict=True):
+        pause = start + offset - time.monotonic()
         if pause > 0:
             time.sleep(pause)
         arrivals[job.job_id] = time.monotonic()

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -38,6 +37,7 @@ from typing import Any
 import httpx
 
 from bench.harness import models
+from bench.harness.arrivals import poisson_offsets
 from bench.harness.capacity import batch_capacity
 from bench.harness.log import progress
 from bench.harness.stats import percentile
@@ -136,16 +136,18 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
 
 
 async def run_rate(port: int, rate: float, count: int, max_tokens: int, seed: int) -> list[Arrival]:
-    rng = random.Random(seed)
     arrivals = [Arrival() for _ in range(count)]
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits
     ) as client:
         tasks = []
-        for arrival in arrivals:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        # Each send is due at its offset from the start, so slow sends add no drift.
+        for arrival, offset in zip(arrivals, poisson_offsets(rate, count, seed), strict=True):
+            await asyncio.sleep(max(0.0, start + offset - loop.time()))
             tasks.append(asyncio.create_task(send(client, arrival, max_tokens)))
-            await asyncio.sleep(rng.expovariate(rate))
         await asyncio.gather(*tasks)
     return arrivals
 
