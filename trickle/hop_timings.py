@@ -5,7 +5,8 @@ token, with nothing between them and nothing counted twice, so they add up to th
 first token; ``generate`` and ``deliver`` follow on to the answer:
 
 - ``admit``: arrival to the job's record being made (body, key, tokenizing, validation);
-- ``queue``: from then to a worker's claim (limits, store, broker, dispatch);
+- ``queue``: from then to a worker's claim (limits, store, broker, dispatch), or, for a job
+  that ended unclaimed (expired at its deadline, canceled or timed out in the queue), to its end;
 - ``claim``: the claim's round trip to Redis;
 - ``prefill``: claimed to the first token (engine hand-off, batch wait, first step);
 - ``generate``: first token to the stored result;

@@ -189,11 +189,17 @@ class Job:
         return hop_seconds(
             self.arrived_at or None,
             self.created_at,
-            self.started_at,
+            self.left_queue_at,
             self.claimed_at,
             self.first_token_at,
             self.completed_at,
         )
+
+    @property
+    def left_queue_at(self) -> float | None:
+        """When its wait in the queue ended: its start, or, for a job that ended without one
+        (expired at its deadline, canceled or timed out while queued), its end."""
+        return self.started_at if self.started_at is not None else self.completed_at
 
     def metrics(self) -> JobMetrics:
         """Timings a client cares about; time to first token counts from submission (the
@@ -207,7 +213,7 @@ class Job:
         if generation and self.usage.completion_tokens:
             tokens_per_second = round(self.usage.completion_tokens / generation, 3)
         return {
-            "queue_seconds": span(self.created_at, self.started_at),
+            "queue_seconds": span(self.created_at, self.left_queue_at),
             "time_to_first_token_seconds": span(
                 self.arrived_at or self.created_at, self.first_token_at
             ),

@@ -123,6 +123,13 @@ def deadline_jobs(shard: int) -> str:
     return f"{_tag(shard)}:deadlines"
 
 
+def deadlines_next() -> str:
+    """Sorted set, one key for every shard: job id -> its deadline, for the jobs whose deadline
+    has not been swept yet. A worker reads its first entry each maintenance tick (one command,
+    where the shards' indexes take one each) to sweep them at the earliest deadline."""
+    return f"{PREFIX}:deadlines-next"
+
+
 @functools.cache
 def every_shard(index: Callable[[int], str]) -> tuple[str, ...]:
     """A per-shard key's name for every shard, in shard order, built once per key: a count over

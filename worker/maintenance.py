@@ -2,8 +2,9 @@
 
 Every live worker sweeps: running jobs whose lease lapsed (their worker died) are requeued and
 resume where their stream stopped (every recovery interval); queued jobs past their client's
-deadline end ``expired`` (as often), whether or not any worker serves their model; queued jobs
-past the queue TTL fail with a clear error (checked at a tenth of the TTL, at most once a minute).
+deadline end ``expired`` (at the earliest deadline, which each tick reads: trickle/store/
+deadlines.py), whether or not any worker serves their model; queued jobs past the queue TTL
+fail with a clear error (checked at a tenth of the TTL, at most once a minute).
 The sweep is idempotent and race-free (each transition is one Lua script), so any number of
 workers may run it at once.
 """
@@ -22,6 +23,7 @@ from trickle import capacity, keys
 from trickle.config.settings import Settings
 from trickle.joblog import log_job_event
 from trickle.jobs import JobError
+from trickle.store.deadlines import DEADLINE_SLACK_SECONDS, next_check_in, sweep_due
 from trickle.store.job_store import JobStore
 from trickle.store.leases import RecoveryOutcome
 from trickle.telemetry.metric_defs import JOBS
@@ -34,6 +36,8 @@ from worker.in_flight import InFlight
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.25
+# The loop never spins: a duty due now still waits this long after the last one.
+LEAST_WAIT_SECONDS = 0.005
 METRICS_FLUSH_SECONDS = 2.0
 # How often a worker's outlook (when its slots free) is refreshed while it runs jobs: the web
 # tier tells waiters their expected start at least once a second.
@@ -87,6 +91,7 @@ class Maintenance:
         self._next: dict[str, float] = {}
         self._run_id = ""  # the Redis server's, as the last heartbeat found it
         self._outlook_busy, self._outlook_at = False, 0.0  # the last outlook written
+        self._deadlines_swept_at = 0.0  # when (unix s) the shards' deadlines were last swept
 
     def start(self) -> None:
         try:
@@ -124,25 +129,36 @@ class Maintenance:
 
     def _run(self) -> None:
         worker = self._runtime.settings.worker
-        duties = (
+        # A duty may name its next turn sooner than its interval (the deadline sweep: the next
+        # deadline); the loop wakes for the earliest turn due, at least every tick.
+        duties: tuple[tuple[str, float, Callable[[], float | None]], ...] = (
             ("heartbeat", worker.heartbeat_seconds, self.heartbeat),
             ("sweep", worker.recovery_interval_seconds, self.sweep),
-            ("deadlines", worker.recovery_interval_seconds, self.expire_at_deadlines),
+            ("deadlines", TICK_SECONDS, self.expire_at_deadlines),
             ("expire", expiry_interval(self._runtime.settings), self.expire),
             ("republish", worker.republish_after_seconds / 2, self.republish),
             ("metrics", METRICS_FLUSH_SECONDS, self.flush_metrics),
             ("outlook", OUTLOOK_SECONDS, self.publish_outlook),
         )
-        while not self._stop.wait(TICK_SECONDS):
+        while not self._stop.wait(self._pause()):
             now = time.monotonic()
             for name, interval, duty in duties:
                 if now < self._next.get(name, 0.0):
                     continue
                 self._next[name] = now + interval
                 try:
-                    duty()
+                    sooner = duty()
                 except redis.RedisError as exc:
                     log.warning("%s failed: %s", name, exc)
+                    continue
+                if sooner is not None:
+                    self._next[name] = time.monotonic() + min(sooner, interval)
+
+    def _pause(self) -> float:
+        """Until the earliest duty's turn, at most a tick (at least a few milliseconds)."""
+        now = time.monotonic()
+        earliest = min(self._next.values(), default=now + TICK_SECONDS)
+        return min(TICK_SECONDS, max(earliest - now, LEAST_WAIT_SECONDS))
 
     def flush_metrics(self) -> None:
         self._runtime.metrics.flush(self._runtime.redis)
@@ -236,12 +252,22 @@ class Maintenance:
             log_job_event("expired_in_queue", job_id, model)
             runtime.metrics.count(JOBS, model=model, status="failed")
 
-    def expire_at_deadlines(self) -> None:
+    def expire_at_deadlines(self) -> float:
         """End the queued jobs that no worker started by their client's deadline (any model's:
-        a model nobody serves is the case that needs it)."""
+        a model nobody serves is the case that needs it). Each turn reads the earliest deadline
+        (one command) and sweeps the shards only when it came, at most once a tick (and every
+        recovery interval regardless); returns the seconds until the next turn: the next
+        deadline, so a job ends within a few milliseconds of it, a tick at most."""
         runtime = self._runtime
-        now = time.time()
-        for job_id in runtime.store.deadlines.expire_due(now):
-            model = runtime.store.model_of(job_id)
-            log_job_event("expired", job_id, model, swept_by=runtime.node_name)
-            runtime.metrics.count(JOBS, model=model, status="expired")
+        deadlines = runtime.store.deadlines
+        now, soonest = time.time(), deadlines.soonest()
+        most = runtime.settings.worker.recovery_interval_seconds
+        if sweep_due(now, soonest, self._deadlines_swept_at, TICK_SECONDS, most):
+            self._deadlines_swept_at = now
+            for job_id in deadlines.expire_due(now):
+                model = runtime.store.model_of(job_id)
+                log_job_event("expired", job_id, model, swept_by=runtime.node_name)
+                runtime.metrics.count(JOBS, model=model, status="expired")
+            now, soonest = time.time(), deadlines.soonest()
+        delay = next_check_in(now, soonest, self._deadlines_swept_at, TICK_SECONDS)
+        return delay + DEADLINE_SLACK_SECONDS

@@ -41,11 +41,14 @@ def test_a_queued_job_past_its_deadline_ends_expired_and_its_readers_hear_it(
     assert indexed(private_redis, job.id) and indexed(private_redis, later.id)
     done = private_redis.pubsub()
     done.subscribe(keys.job_done_channel(job.id))
+    assert store.deadlines.soonest() == job.deadline  # what a worker reads each tick
     assert store.deadlines.expire_due(time.time()) == []  # not due yet
     assert store.status(job.id) is JobStatus.QUEUED
+    assert store.deadlines.soonest() == job.deadline
 
     time.sleep(0.25)
     assert store.deadlines.expire_due(time.time()) == [job.id]
+    assert store.deadlines.soonest() == later.deadline  # the swept one is gone
     expired = store.get(job.id)
     assert expired is not None and expired.status is JobStatus.EXPIRED
     assert expired.finish_reason is FinishReason.DEADLINE
@@ -84,8 +87,48 @@ def test_only_jobs_with_a_deadline_are_indexed_and_a_taken_back_one_leaves(
     plain = stored_job(store, deadline=None)
     taken_back = stored_job(store, deadline=time.time() + 60)
     assert not indexed(private_redis, plain.id) and indexed(private_redis, taken_back.id)
+    soon = keys.deadlines_next()
+    assert private_redis.zscore(soon, plain.id) is None
+    assert private_redis.zscore(soon, taken_back.id) == taken_back.deadline
     store.delete_unpublished([taken_back.id])
     assert not indexed(private_redis, taken_back.id)
+    assert private_redis.zscore(soon, taken_back.id) is None
+
+
+def test_a_job_created_under_an_idempotency_key_has_its_deadline_read_each_tick(
+    private_redis: redis.Redis,
+) -> None:
+    store = new_store(private_redis)
+    private_redis.delete(keys.deadlines_next())
+    job = Job(
+        new_job_id(),
+        "demo",
+        "hi",
+        GenerationParams(),
+        created_at=time.time(),
+        deadline=time.time() + 0.05,
+    )
+    assert store.create_jobs_once("trickle:idem:test", "{}", 60, [job]) is None
+    assert store.deadlines.soonest() == job.deadline and indexed(private_redis, job.id)
+
+
+def test_a_reader_ends_the_job_it_waits_on_at_its_deadline_once(
+    private_redis: redis.Redis,
+) -> None:
+    store = new_store(private_redis)
+    job = stored_job(store, deadline=time.time() + 0.2)
+    plain = stored_job(store, deadline=None)
+    assert not store.deadlines.expire_late(job.id, job.deadline, time.time())  # not due yet
+    assert not store.deadlines.expire_late(plain.id, None, time.time() + 3600)  # no deadline: never
+    assert store.deadlines.of(job.id) == job.deadline and store.deadlines.of(plain.id) is None
+    time.sleep(0.25)
+    assert store.deadlines.expire_late(job.id, job.deadline, time.time())
+    expired = store.get(job.id)
+    assert expired is not None and expired.status is JobStatus.EXPIRED
+    assert expired.error == JobResult.expired(time.time()).error
+    assert not indexed(private_redis, job.id)  # the sweep has nothing left to do for it
+    assert not store.deadlines.expire_late(job.id, job.deadline, time.time())  # ended once
+    assert job.id not in store.deadlines.expire_due(time.time())
 
 
 def test_a_claim_racing_the_sweep_runs_the_job_or_loses_it_never_both(
@@ -96,6 +139,7 @@ def test_a_claim_racing_the_sweep_runs_the_job_or_loses_it_never_both(
     jobs = [stored_job(store, deadline) for _ in range(200)]
     claimed: list[str] = []
     expired: list[str] = []
+    by_readers: list[str] = []
 
     def claim_all() -> None:  # spread over the deadline, so some claims come after it
         for job in jobs:
@@ -108,12 +152,20 @@ def test_a_claim_racing_the_sweep_runs_the_job_or_loses_it_never_both(
         while time.time() < deadline + 1.0:
             expired.extend(store.deadlines.expire_due(time.time()))
 
+    def read() -> None:  # readers, each ending the job it waits on once its deadline passed
+        while time.time() < deadline + 1.0:
+            by_readers.extend(
+                j.id for j in jobs if store.deadlines.expire_late(j.id, deadline, time.time())
+            )
+
     time.sleep(max(deadline - time.time() - 0.1, 0))
-    threads = [threading.Thread(target=claim_all), threading.Thread(target=sweep)]
+    threads = [threading.Thread(target=task) for task in (claim_all, sweep, read)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    assert not set(expired) & set(by_readers)  # each expiry ended its job once
+    expired += by_readers
     assert claimed and expired, (len(claimed), len(expired))  # the race did happen
     assert not set(claimed) & set(expired)
     assert sorted(claimed + expired) == sorted(job.id for job in jobs)

@@ -45,3 +45,11 @@ def test_the_hops_survive_the_job_hash() -> None:
     fields = job.to_hash()
     assert Job.from_hash(fields).arrived_at == 5.5
     assert job.to_dict()["timings"] == {"admit": 250.0}
+
+
+def test_a_job_that_ended_unclaimed_waited_in_the_queue_until_its_end() -> None:
+    # Expired at its deadline by a sweep or a reader: never claimed, no hop past the queue.
+    expired = job_at(arrived_at=100.0, created_at=100.25, completed_at=101.5)
+    assert expired.to_dict()["timings"] == {"admit": 250.0, "queue": 1250.0}
+    assert expired.metrics()["queue_seconds"] == 1.25
+    assert expired.metrics()["time_to_first_token_seconds"] is None

@@ -20,6 +20,7 @@ def test_exact_key_strings() -> None:
     assert keys.running_jobs(7) == "trickle:{s7}:running"
     assert keys.queued_jobs(7) == "trickle:{s7}:queued"
     assert keys.deadline_jobs(7) == "trickle:{s7}:deadlines"
+    assert keys.deadlines_next() == "trickle:deadlines-next"
     assert keys.RATE_LIMIT_PREFIX == "trickle:ratelimit"
     assert keys.AMQP_EXCHANGE == "trickle"
     assert keys.worker_slots_key("w@h") == "trickle:worker:w@h:slots"

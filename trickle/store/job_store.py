@@ -77,8 +77,10 @@ class JobStore:
         """Record new jobs in one round trip (a batch can bring thousands); atomic on a single
         Redis, per job on a cluster (jobs live on different slots)."""
         pipe = self._runner.pipeline(transaction=not self.cluster)
-        for job in jobs:
+        created = list(jobs)
+        for job in created:
             self.queue_create(pipe, job)
+        Deadlines.queue_next(pipe, created)
         if also is not None:
             also(pipe)
         pipe.execute()
@@ -113,10 +115,15 @@ class JobStore:
         def writes(recorder: Any) -> None:
             for job in jobs:
                 self.queue_create(recorder, job)
+            if not self.cluster:  # a cluster's script keeps to the idempotency key's slot
+                Deadlines.queue_next(recorder, jobs)
             if also is not None:
                 also(recorder)
 
-        return self.create_once(key, record, ttl_seconds, writes)
+        existing = self.create_once(key, record, ttl_seconds, writes)
+        if existing is None and self.cluster:
+            Deadlines.queue_next(self._runner.redis, jobs)  # a command on its own, if any
+        return existing
 
     def delete_unpublished(self, job_ids: Sequence[str], idempotency_key: str = "") -> None:
         """Take back records whose task could not be published (the broker was down): no

@@ -169,6 +169,7 @@ def _events(
                         parts.append(render.error_event(from_http_error(_failed(event.job))))
                     elif event.job.status is JobStatus.EXPIRED:
                         expired = from_http_error(expired_error(event.job))
+                        parts.append(timing_comment([event.job]))  # its wait: admit, queue
                         parts.append(render.error_event(expired))
                     else:
                         # Its hops, as a comment before its last events (clients skip it).

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
 from flask import Blueprint, Response, jsonify, request
 
-from trickle.jobs import Job
+from trickle.jobs import Job, JobStatus
 from web.admission.auth import current_tenant_digest
 from web.admission.deadline import with_deadline
 from web.admission.idempotency import earlier, requested_key
@@ -77,6 +78,11 @@ def get_job(job_id: str) -> Response:
             raise missing(job_id)
     else:
         job = visible_job(job_id)
+        # Past its deadline, still queued: no worker may be alive to end it, so this read does.
+        if job.status is JobStatus.QUEUED and svc.store.deadlines.expire_late(
+            job.id, job.deadline, time.time()
+        ):
+            job = visible_job(job_id)
     return job_response(
         job, finished_status=200, running_status=200, delivered=wait > 0, waiting=True
     )

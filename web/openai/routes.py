@@ -302,6 +302,7 @@ def _stream(
                             error = _generation_failed(job)
                         elif job.status is JobStatus.EXPIRED:
                             error = expired_error(job)
+                            parts.append(timing_comment([job]))  # its wait: admit, queue
                         else:
                             error = request_canceled([job.id], None)
                         parts.append(_sse(error.to_dict()))

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 from trickle.events import FinalRecord, TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
+from trickle.store.deadlines import DEADLINE_SLACK_SECONDS
 from trickle.store.job_store import JobStore
 from trickle.waiting_reader import WaitEstimator
 from web.streams.hub import Delivery, Signal, Subscription, TokenHub
@@ -87,19 +88,35 @@ def wait_for_job(store: JobStore, hub: TokenHub, job_id: str, seconds: float) ->
     """Block until the job ends or ``seconds`` pass; returns its latest state (None if unknown).
 
     Subscribing before the first read means a completion cannot slip between read and wait.
-    A waiter hears only the job's done signal and reads only its status until the end: what it
-    costs Redis does not grow with the job's tokens.
+    A waiter hears only the job's done signal and reads only its status until the end (and,
+    while it is queued, its deadline, once): what it costs Redis does not grow with the job's
+    tokens. A queued job's waiter wakes at its deadline and ends it ``expired`` if it is still
+    queued: with no worker alive to sweep it, its readers still hear at its deadline.
     """
     deadline = time.monotonic() + seconds
+    expires: float | None = None  # its client's deadline (unix s), read once while queued
+    unread = True
     with hub.watch(job_id) as subscription:
         while True:
             status = store.status(job_id)
             if status is None or status.is_terminal:
                 break
-            heard = _await_signal(subscription, deadline)
+            wake = deadline
+            if status is JobStatus.QUEUED and unread:
+                expires, unread = store.deadlines.of(job_id), False
+            if status is JobStatus.QUEUED and expires is not None:
+                now = time.time()
+                if expires <= now:  # no worker may be alive to end it: this reader does, once
+                    ended = store.deadlines.expire_late(job_id, expires, now)
+                    expires = None
+                    if ended:
+                        continue
+                else:
+                    wake = min(deadline, time.monotonic() + until_deadline(expires, now))
+            heard = _await_signal(subscription, wake)
             if isinstance(heard, Job):
                 return heard  # the record its done signal carried: what a read would give
-            if not heard:
+            if not heard and time.monotonic() >= deadline:
                 break
     return store.get(job_id)
 
@@ -115,6 +132,14 @@ def _await_signal(subscription: Subscription, deadline: float) -> bool | Job:
         if delivery is None or delivery.signal is not None:
             return True
     return False
+
+
+def until_deadline(deadline: float | None, now: float) -> float:
+    """Seconds a reader of a queued job may wait before its deadline asks it to look again
+    (just after it); infinite without a deadline."""
+    if deadline is None:
+        return float("inf")
+    return max(deadline - now, 0.0) + DEADLINE_SLACK_SECONDS
 
 
 # A pace shorter than this is not worth a timer and a greenlet switch per chunk: the publisher
@@ -163,7 +188,17 @@ class JobFollower:
         self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
         self._status: JobStatus | None = None  # the last status sent
         self._lane_waiting = False  # claimed, but waiting for a lane (told as queued)
+        self._deadline_passed = False  # its expiry was tried: no more waking for it
         self.trace_context = job.trace_context
+
+    def _end_if_late(self, job: Job) -> None:
+        """End the queued job ``expired`` if its deadline passed (no worker may be alive to
+        sweep it): its done message then wakes every reader. Tried once: a job the script
+        leaves alone (claimed meanwhile, or requeued with tokens) is its worker's to stop."""
+        now = time.time()
+        if job.deadline is not None and job.deadline <= now:
+            self._store.deadlines.expire_late(job.id, job.deadline, now)
+            self._deadline_passed = True
 
     def close(self) -> None:
         """Drop the hub subscription; idempotent, so the view and the generator may both call
@@ -203,13 +238,18 @@ class JobFollower:
                     job.status is JobStatus.QUEUED or self._lane_waiting
                 )
                 timeout = min(keepalive_seconds, WAITING_REFRESH_SECONDS)
-                heard = self._wait(timeout if waiting else keepalive_seconds)
+                timeout = timeout if waiting else keepalive_seconds
+                if job.status is JobStatus.QUEUED and not self._deadline_passed:
+                    timeout = min(timeout, until_deadline(job.deadline, time.time()))
+                heard = self._wait(timeout)
                 pending, live, refresh = heard.tokens, heard.resync is None, False
                 if heard.final is not None:
                     job = heard.final  # every token is in pending or sent: it ends next pass
                 elif heard.resync is not None:
                     if heard.resync is Resync.QUIET and not waiting:
                         yield [KeepAlive()]
+                    if job.status is JobStatus.QUEUED:
+                        self._end_if_late(job)
                     latest, events = self._store.snapshot(self._job_id, self._next)
                     if latest is None:  # expired while we waited
                         return
