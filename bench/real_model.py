@@ -10,7 +10,11 @@ on the same directory, compute type and threads (``bench.engine_limit``). It pri
 - one stream: Trickle's tokens/s over the engine's ``generate_tokens``, paired back to back
   (``bench.paired``; goal at least 0.9);
 - a 16-stream burst: the aggregate tokens/s of 16 streams started together over the engine's
-  ``generate_batch`` of 16 (goal at least 0.85);
+  best ``generate_batch`` of 16 on this machine (``bench.harness.capacity``, as
+  ``bench.outside`` takes its bound: the best of compute types and 1-2 intra threads; goal at
+  least 0.85), and beside it over one ``generate_batch`` of 16 on the worker's own compute
+  type and threads (one lane's share: Trickle's lanes spread a burst over both cores, so that
+  ratio is no bound);
 - a short chat's TTFT p50 over streamed ``/v1/chat/completions`` against the engine's own
   prefill of the same rendered prompt (its first ``generate_tokens`` step) + 20 ms;
 - the stack's resident memory with both models loaded (web, worker and engine processes,
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import e2e, engine_limit, paired
+from bench.harness.capacity import Capacity, batch_capacity
 from bench.harness.log import progress
 from bench.harness.models import ModelChoice, PreparedModel
 from bench.harness.params import RunParams
@@ -108,7 +113,8 @@ def _has_text(data: bytes) -> bool:
 def engine_figures(
     model: PreparedModel, pieces: list[str], chat: list[str], params: RunParams, runs: int
 ) -> dict[str, float | None]:
-    """CTranslate2 alone: the batch-16 tokens/s and the chat prompt's prefill (first step)."""
+    """CTranslate2 alone on the worker's compute type and threads: one batch-16's tokens/s and
+    the chat prompt's prefill (first step)."""
     generator = engine_limit.load_generator(model, params)
     try:
         # With a step callback, as the worker runs its batches; the first call is a warm-up.
@@ -120,6 +126,16 @@ def engine_figures(
         generator.unload_model()
         del generator
     return {"batch16_tokens_per_s": tokens / wall, "chat_prefill_ms": 1000 * (median(prefill) or 0)}
+
+
+def burst_bound(model: PreparedModel, pieces: list[str], params: RunParams) -> Capacity:
+    """The burst's bound: the engine's best ``generate_batch(16)`` of the same prompt and
+    length on this machine (``bench.harness.capacity``, greedy)."""
+    best = batch_capacity(model.path, pieces, params.max_tokens, size=BURST)
+    progress(
+        f"engine alone, best batch {BURST}: {best.tokens_per_s:,.0f} tok/s ({best.describe()})"
+    )
+    return best
 
 
 def stack_rss_mib(stack: Stack, worker_pid: int) -> float:
@@ -161,6 +177,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             stack.close()
     engine = engine_figures(model, pieces, chat, params, args.chats)
+    best = burst_bound(model, pieces, params)
     chat_ms = [1000 * t for t in ttfts if t is not None]
     return {
         "params": params.to_dict(),
@@ -169,6 +186,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "burst16_tokens_per_s": burst["aggregate_tokens_per_s"],
         "burst16_failed": burst["failed"],
         "engine_batch16_tokens_per_s": engine["batch16_tokens_per_s"],
+        "engine_best_batch16_tokens_per_s": best.tokens_per_s,
+        "engine_best_batch16": best.describe(),
         "chat_ttft_p50_ms": median(chat_ms),
         "chat_prompt_tokens": len(chat),
         "engine_chat_prefill_ms": engine["chat_prefill_ms"],
@@ -180,14 +199,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(result: dict[str, Any]) -> str:
     burst = result["burst16_tokens_per_s"] or 0.0
     engine_burst = result["engine_batch16_tokens_per_s"]
+    best_burst = result["engine_best_batch16_tokens_per_s"]
     ttft = result["chat_ttft_p50_ms"] or float("nan")
     goal = result["engine_chat_prefill_ms"] + TTFT_ALLOWANCE_MS
     rows = [
         ("one stream, tokens/s x the engine's", f"{result['one_stream_ratio'] or 0:.3f}", ">= 0.9"),
         (
-            f"{BURST}-stream burst, tokens/s x the engine's batch-{BURST}",
-            f"{burst / engine_burst:.3f} ({burst:.0f} / {engine_burst:.0f})",
+            f"{BURST}-stream burst, tokens/s x the engine's best batch-{BURST} "
+            f"({result['engine_best_batch16']})",
+            f"{burst / best_burst:.3f} ({burst:.0f} / {best_burst:.0f})",
             ">= 0.85",
+        ),
+        (
+            f"{BURST}-stream burst, tokens/s x one batch-{BURST} on the worker's threads",
+            f"{burst / engine_burst:.3f} ({burst:.0f} / {engine_burst:.0f})",
+            "(no bound)",
         ),
         (
             f"short chat TTFT p50 ({result['chat_prompt_tokens']} prompt tokens)",

@@ -40,16 +40,24 @@ def tool_model(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(scope="module")
 def tool_stack(
-    tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, tool_model: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    demo_model_dir: Path,
+    tool_model: Path,
+    served_model: str,
+    served_model_table: str,
+    served_worker_timeout: float,
 ) -> Iterator[FaultStack]:
+    """The tool model beside demo, and the served model (SmolLM2 under `make test-real-model`)
+    for the ``both_models`` tool tests."""
     stack = build_fault_stack(
         tmp_path_factory.mktemp("tool-stack"),
         models_toml=(
             f'[models.demo]\npath = "{demo_model_dir}"\n'
-            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n'
+            f'[models.tools]\npath = "{tool_model}"\nmax_batch_size = 4\n{served_model_table}'
         ),
         settings_toml="[limits]\nmax_tokens_ceiling = 64\ndefault_max_tokens = 32\n",
     )
-    stack.worker("tools", ("tools", "demo"))
+    models = tuple(dict.fromkeys(("tools", "demo", served_model)))
+    stack.start_worker("tools", models, timeout=served_worker_timeout)
     yield stack
     stack.close()

@@ -1,6 +1,7 @@
 """OpenAI's Files + Batch flow, driven by the official ``openai`` client against the real stack
 (gunicorn + gevent, the batch consumer, Celery worker, CTranslate2): upload, create, poll, read
-the output file."""
+the output file. The ``both_models`` tests send ``served_model`` (demo, or SmolLM2 under `make
+test-real-model`)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from tests import stack
 from trickle.config.settings import PROJECT_ROOT
 
 
-def chat_line(custom_id: str, **body: Any) -> dict[str, Any]:
+def chat_line(custom_id: str, model: str, **body: Any) -> dict[str, Any]:
     messages = [{"role": "user", "content": "Hello"}]
-    body = {"model": "demo", "messages": messages, "max_tokens": 8, "temperature": 0, **body}
+    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, **body}
     return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
@@ -48,13 +49,16 @@ def client(stack_url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack_url}/v1", api_key="-", max_retries=0)
 
 
-def test_the_openai_client_runs_a_batch_from_a_file(client: openai.OpenAI, stack_url: str) -> None:
+@pytest.mark.both_models
+def test_the_openai_client_runs_a_batch_from_a_file(
+    client: openai.OpenAI, stack_url: str, served_model: str
+) -> None:
     lines: list[dict[str, Any] | str] = [
-        chat_line("first"),
+        chat_line("first", served_model),
         "{not json",
-        chat_line("second", max_tokens=4),
-        chat_line("too-long", max_tokens=10**6),
-        chat_line("third", n=2),
+        chat_line("second", served_model, max_tokens=4),
+        chat_line("too-long", served_model, max_tokens=10**6),
+        chat_line("third", served_model, n=2),
     ]
     uploaded = client.files.create(file=("requests.jsonl", jsonl(lines)), purpose="batch")
     assert uploaded.id.startswith("file-") and uploaded.purpose == "batch"
@@ -80,7 +84,7 @@ def test_the_openai_client_runs_a_batch_from_a_file(client: openai.OpenAI, stack
     for result in output:
         assert result["error"] is None and result["response"]["status_code"] == 200
         body = result["response"]["body"]
-        assert body["object"] == "chat.completion"
+        assert body["object"] == "chat.completion" and body["model"] == served_model
         # Each request's job is an ordinary job: its stored output is the answer's text.
         job = requests.get(f"{stack_url}/v1/jobs/{result['response']['request_id']}", timeout=10)
         assert job.json()["output"] == body["choices"][0]["message"]["content"]
@@ -97,13 +101,16 @@ def test_the_openai_client_runs_a_batch_from_a_file(client: openai.OpenAI, stack
         )
 
 
-def test_a_responses_batch_answers_response_objects(client: openai.OpenAI) -> None:
+@pytest.mark.both_models
+def test_a_responses_batch_answers_response_objects(
+    client: openai.OpenAI, served_model: str
+) -> None:
     lines: list[dict[str, Any] | str] = [
         {
             "custom_id": f"r{i}",
             "method": "POST",
             "url": "/v1/responses",
-            "body": {"model": "demo", "input": "The socket", "max_output_tokens": 6},
+            "body": {"model": served_model, "input": "The socket", "max_output_tokens": 6},
         }
         for i in range(2)
     ]
@@ -117,14 +124,19 @@ def test_a_responses_batch_answers_response_objects(client: openai.OpenAI) -> No
     for result in output:
         body = result["response"]["body"]
         assert body["object"] == "response" and body["status"] in ("completed", "incomplete")
-        assert body["output"][0]["content"][0]["text"]
+        assert body["model"] == served_model and body["output"][0]["content"][0]["text"]
 
 
-def test_a_bad_endpoint_or_purpose_names_the_field(client: openai.OpenAI) -> None:
+@pytest.mark.both_models
+def test_a_bad_endpoint_or_purpose_names_the_field(
+    client: openai.OpenAI, served_model: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
     assert refused.value.body["param"] == "purpose"  # type: ignore[index]
-    uploaded = client.files.create(file=("x.jsonl", jsonl([chat_line("a")])), purpose="batch")
+    uploaded = client.files.create(
+        file=("x.jsonl", jsonl([chat_line("a", served_model)])), purpose="batch"
+    )
     with pytest.raises(openai.BadRequestError) as refused:
         client.batches.create(
             input_file_id=uploaded.id,

@@ -2,7 +2,11 @@
 ``pydantic_function_tool``, LangChain's ``bind_tools(strict=True)``, Anthropic's ``strict``)
 run their tool loops unchanged to the final answer on the model that calls tools on cue
 (``tests.tool_model``). The answer may be text; a call the model opens is held to the offered
-tools (a name it was not offered becomes one it was), and a stream never shows its tag."""
+tools (a name it was not offered becomes one it was), and a stream never shows its tag.
+
+Those need the tool model's cue (it calls under ``auto``): they are ``demo_only``. On
+``served_model`` (demo, or SmolLM2 under `make test-real-model`) a strict tool's lazy grammar
+must leave the model's own answer whole: text or a call that fits, streamed as answered."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import pytest
 import requests
 
 from tests.faultstack import FaultStack
-from tests.system.test_tools import ASK, WEATHER, stream_chat
+from tests.system.test_tools import ASK, WEATHER, stored_answer, stream_chat
 from tests.tool_model import ANSWER_TEXT
 
 STRICT_WEATHER: Any = {
@@ -47,6 +51,8 @@ def job_grammar(stack: FaultStack, extra: dict[str, Any] | None) -> Any:
     return job["params"].get("grammar")
 
 
+# demo_only (every test but the last): the tool model's call under auto and its answer.
+@pytest.mark.demo_only
 def test_pydantic_function_tools_run_the_chat_loop_under_auto(
     client: openai.OpenAI, tool_stack: FaultStack
 ) -> None:
@@ -73,11 +79,12 @@ def test_pydantic_function_tools_run_the_chat_loop_under_auto(
     assert final.choices[0].message.content == ANSWER_TEXT
 
 
+@pytest.mark.demo_only
 def test_a_streamed_strict_call_never_shows_its_tag_and_text_stays_text(
     client: openai.OpenAI,
 ) -> None:
     content, calls, reason = stream_chat(
-        client, messages=ASK, tools=[STRICT_WEATHER], temperature=0
+        client, "tools", None, messages=ASK, tools=[STRICT_WEATHER], temperature=0
     )
     assert (content, reason) == ("", "tool_calls")
     assert calls[0]["names"] == ["get_weather"]
@@ -86,6 +93,8 @@ def test_a_streamed_strict_call_never_shows_its_tag_and_text_stays_text(
     time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
     content, calls, reason = stream_chat(
         client,
+        "tools",
+        None,
         messages=[{"role": "user", "content": "two?"}],
         tools=[STRICT_WEATHER, time_tool],
         temperature=0,
@@ -94,6 +103,7 @@ def test_a_streamed_strict_call_never_shows_its_tag_and_text_stays_text(
     assert [calls[i]["names"] for i in sorted(calls)] == [["get_weather"], ["get_time"]]
 
 
+@pytest.mark.demo_only
 def test_a_call_the_model_opens_names_only_an_offered_tool(client: openai.OpenAI) -> None:
     """The model writes ``get_weather``; only ``get_forecast`` is offered: the call is one."""
     forecast: Any = {
@@ -110,6 +120,7 @@ def test_a_call_the_model_opens_names_only_an_offered_tool(client: openai.OpenAI
     assert choice.finish_reason in ("tool_calls", "length")
 
 
+@pytest.mark.demo_only
 def test_langchain_bound_strict_tools_run_under_auto(tool_stack: FaultStack) -> None:
     from langchain_core.messages import HumanMessage, ToolMessage
     from langchain_core.tools import tool
@@ -136,6 +147,7 @@ def test_langchain_bound_strict_tools_run_under_auto(tool_stack: FaultStack) -> 
     assert final.content == ANSWER_TEXT and not getattr(final, "tool_calls", [])
 
 
+@pytest.mark.demo_only
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 def test_an_anthropic_auto_loop_with_a_strict_tool(tool_stack: FaultStack, streamed: bool) -> None:
     client = anthropic.Anthropic(base_url=tool_stack.web_url, api_key="x", max_retries=0)
@@ -168,3 +180,23 @@ def test_an_anthropic_auto_loop_with_a_strict_tool(tool_stack: FaultStack, strea
     messages.append({"role": "user", "content": [result]})
     final = create(messages)
     assert final.stop_reason == "end_turn" and final.content[0].text == ANSWER_TEXT
+
+
+@pytest.mark.both_models
+def test_a_strict_tool_under_auto_leaves_the_served_models_answer_whole(
+    client: openai.OpenAI, tool_stack: FaultStack, served_model: str
+) -> None:
+    """Whatever the model answers, text or a call, the lazy grammar held it (a call fits its
+    schema), and the stream (never a tag as text) equals what its job stored."""
+    tools = [openai.pydantic_function_tool(GetWeather, name="get_weather")]
+    args: Any = {"messages": ASK, "tools": tools, "temperature": 0, "max_tokens": 32}
+    whole = client.chat.completions.parse(model=served_model, **args)
+    assert job_grammar(tool_stack, whole.model_extra) is not None  # held to the schema
+    for call in whole.choices[0].message.tool_calls or []:
+        assert isinstance(call.function.parsed_arguments, GetWeather)
+    jobs: list[str] = []
+    content, calls, reason = stream_chat(client, served_model, jobs, **args)
+    stored = stored_answer(tool_stack, jobs[0])
+    assert content == stored.content and reason in ("stop", "length", "tool_calls")
+    streamed = [(seen["names"], "".join(seen["fragments"])) for _, seen in sorted(calls.items())]
+    assert streamed == [([call.name], call.arguments) for call in stored.calls]

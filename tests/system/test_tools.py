@@ -1,7 +1,12 @@
-"""Function calling end to end: a real worker serves a model that calls tools on cue
-(``tests.tool_model``), and the official ``openai`` client runs its tool loops against it on
-chat completions and the Responses API, streamed and not; a Responses stream resumed after
-any event replays exactly what followed."""
+"""Function calling end to end: the official ``openai`` client runs its tool loops on chat
+completions and the Responses API, streamed and not; a Responses stream resumed after any event
+replays exactly what followed.
+
+The ``demo_only`` tests need the words of the model that calls tools on cue
+(``tests.tool_model``): its calls under ``auto``, its two calls after text, its answer. The
+``both_models`` ones (here and in ``test_forced_tools.py``) force one call (a named
+``tool_choice``, ``parallel_tool_calls`` false) on ``served_model`` (demo, or SmolLM2 under
+`make test-real-model`) and check what holds for any model."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ import requests
 
 from tests.faultstack import FaultStack
 from tests.tool_model import ANSWER_TEXT
+from web.common.tools.calls import ParsedAnswer, parse_answer
+from web.common.tools.hermes import HermesParser
 
 WEATHER: Any = {
     "type": "function",
@@ -34,6 +41,19 @@ TIME: Any = {
 }
 RESPONSES_WEATHER: Any = {"type": "function", **WEATHER["function"]}
 ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+# One forced call, greedy: SmolLM2 repeats a forced call when more are allowed (docs/models.md).
+ONE_CALL: Any = {
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "parallel_tool_calls": False,
+    "temperature": 0,
+    "max_tokens": 64,
+}
+ONE_RESPONSES_CALL: Any = {
+    "tool_choice": {"type": "function", "name": "get_weather"},
+    "parallel_tool_calls": False,
+    "temperature": 0,
+    "max_output_tokens": 64,
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +61,16 @@ def client(tool_stack: FaultStack) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{tool_stack.web_url}/v1", api_key="x", max_retries=0)
 
 
+def city_of(arguments: str) -> str:
+    """The ``city`` of get_weather's arguments, which must fit its schema (a string ``city``
+    required; other properties allowed, as the schema does not forbid them)."""
+    parsed = json.loads(arguments)
+    assert isinstance(parsed, dict) and isinstance(parsed.get("city"), str), arguments
+    return str(parsed["city"])
+
+
+# demo_only: the tool model's own call under auto (Paris) and its scripted answer.
+@pytest.mark.demo_only
 def test_the_openai_clients_chat_tool_loop(client: openai.OpenAI, tool_stack: FaultStack) -> None:
     messages: list[Any] = list(ASK)
     first = client.chat.completions.create(
@@ -74,12 +104,23 @@ def test_the_openai_clients_chat_tool_loop(client: openai.OpenAI, tool_stack: Fa
     assert not final.choices[0].message.tool_calls
 
 
-def stream_chat(client: openai.OpenAI, **args: Any) -> tuple[str, dict[int, dict[str, Any]], Any]:
-    """The streamed content, the calls by index (name, id, argument fragments), the reason."""
+def stored_answer(stack: FaultStack, job_id: str) -> ParsedAnswer:
+    """The answer as the web tier reads it from the job's stored raw text."""
+    job = requests.get(f"{stack.web_url}/v1/jobs/{job_id}", timeout=10).json()
+    return parse_answer(HermesParser(), job["output"])
+
+
+def stream_chat(
+    client: openai.OpenAI, model: str, jobs: list[str] | None = None, **args: Any
+) -> tuple[str, dict[int, dict[str, Any]], Any]:
+    """The streamed content, the calls by index (name, id, argument fragments), the reason;
+    the answer's job ids go into ``jobs``."""
     content = ""
     calls: dict[int, dict[str, Any]] = {}
     reason = None
-    for chunk in client.chat.completions.create(model="tools", stream=True, **args):
+    for chunk in client.chat.completions.create(model=model, stream=True, **args):
+        if jobs is not None and not jobs:
+            jobs += (chunk.model_extra or {})["job_ids"]
         for choice in chunk.choices:
             delta = choice.delta
             assert "<" not in (delta.content or "")  # never a tag, whole or partial, as text
@@ -96,20 +137,8 @@ def stream_chat(client: openai.OpenAI, **args: Any) -> tuple[str, dict[int, dict
     return content, calls, reason
 
 
-def test_a_streamed_call_sends_its_name_once_then_argument_fragments(client: openai.OpenAI) -> None:
-    args: Any = {"messages": ASK, "tools": [WEATHER], "temperature": 0}
-    content, calls, reason = stream_chat(client, **args)
-    whole = client.chat.completions.create(model="tools", **args).choices[0]
-    assert (content, reason) == ("", "tool_calls")
-    assert list(calls) == [0]
-    assert calls[0]["names"] == ["get_weather"] and len(calls[0]["ids"]) == 1
-    # The tag and the name were cut across tokens: the arguments come in several fragments.
-    assert len(calls[0]["fragments"]) > 1
-    arguments = "".join(calls[0]["fragments"])
-    assert json.loads(arguments) == {"city": "Paris"}
-    assert whole.message.tool_calls[0].function.arguments == arguments
-
-
+# demo_only: the tool model's two calls after its text ("Checking:") under auto.
+@pytest.mark.demo_only
 def test_two_calls_with_text_streamed_and_not(client: openai.OpenAI) -> None:
     args: Any = {
         "messages": [{"role": "user", "content": "The weather in two cities?"}],
@@ -119,7 +148,7 @@ def test_two_calls_with_text_streamed_and_not(client: openai.OpenAI) -> None:
     assert whole.finish_reason == "tool_calls" and whole.message.content == "Checking:"
     names = [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
     assert names == [("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "CET"})]
-    content, calls, reason = stream_chat(client, **args)
+    content, calls, reason = stream_chat(client, "tools", None, **args)
     assert (content, reason, sorted(calls)) == ("Checking:", "tool_calls", [0, 1])
     assert [calls[i]["names"] for i in (0, 1)] == [["get_weather"], ["get_time"]]
     ids = [*calls[0]["ids"], *calls[1]["ids"]]
@@ -128,6 +157,8 @@ def test_two_calls_with_text_streamed_and_not(client: openai.OpenAI) -> None:
     assert [c.function.name for c in single.choices[0].message.tool_calls] == ["get_weather"]
 
 
+# demo_only: the tool model writes its call's tag even under none; that text must stay text.
+@pytest.mark.demo_only
 def test_tool_choice_none_leaves_the_answer_as_text(client: openai.OpenAI) -> None:
     answer = client.chat.completions.create(
         model="tools",
@@ -139,17 +170,8 @@ def test_tool_choice_none_leaves_the_answer_as_text(client: openai.OpenAI) -> No
     assert str(answer.message.content).startswith("<tool_call>")
 
 
-def test_the_demo_model_takes_tools_through_the_built_in_template(client: openai.OpenAI) -> None:
-    answer = client.chat.completions.create(
-        model="demo",
-        messages=ASK,
-        tools=[WEATHER],
-        max_tokens=8,
-    )
-    assert answer.choices[0].finish_reason in ("stop", "length")
-    assert answer.usage is not None and answer.usage.prompt_tokens > 40  # the tool is in it
-
-
+# demo_only: the tool model's own call under auto (Paris) and its scripted answer.
+@pytest.mark.demo_only
 def test_the_openai_clients_responses_tool_loop(client: openai.OpenAI) -> None:
     first = client.responses.create(
         model="tools", input="Weather in Paris?", tools=[RESPONSES_WEATHER]
@@ -189,7 +211,17 @@ def sse_events(response: requests.Response) -> list[dict[str, Any]]:
     return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith(b"data: ")]
 
 
-def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> None:
+@pytest.mark.parametrize(
+    "forced",
+    [
+        # demo_only: the tool model's text and two calls under auto.
+        pytest.param(False, marks=pytest.mark.demo_only, id="tool-model"),
+        pytest.param(True, marks=pytest.mark.both_models, id="served-model"),
+    ],
+)
+def test_a_responses_stream_of_calls_resumes_exactly(
+    tool_stack: FaultStack, served_model: str, forced: bool
+) -> None:
     base = tool_stack.web_url
     body: dict[str, Any] = {
         "model": "tools",
@@ -198,6 +230,8 @@ def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> 
         "stream": True,
         "background": True,
     }
+    if forced:
+        body |= {"model": served_model, "input": "Weather in Paris?", **ONE_RESPONSES_CALL}
     with requests.post(f"{base}/v1/responses", json=body, stream=True, timeout=60) as response:
         assert response.status_code == 200, response.text
         events = sse_events(response)
@@ -205,13 +239,19 @@ def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> 
     kinds = [e["type"] for e in events]
     assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
     final = events[-1]["response"]
-    assert [item["type"] for item in final["output"]] == [
-        "message",
-        "function_call",
-        "function_call",
-    ]
-    assert final["output"][0]["content"][0]["text"] == "Checking:"
-    for index, item in enumerate(final["output"][1:], start=1):
+    if forced:
+        assert [item["type"] for item in final["output"]] == ["function_call"]
+        city_of(final["output"][0]["arguments"])
+    else:
+        assert [item["type"] for item in final["output"]] == [
+            "message",
+            "function_call",
+            "function_call",
+        ]
+        assert final["output"][0]["content"][0]["text"] == "Checking:"
+    for index, item in enumerate(final["output"]):
+        if item["type"] != "function_call":
+            continue
         deltas = [
             e["delta"]
             for e in events
@@ -262,15 +302,18 @@ def test_a_responses_stream_of_calls_resumes_exactly(tool_stack: FaultStack) -> 
         ),
     ],
 )
+@pytest.mark.both_models
 def test_bad_tools_are_400s_that_name_the_field(
-    tool_stack: FaultStack, change: dict[str, Any], param: str
+    tool_stack: FaultStack, served_model: str, change: dict[str, Any], param: str
 ) -> None:
-    body = {"model": "tools", "messages": ASK, "tools": [WEATHER], **change}
+    body = {"model": served_model, "messages": ASK, "tools": [WEATHER], **change}
     response = requests.post(f"{tool_stack.web_url}/v1/chat/completions", json=body, timeout=10)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
 
 
+# demo_only: the tool model's call under auto, and its text and two calls.
+@pytest.mark.demo_only
 def test_the_openai_clients_stream_helpers_assemble_the_calls(client: openai.OpenAI) -> None:
     """The client's own accumulators check every event's place (an argument delta before its
     item was added would raise), and assemble the same answer as the plain request."""
@@ -298,6 +341,8 @@ def test_the_openai_clients_stream_helpers_assemble_the_calls(client: openai.Ope
     ]
 
 
+# demo_only: the tool model's call under auto; test_agent_sdk.py forces one on the served model.
+@pytest.mark.demo_only
 def test_an_agent_sdk_runs_a_function_tool_over_the_responses_api(tool_stack: FaultStack) -> None:
     """OpenAI's Agents SDK, unchanged, streamed and not: the model calls the tool, the SDK runs
     it and sends the result back, the model answers. Its tools are ``strict`` by default, with
