@@ -31,11 +31,12 @@ def niceness(kind: str, settings: SupervisorSettings) -> int:
 
 def lower_priority(nice: int) -> None:
     """Run this process (a child before it execs) at ``nice``, its session's autogroup too
-    when it leads that session; 0, or a launcher already as nice, changes nothing (raising
+    when it leads that session; 0 changes nothing, nor does a launcher already nicer (raising
     a process's priority back would need privileges)."""
-    if nice <= os.getpriority(os.PRIO_PROCESS, 0):
+    if nice <= 0:
         return
-    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    if nice > os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
     if os.getsid(0) == os.getpid():
         with contextlib.suppress(OSError):  # no autogroup in this kernel: the nice value is all
             AUTOGROUP.write_text(f"{nice}\n")
