@@ -20,8 +20,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ops.preload import ForkedProcess, expand, forkable, preload
+from ops.priority import lower_priority, niceness
 from ops.stack import procfile_commands, spawn
 from ops.supervisor import Child, Process, RespawnPolicy, Supervisor
+from trickle.config.sections import SupervisorSettings
 from trickle.config.settings import PROJECT_ROOT, Settings, load_settings
 
 PR_SET_PDEATHSIG = 1
@@ -49,12 +51,18 @@ class ProcfileLauncher:
     """Builds the children of each Procfile process type, numbered as honcho numbers them."""
 
     def __init__(
-        self, procfile: Path, env: dict[str, str], supervisor: Supervisor, fork: bool = False
+        self,
+        procfile: Path,
+        env: dict[str, str],
+        supervisor: Supervisor,
+        fork: bool = False,
+        priorities: SupervisorSettings | None = None,
     ) -> None:
         self.commands = procfile_commands(procfile)
         self.env = env
         self.supervisor = supervisor
         self.fork = fork
+        self.priorities = priorities or SupervisorSettings()
         base = int(env.get("PORT", BASE_PORT))
         self.base_ports = {kind: base + 100 * i for i, kind in enumerate(self.commands)}
 
@@ -66,14 +74,20 @@ class ProcfileLauncher:
         port = self.base_ports[kind] + index - 1
         env = {**self.env, "PORT": str(port), "HONCHO_PROCESS_NAME": name}
         command = self.commands[kind]
+        nice = niceness(kind, self.priorities)
 
         argv = expand(command, env)
         if self.fork and forkable(argv):
+
+            def setup() -> None:
+                die_with_parent()
+                lower_priority(nice)
+
             return self.supervisor.add(
                 Child(
                     name,
                     kind,
-                    lambda: ForkedProcess(argv, env, str(PROJECT_ROOT), die_with_parent),
+                    lambda: ForkedProcess(argv, env, str(PROJECT_ROOT), setup),
                     port=port,
                 )
             )
@@ -81,7 +95,9 @@ class ProcfileLauncher:
         def launch() -> Process:
             # A group of its own: signalled and cleaned up whole; output to the supervisor.
             argv = ["/bin/sh", "-c", f"exec {command}"]
-            return spawn(argv, env, subprocess.PIPE, new_session=True, preexec_fn=die_with_parent)
+            return spawn(
+                argv, env, subprocess.PIPE, new_session=True, preexec_fn=die_with_parent, nice=nice
+            )
 
         return self.supervisor.add(Child(name, kind, launch, port=port))
 
@@ -143,7 +159,9 @@ def run_stack(
     if fork and (why := preload()):
         supervisor.log(f"workers start by exec (preloading failed: {why})")
         fork = False
-    launcher = ProcfileLauncher(procfile or PROJECT_ROOT / "Procfile", env, supervisor, fork)
+    launcher = ProcfileLauncher(
+        procfile or PROJECT_ROOT / "Procfile", env, supervisor, fork, settings.supervisor
+    )
     if bounds is not None and "worker" not in launcher.commands:
         print("trickle up: --workers needs a `worker` line in the Procfile", file=sys.stderr)
         supervisor.shutdown()

@@ -26,10 +26,11 @@ import redis
 from honcho.environ import parse_procfile
 
 from ops.preload import expand
+from ops.priority import lower_priority, niceness
 from ops.redis_server import free_port, start_redis, stop_process, stop_redis
 from trickle import keys
 from trickle.config.sections import RedisSettings
-from trickle.config.settings import PROJECT_ROOT
+from trickle.config.settings import PROJECT_ROOT, load_settings
 from trickle.store.redis_connection import connect
 
 BIN = Path(sys.executable).parent
@@ -68,16 +69,24 @@ def spawn(
     output: Path | int,
     new_session: bool = False,
     preexec_fn: Callable[[], None] | None = None,
+    nice: int = 0,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in the project root, stdout and stderr to a log file (appended) or a
-    pipe; ``new_session``: a process group of its own, signalled whole by ``kill_group``."""
+    pipe; ``new_session``: a process group of its own, signalled whole by ``kill_group``;
+    ``nice``: its nice value (``ops.priority``)."""
+
+    def setup() -> None:
+        if preexec_fn is not None:
+            preexec_fn()
+        lower_priority(nice)
+
     with contextlib.ExitStack() as files:
         log: IO[bytes] | int = (
             files.enter_context(output.open("ab")) if isinstance(output, Path) else output
         )
         return subprocess.Popen(
             argv, cwd=PROJECT_ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=new_session, preexec_fn=preexec_fn,
+            start_new_session=new_session, preexec_fn=setup,
         )  # fmt: skip
 
 
@@ -143,10 +152,11 @@ def start_worker(
 def start_batch(
     env: Mapping[str, str], output: Path, new_session: bool = False, timeout: float = 60
 ) -> subprocess.Popen[bytes]:
-    """The batch consumer as the Procfile runs it; returns once Celery logs it ready (past what
-    ``output`` held before: a restart appends to the same log)."""
+    """The batch consumer as the Procfile runs it, at its configured nice value; returns once
+    Celery logs it ready (past what ``output`` held before: a restart appends to the same log)."""
     start = output.stat().st_size if output.exists() else 0
-    process = spawn(procfile_argv("batch", env), env, output, new_session)
+    nice = niceness("batch", load_settings(environ=env).supervisor)
+    process = spawn(procfile_argv("batch", env), env, output, new_session, nice=nice)
 
     def ready() -> bool:
         with output.open("rb") as log:

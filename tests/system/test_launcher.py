@@ -67,6 +67,20 @@ class HealthProbe:
         self._thread.join()
 
 
+def test_the_forked_batch_consumer_runs_below_the_web_tier(up: UpStack) -> None:
+    """``[supervisor] batch_niceness`` (10 by default) on the batch consumer, which the
+    launcher forks, and on its session's autogroup where the kernel has one; the web tier
+    and the worker run as the launcher does (ops/priority.py)."""
+    launcher = os.getpriority(os.PRIO_PROCESS, up.process.pid)
+    batch = up.pid("batch.1")
+    assert os.getpriority(os.PRIO_PROCESS, batch) == max(launcher, 10)
+    assert os.getpriority(os.PRIO_PROCESS, up.pid("web.1")) == launcher
+    assert os.getpriority(os.PRIO_PROCESS, up.pid("worker.1")) == launcher
+    autogroup = Path(f"/proc/{batch}/autogroup")
+    if autogroup.exists():
+        assert autogroup.read_text().split()[-1] == "10"
+
+
 def test_killed_only_worker_comes_back_and_the_stream_has_no_gap(up: UpStack) -> None:
     job = submit(up.base, {"prompt": "The", **LONG})
     results: list[StreamResult] = []

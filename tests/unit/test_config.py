@@ -129,6 +129,9 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
             {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},
             "models.demo.tool_call_parser",
         ),
+        # A nice value a process may not take without privileges (or at all).
+        ("[supervisor]\nbatch_niceness = 20\n", {}, "supervisor.batch_niceness"),
+        ("", {"TRICKLE__SUPERVISOR__BATCH_NICENESS": "-1"}, "supervisor.batch_niceness"),
     ],
 )
 def test_bad_configuration_names_the_key(

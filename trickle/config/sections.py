@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, NonNegativeFloat, PositiveInt
+from pydantic import BeforeValidator, Field, NonNegativeFloat, PositiveInt
 
 from trickle.config.base import Section
 from trickle.config.lanes import Lanes, SpareUse
@@ -29,6 +29,8 @@ def _comma_separated(value: Any) -> Any:
 
 Names = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 Numbers = Annotated[tuple[int, ...], BeforeValidator(_comma_separated)]
+# A Unix nice value a process may lower itself to without privileges (0: as its parent).
+Niceness = Annotated[int, Field(ge=0, le=19)]
 
 
 @dataclass(frozen=True)
@@ -217,6 +219,11 @@ class SupervisorSettings(Section):
     # Import Celery, CTranslate2 and the worker code once in the launcher and fork each
     # `celery` Procfile process from it: a worker's cold start loses the interpreter's imports.
     preload_workers: bool = True
+    # The batch consumer (the Procfile's `batch` line) runs at this nice value, so its bursts
+    # (reading a large input into jobs, settling it into files) wait for a core behind the
+    # web tier, whose /healthz and requests must answer at once (ops/priority.py). Workers
+    # stay at 0: they serve interactive jobs too.
+    batch_niceness: Niceness = 10
 
 
 @dataclass(frozen=True)
