@@ -105,9 +105,9 @@ class Answerer:
         self.ends = frozenset(self.tokenizer.end_ids)
         self.prompt = self.tokenizer.to_pieces(self.tokenizer.encode(PROMPT))
 
-    def shortest(self, grammar: str) -> int | None:
-        closing = self.closer.shortest(self.matchers.matcher(grammar))
-        return None if closing is None else len(closing)
+    def shortest(self, grammar: str) -> tuple[int, bool] | None:
+        """What the web tier's budget check knows (``Closer.answer_length``)."""
+        return self.closer.answer_length(self.matchers.matcher(grammar))
 
     def answer(self, grammar: str, max_tokens: int, greedy: bool, seed: int) -> str:
         rng = np.random.default_rng(seed)
@@ -181,15 +181,16 @@ def main() -> None:
             continue
         ours += 1
         try:
-            shortest = answerer.shortest(grammar)
+            known = answerer.shortest(grammar)
         except GrammarFailed:
             refusals["vocabulary"] += 1
             continue
-        if shortest is not None and shortest > args.max_tokens:
+        tokens, found = known if known is not None else (1, True)
+        if (found and tokens > args.max_tokens) or (not found and tokens >= args.max_tokens):
             refusals["max_tokens"] += 1
             continue
         chat += 1
-        accepted.append((name, schema, grammar, shortest or 1))
+        accepted.append((name, schema, grammar, tokens))
     print(f"corpus: {len(schemas)} schemas ({time.perf_counter() - started:.0f} s to check)")
     print(f"plain llguidance {llguidance.__version__}: {percent(plain, len(schemas))}")
     print(f"Trickle, grammar:             {percent(ours, len(schemas))}")

@@ -87,6 +87,13 @@ class ClosingSearch:
     ) -> list[int] | None:
         """The fewest tokens that take ``matcher`` (left unchanged) to an accepting state, if
         some take at most ``limit``; None when none do (or ``most`` states were expanded)."""
+        return self.search(matcher, limit, most)[0]
+
+    def search(
+        self, matcher: llguidance.LLMatcher, limit: int, most: int = MAX_EXPANSIONS
+    ) -> tuple[list[int] | None, bool]:
+        """``closing``'s answer, and whether a None is a finding: every state within ``limit``
+        was reached before ``most`` expansions ran out, so no completion is that short."""
         order = itertools.count()
         start = _State(matcher.deep_copy(), [], _Shape(False), None, 0)
         frontier: list[_Entry] = [(0, next(order), start)]
@@ -95,7 +102,7 @@ class ClosingSearch:
         while frontier and expansions < most:
             spent, _, state = heapq.heappop(frontier)
             if state.matcher.is_accepting():
-                return state.path
+                return state.path, False
             if spent >= limit or state.matcher.is_error():
                 continue
             forced = state.matcher.compute_ff_tokens()
@@ -123,7 +130,7 @@ class ClosingSearch:
                     probe, [*state.path, token], state.shape.after(piece), key, run + len(piece)
                 )
                 heapq.heappush(frontier, (spent + 1, next(order), child))
-        return None
+        return None, not frontier
 
     def _in_string(self, mask: npt.NDArray[np.bool_]) -> bool | None:
         """Whether a string is open where ``mask`` is allowed, where the mask tells: a byte

@@ -120,6 +120,25 @@ def test_an_answer_cut_by_max_tokens_still_closes(engine: Engine) -> None:
             assert lasts[-1]
 
 
+def test_a_budget_no_answer_fits_is_written_on_not_ended_empty(engine: Engine) -> None:
+    """Below the shortest answer (the web tier refuses such a budget; a resumed job's may
+    still be) no completion fits, so closing cannot help: the engine let the model write on
+    (every token allowed) instead of ending the answer empty at its first step."""
+    keys = [f"setting_{i}" for i in range(40)]
+    schema = {
+        "type": "object",
+        "properties": {key: {"type": "boolean"} for key in keys},
+        "required": keys,
+    }
+    grammar = json_schema_grammar(schema, "response_format")
+    ids: list[int] = []
+    prompt = engine.tokenizer.encode("Settings, as JSON: ")
+    engine.generate([EngineRequest(prompt, 24, GREEDY, grammar=grammar)], collect(ids))
+    assert len(ids) == 24
+    matcher = MatcherCache(engine.tokenizer).matcher(grammar)
+    assert matcher.try_consume_tokens(ids) == len(ids)
+
+
 def test_a_resumed_answer_goes_on_from_what_it_had_streamed(engine: Engine) -> None:
     streamed = '{"name":"Ada","age":3'
     prompt = engine.tokenizer.encode("A person, as JSON: " + streamed)

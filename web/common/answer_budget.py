@@ -29,18 +29,18 @@ class AnswerBudget:
     def __init__(self, tokenizer: Tokenizer):
         self._matchers = MatcherCache(tokenizer)
         self._closer = Closer(tokenizer.token_bytes())
-        self._lengths: OrderedDict[str, int | None] = OrderedDict()
+        self._lengths: OrderedDict[str, tuple[int, bool] | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def shortest(self, grammar: str) -> int | None:
-        """The fewest tokens a whole answer takes (None: not found within the closer's reach,
-        so not known to be too long)."""
+    def shortest(self, grammar: str) -> tuple[int, bool] | None:
+        """What is known of the fewest tokens a whole answer takes (``Closer.answer_length``:
+        a length found, or one no answer reaches; None: not known, so not known to be too
+        long)."""
         with self._lock:
             if grammar in self._lengths:
                 self._lengths.move_to_end(grammar)
                 return self._lengths[grammar]
-        closing = self._closer.shortest(self._matchers.matcher(grammar))
-        length = None if closing is None else len(closing)
+        length = self._closer.answer_length(self._matchers.matcher(grammar))
         with self._lock:
             self._lengths[grammar] = length
             while len(self._lengths) > CACHED_LENGTHS:
@@ -53,13 +53,22 @@ class AnswerBudget:
         if params.grammar is None:
             return
         try:
-            shortest = self.shortest(params.grammar)
+            known = self.shortest(params.grammar)
         except GrammarFailed as exc:
             message = f"the answer's grammar cannot run on model {model!r}: {exc}"
             raise invalid(None, message) from None
-        if shortest is not None and shortest > params.max_tokens:
+        if known is None:
+            return
+        tokens, found = known
+        if found and tokens > params.max_tokens:
             raise invalid(
                 "max_tokens",
-                f"the shortest answer the schema or tool call allows is {shortest} tokens on "
+                f"the shortest answer the schema or tool call allows is {tokens} tokens on "
                 f"model {model!r}; max_tokens is {params.max_tokens}",
+            )
+        if not found and params.max_tokens <= tokens:
+            raise invalid(
+                "max_tokens",
+                f"the shortest answer the schema or tool call allows is longer than {tokens} "
+                f"tokens on model {model!r}; max_tokens is {params.max_tokens}",
             )

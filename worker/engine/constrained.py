@@ -107,6 +107,9 @@ class ConstrainedRun:
         # checked against it first (one copy), before any search.
         self._escape: list[int] | None = None
         self._pending: list[int] | None = None  # the escape after the token being checked
+        # No completion from the matcher's state fits the budget (a full search found none):
+        # closing cannot help then, so the model writes on unchecked until one is found again.
+        self._hopeless = False
         self.calls = 0  # generate calls: 1 + the restarts its refused tokens cost
         # Tokens the model proposed, and those refused that cost the row its call (the refusal
         # rate worker/engine/sharing_gate.py decides by; a refused end closes, never restarts).
@@ -184,7 +187,8 @@ class ConstrainedRun:
         self.proposed += 1
         room = self._left - 1  # tokens left after this one
         self._pending = None
-        if room < self._closing_length + CLOSING_MARGIN and not self._fits(token, room):
+        checked = not self._hopeless and room < self._closing_length + CLOSING_MARGIN
+        if checked and not self._fits(token, room):
             call.closing = True
             return True
         if not self._consume(token):
@@ -208,7 +212,14 @@ class ConstrainedRun:
         text = [t for t in forced if t not in self._end_ids]
         if probe.try_consume_tokens(text) < len(text):
             return True  # (an end token among them ends the answer complete)
-        return self._way_out(probe, left - len(forced), None) is not None
+        return self._way_out(probe, left - len(forced), None) is not None or self._no_way_out(left)
+
+    def _no_way_out(self, left: int) -> bool:
+        """Whether no completion from the matcher's state fits ``left`` tokens (a full search,
+        once: closing then would end the answer empty or where it stands, so it goes on)."""
+        if not self._hopeless:
+            self._hopeless = self._completion(left) is None
+        return self._hopeless
 
     def _consume(self, token: int) -> bool:
         """Advance the matcher past ``token`` if the grammar allows it (else leave it as it
@@ -231,8 +242,8 @@ class ConstrainedRun:
         if probe.try_consume_tokens([token]) != 1:
             return True  # rejected anyway: the rejection path picks an allowed token
         way_out = self._way_out(probe, room, token)
-        if way_out is None:
-            return False  # no way to close after it within the room: close now instead
+        if way_out is None:  # no way to close after it within the room: close now instead,
+            return self._no_way_out(room + 1)  # where closing from here can
         self._closing_length = len(way_out)
         self._pending = way_out
         return True
@@ -279,6 +290,7 @@ class ConstrainedRun:
             # No way out known within the budget: closing now would end the answer empty or
             # cut where it stands, so the model writes on and only the last tokens are checked.
             self._closing_length = 0 if self._escape is None else len(self._escape)
+            self._hopeless = self._escape is None
         return sink(token, logprob, last or token in self._end_ids)
 
     def _ending(self, end: int, left: int) -> list[int]:
