@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from bench.harness import models
-from bench.harness.arrivals import poisson_offsets
+from bench.harness.arrivals import add_arrival_options, poisson_offsets
 from bench.harness.capacity import batch_capacity
 from bench.harness.log import progress
 from bench.scheduler_burst import claimed_job
@@ -128,18 +128,7 @@ def one_load(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.admission", description=__doc__)
-    parser.add_argument("--model", default="46m")
-    parser.add_argument("--loads", default="0.15,0.3", help="fractions of batch-32 capacity")
-    parser.add_argument("--jobs", type=int, default=60, help="arrivals per load")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--capacity",
-        type=float,
-        default=None,
-        help="jobs/s the loads are fractions of (default: measured): fixes the arrival rates "
-        "across runs on a machine whose speed varies",
-    )
+    add_arrival_options(parser, "0.15,0.3")
     parser.add_argument(
         "--overflow-lanes-per-device",
         type=int,

@@ -40,7 +40,7 @@ import ctranslate2
 
 from bench.engine_limit import load_generator
 from bench.harness import models
-from bench.harness.arrivals import poisson_offsets
+from bench.harness.arrivals import add_arrival_options, poisson_offsets
 from bench.harness.capacity import batch_capacity
 from bench.harness.engine_slots import ArrivedJob, Call, SlotPolicy, SlotPool, parse_policy
 from bench.harness.goodput import figures, goals_for
@@ -147,17 +147,7 @@ def print_table(model: str, capacity: float, source: str, result: dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.engine_arrivals", description=__doc__)
-    parser.add_argument("--model", default="46m")
-    parser.add_argument("--loads", default="0.15,0.3,0.5", help="fractions of batch-32 capacity")
-    parser.add_argument("--jobs", type=int, default=60, help="arrivals per load")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--capacity",
-        type=float,
-        default=None,
-        help="jobs/s the loads are fractions of, as bench.admission's (default: measured)",
-    )
+    add_arrival_options(parser, "0.15,0.3,0.5")
     parser.add_argument("--policies", default="static1,static2,call2,call4,call8")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)

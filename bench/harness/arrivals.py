@@ -7,6 +7,7 @@ served stack and to CTranslate2 alone, and the three tails can be held against e
 
 from __future__ import annotations
 
+import argparse
 import random
 
 
@@ -23,3 +24,21 @@ def poisson_offsets(rate: float, count: int, seed: int) -> list[float]:
         offsets.append(at)
         at += gaps.expovariate(rate)
     return offsets
+
+
+def add_arrival_options(parser: argparse.ArgumentParser, loads: str) -> None:
+    """The options that fix a replayed load, alike in the benches that replay one: the model,
+    the loads (fractions of batch-32 capacity), arrivals per load, tokens per job, the seed and
+    the capacity in jobs/s (measured when not given)."""
+    parser.add_argument("--model", default="46m")
+    parser.add_argument("--loads", default=loads, help="fractions of batch-32 capacity")
+    parser.add_argument("--jobs", type=int, default=60, help="arrivals per load")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        help="jobs/s the loads are fractions of (default: measured): fixes the arrival rates "
+        "across runs on a machine whose speed varies",
+    )
