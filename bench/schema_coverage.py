@@ -41,7 +41,7 @@ import llguidance
 import numpy as np
 
 from bench.constrained import collector, model_path
-from trickle.closure import Closer
+from trickle.closure import AnswerLength, Closer
 from trickle.grammar import GrammarError, json_schema_grammar
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
@@ -105,9 +105,10 @@ class Answerer:
         self.ends = frozenset(self.tokenizer.end_ids)
         self.prompt = self.tokenizer.to_pieces(self.tokenizer.encode(PROMPT))
 
-    def shortest(self, grammar: str) -> tuple[int, bool] | None:
+    def shortest(self, grammar: str) -> AnswerLength:
         """What the web tier's budget check knows (``Closer.answer_length``)."""
-        return self.closer.answer_length(self.matchers.matcher(grammar))
+        proofs = '"pattern"' not in grammar and '"format"' not in grammar
+        return self.closer.answer_length(self.matchers.matcher(grammar), proofs)
 
     def answer(self, grammar: str, max_tokens: int, greedy: bool, seed: int) -> str:
         rng = np.random.default_rng(seed)
@@ -185,12 +186,11 @@ def main() -> None:
         except GrammarFailed:
             refusals["vocabulary"] += 1
             continue
-        tokens, found = known if known is not None else (1, True)
-        if (found and tokens > args.max_tokens) or (not found and tokens >= args.max_tokens):
+        if args.max_tokens < known.least:  # the web tier's 400 on max_tokens
             refusals["max_tokens"] += 1
             continue
         chat += 1
-        accepted.append((name, schema, grammar, tokens))
+        accepted.append((name, schema, grammar, known.least))
     print(f"corpus: {len(schemas)} schemas ({time.perf_counter() - started:.0f} s to check)")
     print(f"plain llguidance {llguidance.__version__}: {percent(plain, len(schemas))}")
     print(f"Trickle, grammar:             {percent(ours, len(schemas))}")

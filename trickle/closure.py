@@ -15,6 +15,8 @@ Where it finds none within the limit, a bounded search over the matcher's states
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import llguidance
 import numpy as np
 
@@ -39,6 +41,15 @@ LONGEST_WALK = 16_384
 LONGEST_WALK_CHOICES = 4096
 # States a quick search expands (the engine's check of each token near max_tokens).
 QUICK_EXPANSIONS = 40
+
+
+@dataclass(frozen=True)
+class AnswerLength:
+    """What is known of a grammar's shortest answer: none is shorter than ``least`` tokens,
+    and one of ``found`` tokens exists (None: no answer found)."""
+
+    least: int
+    found: int | None
 
 
 class Closer:
@@ -70,28 +81,27 @@ class Closer:
         self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS
     ) -> list[int] | None:
         """The fewest tokens that take ``matcher`` to an accepting state (within ``limit``):
-        the search, bounded by what the greedy walk found. Where the search finds none within
-        its reach, the greedy walk's completion, which may run past ``limit``, up to
-        ``LONGEST_WALK`` tokens: a schema with hundreds of required keys has no shorter answer, and
-        without that length a budget it cannot fit would be taken and the answer cut."""
-        greedy = self.greedy(matcher, max(limit, LONGEST_WALK), LONGEST_WALK_CHOICES)
+        the search, bounded by what the greedy walk found."""
+        greedy = self.greedy(matcher, limit)
         bound = limit if greedy is None else len(greedy) - 1
         found = self._search.closing(matcher, min(bound, MAX_CLOSING_TOKENS))
         return greedy if found is None else found
 
-    def answer_length(self, matcher: llguidance.LLMatcher) -> tuple[int, bool] | None:
-        """What is known of the shortest answer's length: ``(n, True)``, an answer of ``n``
-        tokens exists (``shortest``'s); ``(n, False)``, none is ``n`` tokens or shorter (the
-        search ran through every state within ``n`` and the greedy walk found none within
-        ``LONGEST_WALK``); None, nothing (the search gave up first)."""
+    def answer_length(self, matcher: llguidance.LLMatcher, proofs: bool = True) -> AnswerLength:
+        """What is known of the shortest answer's length, past the search's reach too: the
+        search's answer where it finds one; else the greedy walk's, up to ``LONGEST_WALK``
+        tokens (one answer that long exists, maybe not the shortest: a schema with hundreds of
+        required keys has no answer near 512 tokens), and none within the search's limit when
+        it went through every state there. ``proofs`` False: that last finding is not taken
+        (the search merges states by mask and byte class, inexact for some patterns)."""
         greedy = self.greedy(matcher, LONGEST_WALK, LONGEST_WALK_CHOICES)
-        bound = MAX_CLOSING_TOKENS if greedy is None else len(greedy) - 1
-        found, proved = self._search.search(matcher, min(bound, MAX_CLOSING_TOKENS))
+        bound = MAX_CLOSING_TOKENS if greedy is None else min(len(greedy) - 1, MAX_CLOSING_TOKENS)
+        found, proved = self._search.search(matcher, bound)
         if found is not None:
-            return len(found), True
-        if greedy is not None:
-            return len(greedy), True
-        return (MAX_CLOSING_TOKENS, False) if proved else None
+            return AnswerLength(len(found), len(found))
+        upper = None if greedy is None else len(greedy)
+        least = bound + 1 if proved and proofs else 1
+        return AnswerLength(least if upper is None else min(least, upper), upper)
 
     def length(self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS) -> int | None:
         closing = self.closing(matcher, limit)

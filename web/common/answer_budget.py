@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from trickle.closure import Closer
+from trickle.closure import AnswerLength, Closer
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
 from trickle.params import GenerationParams
 from trickle.tokenization import Tokenizer
@@ -29,18 +29,19 @@ class AnswerBudget:
     def __init__(self, tokenizer: Tokenizer):
         self._matchers = MatcherCache(tokenizer)
         self._closer = Closer(tokenizer.token_bytes())
-        self._lengths: OrderedDict[str, tuple[int, bool] | None] = OrderedDict()
+        self._lengths: OrderedDict[str, AnswerLength] = OrderedDict()
         self._lock = threading.Lock()
 
-    def shortest(self, grammar: str) -> tuple[int, bool] | None:
-        """What is known of the fewest tokens a whole answer takes (``Closer.answer_length``:
-        a length found, or one no answer reaches; None: not known, so not known to be too
-        long)."""
+    def shortest(self, grammar: str) -> AnswerLength:
+        """What is known of the fewest tokens a whole answer takes (``Closer.answer_length``;
+        where the grammar holds patterns or formats, the search's "none within" is not taken:
+        its merging of states is inexact for some of them)."""
         with self._lock:
             if grammar in self._lengths:
                 self._lengths.move_to_end(grammar)
                 return self._lengths[grammar]
-        length = self._closer.answer_length(self._matchers.matcher(grammar))
+        proofs = '"pattern"' not in grammar and '"format"' not in grammar
+        length = self._closer.answer_length(self._matchers.matcher(grammar), proofs)
         with self._lock:
             self._lengths[grammar] = length
             while len(self._lengths) > CACHED_LENGTHS:
@@ -49,26 +50,19 @@ class AnswerBudget:
 
     def check(self, params: GenerationParams, model: str) -> None:
         """A 400 on ``max_tokens`` when no whole answer fits it (or on the grammar, when it
-        cannot run on this vocabulary)."""
+        cannot run on this vocabulary); a budget some answer may fit is taken."""
         if params.grammar is None:
             return
         try:
-            known = self.shortest(params.grammar)
+            length = self.shortest(params.grammar)
         except GrammarFailed as exc:
             message = f"the answer's grammar cannot run on model {model!r}: {exc}"
             raise invalid(None, message) from None
-        if known is None:
+        if params.max_tokens >= length.least:
             return
-        tokens, found = known
-        if found and tokens > params.max_tokens:
-            raise invalid(
-                "max_tokens",
-                f"the shortest answer the schema or tool call allows is {tokens} tokens on "
-                f"model {model!r}; max_tokens is {params.max_tokens}",
-            )
-        if not found and params.max_tokens <= tokens:
-            raise invalid(
-                "max_tokens",
-                f"the shortest answer the schema or tool call allows is longer than {tokens} "
-                f"tokens on model {model!r}; max_tokens is {params.max_tokens}",
-            )
+        exact = "" if length.found == length.least else "at least "
+        raise invalid(
+            "max_tokens",
+            f"the shortest answer the schema or tool call allows is {exact}{length.least} "
+            f"tokens on model {model!r}; max_tokens is {params.max_tokens}",
+        )
