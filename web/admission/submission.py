@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from gevent import get_hub, monkey
@@ -30,6 +30,7 @@ from web.services import Services
 log = logging.getLogger(__name__)
 
 QUEUE_FULL_RETRY_AFTER_SECONDS = 5
+T = TypeVar("T")
 
 
 # Characters a prompt may have for its tokenization to run on the event loop (about 1 ms);
@@ -52,9 +53,15 @@ def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
 def off_the_loop(work: Callable[[str], list[int]], text: str) -> list[int]:
     """``work(text)`` on gevent's thread pool when this process runs gevent's hub (gunicorn's
     workers); directly elsewhere (a test's app, a threaded server), where no loop waits."""
+    return in_pool(lambda: work(text))
+
+
+def in_pool(work: Callable[[], T]) -> T:
+    """``work()`` on gevent's thread pool under gevent's hub (its exception raised here), so
+    the process's other requests go on meanwhile; directly elsewhere."""
     if not monkey.is_module_patched("threading"):
-        return work(text)
-    result: list[int] = get_hub().threadpool.apply(work, (text,))
+        return work()
+    result: T = get_hub().threadpool.apply(work)
     return result
 
 
@@ -68,8 +75,9 @@ def prepare_job(
     """
     prompt_ids = tokenize_prompt(svc, model, prompt)
     check_prompt_length(len(prompt_ids), params, svc.settings, model)
-    if params.grammar is not None:
-        svc.answer_budget(model).check(params, model)
+    if params.grammar is not None:  # a new grammar's search takes ms to a second: off the loop
+        budget = svc.answer_budget(model)
+        in_pool(lambda: budget.check(params, model))
     return Job(
         id=new_job_id(shard),
         model=model,
