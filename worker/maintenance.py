@@ -116,6 +116,8 @@ class Maintenance:
                 self.renew_leases()
             except redis.RedisError as exc:
                 log.warning("renew failed: %s", exc)
+            except Exception:  # never end the thread: every lease would lapse unnoticed
+                log.exception("renew failed")
 
     def withdraw(self) -> None:
         """Leave the per-model worker sets so /readyz stops counting this worker at once."""
@@ -255,16 +257,21 @@ class Maintenance:
     def expire_at_deadlines(self) -> float:
         """End the queued jobs that no worker started by their client's deadline (any model's:
         a model nobody serves is the case that needs it). Each turn reads the earliest deadline
-        (one command) and sweeps the shards only when it came, at most once a tick (and every
-        recovery interval regardless); returns the seconds until the next turn: the next
-        deadline, so a job ends within a few milliseconds of it, a tick at most."""
+        (one command) and, when it came, expires the due entries of that index (and every
+        shard each recovery interval regardless); returns the seconds until the next turn: the
+        next deadline, so a job ends within a few milliseconds of it, a tick at most."""
         runtime = self._runtime
         deadlines = runtime.store.deadlines
         now, soonest = time.time(), deadlines.soonest()
         most = runtime.settings.worker.recovery_interval_seconds
-        if sweep_due(now, soonest, self._deadlines_swept_at, TICK_SECONDS, most):
-            self._deadlines_swept_at = now
-            for job_id in deadlines.expire_due(now):
+        ended: list[str] | None = None
+        if sweep_due(now, None, self._deadlines_swept_at, TICK_SECONDS, most):
+            self._deadlines_swept_at = now  # every shard: an entry lost from deadlines_next
+            ended = deadlines.expire_due(now)
+        elif soonest is not None and soonest <= now:
+            ended = deadlines.expire_next(now)  # only the due entries
+        if ended is not None:
+            for job_id in ended:
                 model = runtime.store.model_of(job_id)
                 log_job_event("expired", job_id, model, swept_by=runtime.node_name)
                 runtime.metrics.count(JOBS, model=model, status="expired")

@@ -416,7 +416,7 @@ class WorkerRuntime:
         if fence is None:
             return
         try:
-            self.store.leases.forgive_lapse(job_id, fence)
+            self.store.leases.forgive_lapse(job_id, fence, self.settings.worker.max_attempts)
         except redis.RedisError as exc:  # the lapse then counts as a death: the old rule
             log.warning("job %s: could not report its lapse (%s)", job_id, exc)
 

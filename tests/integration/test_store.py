@@ -228,13 +228,26 @@ def test_a_lapse_whose_worker_was_alive_is_no_death(private_redis: redis.Redis) 
         if round_ % 2:  # it wakes after the next claim, which counted its lapse: taken back
             other = lapse(store, job, "other")
             assert private_redis.hget(keys.job(job.id), "stalled_attempts") == "1"
-            assert store.leases.forgive_lapse(job.id, fence)
+            assert store.leases.forgive_lapse(job.id, fence, max_attempts=3)
             assert private_redis.hget(keys.job(job.id), "stalled_attempts") == "0"
             fence = other
         # It wakes before the next claim: nothing was counted, and that claim counts nothing.
-        assert not store.leases.forgive_lapse(job.id, fence)
+        assert not store.leases.forgive_lapse(job.id, fence, max_attempts=3)
     assert private_redis.hget(keys.job(job.id), "status") == "queued"
     lapse(store, job, "dead")  # this one dies for real and never says so
     lapse(store, job, "dead")
+    poisoned = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=2)
+    assert poisoned.outcome == "poisoned"
+
+
+def test_lapses_past_the_forgiven_bound_count_again(private_redis: redis.Redis) -> None:
+    """A job whose every worker lapses alive (it starves them) is forgiven only so often:
+    three lapses per allowed death, then its lapses count, and it is failed."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = stored_job(store)
+    for round_ in range(5):
+        fence = lapse(store, job, f"starved{round_}")
+        store.leases.forgive_lapse(job.id, fence, max_attempts=1)  # 3 forgiven at most
+    assert private_redis.hget(keys.job(job.id), "forgiven_lapses") == "5"
     poisoned = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=2)
     assert poisoned.outcome == "poisoned"

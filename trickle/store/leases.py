@@ -40,6 +40,10 @@ CLAIM_FIELDS = (
 )
 
 
+# Lapses of live workers forgiven per allowed death: past them, a job's lapses count again.
+FORGIVEN_PER_ATTEMPT = 3
+
+
 class ClaimOutcome(str, Enum):
     CLAIMED = "claimed"
     MISSING = "missing"
@@ -169,13 +173,15 @@ class Leases:
         results = self._runner.execute(build)
         return [job_id for job_id, ok in zip(leases, results, strict=True) if not ok]
 
-    def forgive_lapse(self, job_id: str, fence: str) -> bool:
+    def forgive_lapse(self, job_id: str, fence: str, max_attempts: int) -> bool:
         """Say that this worker, alive, lost the lease it held with ``fence``: its lapse is
-        not counted as a death toward ``max_attempts`` (see ``scripts.FORGIVE_LAPSE``).
+        not counted as a death toward ``max_attempts`` (see ``scripts.FORGIVE_LAPSE``), up to
+        ``FORGIVEN_PER_ATTEMPT`` x ``max_attempts`` lapses of the job.
 
         A starved worker on a saturated machine renews late; counting its lapses as deaths
         failed jobs whose workers never died. True when a counted stall was taken back."""
-        return bool(self._runner.run("FORGIVE_LAPSE", [keys.job(job_id)], [fence]))
+        most = FORGIVEN_PER_ATTEMPT * max_attempts
+        return bool(self._runner.run("FORGIVE_LAPSE", [keys.job(job_id)], [fence, most]))
 
     def release(self, job_id: str, fence: str, now: float) -> ReleaseOutcome:
         """Hand a claimed, not yet started job back (graceful shutdown).

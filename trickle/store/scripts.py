@@ -176,10 +176,12 @@ return 'requeued'
 
 # A worker that lost a lease while alive (its renewal came too late, or a write was fenced out)
 # says so: that lapse was no death. Before the next claim, the claim sees it ('alive_fence');
-# after it, the stall that claim counted for this fence is taken back. KEYS: job; ARGV: fence
-# Returns 1 when a counted stall was taken back.
+# after it, the stall that claim counted for this fence is taken back. Past ARGV[2] forgiven
+# lapses a job's lapses count again: one that starves every worker it runs on is still failed.
+# KEYS: job; ARGV: fence, most lapses forgiven. Returns 1 when a counted stall was taken back.
 FORGIVE_LAPSE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HINCRBY', KEYS[1], 'forgiven_lapses', 1) > tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'alive_fence', ARGV[1])
 if redis.call('HGET', KEYS[1], 'stall_fence') == ARGV[1] then
   redis.call('HINCRBY', KEYS[1], 'stalled_attempts', -1)
