@@ -16,15 +16,31 @@ Only schema keywords are rewritten: a ``pattern`` inside a value (``const``, ``e
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Keywords whose values are instances, not schemas: never rewritten.
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
+# Keywords whose values map names (a property's, a definition's) to schemas: a property named
+# ``const`` holds a schema, not data.
+SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
 
 
 def anchored(pattern: str) -> str:
-    """``pattern`` as one that must match at the string's start (a no-op for the strings it
-    accepts there; ``^a|b`` becomes ``^(?:^a|b)``, so an unanchored branch is anchored too)."""
+    """``pattern`` as one that must match at the string's start (``^a|b`` becomes
+    ``^(?:^a|b)``, so an unanchored branch is anchored too); unchanged where wrapping could
+    change its meaning rather than anchor it: one that is no regex on its own (``a)|(b``
+    would become a valid one) or one in verbose mode (a trailing comment would swallow the
+    closing parenthesis). One Python's ``re`` cannot read goes as sent too: llguidance (whose
+    dialect is Rust's) judges it."""
+    if "(?x" in pattern:
+        return pattern
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError):
+        return pattern
     return f"^(?:{pattern})"
 
 
@@ -40,6 +56,8 @@ def anchor_patterns(schema: Any) -> Any:
             copy[key] = anchored(value)
         elif key in DATA_KEYWORDS:
             copy[key] = value
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            copy[key] = {name: anchor_patterns(item) for name, item in value.items()}
         else:
             copy[key] = anchor_patterns(value)
     return copy

@@ -256,6 +256,10 @@ def test_patterns_are_generated_anchored_at_the_start_and_data_is_left_alone(
     anchored = anchor_patterns(schema)
     assert anchored["properties"]["a"]["pattern"] == "^(?:b|c)"
     assert anchored["properties"]["pattern"] == {"const": {"pattern": "x"}}
+    named = anchor_patterns({"properties": {"const": {"type": "string", "pattern": "b"}}})
+    assert named["properties"]["const"]["pattern"] == "^(?:b)"  # a property named const
+    assert anchor_patterns({"pattern": "a)|(b"}) == {"pattern": "a)|(b"}  # no regex: as sent
+    assert anchor_patterns({"pattern": "(?x)a # note"}) == {"pattern": "(?x)a # note"}
     grammar = json_schema_grammar({"type": "string", "pattern": r"\d{2}"}, "response_format")
     assert matches(tokenizer, grammar, '"12"') and matches(tokenizer, grammar, '"12ab"')
     assert not matches(tokenizer, grammar, '"ab12"')
