@@ -173,3 +173,21 @@ def test_a_claim_racing_the_sweep_runs_the_job_or_loses_it_never_both(
         assert store.status(job_id) is JobStatus.EXPIRED
     for job_id in claimed:
         assert store.status(job_id) is JobStatus.RUNNING
+
+
+def test_the_due_entries_alone_are_expired_without_reading_every_shard(
+    private_redis: redis.Redis,
+) -> None:
+    """What a worker does when the earliest deadline came: the due entries of the one index,
+    the job claimed in time left to its worker, the later one kept, the entries dropped."""
+    store = new_store(private_redis)
+    due = stored_job(store, deadline=time.time() + 0.1)
+    claimed = stored_job(store, deadline=time.time() + 0.1)
+    later = stored_job(store, deadline=time.time() + 3600)
+    assert store.leases.claim(claimed.id, "w", time.time(), lease_ms=5000, max_attempts=2).claimed
+    time.sleep(0.15)
+    assert store.deadlines.expire_next(time.time()) == [due.id]
+    assert store.status(due.id) is JobStatus.EXPIRED
+    assert store.status(claimed.id) is JobStatus.RUNNING
+    assert store.deadlines.soonest() == later.deadline
+    assert store.deadlines.expire_next(time.time()) == []

@@ -101,6 +101,18 @@ class Deadlines:
         *due, _dropped = pipe.execute()
         return self._expire([str(job_id) for shard in due for job_id in shard], now)
 
+    def expire_next(self, now: float) -> list[str]:
+        """End the jobs whose entries in ``keys.deadlines_next`` are due, and drop those
+        entries: a read of that one key, not of every shard (entries of jobs claimed or ended
+        meanwhile cost one no-op script each). Workers racing here run the same script, so a
+        job is expired once."""
+        due = self._runner.redis.zrangebyscore(keys.deadlines_next(), "-inf", repr(now))
+        if not due:
+            return []
+        ended = self._expire([str(job_id) for job_id in due], now)
+        self._runner.redis.zrem(keys.deadlines_next(), *due)
+        return ended
+
     def expire_late(self, job_id: str, deadline: float | None, now: float) -> bool:
         """End the job ``expired`` if it is still queued, unstarted, and its ``deadline`` is at
         or before ``now``: what a reader does for the job it waits on, so it ends at its
