@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import redis
 
@@ -20,7 +20,7 @@ from trickle.capacity import slots_per_worker
 from trickle.config.settings import Settings
 from trickle.events import TokenEvent
 from trickle.joblog import log_job_event
-from trickle.jobs import FinishReason, Job, JobError, JobResult, JobStatus, context_overflow
+from trickle.jobs import FinishReason, Job, JobError, JobResult, context_overflow
 from trickle.store.job_store import JobStore
 from trickle.store.leases import Claim, ClaimOutcome, ReleaseOutcome
 from trickle.store.redis_connection import connect
@@ -35,6 +35,7 @@ from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
 from worker.engine.scheduler import ScheduledJob
 from worker.in_flight import InFlight
+from worker.job_outcome import ended_result
 from worker.job_trace import logged_hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
 from worker.model_loading import load_models
@@ -286,24 +287,7 @@ class WorkerRuntime:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
             self.publisher.forget(job.id)
             return
-        if scheduled.error is not None or state.error is not None:
-            error = state.error or JobError("engine_error", str(scheduled.error))
-            result = JobResult.failed(error, state.output, state.count)
-        elif state.finish_reason is FinishReason.DEADLINE and state.count == 0 and job.deadline:
-            # Its deadline came before its first token (it waited for a lane): never started.
-            result = JobResult.expired(timeline.claimed)
-        else:
-            reason = state.finish_reason or FinishReason.LENGTH
-            status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
-            result = JobResult(
-                status,
-                state.output,
-                reason,
-                state.count,
-                time.time(),
-                stop_sequence=state.stop_sequence,
-            )
-        result = replace(result, claimed_at=timeline.claimed or None)
+        result = ended_result(job, scheduled, timeline.claimed)
         timeline.batch_started = scheduled.batch_started_at
         timeline.first_token = scheduled.first_token_at
         timeline.first_published = scheduled.first_published_at
