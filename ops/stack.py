@@ -73,21 +73,31 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in the project root, stdout and stderr to a log file (appended) or a
     pipe; ``new_session``: a process group of its own, signalled whole by ``kill_group``;
-    ``nice``: its nice value (``ops.priority``)."""
-
-    def setup() -> None:
-        if preexec_fn is not None:
-            preexec_fn()
-        lower_priority(nice)
-
+    ``nice``: its nice value (``ops.priority``). A function runs in the child before the exec
+    only when one is needed (a hook, a nice value): in a parent with threads, as the tests and
+    benchmarks are, Python's docs warn that ``preexec_fn`` can deadlock the child."""
     with contextlib.ExitStack() as files:
         log: IO[bytes] | int = (
             files.enter_context(output.open("ab")) if isinstance(output, Path) else output
         )
         return subprocess.Popen(
             argv, cwd=PROJECT_ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=new_session, preexec_fn=setup,
+            start_new_session=new_session, preexec_fn=child_setup(preexec_fn, nice),
         )  # fmt: skip
+
+
+def child_setup(preexec_fn: Callable[[], None] | None, nice: int) -> Callable[[], None] | None:
+    """What the child runs before its exec: ``preexec_fn``, then its nice value; None when
+    that is nothing (no hook, and a nice value of 0 changes nothing: ``lower_priority``)."""
+    if nice <= 0:
+        return preexec_fn
+
+    def setup() -> None:
+        if preexec_fn is not None:
+            preexec_fn()
+        lower_priority(nice)
+
+    return setup
 
 
 def wait_until(
