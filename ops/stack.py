@@ -29,7 +29,7 @@ from ops.preload import expand
 from ops.priority import lower_priority, niceness
 from ops.redis_server import free_port, start_redis, stop_process, stop_redis
 from trickle import keys
-from trickle.config.sections import RedisSettings
+from trickle.config.sections import RedisSettings, SupervisorSettings
 from trickle.config.settings import PROJECT_ROOT, load_settings
 from trickle.store.redis_connection import connect
 
@@ -73,21 +73,31 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in the project root, stdout and stderr to a log file (appended) or a
     pipe; ``new_session``: a process group of its own, signalled whole by ``kill_group``;
-    ``nice``: its nice value (``ops.priority``)."""
-
-    def setup() -> None:
-        if preexec_fn is not None:
-            preexec_fn()
-        lower_priority(nice)
-
+    ``nice``: its nice value (``ops.priority``). A function runs in the child before the exec
+    only when one is needed (a hook, a nice value): in a parent with threads, as the tests and
+    benchmarks are, Python's docs warn that ``preexec_fn`` can deadlock the child."""
     with contextlib.ExitStack() as files:
         log: IO[bytes] | int = (
             files.enter_context(output.open("ab")) if isinstance(output, Path) else output
         )
         return subprocess.Popen(
             argv, cwd=PROJECT_ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=new_session, preexec_fn=setup,
+            start_new_session=new_session, preexec_fn=child_setup(preexec_fn, nice),
         )  # fmt: skip
+
+
+def child_setup(preexec_fn: Callable[[], None] | None, nice: int) -> Callable[[], None] | None:
+    """What the child runs before its exec: ``preexec_fn``, then its nice value; None when
+    that is nothing (no hook, and a nice value of 0 changes nothing: ``lower_priority``)."""
+    if nice <= 0:
+        return preexec_fn
+
+    def setup() -> None:
+        if preexec_fn is not None:
+            preexec_fn()
+        lower_priority(nice)
+
+    return setup
 
 
 def wait_until(
@@ -150,12 +160,17 @@ def start_worker(
 
 
 def start_batch(
-    env: Mapping[str, str], output: Path, new_session: bool = False, timeout: float = 60
+    env: Mapping[str, str],
+    output: Path,
+    priorities: SupervisorSettings,
+    new_session: bool = False,
+    timeout: float = 60,
 ) -> subprocess.Popen[bytes]:
-    """The batch consumer as the Procfile runs it, at its configured nice value; returns once
-    Celery logs it ready (past what ``output`` held before: a restart appends to the same log)."""
+    """The batch consumer as the Procfile runs it, at the nice value ``priorities`` (its
+    config's ``[supervisor]``) gives it; returns once Celery logs it ready (past what ``output``
+    held before: a restart appends to the same log)."""
     start = output.stat().st_size if output.exists() else 0
-    nice = niceness("batch", load_settings(environ=env).supervisor)
+    nice = niceness("batch", priorities)
     process = spawn(procfile_argv("batch", env), env, output, new_session, nice=nice)
 
     def ready() -> bool:
@@ -207,6 +222,8 @@ class LocalStack:
         self.web_url = f"http://127.0.0.1:{self.web_port}"
         self.config_path = root / config_name
         self.config_path.write_text(config(self.redis_url))
+        # Read once, here: what the stack itself needs of the config (the batch nice value).
+        self.priorities = load_settings(self.config_path, environ={}).supervisor
         self.redis_args, self.own_groups = redis_args, own_groups
         self.web_process: subprocess.Popen[bytes] | None = None
         self.batch_process: subprocess.Popen[bytes] | None = None
@@ -232,7 +249,7 @@ class LocalStack:
     def start_batch(self, env: Mapping[str, str] | None = None, timeout: float = 60) -> None:
         log = self.log_dir / "batch.log"
         env = child_env(self.config_path, env)
-        self.batch_process = start_batch(env, log, self.own_groups, timeout)
+        self.batch_process = start_batch(env, log, self.priorities, self.own_groups, timeout)
 
     def start_worker(
         self,

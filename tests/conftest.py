@@ -263,8 +263,10 @@ def web_url(config_path: Path, log_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def batch_process(config_path: Path, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
-    process = stack.start_batch(config_path, log_dir)
+def batch_process(
+    config_path: Path, log_dir: Path, settings: Settings
+) -> Iterator[subprocess.Popen[bytes]]:
+    process = stack.start_batch(config_path, log_dir, settings.supervisor)
     yield process
     stack.stop(process)
 

@@ -9,6 +9,7 @@ from subprocess import Popen
 
 from ops import stack
 from ops.stack import child_env, stop
+from trickle.config.sections import SupervisorSettings
 
 __all__ = ["ACCESS_LOG", "child_env", "start_batch", "start_web", "start_worker", "stop"]
 
@@ -33,11 +34,15 @@ def start_worker(
 
 
 def start_batch(
-    config_path: Path, log_dir: Path, extra_env: Mapping[str, str] | None = None
+    config_path: Path,
+    log_dir: Path,
+    priorities: SupervisorSettings,
+    extra_env: Mapping[str, str] | None = None,
 ) -> Popen[bytes]:
-    """The batch consumer (the Procfile's ``batch`` line); returns once Celery says ready."""
+    """The batch consumer (the Procfile's ``batch`` line), at the nice value ``priorities``
+    (the config's ``[supervisor]``) gives it; returns once Celery says ready."""
     env = child_env(config_path, extra_env)
-    return stack.start_batch(env, log_dir / "batch.log")
+    return stack.start_batch(env, log_dir / "batch.log", priorities)
 
 
 def start_web(

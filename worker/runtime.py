@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import redis
 
@@ -20,11 +20,11 @@ from trickle.capacity import slots_per_worker
 from trickle.config.settings import Settings
 from trickle.events import TokenEvent
 from trickle.joblog import log_job_event
-from trickle.jobs import FinishReason, Job, JobError, JobResult, JobStatus, context_overflow
+from trickle.jobs import FinishReason, Job, JobError, JobResult, context_overflow
 from trickle.store.job_store import JobStore
 from trickle.store.leases import Claim, ClaimOutcome, ReleaseOutcome
 from trickle.store.redis_connection import connect
-from trickle.telemetry.metric_defs import BATCH_SIZE, ENGINE_RESTARTS, JOBS, QUEUE_TIME
+from trickle.telemetry.metric_defs import JOBS, QUEUE_TIME
 from trickle.telemetry.metrics import MetricsRecorder
 from trickle.telemetry.tracing import JobTimeline, Tracing
 from trickle.tenants import TenantTable, tenant_label
@@ -33,11 +33,12 @@ from worker.coldstart import ColdStart
 from worker.engine.engine import Engine
 from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
-from worker.engine.scheduler import BatchScheduler, ScheduledJob
-from worker.engine.scheduler_setup import scheduler_for
+from worker.engine.scheduler import ScheduledJob
 from worker.in_flight import InFlight
+from worker.job_outcome import ended_result
 from worker.job_trace import logged_hop_seconds, record_job_trace
 from worker.maintenance import LEASE_LOST, Maintenance, WorkerDuties
+from worker.model_loading import load_models
 from worker.outlook import worker_outlooks
 from worker.publisher import TokenPublisher
 from worker.retry import with_redis_retry
@@ -91,21 +92,9 @@ class WorkerRuntime:
             self.lease_lost,
             self.in_flight.first_published if self.tracing.enabled else None,
         )
-        self.engines: dict[str, Engine] = {}
-        self.schedulers: dict[str, BatchScheduler] = {}
-        for name in settings.served_models():
-            model = settings.model(name)
-            loading = time.monotonic()
-            engine = Engine(model, shares_slots=settings.shares_slots)
-            self.cold_start.loaded(time.monotonic() - loading)
-            self.engines[name] = engine
-            self.schedulers[name] = scheduler_for(
-                engine,
-                self.publisher.publish_step,
-                on_batch=self._batch_observer(name),
-                on_restart=self._restart_observer(name),
-            )
-            log.info("model %s loaded from %s on %s", name, model.path, engine.device)
+        self.engines, self.schedulers = load_models(
+            settings, self.publisher.publish_step, self.metrics, self.cold_start
+        )
         self.duties = WorkerDuties(
             settings,
             node_name,
@@ -298,24 +287,7 @@ class WorkerRuntime:
             log_job_event("released", job.id, job.model, handed_back=scheduled.handed_back)
             self.publisher.forget(job.id)
             return
-        if scheduled.error is not None or state.error is not None:
-            error = state.error or JobError("engine_error", str(scheduled.error))
-            result = JobResult.failed(error, state.output, state.count)
-        elif state.finish_reason is FinishReason.DEADLINE and state.count == 0 and job.deadline:
-            # Its deadline came before its first token (it waited for a lane): never started.
-            result = JobResult.expired(timeline.claimed)
-        else:
-            reason = state.finish_reason or FinishReason.LENGTH
-            status = JobStatus.CANCELED if reason is FinishReason.CANCELED else JobStatus.SUCCEEDED
-            result = JobResult(
-                status,
-                state.output,
-                reason,
-                state.count,
-                time.time(),
-                stop_sequence=state.stop_sequence,
-            )
-        result = replace(result, claimed_at=timeline.claimed or None)
+        result = ended_result(job, scheduled, timeline.claimed)
         timeline.batch_started = scheduled.batch_started_at
         timeline.first_token = scheduled.first_token_at
         timeline.first_published = scheduled.first_published_at
@@ -342,18 +314,6 @@ class WorkerRuntime:
         key = tenant_label(self.tenants.name_of_digest(job.tenant_digest))
         hops = logged_hop_seconds(job, timeline) if timeline is not None else {}
         account_finished(self.metrics, job, claim.attempt, result, scheduled, resumed, key, hops)
-
-    def _batch_observer(self, model: str) -> Callable[[int], None]:
-        def observe(size: int) -> None:
-            self.metrics.observe(BATCH_SIZE, size, model=model)
-
-        return observe
-
-    def _restart_observer(self, model: str) -> Callable[[bool], None]:
-        def observe(split: bool) -> None:
-            self.metrics.count(ENGINE_RESTARTS, model=model, kind="split" if split else "join")
-
-        return observe
 
     def _schedule(self, job: Job, events: list[TokenEvent], claim: Claim) -> ScheduledJob:
         """Build the job's engine request, resuming after whatever was already streamed."""

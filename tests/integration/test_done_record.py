@@ -21,7 +21,8 @@ from trickle.events import JobMessage, TokenEvent, TokenRun
 from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
-from web.streams.follow import Done, JobFollower, wait_for_job
+from web.streams.follow import Done, JobFollower
+from web.streams.job_wait import wait_for_job
 
 TEXTS = ["Caf", 'é "quoted"\n', "/ end"]  # escaping: non-ASCII, quotes, a newline, a slash
 

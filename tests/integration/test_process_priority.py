@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ops.launcher import ProcfileLauncher
+from ops.stack import spawn, stop
 from ops.supervisor import RespawnPolicy, Supervisor
 from trickle.config.sections import SupervisorSettings
 
@@ -65,3 +66,17 @@ def test_the_default_lowers_the_batch_consumer_and_zero_leaves_it(
     )
     pid = launcher.spawn("batch").process.pid  # type: ignore[union-attr]
     assert os.getpriority(os.PRIO_PROCESS, pid) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_the_stack_spawns_at_a_nice_value_and_as_itself_without(tmp_path: Path) -> None:
+    """``ops.stack.spawn``, as the tests and benchmarks start the batch consumer."""
+    log = tmp_path / "sleep.log"
+    lowered = spawn(["sleep", "60"], dict(os.environ), log, new_session=True, nice=6)
+    plain = spawn(["sleep", "60"], dict(os.environ), log)
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, lowered.pid) == max(mine, 6)
+        assert os.getpriority(os.PRIO_PROCESS, plain.pid) == mine
+    finally:
+        stop(lowered, 2.0)
+        stop(plain, 2.0)

@@ -38,8 +38,8 @@ from web.streams.follow import (
     KeepAlive,
     Status,
     follow_many,
-    wait_for_job,
 )
+from web.streams.job_wait import wait_for_job
 from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,8 @@ from web.common.server_timing import with_server_timing
 from web.common.validation import parse_job_request, parse_wait
 from web.services import services
 from web.streams.access import with_urls
-from web.streams.follow import owned_by, visible_to, wait_for_job
+from web.streams.follow import owned_by, visible_to
+from web.streams.job_wait import wait_for_job
 from web.streams.routes import queued_fields
 
 log = logging.getLogger(__name__)

@@ -50,8 +50,8 @@ from web.streams.follow import (
     close_all,
     follow_many,
     open_followers,
-    wait_for_job,
 )
+from web.streams.job_wait import wait_for_job
 from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)

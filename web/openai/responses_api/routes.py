@@ -37,10 +37,8 @@ from web.openai.responses_api.request import ResponseRequest, parse_response_req
 from web.openai.responses_api.store import StoredResponse, response_id_for
 from web.services import Services, services
 from web.streams import hold as stream_hold
-from web.streams.follow import (
-    owned_by,
-    wait_for_job,
-)
+from web.streams.follow import owned_by
+from web.streams.job_wait import wait_for_job
 from web.streams.routes import queued_fields
 
 log = logging.getLogger(__name__)
