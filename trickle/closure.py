@@ -88,26 +88,22 @@ class Closer:
         return greedy if found is None else found
 
     def answer_length(self, matcher: llguidance.LLMatcher, proofs: bool = True) -> AnswerLength:
-        """What is known of the shortest answer's length, past the search's reach too: the
-        search's answer where it finds one; else the greedy walk's, up to ``LONGEST_WALK``
-        tokens (one answer that long exists, maybe not the shortest), and below it the larger
-        of two floors: none within the search's limit where it went through every state there
-        (``proofs`` False: not taken, the search merging some patterns' states inexactly), and
-        the text the walk was forced to write (the keys a hundred required properties force
-        are in every answer), counted one token short at each place it chose.
+        """What is known of the shortest answer's length: the search's answer where it finds
+        one (within 512 tokens); past its reach, the greedy walk's, up to ``LONGEST_WALK``
+        tokens (a schema with a hundred required keys: every answer writes those keys; the
+        walk writes each value with the fewest bytes, so it may be somewhat longer than the
+        shortest, never shorter); with neither, none within the search's limit where it went
+        through every state there (``proofs`` False: not taken, the search merging some
+        patterns' states inexactly), else nothing.
         """
-        walked = self._walk(matcher, LONGEST_WALK, LONGEST_WALK_CHOICES)
-        greedy = None if walked is None else walked[0]
+        greedy = self.greedy(matcher, LONGEST_WALK, LONGEST_WALK_CHOICES)
         bound = MAX_CLOSING_TOKENS if greedy is None else min(len(greedy) - 1, MAX_CLOSING_TOKENS)
         found, proved = self._search.search(matcher, bound)
         if found is not None:
             return AnswerLength(len(found), len(found))
-        if walked is None:
-            return AnswerLength(bound + 1 if proved and proofs else 1, None)
-        tokens, chosen = walked
-        forced_floor = len(tokens) - 2 * chosen - 1
-        least = max(bound + 1 if proved and proofs else 1, forced_floor)
-        return AnswerLength(min(least, len(tokens)), len(tokens))
+        if greedy is not None:
+            return AnswerLength(len(greedy), len(greedy))
+        return AnswerLength(bound + 1 if proved and proofs else 1, None)
 
     def length(self, matcher: llguidance.LLMatcher, limit: int = MAX_CLOSING_TOKENS) -> int | None:
         closing = self.closing(matcher, limit)
@@ -118,19 +114,12 @@ class Closer:
     ) -> list[int] | None:
         """The greedy walk's completion, if it is at most ``limit`` tokens (and it chose at
         most ``choices`` of them, the rest forced: a walk that circles chooses every token)."""
-        walked = self._walk(matcher, limit, choices)
-        return None if walked is None else walked[0]
-
-    def _walk(
-        self, matcher: llguidance.LLMatcher, limit: int, choices: int | None
-    ) -> tuple[list[int], int] | None:
-        """``greedy``'s completion and how many of its tokens it chose."""
         probe = matcher.deep_copy()
         out: list[int] = []
         chosen = 0
         while len(out) <= limit:
             if probe.is_accepting():
-                return out, chosen
+                return out
             forced = probe.compute_ff_tokens()
             if not forced:
                 chosen += 1
