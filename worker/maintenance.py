@@ -265,7 +265,7 @@ class Maintenance:
         now, soonest = time.time(), deadlines.soonest()
         most = runtime.settings.worker.recovery_interval_seconds
         ended: list[str] | None = None
-        if sweep_due(now, None, self._deadlines_swept_at, TICK_SECONDS, most):
+        if sweep_due(now, self._deadlines_swept_at, most):
             self._deadlines_swept_at = now  # every shard: an entry lost from deadlines_next
             ended = deadlines.expire_due(now)
         elif soonest is not None and soonest <= now:

@@ -1,5 +1,5 @@
-"""When a worker sweeps the deadline index, and when it looks again: at the earliest deadline,
-at a bounded rate, and every recovery interval regardless."""
+"""When a worker sweeps every shard's deadlines (each recovery interval), and when it looks
+at the earliest deadline again: then, at a bounded rate."""
 
 from __future__ import annotations
 
@@ -10,20 +10,10 @@ from trickle.store.deadlines import next_check_in, sweep_due
 TICK, INTERVAL = 0.25, 2.0
 
 
-def test_nothing_due_is_no_sweep_until_the_interval_passes() -> None:
-    assert not sweep_due(100.0, None, 99.0, TICK, INTERVAL)
-    assert not sweep_due(100.0, 100.5, 99.0, TICK, INTERVAL)  # the next one is still to come
-    assert sweep_due(100.0, None, 98.0, TICK, INTERVAL)  # one whose entry was lost still ends
-
-
-def test_a_deadline_that_came_is_swept_at_once() -> None:
-    assert sweep_due(100.0, 100.0, 99.0, TICK, INTERVAL)
-    assert sweep_due(100.0, 42.0, 0.0, TICK, INTERVAL)
-
-
-def test_close_deadlines_are_swept_at_most_once_a_tick() -> None:
-    assert not sweep_due(100.0, 99.99, 99.9, TICK, INTERVAL)
-    assert sweep_due(100.0, 99.99, 99.75, TICK, INTERVAL)
+def test_every_shard_is_swept_once_the_interval_passes() -> None:
+    assert not sweep_due(100.0, 99.0, INTERVAL)
+    assert sweep_due(100.0, 98.0, INTERVAL)  # one whose entry was lost still ends
+    assert sweep_due(100.0, 0.0, INTERVAL)
 
 
 def test_with_no_deadline_in_sight_it_looks_again_next_tick() -> None:

@@ -31,14 +31,11 @@ from trickle.store.script_runner import ScriptRunner, ending_keys
 DEADLINE_SLACK_SECONDS = 0.003
 
 
-def sweep_due(now: float, soonest: float | None, last: float, least: float, most: float) -> bool:
-    """Whether to sweep the shards now: a deadline came (``soonest``, the earliest not swept)
-    and the last sweep was ``least`` seconds ago or more (close deadlines are swept together,
-    at a bounded rate), or ``most`` seconds passed (a deadline whose entry in
-    ``keys.deadlines_next`` was lost still ends)."""
-    if now - last >= most:
-        return True
-    return soonest is not None and soonest <= now and now - last >= least
+def sweep_due(now: float, last: float, most: float) -> bool:
+    """Whether to sweep every shard now: ``most`` seconds passed since the last such sweep (a
+    deadline whose entry in ``keys.deadlines_next`` was lost still ends). Due entries of that
+    index are expired between sweeps (``Deadlines.expire_next``)."""
+    return now - last >= most
 
 
 def next_check_in(now: float, soonest: float | None, last: float, least: float) -> float:
