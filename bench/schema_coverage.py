@@ -41,7 +41,7 @@ import llguidance
 import numpy as np
 
 from bench.constrained import collector, model_path
-from trickle.closure import AnswerLength, Closer
+from trickle.closure import AnswerLength, Closer, proofs_hold
 from trickle.grammar import GrammarError, json_schema_grammar
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
@@ -107,8 +107,7 @@ class Answerer:
 
     def shortest(self, grammar: str) -> AnswerLength:
         """What the web tier's budget check knows (``Closer.answer_length``)."""
-        proofs = '"pattern"' not in grammar and '"format"' not in grammar
-        return self.closer.answer_length(self.matchers.matcher(grammar), proofs)
+        return self.closer.answer_length(self.matchers.matcher(grammar), proofs_hold(grammar))
 
     def answer(self, grammar: str, max_tokens: int, greedy: bool, seed: int) -> str:
         rng = np.random.default_rng(seed)

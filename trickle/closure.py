@@ -43,6 +43,12 @@ LONGEST_WALK_CHOICES = 4096
 QUICK_EXPANSIONS = 40
 
 
+def proofs_hold(grammar: str) -> bool:
+    """Whether the search's "no answer within its limit" can be taken for ``grammar``: not
+    where it holds patterns or formats, whose states the search merges inexactly."""
+    return '"pattern"' not in grammar and '"format"' not in grammar
+
+
 @dataclass(frozen=True)
 class AnswerLength:
     """What is known of a grammar's shortest answer: none is shorter than ``least`` tokens,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from trickle.closure import AnswerLength, Closer
+from trickle.closure import AnswerLength, Closer, proofs_hold
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
 from trickle.params import GenerationParams
 from trickle.tokenization import Tokenizer
@@ -40,8 +40,7 @@ class AnswerBudget:
             if grammar in self._lengths:
                 self._lengths.move_to_end(grammar)
                 return self._lengths[grammar]
-        proofs = '"pattern"' not in grammar and '"format"' not in grammar
-        length = self._closer.answer_length(self._matchers.matcher(grammar), proofs)
+        length = self._closer.answer_length(self._matchers.matcher(grammar), proofs_hold(grammar))
         with self._lock:
             self._lengths[grammar] = length
             while len(self._lengths) > CACHED_LENGTHS:
