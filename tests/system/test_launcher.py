@@ -77,7 +77,7 @@ def test_the_forked_batch_consumer_runs_below_the_web_tier(up: UpStack) -> None:
     assert os.getpriority(os.PRIO_PROCESS, up.pid("web.1")) == launcher
     assert os.getpriority(os.PRIO_PROCESS, up.pid("worker.1")) == launcher
     autogroup = Path(f"/proc/{batch}/autogroup")
-    if autogroup.exists():
+    if autogroup.exists():  # the batch leads its session: a group of its own, never the root's
         assert autogroup.read_text().split()[-1] == "10"
 
 
