@@ -52,7 +52,8 @@ def publisher_main(url: str, job_ids: list[str], rate: float, start: Any, second
                    results: Any) -> None:  # fmt: skip
     """A simulated worker: claims its jobs, then one token per job per step at ``rate``."""
     from trickle.events import TokenEvent
-    from trickle.jobs import FinishReason, JobResult, JobStatus
+    from trickle.job_result import JobResult
+    from trickle.jobs import FinishReason, JobStatus
     from trickle.store.job_store import JobStore
     from worker.publish_items import TokenItem
     from worker.publisher import TokenPublisher

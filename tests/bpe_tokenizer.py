@@ -24,7 +24,7 @@ from tokenizers import (
     trainers,
 )
 
-from ops.model_builders.demo import collect_corpus
+from ops.model_builders.demo_corpus import collect_corpus
 
 VOCAB_SIZE = 1024
 CORPUS_CHARS = 200_000

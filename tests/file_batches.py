@@ -13,7 +13,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from trickle import keys
-from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, JobStatus
 from web.batches.sweeper import sweep
 from web.batches.tasks import ingest_batch, settle_batch
 from web.services import services

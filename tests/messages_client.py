@@ -13,7 +13,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from trickle.events import TokenEvent
-from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, JobStatus
 from trickle.store.job_store import JobStore, StepAppend
 from web.services import services
 

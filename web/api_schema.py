@@ -2,9 +2,10 @@
 
 The paths are written here; every schema is generated from the classes that validate requests
 (``web.common.request_models``, bound to the configuration's limits) and the types the response
-builders return (``web.common.response_models``), so the document and the server cannot disagree. CI
-fuzzes the running server from it (tests/system/test_schema_fuzz.py). The WebSocket route is
-described in the job-events operation, since OpenAPI cannot express it.
+builders return (``web.common.response_models`` and an API's own ``models``), so the document
+and the server cannot disagree. CI fuzzes the running server from it
+(tests/system/test_schema_fuzz.py). The WebSocket route is described in the job-events
+operation, since OpenAPI cannot express it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from web.common.openapi_parts import (
 )
 from web.common.request_models import RequestModels
 from web.common.response_models import PUBLISHED_NAMES, RESPONSE_MODELS
+from web.openai.responses_api.models import RESPONSES_RESPONSE_MODELS
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -283,7 +285,11 @@ def component_schemas(models: RequestModels, more: tuple[type[BaseModel], ...] =
         schema_generator=PublishedNames,
     )
     schemas: Part = dict(requests.get("$defs", {}))
-    for name, shape in {**RESPONSE_MODELS, **anthropic_models.ANTHROPIC_RESPONSE_MODELS}.items():
+    for name, shape in {
+        **RESPONSE_MODELS,
+        **RESPONSES_RESPONSE_MODELS,
+        **anthropic_models.ANTHROPIC_RESPONSE_MODELS,
+    }.items():
         schema = TypeAdapter(shape).json_schema(
             mode="serialization", ref_template=REF_TEMPLATE, schema_generator=PublishedNames
         )

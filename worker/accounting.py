@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trickle.hop_timings import hop_seconds
+from trickle.job_result import JobResult
 from trickle.joblog import log_job_event
-from trickle.jobs import Job, JobResult
+from trickle.jobs import Job
 from trickle.telemetry.metric_defs import (
     E2E_LATENCY,
     HOP_TIME,

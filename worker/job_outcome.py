@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from trickle.jobs import FinishReason, Job, JobError, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, Job, JobError, JobStatus
 from worker.engine.scheduled import ScheduledJob
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trickle.jobs import Job, JobResult
+from trickle.job_result import JobResult
+from trickle.jobs import Job
 from trickle.telemetry.tracing import JobTimeline, Tracing
 
 

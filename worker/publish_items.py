@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from trickle.events import TokenEvent
-from trickle.jobs import JobResult
+from trickle.job_result import JobResult
 
 
 class TokenItem(NamedTuple):

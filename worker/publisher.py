@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from trickle.jobs import JobResult
+from trickle.job_result import JobResult
 from trickle.store.job_store import JobStore, StepAppend, finish_outcome
 from worker.kept_tokens import KeptTokens
 from worker.publish_items import FinishItem, Forget, Item, Recheck, StepItem, TokenItem

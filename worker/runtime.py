@@ -19,8 +19,9 @@ from trickle import keys
 from trickle.capacity import slots_per_worker
 from trickle.config.settings import Settings
 from trickle.events import TokenEvent
+from trickle.job_result import JobResult
 from trickle.joblog import log_job_event
-from trickle.jobs import FinishReason, Job, JobError, JobResult, context_overflow
+from trickle.jobs import FinishReason, Job, JobError, context_overflow
 from trickle.store.job_store import JobStore
 from trickle.store.leases import Claim, ClaimOutcome, ReleaseOutcome
 from trickle.store.redis_connection import connect

@@ -18,7 +18,8 @@ import redis
 from tests.integration.test_hub import counting_snapshots, make_hub
 from trickle import keys
 from trickle.events import JobMessage, TokenEvent, TokenRun
-from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
 from web.streams.follow import Done, JobFollower

@@ -14,7 +14,8 @@ from flask import Flask
 from tests.metrics_text import parse_samples
 from trickle.config.sections import AuthSettings
 from trickle.config.settings import Settings
-from trickle.jobs import FinishReason, Job, JobResult, JobStatus, Usage
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, Job, JobStatus, Usage
 from trickle.params import GenerationParams
 from trickle.telemetry.metrics import MetricsRecorder
 from trickle.tenants import TenantTable, build_keys, tenant_label

@@ -23,7 +23,8 @@ from tests.integration.test_done_record import Published
 from tests.integration.test_hub import make_hub
 from trickle import keys
 from trickle.events import JobMessage, TokenEvent, TokenRun
-from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from web.streams.follow import Done, JobFollower

@@ -21,7 +21,8 @@ from tests.messages_client import Reader, job_of, refused, store_of
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.events import TokenEvent
-from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, JobStatus
 from trickle.store.job_store import JobStore, StepAppend
 from web.anthropic.models import messages_models
 from web.anthropic.request import parse_messages

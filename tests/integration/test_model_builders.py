@@ -22,6 +22,7 @@ from ctranslate2.specs import attention_spec, common_spec, transformer_spec
 from ops.model_builders import demo as demo_model
 from ops.model_builders import demo_end
 from ops.model_builders import random_llama as random_model
+from ops.model_builders.demo_corpus import collect_corpus
 from worker.engine.model_hints import resolve_compute_type
 
 MAX_MODEL_BYTES = 50 * 1024 * 1024
@@ -93,7 +94,7 @@ def test_logits_equal_the_bigram_table(demo_dir: Path) -> None:
 
 def test_verification_sees_a_model_without_its_end_bias(tmp_path: Path, demo_dir: Path) -> None:
     sp = demo_model.load_tokenizer(demo_dir / demo_model.TOKENIZER_FILE)
-    table = demo_model.bigram_log_probs(demo_model.encode_corpus(sp, demo_model.collect_corpus()))
+    table = demo_model.bigram_log_probs(demo_model.encode_corpus(sp, collect_corpus()))
     pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     demo_model.save_bigram_model(table, pieces, tmp_path)
     (tmp_path / demo_model.TOKENIZER_FILE).write_bytes((demo_dir / "tokenizer.model").read_bytes())
@@ -120,7 +121,7 @@ def test_end_bias_grows_after_sentence_ends_only(tokenizer: spm.SentencePiecePro
 
 
 def test_end_of_text_is_rare(tokenizer: spm.SentencePieceProcessor) -> None:
-    sequences = demo_model.encode_corpus(tokenizer, demo_model.collect_corpus())
+    sequences = demo_model.encode_corpus(tokenizer, collect_corpus())
     table = demo_model.bigram_log_probs(sequences)
     assert demo_model.mean_eos_probability(table, sequences) < 0.005
     probs = np.exp(table.astype(np.float64))

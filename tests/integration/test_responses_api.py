@@ -20,7 +20,8 @@ from tests.messages_client import append
 from trickle import keys
 from trickle.config.sections import AuthSettings
 from trickle.config.settings import Settings
-from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, JobStatus
 from trickle.store.job_store import JobStore
 from web.services import services
 

@@ -10,7 +10,8 @@ import redis
 from tests.faultstack import wait_for
 from trickle import keys
 from trickle.events import TokenEvent
-from trickle.jobs import FinishReason, Job, JobResult, JobStatus, new_job_id
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
 

@@ -22,11 +22,11 @@ import requests
 
 from ops.model_builders.demo import (
     bigram_log_probs,
-    collect_corpus,
     encode_corpus,
     load_tokenizer,
     save_bigram_model,
 )
+from ops.model_builders.demo_corpus import collect_corpus
 from tests.faultstack import FaultStack, build_fault_stack
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from web.common.chat_template import ChatTurn, render_chat

@@ -11,7 +11,7 @@ from pathlib import Path
 import llguidance
 import pytest
 
-from ops.model_builders.demo import collect_corpus
+from ops.model_builders.demo_corpus import collect_corpus
 from tests.bpe_tokenizer import MULTILINGUAL
 from tests.reference_bpe import ReferenceBPE
 from trickle.config.sections import ModelSettings

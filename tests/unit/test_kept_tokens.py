@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trickle.events import TokenEvent
-from trickle.jobs import FinishReason, JobResult, JobStatus
+from trickle.job_result import JobResult
+from trickle.jobs import FinishReason, JobStatus
 from worker.kept_tokens import KEEP_FINISHED_SECONDS, KeptTokens
 from worker.publish_items import FinishItem, TokenItem
 

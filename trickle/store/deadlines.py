@@ -23,7 +23,8 @@ from typing import Any
 
 from trickle import keys
 from trickle.events import DONE_MESSAGE
-from trickle.jobs import NOT_STARTED_BY_DEADLINE, Job
+from trickle.job_result import NOT_STARTED_BY_DEADLINE
+from trickle.jobs import Job
 from trickle.store.script_runner import ScriptRunner, ending_keys
 
 # Who waits for a deadline (a worker's sweep, a reader) wakes this long after it, so it finds

@@ -20,16 +20,8 @@ from typing import Any
 
 from trickle import keys
 from trickle.events import DONE_MESSAGE, RECORD_MESSAGE, TokenEvent, encode_text, token_message
-from trickle.jobs import (
-    READ_FIELDS,
-    Job,
-    JobError,
-    JobResult,
-    JobStatus,
-    Usage,
-    hash_fields,
-    is_job_id,
-)
+from trickle.job_result import JobResult
+from trickle.jobs import READ_FIELDS, Job, JobError, JobStatus, Usage, hash_fields, is_job_id
 from trickle.store.deadlines import Deadlines
 from trickle.store.flush_records import StepAppend as StepAppend
 from trickle.store.flush_records import StepOutcome as StepOutcome

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from trickle.events import TokenEvent, alternative_bytes, encode_text
 from trickle.jobs import FinishReason, Job, JobStatus
-from web.common.response_models import (
+from web.openai.responses_api.models import (
     IncompleteDetails,
     ItemStatus,
     OutputLogprob,

@@ -21,7 +21,6 @@ from web.admission.submission import admit, enqueue, prepare_job
 from web.common.body import read_json_body
 from web.common.chat_template import ChatTurn, TurnCall
 from web.common.errors import HttpError, invalid, not_found
-from web.common.response_models import ResponseObject
 from web.common.server_timing import with_server_timing
 from web.common.tools.calls import call_id
 from web.openai.requests import chat_prompt
@@ -33,6 +32,7 @@ from web.openai.responses_api.event_stream import (
     starting_after,
     tool_parser,
 )
+from web.openai.responses_api.models import ResponseObject
 from web.openai.responses_api.request import ResponseRequest, parse_response_request
 from web.openai.responses_api.store import StoredResponse, response_id_for
 from web.services import Services, services

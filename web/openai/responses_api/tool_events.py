@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from trickle.jobs import Job
-from web.common.response_models import ResponseObject, ResponseStatus
 from web.common.tools.calls import call_id, call_item_id
 from web.common.tools.parser import CallArguments, CallEnd, CallStart, Event, Text, ToolCallParser
 from web.openai.responses_api import render
+from web.openai.responses_api.models import ResponseObject, ResponseStatus
 from web.openai.responses_api.store import StoredResponse
 
 TOOL_HEAD_EVENTS = 2  # created, in_progress
