@@ -1,7 +1,7 @@
 """How right a queued job's first expected start (ETA) is, measured from outside.
 
     .venv/bin/python -m bench.eta [--model PATH] [--slots 4] [--max-tokens 64] [--jobs 60]
-        [--burst 64] [--seed 7]
+        [--burst 64] [--seed 7] [--dump PATH]
 
 The stack as ``trickle up`` starts it (bench.outside.start_stack), its one worker given
 ``--slots`` slots (one lane of that batch size) so jobs queue; every job a native
@@ -25,14 +25,14 @@ import os
 import random
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from bench.harness.log import progress
 from bench.harness.stats import percentile
-from bench.outside import SERVED_NAME, start_stack
+from bench.outside import SERVED_NAME, job_lines, start_stack
 from ops.redis_server import free_port
 from trickle.config.settings import PROJECT_ROOT
 
@@ -45,6 +45,28 @@ class Waited:
     eta_at: float = 0.0  # wall clock when the first ETA arrived
     position: int | None = None
     started_at: float | None = None  # wall clock when its first token arrived
+    sent_at: float = 0.0  # wall clock just before its POST
+    job_id: str = ""
+    # Every status event heard before its first token: (wall clock, status, position, eta).
+    statuses: list[tuple[float, str, int | None, float | None]] = field(default_factory=list)
+
+    def row(self) -> dict[str, object]:
+        """The job as one line of ``--dump``: times relative to its submission."""
+
+        def since(at: float | None) -> float | None:
+            return None if at is None else round(at - self.sent_at, 4)
+
+        return {
+            "job_id": self.job_id,
+            "eta": self.eta,
+            "eta_after": since(self.eta_at) if self.eta is not None else None,
+            "position": self.position,
+            "started_after": since(self.started_at),
+            "wait": self.wait,
+            "statuses": [
+                [since(at), status, position, eta] for at, status, position, eta in self.statuses
+            ],
+        }
 
     @property
     def wait(self) -> float | None:
@@ -55,16 +77,19 @@ class Waited:
 
 async def one_job(client: httpx.AsyncClient, max_tokens: int) -> Waited:
     body = {"model": SERVED_NAME, "prompt": "The", "max_tokens": max_tokens, "ignore_eos": True}
+    waited = Waited(sent_at=time.time())
     job_id = (await client.post("/v1/jobs", json=body)).json()["id"]
-    waited = Waited()
+    waited.job_id = job_id
     async with client.stream("GET", f"/v1/jobs/{job_id}/events") as reply:
         event = ""
         async for line in reply.aiter_lines():
             if line.startswith("event: "):
                 event = line[7:]
-            elif line.startswith("data: ") and event == "status" and waited.eta is None:
+            elif line.startswith("data: ") and event == "status":
                 status = json.loads(line[6:])
-                if status["status"] == "queued" and status.get("eta_seconds") is not None:
+                eta = status.get("eta_seconds")
+                waited.statuses.append((time.time(), status["status"], status.get("position"), eta))
+                if waited.eta is None and status["status"] == "queued" and eta is not None:
                     waited.eta, waited.eta_at = float(status["eta_seconds"]), time.time()
                     waited.position = status["position"]
             elif event == "token" and line.startswith("data: "):
@@ -100,7 +125,11 @@ def capacity(port: int, slots: int, max_tokens: int) -> float:
 
 def report(name: str, results: list[Waited]) -> dict[str, float | int | None]:
     heard = [(r.eta, r.wait) for r in results if r.eta is not None and r.wait is not None]
-    errors = sorted(abs(eta - wait) / wait for eta, wait in heard if wait >= MIN_WAIT_SECONDS)
+    signed = sorted((eta - wait) / wait for eta, wait in heard if wait >= MIN_WAIT_SECONDS)
+    errors = sorted(abs(error) for error in signed)
+    unheard = [
+        r.started_at - r.sent_at for r in results if r.eta is None and r.started_at is not None
+    ]
     row: dict[str, float | int | None] = {
         "jobs": len(results),
         "heard_eta": len(heard),
@@ -108,6 +137,9 @@ def report(name: str, results: list[Waited]) -> dict[str, float | int | None]:
         "median_error": percentile(errors, 50) if errors else None,
         "p90_error": percentile(errors, 90) if errors else None,
         "mean_wait_s": sum(wait for _eta, wait in heard) / len(heard) if heard else None,
+        # (ETA - wait) / wait: below 0, the estimates were short.
+        "median_signed_error": percentile(signed, 50) if signed else None,
+        "unheard_max_start_s": max(unheard) if unheard else None,
     }
     median, p90 = row["median_error"], row["p90_error"]
     progress(
@@ -116,7 +148,26 @@ def report(name: str, results: list[Waited]) -> dict[str, float | int | None]:
         f"{'-' if median is None else f'{median:.0%}'}, p90 {'-' if p90 is None else f'{p90:.0%}'}"
         " (goal 25 % / 50 %)"
     )
+    bias, slowest = row["median_signed_error"], row["unheard_max_start_s"]
+    progress(
+        f"  signed (ETA - wait)/wait median {'-' if bias is None else f'{bias:+.0%}'}; "
+        f"{len(unheard)} heard no ETA, the last of them started "
+        f"{'-' if slowest is None else f'{slowest:.2f} s'} after its submission"
+    )
     return row
+
+
+def dump(path: Path, loads: dict[str, list[Waited]], log: Path) -> None:
+    """Each job's row, with the worker's hop times from its job log (``bench.outside``)."""
+    finished = job_lines(log)
+    with path.open("w") as out:
+        for name, results in loads.items():
+            for index, result in enumerate(results):
+                hops = finished.get(result.job_id, {})
+                worker = {key: value for key, value in hops.items() if key.endswith("_seconds")}
+                worker["lanes_at_arrival"] = hops.get("lanes_at_arrival")
+                line = {"load": name, "index": index, **result.row(), "worker": worker}
+                out.write(json.dumps(line) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--burst", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--dump", type=Path, help="each job's ETAs and start, one JSON a line")
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures indicative)'}")
@@ -147,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             rows["poisson_0.5x"] = report(f"Poisson at 0.5x ({rate:.1f} jobs/s)", poisson)
             burst = asyncio.run(run(port, args.burst, args.max_tokens, None, args.seed))
             rows[f"burst_{args.burst}"] = report(f"burst of {args.burst}", burst)
+            if args.dump:
+                dump(args.dump, {"poisson": poisson, "burst": burst}, Path(work_dir) / "up.log")
         finally:
             stack.terminate()
             stack.wait(30)
