@@ -4,7 +4,8 @@
         [--burst 64] [--seed 7] [--dump PATH]
 
 The stack as ``trickle up`` starts it (bench.outside.start_stack), its one worker given
-``--slots`` slots (one lane of that batch size) so jobs queue; every job a native
+``--slots`` as the batch size of one ordinary lane (its three overflow lanes run as many, so a
+burst runs 4 x ``--slots`` rows at once) so jobs queue; every job a native
 ``/v1/jobs`` job of ``--max-tokens`` tokens (``ignore_eos``), followed over SSE from its
 submission. A job's first ETA is the first ``status`` event that says queued with an
 ``eta_seconds``, timed as it arrives; its real wait is from that moment to its first token's
@@ -14,6 +15,8 @@ burst of ``--burst`` jobs at once. For each: the jobs that heard an ETA, and the
 p90 of |ETA - wait| / wait over those that waited at least ``MIN_WAIT_SECONDS`` (a shorter
 wait makes any error a large fraction of it). Goal (issue 56): median <= 25 %, p90 <= 50 %.
 On a busy machine the figures are indicative only; it says the load it started under.
+``--dump``: each job's statuses, first ETA, position and start (relative to its submission)
+and the worker's hops, one JSON a line, to see which jobs miss and why.
 """
 
 from __future__ import annotations
