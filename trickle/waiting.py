@@ -32,6 +32,9 @@ class WorkerOutlook:
     # Jobs it claimed that wait for a lane (job id, seconds from ``at`` until it starts), in
     # the order they start: claimed, so "running", yet still waiting.
     claimed_waiting: tuple[tuple[str, float], ...] = ()
+    # Its claims up to this moment (wall clock) are all in ``claimed_waiting`` or running: a
+    # job it claimed by then and does not list is in a batch (None: as of ``at``).
+    claims_through: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(
@@ -41,19 +44,27 @@ class WorkerOutlook:
                 "spt": self.seconds_per_token,
                 "ratio": round(self.length_ratio, 4),
                 "claimed": [[job_id, round(start, 4)] for job_id, start in self.claimed_waiting],
+                "through": self.claims_through,
             }
         )
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> WorkerOutlook:
         data = json.loads(raw)
+        through = data.get("through")
         return cls(
             float(data["at"]),
             tuple(float(seconds) for seconds in data["free_in"]),
             float(data["spt"]),
             float(data.get("ratio", 1.0)),
             tuple((str(job_id), float(start)) for job_id, start in data.get("claimed", ())),
+            None if through is None else float(through),
         )
+
+    @property
+    def claims_seen_through(self) -> float:
+        """Up to when its claims are accounted for: ``claims_through``, else ``at``."""
+        return self.at if self.claims_through is None else self.claims_through
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,9 @@ class QueueSnapshot:
 
     taken: float
     waiting: dict[str, Waiting] = field(default_factory=dict)
+    # Per model, the latest claim time the live workers' outlooks account for (wall clock): a
+    # job claimed after it may wait for a lane, and no outlook read lists it yet.
+    claims_through: dict[str, float] = field(default_factory=dict)
 
 
 class WaitEstimator:
@@ -133,6 +136,16 @@ class WaitEstimator:
         aged = max(found.eta_seconds - (time.monotonic() - snapshot.taken), 0.0)
         return Waiting(found.position, aged)
 
+    def claim_seen(self, model: str, claimed_at: float) -> bool:
+        """Whether the outlooks read account for a claim made at ``claimed_at``: a claimed job
+        none of them lists as waiting for a lane is then in a batch. Until then (a busy worker
+        publishes its outlook every half second) whether it waits is not known. No live
+        worker's outlook: nothing to wait for. Its worker is not known, so the latest of the
+        workers' accounts stands for it: one that lags behind another's claims can still be
+        taken as seen (for half a second at most)."""
+        through = self._current().claims_through.get(model)
+        return through is None or through >= claimed_at
+
     def first_of(self, job_ids: Iterable[str]) -> Waiting | None:
         """The place and start of whichever of ``job_ids`` is expected to start first (a
         batch's next job), None if none of them is among the queued jobs read."""
@@ -161,6 +174,9 @@ class WaitEstimator:
                 zip(order, start_times(order, outlooks[model], now), strict=True), ahead
             ):
                 snapshot.waiting[entry.job_id] = Waiting(position, start)
-        for found in outlooks.values():
+        for model, found in outlooks.items():
             snapshot.waiting.update(claimed_waiting(found, now))
+            if found:
+                through = max(outlook.claims_seen_through for outlook in found)
+                snapshot.claims_through[model] = through
         return snapshot

@@ -18,6 +18,9 @@ class InFlight:
         self._models: dict[str, str] = {}
         self._idle_since = time.time()
         self.lengths = LengthRatios()  # how much of max_tokens finished jobs used, per model
+        # The latest claim whose fresh jobs were all added here (wall clock; the claim
+        # thread's): the waiting outlook's word that a claimed job it does not list runs.
+        self.claims_through = 0.0
 
     def add(self, job: ScheduledJob, model: str) -> None:
         with self._lock:

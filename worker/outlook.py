@@ -46,10 +46,12 @@ def model_outlook(
     ratio: float,
     step_seconds: Callable[[int], float | None],
     now: float,
+    claims_through: float | None = None,
 ) -> WorkerOutlook:
     """One model's outlook on this worker: running jobs (in a batch) free their slot after
     their expected tokens at their pace; claimed jobs waiting for a lane follow them. A job
-    without a pace of its own goes at the others' (or a step's at this load, measured)."""
+    without a pace of its own goes at the others' (or a step's at this load, measured).
+    ``claims_through``: the worker's claims up to then are all among ``jobs``."""
     started = [job for job in jobs if job.batch_started_at is not None]
     waiting = [job for job in jobs if job.batch_started_at is None]
     measured = sorted(pace for job in started if (pace := seconds_per_token(job)) is not None)
@@ -60,7 +62,7 @@ def model_outlook(
     free, starts = slots_free_in(running, pending, slots, pace)
     ids = [job.job_id for job in waiting]
     claimed = tuple(sorted(zip(ids, starts, strict=True), key=lambda pair: pair[1]))
-    return WorkerOutlook(now, tuple(free), pace, ratio, claimed)
+    return WorkerOutlook(now, tuple(free), pace, ratio, claimed, claims_through)
 
 
 def running_slots(engine: Engine, window: int) -> int:
@@ -79,6 +81,7 @@ def worker_outlooks(
 ) -> dict[str, WorkerOutlook]:
     """Every served model's outlook (``schedulers``: each model's, for a measured step time
     when no running job measured its pace)."""
+    through = in_flight.claims_through  # read first: its claims' jobs are all in ``jobs``
     jobs, now = in_flight.by_model(), time.time()
     window = sum(slots_per_worker(engine.settings) for engine in engines.values())
     return {
@@ -88,6 +91,7 @@ def worker_outlooks(
             in_flight.lengths.ratio(model),
             schedulers[model].seconds_per_step,
             now,
+            through,
         )
         for model, engine in engines.items()
     }

@@ -184,7 +184,9 @@ class WorkerRuntime:
         claim_started = time.time()
         claims = self.claim_many(job_ids)
         claimed_at = time.time()
-        return [self._begin(claim, claim_started, claimed_at) for claim in claims]
+        begun = [self._begin(claim, claim_started, claimed_at) for claim in claims]
+        self.in_flight.claims_through = claimed_at  # after every fresh job was added
+        return begun
 
     def _begin(self, claim: Claim, claim_started: float, claimed_at: float) -> Claim | Begun:
         job = claim.job

@@ -132,6 +132,41 @@ def test_a_reader_without_statuses_hears_only_the_refreshes(store: JobStore) -> 
         assert isinstance(status, Status) and status.position == 0
 
 
+def test_a_job_claimed_after_the_outlooks_read_waits_until_one_says(store: JobStore) -> None:
+    (job,) = queue_jobs(store, 1)
+    live_worker(store.redis, WorkerOutlook(time.time() - 1, (5.0,), 0.1))  # before the claim
+    assert store.leases.claim(job.id, "w", time.time(), lease_ms=60_000, max_attempts=3).claimed
+    hub, _subscriber = make_hub()
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10, models=["demo"])
+    chunks = JobFollower(store, hub, job.id, -1, "", True, estimator).chunks(15)
+    try:
+        # Not "running": its worker may have it wait for a lane, and no outlook read says yet.
+        assert next(chunks) == [Status(JobStatus.QUEUED)]
+        # The worker's next outlook has it wait 2 s (dated ahead: its estimate does not age).
+        waiting = WorkerOutlook(time.time() + 60, (5.0,), 0.1, claimed_waiting=((job.id, 2.0),))
+        live_worker(store.redis, waiting)
+        (placed,) = next(chunks)
+        assert isinstance(placed, Status) and placed.status is JobStatus.QUEUED
+        assert placed.position == 0 and placed.eta_seconds == pytest.approx(2.0, abs=0.1)
+        live_worker(store.redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1))  # in a batch
+        assert next(chunks) == [Status(JobStatus.RUNNING)]
+    finally:
+        chunks.close()
+
+
+def test_a_claim_is_seen_once_an_outlook_accounts_for_it(store: JobStore) -> None:
+    claimed_at = time.time()
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10, models=["demo"], refresh_seconds=0)
+    assert estimator.claim_seen("demo", claimed_at)  # no live worker: nothing to wait for
+    # Published after the claim, but its worker had not put the claim's jobs in its table.
+    live_worker(
+        store.redis, WorkerOutlook(claimed_at + 1, (5.0,), 0.1, claims_through=claimed_at - 1)
+    )
+    assert not estimator.claim_seen("demo", claimed_at)
+    live_worker(store.redis, WorkerOutlook(claimed_at + 1, (5.0,), 0.1, claims_through=claimed_at))
+    assert estimator.claim_seen("demo", claimed_at)
+
+
 @pytest.fixture(scope="module")
 def app(settings: Settings, make_app: Callable[[Settings], Flask]) -> Flask:
     return make_app(settings)

@@ -76,3 +76,7 @@ def test_a_worker_frees_its_slots_after_its_running_and_claimed_jobs() -> None:
 def test_an_outlook_round_trips() -> None:
     outlook = WorkerOutlook(12.5, (0.0, 1.25), 0.004, 0.5, (("job_a", 0.5), ("job_b", 1.0)))
     assert WorkerOutlook.from_json(outlook.to_json()) == outlook
+    assert outlook.claims_seen_through == 12.5  # an older worker's: as of when it was made
+    accounted = WorkerOutlook(12.5, (0.0,), 0.004, claims_through=12.25)
+    assert WorkerOutlook.from_json(accounted.to_json()) == accounted
+    assert accounted.claims_seen_through == 12.25

@@ -58,8 +58,9 @@ def test_the_length_ratio_learns_from_jobs_that_ended_by_themselves() -> None:
 def test_a_model_outlook_frees_slots_after_running_then_claimed_jobs() -> None:
     running = job(11, 31, first=0.0, last=1.0)  # 0.1 s a token, 20 tokens left: 2 s
     waiting = job(0, 10, started=False)  # takes the free slot for 10 x 0.1 s
-    outlook = model_outlook([running, waiting], 2, 1.0, lambda size: None, now=50.0)
+    outlook = model_outlook([running, waiting], 2, 1.0, lambda size: None, 50.0, 49.5)
     assert outlook.at == 50.0
+    assert outlook.claims_through == 49.5  # its claims until then are among these jobs
     assert outlook.seconds_per_token == pytest.approx(0.1)
     assert outlook.free_in == pytest.approx((1.0, 2.0))
     assert outlook.claimed_waiting == (("job_w", 0.0),)  # claimed, starting on the free slot

@@ -128,6 +128,7 @@ class JobFollower:
             self.close()  # a failed first read (Redis away, unknown id) leaks nothing
             raise
         self._first: tuple[Job, list[TokenRun]] = (job, _runs(events))
+        self._model = job.model
         self._status: JobStatus | None = None  # the last status sent
         self._lane_waiting = False  # claimed, but waiting for a lane (told as queued)
         self._deadline_passed = False  # its expiry was tried: no more waking for it
@@ -168,7 +169,9 @@ class JobFollower:
                 if job.status.is_terminal:
                     yield [*tokens, *self._status_change(job.status), Done(job)]
                     return
-                change = self._status_change(job.status, live and bool(tokens), refresh)
+                change = self._status_change(
+                    job.status, live and bool(tokens), refresh, job.started_at
+                )
                 if change or tokens:
                     yield [*change, *tokens]
                 if tokens:  # a status alone never delays the first token
@@ -203,10 +206,15 @@ class JobFollower:
             self.close()
 
     def _status_change(
-        self, status: JobStatus, live_tokens: bool = False, refresh: bool = False
+        self,
+        status: JobStatus,
+        live_tokens: bool = False,
+        refresh: bool = False,
+        claimed_at: float | None = None,
     ) -> list[Status]:
         """A ``Status`` if the job's status differs from the last one sent (``refresh``: or it
-        is still queued, and its waiter is told again where it stands), else nothing."""
+        is still queued, and its waiter is told again where it stands), else nothing.
+        ``claimed_at``: when a worker claimed the job, if the snapshot read says."""
         if live_tokens and status is JobStatus.QUEUED:
             status = JobStatus.RUNNING  # tokens flow: the snapshot saying queued is older
         lane_wait = None
@@ -218,6 +226,15 @@ class JobFollower:
                 return []
             # Claimed, but its worker has it wait for a lane: still waiting, as its reader sees.
             lane_wait = self._waiting.estimate(self._job_id, read_on_miss=False)
+            if lane_wait is None and not self._waiting.claim_seen(self._model, claimed_at or 0):
+                # Claimed after the outlooks read: told "running" now, a job its worker has
+                # wait for a lane would hear nothing more until it starts (a burst's prefetched
+                # jobs waited 10 s so). It stays waiting, unplaced, until an outlook says.
+                self._lane_waiting = True
+                if self._status is JobStatus.QUEUED or not self._statuses:
+                    return []
+                self._status = JobStatus.QUEUED
+                return [Status(JobStatus.QUEUED)]
         self._lane_waiting = lane_wait is not None
         shown = JobStatus.QUEUED if lane_wait is not None else status
         refreshed = refresh and shown is JobStatus.QUEUED
