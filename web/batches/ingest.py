@@ -40,6 +40,7 @@ from web.batches.output_room import (
     files_overhead,
     line_bound,
     refused_line_bytes,
+    settle_holds,
 )
 from web.batches.pending import Reservation
 from web.batches.store import BatchItem, BatchRecord, BatchStore
@@ -97,7 +98,8 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
         store.update(batch.id, stage="in_progress", in_progress_at=time.time())
         return
     reading = _read_so_far(store, batch)
-    OutputRoom(svc, batch).renew()  # a reading paused for room keeps what its lines hold
+    if reading.number:  # resumed: the lines read so far that finished give their room back
+        settle_holds(svc, store, batch)
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
     max_line = svc.settings.web.max_body_bytes
