@@ -37,7 +37,7 @@ from trickle import keys
 from trickle.config.sections import AuthSettings, FileSettings
 from trickle.config.settings import Settings
 from trickle.jobs import JobStatus
-from trickle.store.held_quota import HeldQuota
+from trickle.store.held_quota import HeldQuota, QuotaFull
 from trickle.tenants import digest_of_entry
 from web.batches import output_room
 from web.batches.finalize import batch_store
@@ -225,3 +225,17 @@ def test_two_batches_of_one_key_read_at_once_never_pass_the_quota(
         for i in ids
     ]
     assert totals == [{"total": 6, "completed": 6, "failed": 0}] * 2, totals
+
+
+def test_a_hold_given_back_in_part_never_goes_below_zero(app: Flask, client: FlaskClient) -> None:
+    """Settle passes and a finalize give back a batch's hold in parts: past what it holds, the
+    script stops at zero, so no batch can lower what another holder counts."""
+    room = quota(app)
+    room.hold("other", 5_000, time.time() + 60)
+    room.hold("batch_x_output", 3_000, time.time() + 60)
+    room.hold("batch_x_output", -2_000, time.time() + 60, enforce=False)
+    assert room.used() == 6_000
+    room.hold("batch_x_output", -9_000, time.time() + 60, enforce=False)
+    assert room.used() == 5_000
+    with pytest.raises(QuotaFull):
+        room.hold("batch_x_output", QUOTA - 5_000 + 1, time.time() + 60)
