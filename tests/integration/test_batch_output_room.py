@@ -36,13 +36,22 @@ from tests.file_batches import (
 from trickle import keys
 from trickle.config.sections import AuthSettings, FileSettings
 from trickle.config.settings import Settings
-from trickle.jobs import JobStatus
+from trickle.events import TokenEvent, alternative_text
+from trickle.jobs import FinishReason, JobStatus, Usage
 from trickle.store.held_quota import HeldQuota, QuotaFull
 from trickle.tenants import digest_of_entry
 from web.batches import output_room
 from web.batches.finalize import batch_store
-from web.batches.output_room import files_overhead, holder_of, output_quota
-from web.batches.store import BatchItem
+from web.batches.lines import jobs_for_item
+from web.batches.output import output_line
+from web.batches.output_room import (
+    encoded_line,
+    files_overhead,
+    holder_of,
+    line_bound,
+    output_quota,
+)
+from web.batches.store import BatchItem, BatchRecord
 from web.batches.tasks import ingest_batch
 from web.services import services
 
@@ -239,3 +248,43 @@ def test_a_hold_given_back_in_part_never_goes_below_zero(app: Flask, client: Fla
     assert room.used() == 5_000
     with pytest.raises(QuotaFull):
         room.hold("batch_x_output", QUOTA - 5_000 + 1, time.time() + 60)
+
+
+@pytest.mark.parametrize("url", ["/v1/chat/completions", "/v1/completions"])
+def test_a_lines_bound_holds_its_worst_output(app: Flask, url: str) -> None:
+    """Every token the longest the vocabulary has, as text, as its logprobs entry and as each
+    alternative: the line as the output file writes it still fits ``line_bound``."""
+    svc = services(app)
+    logprobs: dict[str, Any] = (
+        {"logprobs": True, "top_logprobs": 5} if "chat" in url else {"logprobs": 5}
+    )
+    item = BatchItem("worst", url, line("worst", url, n=2, max_tokens=6, **logprobs)["body"])
+    with app.test_request_context("/v1/batches"):
+        jobs = jobs_for_item(svc, item, 60)
+    item.job_ids = [job.id for job in jobs]
+    spelled = svc.tokenizer(jobs[0].model).token_bytes()
+    text = max((x.decode("utf-8", "replace") for x in spelled), key=_json_weight)
+    alternatives = sorted((alternative_text(x) for x in spelled), key=_json_weight)[-5:]
+    lp = -1.2345678901234567e-05
+    tokens: dict[str, list[TokenEvent]] = {}
+    for job in jobs:
+        tokens[job.id] = [
+            TokenEvent(job.id, i, text, lp, tuple((alt, lp) for alt in alternatives))
+            for i in range(job.params.max_tokens)
+        ]
+        job.status, job.output = JobStatus.SUCCEEDED, text * job.params.max_tokens
+        job.finish_reason, job.usage = FinishReason.LENGTH, Usage(3, job.params.max_tokens)
+    batch = BatchRecord("batch_" + "0" * 32, DIGEST, time.time(), url, 1)
+    store = svc.store
+    original = store.tokens
+    try:
+        store.tokens = tokens.__getitem__  # type: ignore[method-assign]
+        written = encoded_line(output_line(svc, batch, 0, item, "completed", jobs))
+    finally:
+        store.tokens = original  # type: ignore[method-assign]
+    assert json.loads(written)["error"] is None
+    assert len(written) <= line_bound(svc, item, jobs), (len(written), line_bound(svc, item, jobs))
+
+
+def _json_weight(text: str) -> int:
+    return len(json.dumps(text, ensure_ascii=False).encode()) + len(json.dumps(list(text.encode())))
