@@ -250,15 +250,23 @@ def test_a_hold_given_back_in_part_never_goes_below_zero(app: Flask, client: Fla
         room.hold("batch_x_output", QUOTA - 5_000 + 1, time.time() + 60)
 
 
-@pytest.mark.parametrize("url", ["/v1/chat/completions", "/v1/completions"])
+WORST_BODIES = {
+    "/v1/chat/completions": line("w", n=2, max_tokens=6, logprobs=True, top_logprobs=5),
+    "/v1/completions": line("w", "/v1/completions", n=2, max_tokens=6, logprobs=5),
+    "/v1/responses": {"body": {
+        "model": "bound", "input": "hi", "instructions": "Be brief.\n\t\u0001",
+        "max_output_tokens": 6, "top_logprobs": 5,
+        "include": ["message.output_text.logprobs"], "metadata": {"k": "v"},
+    }},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("url", sorted(WORST_BODIES))
 def test_a_lines_bound_holds_its_worst_output(app: Flask, url: str) -> None:
     """Every token the longest the vocabulary has, as text, as its logprobs entry and as each
     alternative: the line as the output file writes it still fits ``line_bound``."""
     svc = services(app)
-    logprobs: dict[str, Any] = (
-        {"logprobs": True, "top_logprobs": 5} if "chat" in url else {"logprobs": 5}
-    )
-    item = BatchItem("worst", url, line("worst", url, n=2, max_tokens=6, **logprobs)["body"])
+    item = BatchItem("worst", url, WORST_BODIES[url]["body"])
     with app.test_request_context("/v1/batches"):
         jobs = jobs_for_item(svc, item, 60)
     item.job_ids = [job.id for job in jobs]
