@@ -176,6 +176,12 @@ def batch_finalize(batch_id: str) -> str:
     return f"{batch(batch_id)}:finalize"
 
 
+def batch_output_settled(batch_id: str) -> str:
+    """Bitmap of a batch's lines (by index) whose output hold was replaced by the bytes their
+    output line takes (web/batches/output_room.py): each line's is replaced once."""
+    return f"{batch(batch_id)}:output-settled"
+
+
 def batches_of(tenant_digest: str) -> str:
     """Sorted set of a tenant's batch ids by creation time (``GET /v1/batches`` pages it);
     ``tenant_digest`` is the API key's digest, "" without keys."""

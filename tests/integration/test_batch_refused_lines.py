@@ -35,7 +35,8 @@ def test_refused_lines_store_their_error_not_their_prompt(
     assert len(stored) == 6
     refused = [json.loads(entry) for entry in stored[:5]]
     for entry in refused:
-        assert set(entry) == {"custom_id", "url", "error_status", "error"}, entry
+        # output_hold: the exact bytes of its error line, held against the key's storage
+        assert set(entry) == {"custom_id", "url", "error_status", "error", "output_hold"}, entry
         assert len(entry["error"]["message"]) <= MAX_ERROR_MESSAGE_CHARS + 3
     total = sum(len(entry) for entry in stored)
     assert total < 5_000 < len(body) // 50, total  # the input was about 270 KB

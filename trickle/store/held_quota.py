@@ -17,14 +17,18 @@ import redis
 # Holds what counts against a quota, atomically: lapsed holds go, then a new holder (past the
 # count) or bytes past the room are refused, else the bytes are added and the hold renewed.
 # KEYS: holds (zset: holder -> lapses at), bytes (hash: holder -> bytes).
-# ARGV: holder, bytes to add, max bytes (-1: count them, refuse nothing), max holders, now,
-# lapses at, TTL of both keys (only ever lengthened: other holds may last longer).
+# ARGV: holder, bytes to add (negative: given back, down to zero at most), max bytes (-1:
+# count them, refuse nothing), max holders, now, lapses at, TTL of both keys (only ever
+# lengthened: other holds may last longer).
 # Returns {0, used} or {-1, used} (bytes) or {-2, holders}.
 HOLD_SCRIPT = """
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[5])
 for _, holder in ipairs(lapsed) do redis.call('HDEL', KEYS[2], holder) end
 if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[5]) end
 local adding = tonumber(ARGV[2])
+if adding < 0 then  -- a hold given back in part never goes below zero
+  adding = math.max(adding, -tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0'))
+end
 local used = 0
 for _, held in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(held) end
 if tonumber(ARGV[3]) >= 0 then
@@ -68,7 +72,8 @@ class HeldQuota:
         self._script = client.register_script(HOLD_SCRIPT)
 
     def hold(self, holder: str, adding: int, lapses_at: float, enforce: bool = True) -> int:
-        """Adds ``adding`` bytes to ``holder``'s hold, renewed to ``lapses_at``; raises
+        """Adds ``adding`` bytes to ``holder``'s hold (negative: gives them back, never below
+        zero), renewed to ``lapses_at``; raises
         QuotaFull past the quota unless ``enforce`` is False (bytes that must be kept, such as
         a batch's output, still count). Returns the bytes held in all."""
         now = time.time()

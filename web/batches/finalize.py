@@ -11,7 +11,6 @@ for ``files.retention_seconds``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import Counter
@@ -19,11 +18,15 @@ from collections import Counter
 from trickle import keys
 from web.admission.submission import cancel_many
 from web.batches.file_store import FileRecord
-from web.batches.output import counts, finished_slices, output_line, slices
+from web.batches.output import finished_slices, output_line, slices
+from web.batches.output_room import OutputRoom, encoded_line, files_overhead, settle_holds
 from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
 from web.services import Services
 
 FINALIZE_LEASE_SECONDS = 120
+# The output room a finalize gives back at a time, ahead of the lines it writes: the bytes
+# held and written never count twice, in few script calls.
+GIVE_BACK_BYTES = 65_536
 
 
 def batch_result_ttl(svc: Services) -> int:
@@ -50,7 +53,7 @@ def settle(
     one still running keeps the counts found in its record (what a read answers with)."""
     if batch.stage in FINAL_STAGES or batch.stage == "validating":
         return batch, Counter()
-    tally = counts(store, batch)
+    tally = settle_holds(svc, store, batch)  # finished lines' holds become what they take
     expired = window_over(svc, batch, time.time())
     if tally["pending"] and not expired:
         store.keep_counts(batch.id, tally["completed"], tally["failed"])
@@ -100,6 +103,7 @@ def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool
             failed=batch.failed,
         )
         store.settled(batch.id, pipe)
+        OutputRoom(svc, batch).drop(pipe)  # the files hold their bytes now
         pipe.execute()
     finally:
         svc.redis.delete(lease)
@@ -125,16 +129,27 @@ def _write_files(
     and their ids and line counts."""
     files = svc.files
     # Counted against the tenant's storage (a batch's output may be thousands of times its
-    # input), never refused: the requests ran, their results are kept whole.
+    # input), never refused: the requests ran, their results are kept whole. The batch held
+    # their room while its lines ran (web/batches/output_room.py): the files take it over,
+    # the batch's hold given back before each piece is written.
+    room = OutputRoom(svc, batch)
+    room.give_back(files_overhead(batch.id))
     output, errors = (
         files.writer(batch.tenant_digest, _filename(batch, name), sys.maxsize, enforce=False)
         for name in ("output", "error")
     )
     written = {id(output): 0, id(errors): 0}
+    given = 0  # given back and not yet written
     for index, item, state, jobs in finished_slices(svc, store, batch):
         line = output_line(svc, batch, index, item, state, jobs)
         target = output if line["error"] is None else errors
-        target.write((json.dumps(line, ensure_ascii=False) + "\n").encode())
+        data = encoded_line(line)
+        if len(data) > given:
+            giving = max(len(data) - given, GIVE_BACK_BYTES)
+            room.give_back(giving)
+            given += giving
+        given -= len(data)
+        target.write(data)
         written[id(target)] += 1
     records: list[FileRecord] = []
     ids: list[str | None] = []

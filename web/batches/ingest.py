@@ -14,6 +14,8 @@ becomes jobs exactly once.
 A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses before the
 first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
 ``validating`` with its offset, and a later sweep resumes it once the workers have taken jobs.
+The key's file storage does the same: each line's output is held before its jobs are sent
+(``web.batches.output_room``), and a line whose hold does not fit yet waits for room.
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ from web.admission.submission import admission_cost, enqueue_many
 from web.batches.file_store import lines_of
 from web.batches.finalize import batch_result_ttl, cancel_pending
 from web.batches.lines import check_line_size, failed_item, jobs_for_item, parse_line
+from web.batches.output_room import (
+    OutputRoom,
+    check_projection,
+    files_overhead,
+    line_bound,
+    refused_line_bytes,
+    settle_holds,
+)
 from web.batches.pending import Reservation
 from web.batches.store import BatchItem, BatchRecord, BatchStore
 from web.common.body import decode_utf8
@@ -88,6 +98,8 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
         store.update(batch.id, stage="in_progress", in_progress_at=time.time())
         return
     reading = _read_so_far(store, batch)
+    if reading.number:  # resumed: the lines read so far that finished give their room back
+        settle_holds(svc, store, batch)
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
     max_line = svc.settings.web.max_body_bytes
@@ -141,6 +153,7 @@ def _fail_cut_short(svc: Services, store: BatchStore, batch: BatchRecord, read_t
         "line": None,
     }
     store.update(batch.id, stage="failed", failed_at=now, errors=[error])
+    OutputRoom(svc, batch).drop()  # no output file is written
 
 
 def _read_so_far(store: BatchStore, batch: BatchRecord) -> Reading:
@@ -172,13 +185,20 @@ def _write_group(
     items: list[BatchItem] = []
     jobs: list[Job] = []
     room = KeyRoom(svc, current_key())
+    output = OutputRoom(svc, batch)
     number, offset, paused = reading.number, reading.offset, False
     try:
         for end, raw in group:
             item, item_jobs = _item(
                 svc, batch, number + 1, raw, reading.seen, reading.jobs_made + len(jobs)
             )
+            # The first line holds the output and error files' records too.
+            holding = item.output_hold + (files_overhead(batch.id) if number == 0 else 0)
+            if not output.take(holding):
+                paused = True
+                break
             if not room.take(item_jobs):
+                output.give_back(holding)
                 paused = True
                 break
             number += 1
@@ -191,19 +211,26 @@ def _write_group(
             try:
                 svc.rate_limiter.admit(admission_cost(jobs))
             except HttpError as exc:  # over the key's tokens per minute: this group fails
-                for item in items:
+                for index, item in enumerate(items, reading.number):
                     if item.job_ids:
                         _refuse(item, exc)
+                        held, item.output_hold = (
+                            item.output_hold,
+                            refused_line_bytes(svc, batch, index, item),
+                        )
+                        output.give_back(held - item.output_hold)
                 jobs = []
 
         svc.store.create_many(jobs)  # first: an item never names a job that does not exist
         if not store.append_group(batch.id, items, reading.offset, offset, number):
             svc.store.delete_unpublished([job.id for job in jobs])
             raise ReadingTaken(batch.id)
+        output.keep()  # the lines are recorded: their holds are the batch's now
         if jobs:
             enqueue_many(svc, jobs, recorded=True, on_sent=room.hand_over())
     finally:
         room.release()  # a no-op once the fan-out owns the places
+        output.release()  # a no-op once the lines are recorded
     reading.number, reading.offset = number, offset
     reading.jobs_made += len(jobs)
     reading.urls.update(item.url for item in items if item.error is None)
@@ -283,9 +310,14 @@ def _item(
                 "(limits.max_batch_jobs)", f"line {number}", code="batch_job_limit",
             )  # fmt: skip
         check_key_policy(svc, current_key(), jobs, queue_cap=False)  # KeyRoom waits instead
+        projected = line_bound(svc, item, jobs)
+        check_projection(svc, number, projected)
     except HttpError as exc:
-        return failed_item(custom_id, batch.endpoint, exc), []
+        failed = failed_item(custom_id, batch.endpoint, exc)
+        failed.output_hold = refused_line_bytes(svc, batch, number - 1, failed)
+        return failed, []
     item.job_ids = [job.id for job in jobs]
+    item.output_hold = projected
     return item, jobs
 
 

@@ -7,7 +7,6 @@ statuses of their jobs in one round trip per slice.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +15,9 @@ from web.batches.lines import result_body
 from web.batches.store import BatchItem, BatchRecord, BatchStore
 from web.services import Services
 
+# A failed job's error as its line writes it: cut, so a line's output hold can bound it.
+FAILURE_MESSAGE_CHARS = 200
+FAILURE_CODE_CHARS = 64
 # Small: a read in a web process (a batch's counts) yields to its other requests between
 # slices, so no request waits longer than one slice's parsing behind a poll of a large batch.
 SLICE = 100
@@ -73,10 +75,6 @@ def _grouped(
         yield group
 
 
-def counts(store: BatchStore, batch: BatchRecord) -> Counter[str]:
-    return Counter(state for _index, _item, state in slices(store, batch))
-
-
 def output_line(
     svc: Services, batch: BatchRecord, index: int, item: BatchItem, state: str, jobs: list[Job]
 ) -> dict[str, Any]:
@@ -103,7 +101,10 @@ def output_line(
 def _failure(jobs: list[Job], batch: BatchRecord) -> dict[str, str]:
     for job in jobs:
         if job.status is JobStatus.FAILED and job.error is not None:
-            return {"code": job.error.type, "message": job.error.message}
+            message = job.error.message
+            if len(message) > FAILURE_MESSAGE_CHARS:
+                message = message[:FAILURE_MESSAGE_CHARS] + "..."
+            return {"code": job.error.type[:FAILURE_CODE_CHARS], "message": message}
     if batch.cancelling_at is not None:
         return {"code": "batch_cancelled", "message": "the batch was cancelled first"}
     if batch.expired_at is not None:

@@ -66,10 +66,10 @@ def hold_batch_storage(
 
 
 def check_output_room(svc: Services, param: str) -> None:
-    """A batch's output files count against the key's file storage and are never refused
-    (the requests ran): so a new batch is refused (429 ``file_storage_full`` naming ``param``)
-    while the key's files already fill that storage, and what outputs can overrun it is bounded
-    by the batches in flight."""
+    """A batch's output is held against the key's file storage line by line before the
+    line's jobs are sent (``web.batches.output_room``), its lines waiting for room: so a new
+    batch is refused at once (429 ``file_storage_full`` naming ``param``) while the key's files
+    and holds already fill that storage, rather than accepted to wait."""
     files = svc.settings.files
     used = svc.files.quota(current_tenant_digest()).used()
     if used < files.max_bytes_per_key:

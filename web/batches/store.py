@@ -64,6 +64,8 @@ class BatchItem:
     job_ids: list[str] = field(default_factory=list)
     error_status: int | None = None
     error: dict[str, Any] | None = None
+    # The output room held for the line (web/batches/output_room.py), in bytes.
+    output_hold: int = 0
 
     def refuse(self, status: int, error: dict[str, Any]) -> None:
         message = str(error.get("message", ""))
@@ -73,18 +75,21 @@ class BatchItem:
         self.body, self.job_ids = {}, []
 
     def to_dict(self) -> dict[str, Any]:
+        held = {"output_hold": self.output_hold} if self.output_hold else {}
         if self.error is not None:
             return {
                 "custom_id": self.custom_id,
                 "url": self.url,
                 "error_status": self.error_status,
                 "error": self.error,
+                **held,
             }
         return {
             "custom_id": self.custom_id,
             "url": self.url,
             "body": self.body,
             "job_ids": self.job_ids,
+            **held,
         }
 
     @classmethod
@@ -96,6 +101,7 @@ class BatchItem:
             job_ids=[str(job_id) for job_id in data.get("job_ids") or []],
             error_status=data.get("error_status"),
             error=data.get("error"),
+            output_hold=int(data.get("output_hold") or 0),
         )
 
 

@@ -1,0 +1,283 @@
+"""A batch's output, held against its key's file storage before its lines' jobs are sent.
+
+A batch's output file is written once every line has finished and is never refused then: the
+requests ran. Counted only once written, one batch could overrun ``files.max_bytes_per_key`` by
+its whole output (a line with ``n`` 8, ``top_logprobs`` 20 and 2,048 tokens answers tens of
+MiB). So each line's output is held before its jobs are sent (``line_bound``), under one holder
+per batch in the key's file quota, by the script uploads use (``trickle.store.held_quota``): two
+batches, or a batch and an upload, never both take the last room. A line whose hold does not
+fit waits (the reading pauses, as for ``max_queued_jobs``: ``web.batches.ingest``); one whose
+hold could never fit fails on its own, naming ``files.max_bytes_per_key``.
+
+Each settle pass replaces a finished line's hold by the bytes its output line takes (once per
+line: ``keys.batch_output_settled``); the output files take the held bytes over as they are
+written, and the batch's hold goes with its final stage. The hold lapses
+``OUTPUT_HOLD_SECONDS`` after the last group read or settle pass renewed it: a batch whose
+consumer died stops holding room.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from trickle import keys
+from trickle.events import alternative_bytes, alternative_text, encode_text
+from trickle.jobs import Job
+from trickle.store.held_quota import HeldQuota, QuotaFull
+from trickle.tokenization import Tokenizer
+from web.batches.file_store import RECORD_BYTES
+from web.batches.output import (
+    FAILURE_CODE_CHARS,
+    FAILURE_MESSAGE_CHARS,
+    output_line,
+    slices,
+)
+from web.batches.store import BatchItem, BatchRecord, BatchStore
+from web.common.errors import HttpError
+from web.services import Services
+
+log = logging.getLogger(__name__)
+
+# Renewed by every group read, every resumed reading and every settle pass.
+OUTPUT_HOLD_SECONDS = 600
+# What a token may add besides its text: the structure a tool call makes of the text around it
+# (a tool call's arguments are also quoted once more: its text counted twice).
+TOKEN_STRUCTURE_BYTES = 32
+# A logprobs entry's keys, its float (``repr``: 24 at most) and brackets; an alternative's.
+LOGPROB_ENTRY_BYTES = 100
+ALTERNATIVE_BYTES = 72
+# A successful line's ids, usage, status and keys; a job's choice or output item besides its
+# tokens (index, finish reason, message, job id).
+LINE_BYTES = 768
+JOB_BYTES = 512
+# A failed line: ids and keys, its error's code and message (``output.FAILURE_MESSAGE_CHARS``
+# and ``FAILURE_CODE_CHARS``, at most 6 bytes a character escaped).
+FAILURE_LINE_BYTES = 256 + 6 * (FAILURE_MESSAGE_CHARS + 3 + FAILURE_CODE_CHARS)
+# A Responses object repeats the request's fields: at most the body's own JSON, twice to spare.
+BODY_ECHO_FACTOR = 2
+FILE_NAMES = ("output", "error")
+
+
+def output_quota(svc: Services, tenant_digest: str) -> HeldQuota:
+    """The tenant's file storage (``files.max_bytes_per_key``) as a batch holds it: one holder
+    per batch, so it takes no file's place of ``max_files_per_key``."""
+    return HeldQuota(
+        svc.redis,
+        keys.files_held(tenant_digest),
+        keys.files_held_bytes(tenant_digest),
+        svc.settings.files.max_bytes_per_key,
+        sys.maxsize,
+    )
+
+
+def holder_of(batch_id: str) -> str:
+    return f"{batch_id}_output"
+
+
+def files_overhead(batch_id: str) -> int:
+    """What the output and error files' records take besides their lines (``FileStore``)."""
+    return sum(RECORD_BYTES + len(f"{batch_id}_{name}.jsonl") for name in FILE_NAMES)
+
+
+@dataclass(frozen=True)
+class TokenSizes:
+    """The most any one vocabulary entry takes, as JSON, in each place an output line writes
+    a token: its text, its text's "bytes" array, as an alternative, an alternative's array."""
+
+    text: int
+    text_bytes: int
+    alternative: int
+    alternative_bytes: int
+
+
+def _json_size(text: str) -> int:
+    return len(encode_text(text).encode())
+
+
+@functools.cache
+def token_sizes(tokenizer: Tokenizer) -> TokenSizes:
+    """A token's text is its bytes decoded (a byte of a split character reads as U+FFFD, or
+    joins its character: never longer than that), an alternative's as ``alternative_text``."""
+    sizes = [0, 0, 0, 0]
+    for spelled in tokenizer.token_bytes():
+        text = spelled.decode("utf-8", "replace")
+        alternative = alternative_text(spelled)
+        found = (
+            _json_size(text),
+            len(json.dumps(list(text.encode()))),
+            _json_size(alternative),
+            len(json.dumps(alternative_bytes(alternative))),
+        )
+        sizes = [max(a, b) for a, b in zip(sizes, found, strict=True)]
+    return TokenSizes(*sizes)
+
+
+def line_bound(svc: Services, item: BatchItem, jobs: list[Job]) -> int:
+    """An upper bound of the bytes a valid line's output line can take, success or failure.
+
+    Derived from how ``web.batches.output`` renders a line (``web.openai.responses``'s shapes):
+    each job answers at most ``max_tokens`` tokens, and no token's text, written as JSON, is
+    longer than the longest vocabulary entry's (``token_sizes``: the text a job releases is
+    its tokens' bytes decoded), twice that in a tool call's arguments (quoted once more), plus
+    ``TOKEN_STRUCTURE_BYTES``. With logprobs, each token also has an entry (its text again, its
+    "bytes" array, ``LOGPROB_ENTRY_BYTES``) and max(1, ``top_logprobs``) alternatives (each its
+    text and array as an alternative, ``ALTERNATIVE_BYTES``); the legacy completions arrays
+    are shorter. Around the answers: ``JOB_BYTES`` per job, ``LINE_BYTES`` and the custom_id
+    per line, the request's fields a Responses object repeats (``BODY_ECHO_FACTOR`` times the
+    body's JSON), and an echoed prompt (at most a token per byte of the body). So, per line:
+    LINE + custom_id + 2 body + the sum over jobs of (JOB + max_tokens * per token), and never
+    less than its error line (``failure_bound``).
+    """
+    body = len(json.dumps(item.body, ensure_ascii=False).encode())
+    wants_logprobs = any(item.body.get(k) for k in ("logprobs", "top_logprobs", "include"))
+    quoted_again = 2 if item.body.get("tools") else 1
+    total = LINE_BYTES + _custom_id_size(item) + BODY_ECHO_FACTOR * body
+    for job in jobs:
+        sizes = token_sizes(svc.tokenizer(job.model))
+        per_token = quoted_again * sizes.text + TOKEN_STRUCTURE_BYTES
+        if wants_logprobs:
+            per_token += LOGPROB_ENTRY_BYTES + sizes.text + sizes.text_bytes
+            alternative = ALTERNATIVE_BYTES + sizes.alternative + sizes.alternative_bytes
+            per_token += max(1, job.params.top_logprobs) * alternative
+        total += JOB_BYTES + job.params.max_tokens * per_token
+        if item.body.get("echo"):  # a prompt of at most a token per byte of the body
+            total += body * sizes.text
+    return max(total, failure_bound(item))
+
+
+def _custom_id_size(item: BatchItem) -> int:
+    return _json_size(item.custom_id)
+
+
+def failure_bound(item: BatchItem) -> int:
+    """What a valid line's error line takes at most (its jobs failed, were cancelled or
+    expired): ids, its custom_id and a message cut at ``MAX_ERROR_MESSAGE_CHARS``."""
+    return FAILURE_LINE_BYTES + _custom_id_size(item)
+
+
+def encoded_line(line: dict[str, Any]) -> bytes:
+    """An output or error file's line, as written."""
+    return (json.dumps(line, ensure_ascii=False) + "\n").encode()
+
+
+def refused_line_bytes(svc: Services, batch: BatchRecord, index: int, item: BatchItem) -> int:
+    """The exact bytes of a refused line's error line (``item.error`` set)."""
+    return len(encoded_line(output_line(svc, batch, index, item, "failed", [])))
+
+
+def check_projection(svc: Services, number: int, projected: int) -> None:
+    """A line whose output could never fit the key's whole storage fails on its own."""
+    limit = svc.settings.files.max_bytes_per_key
+    if projected > limit:
+        raise HttpError(
+            400,
+            "invalid_request_error",
+            f"line {number}'s output may take up to {projected} bytes (max_tokens * n * the "
+            f"bytes a token's text and logprobs take) and files.max_bytes_per_key is {limit}: "
+            "the batch's output must fit the key's file storage; lower max_tokens, n or "
+            "top_logprobs",
+            f"line {number}.body.max_tokens",
+            code="output_exceeds_file_storage",
+        )
+
+
+class OutputRoom:
+    """One batch's hold of output room, taken line by line while a group is read: ``take``
+    refuses what does not fit now (the line waits); ``release`` gives back what this group took
+    unless ``keep`` says its lines were recorded."""
+
+    def __init__(self, svc: Services, batch: BatchRecord):
+        self.quota = output_quota(svc, batch.tenant_digest)
+        self.holder = holder_of(batch.id)
+        self._taken = 0
+
+    def lapses_at(self) -> float:
+        return time.time() + OUTPUT_HOLD_SECONDS
+
+    def take(self, adding: int) -> bool:
+        try:
+            self.quota.hold(self.holder, adding, self.lapses_at())
+        except QuotaFull:
+            return False
+        self._taken += adding
+        return True
+
+    def give_back(self, giving: int) -> None:
+        """Lowers the hold (never below zero: ``held_quota`` clamps it)."""
+        if giving > 0:
+            self.quota.hold(self.holder, -giving, self.lapses_at(), enforce=False)
+            self._taken = max(0, self._taken - giving)
+
+    def renew(self) -> None:
+        self.quota.hold(self.holder, 0, self.lapses_at(), enforce=False)
+
+    def keep(self) -> None:
+        self._taken = 0
+
+    def release(self) -> None:
+        self.give_back(self._taken)
+        self._taken = 0
+
+    def drop(self, pipe: Any = None) -> None:
+        """The batch holds nothing any more (its files are written, or it failed)."""
+        self.quota.release(self.holder, pipe)
+
+
+def settle_holds(svc: Services, store: BatchStore, batch: BatchRecord) -> Counter[str]:
+    """Replaces each newly finished line's hold by the bytes its output line takes now (a
+    failed line's by ``failure_bound``, since a cancel or expiry may still change its message);
+    returns the lines' states, as ``output.counts``."""
+    room = OutputRoom(svc, batch)
+    room.renew()
+    tally: Counter[str] = Counter()
+    settled = keys.batch_output_settled(batch.id)
+    finished: list[tuple[int, BatchItem, str]] = []
+    for index, item, state in slices(store, batch):
+        tally[state] += 1
+        if state != "pending" and item.output_hold:
+            finished.append((index, item, state))
+        if len(finished) >= 100:
+            _settle_lines(svc, batch, room, settled, store.ttl_seconds, finished)
+            finished = []
+    if finished:
+        _settle_lines(svc, batch, room, settled, store.ttl_seconds, finished)
+    return tally
+
+
+def _settle_lines(
+    svc: Services,
+    batch: BatchRecord,
+    room: OutputRoom,
+    settled: str,
+    ttl: int,
+    finished: list[tuple[int, BatchItem, str]],
+) -> None:
+    pipe = svc.redis.pipeline(transaction=False)
+    for index, _item, _state in finished:
+        pipe.setbit(settled, index, 1)
+    pipe.expire(settled, ttl)
+    first = [not was for was in pipe.execute()[:-1]]
+    lines = [line for line, new in zip(finished, first, strict=True) if new]
+    wanted = [job_id for _index, item, _state in lines for job_id in item.job_ids]
+    found = dict(zip(wanted, svc.store.finished_many(wanted), strict=True))
+    giving = 0
+    for index, item, state in lines:
+        if item.error is not None:
+            continue  # held at its exact size when it was read
+        jobs = [job for job_id in item.job_ids if (job := found.get(job_id)) is not None]
+        line = output_line(svc, batch, index, item, state, jobs)
+        actual = len(encoded_line(line)) if line["error"] is None else failure_bound(item)
+        if actual > item.output_hold:
+            log.warning(
+                "batch %s line %d: output %d bytes, past its bound %d",
+                batch.id, index, actual, item.output_hold,
+            )  # fmt: skip
+        giving += max(0, item.output_hold - actual)
+    room.give_back(giving)
