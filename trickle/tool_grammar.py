@@ -6,7 +6,10 @@ calls, each naming one of the offered functions, with arguments its ``parameters
 accepts:
 
 - ``hermes``: ``<tool_call>{"name":"f","arguments":{...}}</tool_call>``, one newline allowed
-  inside the tags (templates write one there) and between calls;
+  inside the tags (templates write one there), between calls and, when several are allowed,
+  after the last: a newline then commits the model to nothing, so one that ends its line
+  before its end token (as SmolLM2 does) is not steered into a call it never meant (the engine
+  ends an answer whose grammar may end where the model writes past it);
 - ``json``: the call object alone, or (more than one call allowed) a JSON list of them.
 
 Under ``auto`` the answer may be text, and the grammar is lazy (llguidance's lazy lexemes):
@@ -111,7 +114,7 @@ _CALL_LIST = '"[" body ("," body)* "]"'
 def _grammar(tools: _Keyed, parser: Parser, single: bool) -> str:
     if parser == "hermes":
         call = f'call: "<tool_call>" {_HERMES_CALL}'
-        start = "start: call" if single else 'start: call ("\\n"? call)*'
+        start = "start: call" if single else 'start: call ("\\n"? call)* "\\n"?'
         lines = [start, call]
     else:
         lines = ["start: body" if single else f"start: body | {_CALL_LIST}"]

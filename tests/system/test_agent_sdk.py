@@ -168,21 +168,14 @@ def test_a_whole_tool_loop_ends_with_the_demo_models_answer(agent_stack: FaultSt
 
 @pytest.mark.both_models
 def test_a_forced_tool_call_runs_the_whole_loop_on_the_served_model(
-    agent_stack: FaultStack, served_model: str, request: pytest.FixtureRequest
+    agent_stack: FaultStack, served_model: str
 ) -> None:
     """``make up``'s own models alone (demo, or SmolLM2 under `make test-real-model`): the SDK
-    forces the first turn's call, resets the choice after it (its default), and the model
-    answers from the tool's result."""
-    if served_model == "smollm2":
-        # Strict: once it passes, this marker must go (docs/models.md, "Known limits").
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="SmolLM2-135M, forced to call (tool_choice required, parallel calls "
-                "allowed as OpenAI's default), repeats the same call greedily until "
-                "max_output_tokens: the SDK raises on the incomplete response",
-            )
-        )
+    forces the first turn's call (parallel calls allowed, OpenAI's default), resets the choice
+    after it (its default: the second turn sends no tool_choice), and the model answers from
+    the tool's result. SmolLM2 ends its line after the call and then writes prose: the answer
+    ends there with one call (it wrote the same call until max_output_tokens when that newline
+    committed it to another, worker/engine/constrained.py)."""
     cities: list[str] = []
 
     def build(client: openai.AsyncOpenAI) -> Agent[Any]:

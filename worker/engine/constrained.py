@@ -16,7 +16,11 @@ callback, before it is sent anywhere:
 
 A refused end token is the model saying it is done before the grammar is: the answer then
 closes with the shortest completion (``closure.Closer``) and ends there, as the model meant,
-instead of being steered on to ``max_tokens``.
+instead of being steered on to ``max_tokens``. The converse: a refused token where the grammar
+may end is the model writing past the structure, and the answer ends there too (its end token,
+min_tokens allowing), instead of being steered into more structure it did not ask for (the
+next of several allowed tool calls, say: SmolLM2 wrote the same forced call until
+``max_tokens``, each time after the newline it meant as its line's end).
 
 So a reader only ever sees accepted tokens, the streamed text is the stored text, and greedy
 output stays deterministic. Near ``max_tokens`` a token that would leave too little room to
@@ -320,6 +324,10 @@ class ConstrainedRun:
         candidates = np.flatnonzero(allowed)
         if not len(candidates):
             raise GrammarFailed("the grammar allows no token here")
+        allowed_ends = [i for i in ends if allowed[i]]
+        if allowed_ends and self._matcher.is_accepting():
+            # The model wrote past a structure that may end here: it ends (its likeliest end).
+            return [max(allowed_ends, key=lambda i: -np.inf if logits is None else logits[i])]
         if logits is None:
             choice = int(candidates[0])
         else:
