@@ -248,11 +248,30 @@ def test_a_hold_given_back_in_part_never_goes_below_zero(app: Flask, client: Fla
     assert room.used() == 5_000
     with pytest.raises(QuotaFull):
         room.hold("batch_x_output", QUOTA - 5_000 + 1, time.time() + 60)
+    # From an empty or absent hold (a batch read before holds existed, a lapsed one): nothing
+    # to give back, and no error (Lua's -0 would be "-0", which HINCRBY refuses).
+    room.hold("batch_x_output", -3_000, time.time() + 60, enforce=False)
+    room.hold("batch_x_output", -10, time.time() + 60, enforce=False)
+    room.hold("batch_absent_output", -10, time.time() + 60, enforce=False)
+    assert room.used() == 5_000
+
+
+def test_a_batch_without_a_hold_still_completes(app: Flask, client: FlaskClient) -> None:
+    """A batch read before output holds existed (no holder at all) settles and finalizes."""
+    file_id = upload(client, small_lines(2)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    redis_client = services(app).redis
+    redis_client.hdel(keys.files_held_bytes(DIGEST), holder_of(batch["id"]))
+    redis_client.zrem(keys.files_held(DIGEST), holder_of(batch["id"]))
+    run_jobs(app, [job for item in items(app, batch["id"]) for job in item.job_ids])
+    assert settle(client, batch["id"]).get_json()["status"] == "completed"
 
 
 WORST_BODIES = {
     "/v1/chat/completions": line("w", n=2, max_tokens=6, logprobs=True, top_logprobs=5),
     "/v1/completions": line("w", "/v1/completions", n=2, max_tokens=6, logprobs=5),
+    # logprobs 0 still renders a logprobs entry a token (its bound once missed it).
+    "/v1/completions logprobs 0": line("w", "/v1/completions", n=2, max_tokens=6, logprobs=0),
     "/v1/responses": {"body": {
         "model": "bound", "input": "hi", "instructions": "Be brief.\n\t\u0001",
         "max_output_tokens": 6, "top_logprobs": 5,
@@ -261,12 +280,13 @@ WORST_BODIES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("url", sorted(WORST_BODIES))
-def test_a_lines_bound_holds_its_worst_output(app: Flask, url: str) -> None:
+@pytest.mark.parametrize("case", sorted(WORST_BODIES))
+def test_a_lines_bound_holds_its_worst_output(app: Flask, case: str) -> None:
     """Every token the longest the vocabulary has, as text, as its logprobs entry and as each
     alternative: the line as the output file writes it still fits ``line_bound``."""
     svc = services(app)
-    item = BatchItem("worst", url, WORST_BODIES[url]["body"])
+    url = case.split()[0]
+    item = BatchItem("worst", url, WORST_BODIES[case]["body"])
     with app.test_request_context("/v1/batches"):
         jobs = jobs_for_item(svc, item, 60)
     item.job_ids = [job.id for job in jobs]

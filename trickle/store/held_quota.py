@@ -27,7 +27,8 @@ for _, holder in ipairs(lapsed) do redis.call('HDEL', KEYS[2], holder) end
 if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[5]) end
 local adding = tonumber(ARGV[2])
 if adding < 0 then  -- a hold given back in part never goes below zero
-  adding = math.max(adding, -tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0'))
+  adding = math.max(adding, 0 - tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0'))
+  if adding == 0 then adding = 0 end  -- never Lua's -0: HINCRBY refuses "-0"
 end
 local used = 0
 for _, held in ipairs(redis.call('HVALS', KEYS[2])) do used = used + tonumber(held) end

@@ -136,7 +136,10 @@ def line_bound(svc: Services, item: BatchItem, jobs: list[Job]) -> int:
     less than its error line (``failure_bound``).
     """
     body = len(json.dumps(item.body, ensure_ascii=False).encode())
-    wants_logprobs = any(item.body.get(k) for k in ("logprobs", "top_logprobs", "include"))
+    # Completions render logprobs arrays for any ``logprobs`` set, 0 included.
+    wants_logprobs = item.body.get("logprobs") is not None or any(
+        item.body.get(k) for k in ("top_logprobs", "include")
+    )
     quoted_again = 2 if item.body.get("tools") else 1
     total = LINE_BYTES + _custom_id_size(item) + BODY_ECHO_FACTOR * body
     for job in jobs:
