@@ -20,12 +20,16 @@ import redis
 # ARGV: holder, bytes to add (negative: given back, down to zero at most), max bytes (-1:
 # count them, refuse nothing), max holders, now, lapses at, TTL of both keys (only ever
 # lengthened: other holds may last longer).
-# Returns {0, used} or {-1, used} (bytes) or {-2, holders}.
+# Returns {0, used} or {-1, used} (bytes) or {-2, holders}; {0, -1} when nothing is added to
+# an absent holder (a give-back never recreates a hold dropped with what it paid for).
 HOLD_SCRIPT = """
 local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[5])
 for _, holder in ipairs(lapsed) do redis.call('HDEL', KEYS[2], holder) end
 if #lapsed > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[5]) end
 local adding = tonumber(ARGV[2])
+if adding <= 0 and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {0, -1}  -- nothing to give back: an absent holder (dropped, lapsed) stays absent
+end
 if adding < 0 then  -- a hold given back in part never goes below zero
   adding = math.max(adding, 0 - tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0'))
   if adding == 0 then adding = 0 end  -- never Lua's -0: HINCRBY refuses "-0"
@@ -76,7 +80,8 @@ class HeldQuota:
         """Adds ``adding`` bytes to ``holder``'s hold (negative: gives them back, never below
         zero), renewed to ``lapses_at``; raises
         QuotaFull past the quota unless ``enforce`` is False (bytes that must be kept, such as
-        a batch's output, still count). Returns the bytes held in all."""
+        a batch's output, still count). Returns the bytes held in all (-1 when nothing was
+        added to an absent holder: it is left absent)."""
         now = time.time()
         ttl = max(1, int(lapses_at - now) + 1)
         limit = self.max_bytes if enforce else -1
@@ -108,6 +113,10 @@ class HeldQuota:
         """When the earliest hold lapses (room comes back), None without one."""
         first = self.redis.zrange(self.keys[0], 0, 0, withscores=True)
         return float(first[0][1]) if first else None
+
+    def holders(self) -> list[str]:
+        """The holders whose holds have not lapsed."""
+        return [str(h) for h in self.redis.zrangebyscore(self.keys[0], time.time(), "+inf")]
 
     def used(self) -> int:
         """The bytes held now by holds not lapsed."""

@@ -100,8 +100,9 @@ def _storage_full(settings: FileSettings, full: QuotaFull) -> HttpError:
         return HttpError(
             429,
             "file_storage_full",
-            f"this key has {full.used} live files; files.max_files_per_key is "
-            f"{settings.max_files_per_key}: delete files or wait for them to expire",
+            f"this key has {full.used} live files (a running batch's output counts as one); "
+            f"files.max_files_per_key is {settings.max_files_per_key}: delete files or wait "
+            "for them to expire",
             "file",
             code="file_storage_full",
         )

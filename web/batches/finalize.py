@@ -25,8 +25,9 @@ from web.services import Services
 
 FINALIZE_LEASE_SECONDS = 120
 # The output room a finalize gives back at a time, ahead of the lines it writes: the bytes
-# held and written never count twice, in few script calls.
-GIVE_BACK_BYTES = 65_536
+# held and written never count twice, in few script calls (each sums the key's holds), and
+# another writer may take at most this much of it before the lines are written.
+GIVE_BACK_BYTES = 1_048_576
 
 
 def batch_result_ttl(svc: Services) -> int:
@@ -51,6 +52,9 @@ def settle(
 ) -> tuple[BatchRecord, Counter[str]]:
     """The batch and its requests' states now; a batch found finished is finalized first,
     one still running keeps the counts found in its record (what a read answers with)."""
+    # Read again: ``batch`` may have been read before another task finalized it, and a final
+    # batch's hold is gone (settling it again would write over what its files took).
+    batch = store.record(batch.id) or batch
     if batch.stage in FINAL_STAGES or batch.stage == "validating":
         return batch, Counter()
     tally = settle_holds(svc, store, batch)  # finished lines' holds become what they take
@@ -64,12 +68,17 @@ def settle(
 
 def finalize(svc: Services, store: BatchStore, batch: BatchRecord, expired: bool) -> BatchRecord:
     """Writes the batch's files and its final stage; returns it ``finalizing`` when another
-    process holds the lease (it is doing this now)."""
+    process holds the lease (it is doing this now), and as it is when another one finalized
+    it already (its files are written once)."""
     lease = keys.batch_finalize(batch.id)
     if not svc.redis.set(lease, "1", nx=True, ex=FINALIZE_LEASE_SECONDS):
         batch.stage = "finalizing"
         return batch
     try:
+        latest = store.record(batch.id)
+        if latest is None or latest.stage in FINAL_STAGES:
+            return latest or batch  # finalized while this task read it, or expired since
+        batch = latest
         now = time.time()
         if batch.finalizing_at is None:
             batch.finalizing_at = now

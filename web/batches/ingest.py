@@ -15,35 +15,38 @@ A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses
 first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
 ``validating`` with its offset, and a later sweep resumes it once the workers have taken jobs.
 The key's file storage does the same: each line's output is held before its jobs are sent
-(``web.batches.output_room``), and a line whose hold does not fit yet waits for room.
+(``web.batches.output_room``), and a line whose hold does not fit yet waits for room. A wait
+that cannot end (room no settling can give back, or the batch's window over) ends the batch:
+its unread lines fail (``web.batches.unread``).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trickle import keys
-from trickle.jobs import BATCH_PRIORITY, Job
-from trickle.tenants import KeySettings
+from trickle.jobs import Job
 from web.admission.auth import current_key
 from web.admission.key_policy import check_key_policy
 from web.admission.submission import admission_cost, enqueue_many
 from web.batches.file_store import lines_of
-from web.batches.finalize import batch_result_ttl, cancel_pending
+from web.batches.finalize import batch_result_ttl, cancel_pending, finalize, window_over
+from web.batches.key_room import KeyRoom
 from web.batches.lines import check_line_size, failed_item, jobs_for_item, parse_line
 from web.batches.output_room import (
+    OUTPUT_HOLDER_SUFFIX,
     OutputRoom,
     check_projection,
     files_overhead,
+    holder_of,
     line_bound,
+    output_quota,
     refused_line_bytes,
     settle_holds,
 )
-from web.batches.pending import Reservation
 from web.batches.store import BatchItem, BatchRecord, BatchStore
+from web.batches.unread import fail_unread, storage_full_error, window_ended_error
 from web.common.body import decode_utf8
 from web.common.errors import HttpError
 from web.services import Services
@@ -51,6 +54,9 @@ from web.services import Services
 INGEST_LINES = 200
 # A group takes well under a second: a reading whose process died resumes this much later.
 INGEST_LEASE_SECONDS = 10
+# Why a reading paused at a line: the key's file storage, or its queue, has no room for it yet.
+WAITING_FOR_ROOM = "file storage"
+WAITING_FOR_QUEUE = "queue"
 
 
 def count_lines(svc: Services, file_id: str) -> int:
@@ -100,6 +106,26 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     reading = _read_so_far(store, batch)
     if reading.number:  # resumed: the lines read so far that finished give their room back
         settle_holds(svc, store, batch)
+    if window_over(svc, batch, time.time()):  # it runs nothing more: the rest fails
+        _end_unread(svc, store, batch, reading, window_ended_error(), expired=True)
+        return
+    while True:
+        number = reading.number
+        if _read_input(svc, store, batch, lease, reading) != WAITING_FOR_ROOM:
+            return
+        tally = settle_holds(svc, store, batch)
+        if tally["pending"] or _others_hold_room(svc, batch):
+            return  # room comes back as those lines finish: the sweep resumes it then
+        if reading.number == number and not tally["given_back"]:
+            break  # nothing read, nothing given back: no room will come but the client's
+    _end_unread(svc, store, batch, reading, storage_full_error(svc, number + 1), expired=False)
+
+
+def _read_input(
+    svc: Services, store: BatchStore, batch: BatchRecord, lease: str, reading: Reading
+) -> str | None:
+    """Reads the input on from ``reading`` until its end (the batch is then ``in_progress``)
+    or a line that must wait (``WAITING_FOR_ROOM`` or ``WAITING_FOR_QUEUE``, returned)."""
     group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
     max_line = svc.settings.web.max_body_bytes
@@ -109,28 +135,55 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
         if line.strip():
             group.append((end, line))
         if len(group) == INGEST_LINES:
-            if _write_group(svc, store, batch, group, reading):
-                return  # the key's queue is full: the rest waits (module docstring)
+            if waiting := _write_group(svc, store, batch, group, reading):
+                return waiting  # the rest waits (module docstring)
             svc.redis.expire(lease, INGEST_LEASE_SECONDS)
             group = []
             latest = store.record(batch.id)
             if latest is None:  # the batch expired meanwhile
-                return
+                return None
             if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
                 cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
                 _read(svc, batch)
                 store.update(batch.id, stage="in_progress", in_progress_at=time.time())
-                return
-    if group and _write_group(svc, store, batch, group, reading):
-        return
+                return None
+    if group and (waiting := _write_group(svc, store, batch, group, reading)):
+        return waiting
     _read(svc, batch)
     if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
         _fail_cut_short(svc, store, batch, read_to)
-        return
+        return None
     if batch.urls and reading.urls:  # a JSONL body's lines may mix endpoints
         endpoint = reading.urls.pop() if len(reading.urls) == 1 else "mixed"
         store.update(batch.id, endpoint=endpoint)
     store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+    return None
+
+
+def _others_hold_room(svc: Services, batch: BatchRecord) -> bool:
+    """Whether another batch of the key holds output room (its settling may give some back)."""
+    own = holder_of(batch.id)
+    holders = output_quota(svc, batch.tenant_digest).holders()
+    return any(holder.endswith(OUTPUT_HOLDER_SUFFIX) and holder != own for holder in holders)
+
+
+def _end_unread(
+    svc: Services,
+    store: BatchStore,
+    batch: BatchRecord,
+    reading: Reading,
+    error: HttpError,
+    expired: bool,
+) -> None:
+    """The lines not read fail with ``error`` (``web.batches.unread``), then the batch
+    finalizes (``expired``: its window ended, its running lines fail ``batch_expired``)."""
+    if not fail_unread(svc, store, batch, (reading.offset, reading.number), error):
+        raise ReadingTaken(batch.id)
+    _read(svc, batch)
+    store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+    latest = store.record(batch.id)
+    if latest is not None:
+        finalize(svc, store, latest, expired)
 
 
 def _read(svc: Services, batch: BatchRecord) -> None:
@@ -177,34 +230,38 @@ def _write_group(
     batch: BatchRecord,
     group: list[tuple[int, bytes]],
     reading: Reading,
-) -> bool:
+) -> str | None:
     """One group of lines: its jobs recorded, then its items and the new offset if no other
     reading wrote this group first (else its jobs are taken back: ``ReadingTaken``), then the
-    jobs to the queues; ``reading`` moves on. Returns whether the reading paused at a line
-    the key's queue has no room for yet (it is read again on resuming)."""
+    jobs to the queues; ``reading`` moves on. Returns why the reading paused at a line (the
+    key's file storage or queue has no room for it yet: it is read again on resuming), if it
+    did."""
     items: list[BatchItem] = []
     jobs: list[Job] = []
     room = KeyRoom(svc, current_key())
     output = OutputRoom(svc, batch)
-    number, offset, paused = reading.number, reading.offset, False
+    number, offset = reading.number, reading.offset
+    paused: str | None = None
+    parsed = _parse_group(svc, batch, group, reading)
+    # The first line holds the output and error files' records too.
+    holds = [item.output_hold for _end, item, _jobs in parsed]
+    holds[0] += files_overhead(batch.id) if number == 0 else 0
+    whole = output.take(sum(holds))  # one script call for the group when it all fits
     try:
-        for end, raw in group:
-            item, item_jobs = _item(
-                svc, batch, number + 1, raw, reading.seen, reading.jobs_made + len(jobs)
-            )
-            # The first line holds the output and error files' records too.
-            holding = item.output_hold + (files_overhead(batch.id) if number == 0 else 0)
-            if not output.take(holding):
-                paused = True
+        for (end, item, item_jobs), holding in zip(parsed, holds, strict=True):
+            if not whole and not output.take(holding):
+                paused = WAITING_FOR_ROOM
                 break
             if not room.take(item_jobs):
-                output.give_back(holding)
-                paused = True
+                output.give_back(0 if whole else holding)
+                paused = WAITING_FOR_QUEUE
                 break
             number += 1
             offset = end
             items.append(item)
             jobs += item_jobs
+        if whole:  # the lines left for a later reading hold nothing meanwhile
+            output.give_back(sum(holds[len(items) :]))
         if not items:
             return paused
         if jobs:
@@ -232,57 +289,26 @@ def _write_group(
         room.release()  # a no-op once the fan-out owns the places
         output.release()  # a no-op once the lines are recorded
     reading.number, reading.offset = number, offset
+    reading.seen.update(item.custom_id for item in items if item.custom_id)
     reading.jobs_made += len(jobs)
     reading.urls.update(item.url for item in items if item.error is None)
     return paused
 
 
-class KeyRoom:
-    """The places a named key's ``max_queued_jobs`` leaves its batch jobs, per model: a line
-    whose jobs find none waits (the reading pauses and resumes later, on a read of the batch
-    or the sweep's turn) instead of failing ``key_queue_full``. The places are reserved with
-    the jobs accepted but not yet sent (``web.batch_pending``), so a group's lines, or two
-    batches, never overshoot the cap. A line that could never fit fails as it did."""
-
-    def __init__(self, svc: Services, key: KeySettings | None):
-        self._svc = svc
-        self._key = key
-        self._waiting: dict[str, int] = {}
-        self._held: list[Reservation] = []
-
-    def take(self, jobs: list[Job]) -> bool:
-        key = self._key
-        if key is None or not key.max_queued_jobs or not jobs:
-            return True
-        adding = Counter(job.model for job in jobs)
-        if max(adding.values()) > key.max_queued_jobs:
-            check_key_policy(self._svc, key, jobs)  # raises key_queue_full: it never fits
-        for model in adding:
-            if model not in self._waiting:
-                self._waiting[model] = self._svc.queues.depth(model, key.name, BATCH_PRIORITY)
-        reserved = self._svc.pending_batch.reserve_within(
-            key.name, adding, self._waiting, key.max_queued_jobs
-        )
-        if isinstance(reserved, str):
-            return False
-        self._held.append(reserved)
-        return True
-
-    def hand_over(self) -> Callable[[], None]:
-        """The places go to whoever calls the result (the fan-out, once the jobs are sent)."""
-        handed = [reservation.hand_over() for reservation in self._held]
-        self._held = []
-
-        def release_all() -> None:
-            for release in handed:
-                release()
-
-        return release_all
-
-    def release(self) -> None:
-        for reservation in self._held:
-            reservation.release()
-        self._held = []
+def _parse_group(
+    svc: Services, batch: BatchRecord, group: list[tuple[int, bytes]], reading: Reading
+) -> list[tuple[int, BatchItem, list[Job]]]:
+    """The group's lines as items with their jobs, numbered and checked (custom_ids, the
+    batch's job count) as if each of them were read; ``reading`` learns only of those that
+    are recorded (``_write_group``), so a line read again after a pause is not a repeat."""
+    seen = set(reading.seen)
+    made = reading.jobs_made
+    parsed: list[tuple[int, BatchItem, list[Job]]] = []
+    for end, raw in group:
+        item, item_jobs = _item(svc, batch, reading.number + len(parsed) + 1, raw, seen, made)
+        made += len(item_jobs)
+        parsed.append((end, item, item_jobs))
+    return parsed
 
 
 def _item(

@@ -6,14 +6,16 @@ its whole output (a line with ``n`` 8, ``top_logprobs`` 20 and 2,048 tokens answ
 MiB). So each line's output is held before its jobs are sent (``line_bound``), under one holder
 per batch in the key's file quota, by the script uploads use (``trickle.store.held_quota``): two
 batches, or a batch and an upload, never both take the last room. A line whose hold does not
-fit waits (the reading pauses, as for ``max_queued_jobs``: ``web.batches.ingest``); one whose
-hold could never fit fails on its own, naming ``files.max_bytes_per_key``.
+fit waits (the reading pauses, as for ``max_queued_jobs``: ``web.batches.ingest``), unless no
+room can come back (``web.batches.unread``); one whose hold could never fit fails on its own,
+naming ``files.max_bytes_per_key``.
 
 Each settle pass replaces a finished line's hold by the bytes its output line takes (once per
 line: ``keys.batch_output_settled``); the output files take the held bytes over as they are
-written, and the batch's hold goes with its final stage. The hold lapses
-``OUTPUT_HOLD_SECONDS`` after the last group read or settle pass renewed it: a batch whose
-consumer died stops holding room.
+written, and the batch's hold goes with its final stage. The hold lapses with the batch's
+record (its TTL, as a batch's input hold does: ``web.batches.quota``), never before: the
+workers run a batch's jobs whether or not its consumer is up, so its room stays held while
+they may write.
 """
 
 from __future__ import annotations
@@ -45,8 +47,6 @@ from web.services import Services
 
 log = logging.getLogger(__name__)
 
-# Renewed by every group read, every resumed reading and every settle pass.
-OUTPUT_HOLD_SECONDS = 600
 # What a token may add besides its text: the structure a tool call makes of the text around it
 # (a tool call's arguments are also quoted once more: its text counted twice).
 TOKEN_STRUCTURE_BYTES = 32
@@ -67,7 +67,8 @@ FILE_NAMES = ("output", "error")
 
 def output_quota(svc: Services, tenant_digest: str) -> HeldQuota:
     """The tenant's file storage (``files.max_bytes_per_key``) as a batch holds it: one holder
-    per batch, so it takes no file's place of ``max_files_per_key``."""
+    per batch, never refused for the file count, but counted in it (one place of
+    ``max_files_per_key`` while the batch runs, which its output files take over)."""
     return HeldQuota(
         svc.redis,
         keys.files_held(tenant_digest),
@@ -77,8 +78,11 @@ def output_quota(svc: Services, tenant_digest: str) -> HeldQuota:
     )
 
 
+OUTPUT_HOLDER_SUFFIX = "_output"
+
+
 def holder_of(batch_id: str) -> str:
-    return f"{batch_id}_output"
+    return batch_id + OUTPUT_HOLDER_SUFFIX
 
 
 def files_overhead(batch_id: str) -> int:
@@ -199,10 +203,16 @@ class OutputRoom:
     def __init__(self, svc: Services, batch: BatchRecord):
         self.quota = output_quota(svc, batch.tenant_digest)
         self.holder = holder_of(batch.id)
+        self._record = keys.batch(batch.id)
+        self._lapses_at: float | None = None
         self._taken = 0
 
     def lapses_at(self) -> float:
-        return time.time() + OUTPUT_HOLD_SECONDS
+        """When the batch's record expires (now, once it has): the hold never outlives it."""
+        if self._lapses_at is None:
+            left = int(self.quota.redis.pttl(self._record))
+            self._lapses_at = time.time() + max(0, left) / 1000
+        return self._lapses_at
 
     def take(self, adding: int) -> bool:
         try:
@@ -212,14 +222,16 @@ class OutputRoom:
         self._taken += adding
         return True
 
+    def take_anyway(self, adding: int) -> None:
+        """Holds bytes that must be written whatever the room (error lines: they count)."""
+        if adding > 0:
+            self.quota.hold(self.holder, adding, self.lapses_at(), enforce=False)
+
     def give_back(self, giving: int) -> None:
         """Lowers the hold (never below zero: ``held_quota`` clamps it)."""
         if giving > 0:
             self.quota.hold(self.holder, -giving, self.lapses_at(), enforce=False)
             self._taken = max(0, self._taken - giving)
-
-    def renew(self) -> None:
-        self.quota.hold(self.holder, 0, self.lapses_at(), enforce=False)
 
     def keep(self) -> None:
         self._taken = 0
@@ -236,21 +248,22 @@ class OutputRoom:
 def settle_holds(svc: Services, store: BatchStore, batch: BatchRecord) -> Counter[str]:
     """Replaces each newly finished line's hold by the bytes its output line takes now (a
     failed line's by ``failure_bound``, since a cancel or expiry may still change its message);
-    returns the lines' states, as ``output.counts``."""
+    returns the lines' states, as ``output.counts``, and under ``given_back`` the bytes this
+    pass gave back."""
     room = OutputRoom(svc, batch)
-    room.renew()
     tally: Counter[str] = Counter()
     settled = keys.batch_output_settled(batch.id)
     finished: list[tuple[int, BatchItem, str]] = []
     for index, item, state in slices(store, batch):
         tally[state] += 1
-        if state != "pending" and item.output_hold:
+        # A refused line was held at its exact size when it was read.
+        if state != "pending" and item.output_hold and item.error is None:
             finished.append((index, item, state))
         if len(finished) >= 100:
-            _settle_lines(svc, batch, room, settled, store.ttl_seconds, finished)
+            tally["given_back"] += _settle_lines(svc, batch, room, settled, store, finished)
             finished = []
     if finished:
-        _settle_lines(svc, batch, room, settled, store.ttl_seconds, finished)
+        tally["given_back"] += _settle_lines(svc, batch, room, settled, store, finished)
     return tally
 
 
@@ -259,21 +272,28 @@ def _settle_lines(
     batch: BatchRecord,
     room: OutputRoom,
     settled: str,
-    ttl: int,
+    store: BatchStore,
     finished: list[tuple[int, BatchItem, str]],
-) -> None:
-    pipe = svc.redis.pipeline(transaction=False)
+) -> int:
+    """Settles the lines of ``finished`` not settled before (their bits read first, so a pass
+    writes only the new ones; SETBIT's answer keeps a line from two passes at once settling
+    it twice); returns the bytes given back."""
+    reads = svc.redis.pipeline(transaction=False)
     for index, _item, _state in finished:
+        reads.getbit(settled, index)
+    unseen = [line for line, was in zip(finished, reads.execute(), strict=True) if not was]
+    if not unseen:
+        return 0
+    pipe = svc.redis.pipeline(transaction=False)
+    for index, _item, _state in unseen:
         pipe.setbit(settled, index, 1)
-    pipe.expire(settled, ttl)
+    pipe.expire(settled, store.ttl_seconds)
     first = [not was for was in pipe.execute()[:-1]]
-    lines = [line for line, new in zip(finished, first, strict=True) if new]
+    lines = [line for line, new in zip(unseen, first, strict=True) if new]
     wanted = [job_id for _index, item, _state in lines for job_id in item.job_ids]
     found = dict(zip(wanted, svc.store.finished_many(wanted), strict=True))
     giving = 0
     for index, item, state in lines:
-        if item.error is not None:
-            continue  # held at its exact size when it was read
         jobs = [job for job_id in item.job_ids if (job := found.get(job_id)) is not None]
         line = output_line(svc, batch, index, item, state, jobs)
         actual = len(encoded_line(line)) if line["error"] is None else failure_bound(item)
@@ -284,3 +304,4 @@ def _settle_lines(
             )  # fmt: skip
         giving += max(0, item.output_hold - actual)
     room.give_back(giving)
+    return giving

@@ -1,5 +1,5 @@
 """Batch jobs accepted but not yet on the broker, for the key's queue cap a batch's reading
-honours (``web.batches.ingest.KeyRoom``).
+honours (``web.batches.key_room.KeyRoom``).
 
 The broker counts the batch jobs that wait (``QueueReader.depth`` at batch priority), but a
 group's task messages are sent in the background after it is recorded (about a second per

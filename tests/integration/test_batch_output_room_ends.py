@@ -1,0 +1,193 @@
+"""How a batch's output hold ends (``web.batches.output_room``, ``web.batches.unread``): a
+settle task that read the batch before another finalized it changes nothing; a batch that waits
+for room past its window, or for room that can never come back, ends with its unread lines
+failed, naming why, and holds nothing after; a settle pass writes only the lines newly finished,
+and a group of lines that fits is held in one call. In process, on the test Redis (the fixtures
+of ``test_batch_output_room``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from tests.file_batches import (
+    FIRST,
+    bearer,
+    create,
+    jsonl,
+    line,
+    post_batch,
+    run_jobs,
+    sweep_now,
+    upload,
+)
+from tests.integration import test_batch_output_room as output_room_tests
+from tests.integration.test_batch_output_room import DIGEST, held, items, quota, small_lines
+from trickle import keys
+from trickle.jobs import JobStatus
+from trickle.store.held_quota import HeldQuota
+from web.batches.finalize import batch_store, finalize, settle
+from web.batches.output_room import holder_of
+from web.batches.tasks import ingest_batch, settle_batch
+from web.services import services
+
+# Its fixtures: a key whose file storage a few lines fill, and a model no worker serves.
+app = output_room_tests.app
+client = output_room_tests.client
+
+
+def _lines_of(client: FlaskClient, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    found = client.get(f"/v1/files/{file_id}/content", headers=bearer(FIRST))
+    return [json.loads(x) for x in found.get_data(as_text=True).splitlines()]
+
+
+def test_a_settle_task_that_read_the_batch_before_it_finished_changes_nothing(
+    app: Flask, client: FlaskClient
+) -> None:
+    file_id = upload(client, small_lines(2)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    svc = services(app)
+    store = batch_store(svc)
+    stale = store.record(batch["id"])  # as a settle task read it, while it ran
+    assert stale is not None and stale.stage == "in_progress"
+    run_jobs(app, [job for item in items(app, batch["id"]) for job in item.job_ids])
+    done = settle_batch(svc, batch["id"])
+    assert done is not None and done.stage == "completed"
+    used = quota(app).used()
+    listed = client.get("/v1/files", headers=bearer(FIRST)).get_json()["data"]
+
+    again = settle(svc, store, stale)[0]  # the late task, with what it read
+    assert (again.stage, again.output_file_id) == ("completed", done.output_file_id)
+    late = finalize(svc, store, stale, False)  # one that found the batch finished, then slept
+    assert (late.stage, late.output_file_id) == ("completed", done.output_file_id)
+
+    found = client.get(f"/v1/batches/{batch['id']}", headers=bearer(FIRST)).get_json()
+    assert found["status"] == "completed" and found["output_file_id"] == done.output_file_id
+    assert client.get("/v1/files", headers=bearer(FIRST)).get_json()["data"] == listed
+    assert quota(app).used() == used  # no second pair of files
+    assert held(app, batch["id"]) is None  # and no empty hold made again
+
+
+def _ingest_run_sweep(app: Flask, client: FlaskClient, batch_id: str, text: str) -> str:
+    """A turn: read what fits, the workers run it, the sweep settles; the batch's status."""
+    ingest_batch(app, batch_id)
+    queued = [job for item in items(app, batch_id) for job in item.job_ids
+              if services(app).store.status(job) is JobStatus.QUEUED]  # fmt: skip
+    run_jobs(app, queued, text=text)
+    sweep_now(app, batch_id)
+    return str(client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()["status"])
+
+
+def test_a_batch_whose_finished_lines_fill_the_storage_fails_the_rest_naming_it(
+    app: Flask, client: FlaskClient
+) -> None:
+    """Long answers: the finished lines' output alone fills the key's storage, so the lines not
+    read could never find room (no line of the batch still runs to give some back)."""
+    data = jsonl(*(line(f"s{i}", max_tokens=2) for i in range(20)))
+    file_id = upload(client, data).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    statuses = [_ingest_run_sweep(app, client, batch_id, "x" * 600) for _turn in range(12)]
+    assert "completed" in statuses, statuses
+    found = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
+    counts = found["request_counts"]
+    assert counts["total"] == 20 and 0 < counts["completed"] < 20, counts
+    assert counts["failed"] == 20 - counts["completed"], counts
+    errors = _lines_of(client, found["error_file_id"])
+    assert [error["custom_id"] for error in errors] == [
+        f"s{i}" for i in range(counts["completed"], 20)
+    ]
+    body = errors[0]["response"]["body"]["error"]
+    assert body["code"] == "file_storage_full", body
+    assert "files.max_bytes_per_key" in body["message"] and "delete files" in body["message"]
+    assert held(app, batch_id) is None
+
+
+def test_a_batch_still_reading_past_its_window_expires_with_its_unread_lines(
+    app: Flask, client: FlaskClient
+) -> None:
+    data = jsonl(*(line(f"s{i}", max_tokens=2) for i in range(20)))
+    file_id = upload(client, data).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    ingest_batch(app, batch_id)  # reads what fits; nothing runs
+    read = items(app, batch_id)
+    assert 0 < len(read) < 20
+    run_jobs(app, read[0].job_ids)
+    svc = services(app)
+    window = svc.settings.files.batch_window_seconds
+    batch_store(svc).update(batch_id, created_at=time.time() - window - 1)
+    sweep_now(app, batch_id)
+    found = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
+    assert found["status"] == "expired", found
+    assert found["request_counts"] == {"total": 20, "completed": 1, "failed": 19}, found
+    errors = _lines_of(client, found["error_file_id"])
+    assert [error["custom_id"] for error in errors] == [f"s{i}" for i in range(1, 20)]
+    assert {error["error"]["code"] for error in errors} == {"batch_expired"}
+    assert all(svc.store.status(job) is not JobStatus.QUEUED for item in read
+               for job in item.job_ids)  # fmt: skip
+    assert held(app, batch_id) is None
+
+
+def test_a_settle_pass_writes_only_the_lines_newly_finished(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    file_id = upload(client, small_lines(5)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    read = items(app, batch["id"])
+    svc = services(app)
+    written: list[int] = []
+    pipeline = svc.redis.pipeline
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        pipe = pipeline(*args, **kwargs)
+        setbit = pipe.setbit
+        pipe.setbit = lambda name, offset, value: (
+            written.append(offset) or setbit(name, offset, value)
+        )
+        return pipe
+
+    monkeypatch.setattr(svc.redis, "pipeline", counting)
+    run_jobs(app, [job for item in read[:2] for job in item.job_ids])
+    for _pass in range(3):
+        settle_batch(svc, batch["id"])
+    run_jobs(app, [job for item in read[2:4] for job in item.job_ids])
+    for _pass in range(3):
+        settle_batch(svc, batch["id"])
+    assert sorted(written) == [0, 1, 2, 3]
+
+
+def test_a_hold_lives_as_long_as_its_batch_record(app: Flask, client: FlaskClient) -> None:
+    """Not a fixed time after a renewal: the workers run the jobs whether or not the batch
+    consumer is up, so a consumer down for long never frees room their output will take."""
+    file_id = upload(client, small_lines(2)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    redis_client = services(app).redis
+    lapses = redis_client.zscore(keys.files_held(DIGEST), holder_of(batch["id"]))
+    record_ends = time.time() + redis_client.pttl(keys.batch(batch["id"])) / 1000
+    assert lapses is not None and abs(lapses - record_ends) < 5, (lapses, record_ends)
+    assert lapses - time.time() > 3600
+
+
+def test_a_group_that_fits_is_held_in_one_script_call(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a call per line: each call sums the key's holds, which Redis does in one go."""
+    calls: list[tuple[str, int]] = []
+    hold = HeldQuota.hold
+
+    def counting(self: HeldQuota, holder: str, adding: int, *args: Any, **kwargs: Any) -> int:
+        calls.append((holder, adding))
+        return hold(self, holder, adding, *args, **kwargs)
+
+    monkeypatch.setattr(HeldQuota, "hold", counting)
+    file_id = upload(client, small_lines(3)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    assert batch["request_counts"]["total"] == 3
+    held_by_batch = [adding for holder, adding in calls if holder == holder_of(batch["id"])]
+    assert held_by_batch == [held(app, batch["id"])], calls
