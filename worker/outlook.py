@@ -43,17 +43,19 @@ def seconds_per_token(job: ScheduledJob) -> float | None:
 
 def lane_rows(
     lanes: Sequence[LaneOpening], ends: Mapping[int, float], rows_per_lane: int
-) -> list[float]:
-    """Seconds until each row of the ``lanes`` takes a newcomer: a running job's row once it
-    ends (``ends``, by ``id(job)``) and its lane opens, an unused row once its lane opens
-    (at its batch's expected end at the latest: ``seconds_left`` bounds it by max_tokens)."""
-    rows: list[float] = []
+) -> tuple[list[float], list[float]]:
+    """Seconds until each row of the ``lanes`` takes a newcomer: a running job's row (busy)
+    once it ends (``ends``, by ``id(job)``) and its lane opens; an unused row once its lane
+    opens (at its running jobs' expected end at the latest: the rule's own bound is by
+    max_tokens). The busy rows, then the unused ones."""
+    busy: list[float] = []
+    unused: list[float] = []
     for lane in lanes:
         mine = [ends[id(job)] for job in lane.jobs if id(job) in ends]
         opens = min(lane.opens_in, max(mine)) if mine else lane.opens_in
-        rows.extend(max(end, opens) for end in mine)
-        rows.extend([opens] * max(rows_per_lane - len(mine), 0))
-    return rows
+        busy.extend(max(end, opens) for end in mine)
+        unused.extend([opens] * max(rows_per_lane - len(mine), 0))
+    return busy, unused
 
 
 def model_outlook(
@@ -76,12 +78,21 @@ def model_outlook(
     measured = sorted(pace for job in started if (pace := seconds_per_token(job)) is not None)
     fallback = measured[len(measured) // 2] if measured else step_seconds(max(len(started), 1))
     pace = fallback or 0.0
-    ends = {
-        id(job): expected_tokens(job, ratio) * (seconds_per_token(job) or pace) for job in started
-    }
+    tokens = {id(job): expected_tokens(job, ratio) for job in started}
+    ends = {id(job): tokens[id(job)] * (seconds_per_token(job) or pace) for job in started}
+    for lane in lanes:  # a row of a call goes at the call's step now, whatever it went before
+        if lane.step_seconds > 0:
+            ends.update(
+                (id(job), tokens[id(job)] * lane.step_seconds)
+                for job in lane.jobs
+                if id(job) in tokens
+            )
     in_lanes = {id(job) for lane in lanes for job in lane.jobs}
-    rows = lane_rows(lanes, ends, rows_per_lane)
+    rows, unused = lane_rows(lanes, ends, rows_per_lane)
     rows.extend(end for key, end in ends.items() if key not in in_lanes)  # a lane not shown
+    # Each running job holds one of its ``slots`` (its prefetch window may hold fewer jobs
+    # than its lanes have rows); the others take the unused rows that open first.
+    rows.extend(sorted(unused)[: max(slots - len(rows), 0)])
     pending = [expected_tokens(job, ratio) for job in waiting]
     free, starts = slots_free_in(rows, pending, slots, pace)
     ids = [job.job_id for job in waiting]

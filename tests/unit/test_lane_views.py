@@ -102,8 +102,8 @@ def test_a_lanes_rows_free_when_it_opens_and_not_before_their_jobs_end() -> None
     # Its rule's bound (5 s, by max_tokens) is past its jobs' expected end (2 s): then.
     bounded = LaneOpening((three,), 5.0)  # type: ignore[arg-type]
     idle = LaneOpening((), 0.0)
-    assert lane_rows([mid_call], ends, 4) == pytest.approx([1.0, 3.0, 1.0, 1.0])
-    assert lane_rows([bounded, idle], ends, 2) == pytest.approx([2.0, 2.0, 0.0, 0.0])
+    assert lane_rows([mid_call], ends, 4) == ([1.0, 3.0], [1.0, 1.0])
+    assert lane_rows([bounded, idle], ends, 2) == ([2.0], [2.0, 0.0, 0.0])
 
 
 def running_job(made: int, budget: int) -> Any:
@@ -136,3 +136,24 @@ def test_a_mid_call_lanes_unused_rows_price_a_queued_job_at_its_opening() -> Non
     assert start_times(queued, [outlook], now=50.0) == pytest.approx([1.0])
     idle = model_outlook([], 4, 1.0, lambda size: None, 50.0, None, [LaneOpening((), 0.0)], 4)
     assert idle.free_in == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_a_row_in_a_call_goes_at_the_calls_step_now() -> None:
+    """It went 0.1 s a token alone; its call now steps every 0.2 s (the lanes filled): its
+    30 tokens left take 6 s, and the lane's unused row opens then too (the rule's own bound,
+    by max_tokens, is later)."""
+    lane = LaneOpening((running := running_job(11, 41),), 10.0, step_seconds=0.2)
+    outlook = model_outlook([running], 2, 1.0, lambda size: None, 50.0, None, [lane], 2)
+    assert outlook.free_in == pytest.approx((6.0, 6.0))
+    assert outlook.seconds_per_token == pytest.approx(0.1)  # a newcomer's pace: the measured
+
+
+def test_a_worker_holding_its_window_frees_a_slot_only_as_a_job_ends() -> None:
+    """One slot (its prefetch window) held by a job with 3 s to go, beside an idle lane: a
+    queued job starts when that job ends, not on the idle lane (the worker takes no more)."""
+    running = running_job(11, 41)
+    lanes = [LaneOpening((running,), 3.0, 0.1), LaneOpening((), 0.0)]
+    outlook = model_outlook([running], 1, 1.0, lambda size: None, 50.0, None, lanes, 1)
+    assert outlook.free_in == pytest.approx((3.0,))
+    wider = model_outlook([running], 2, 1.0, lambda size: None, 50.0, None, lanes, 1)
+    assert wider.free_in == pytest.approx((0.0, 3.0))

@@ -20,11 +20,13 @@ from worker.engine.scheduled import ScheduledJob
 
 @dataclass(frozen=True)
 class LaneOpening:
-    """One lane a newcomer may start on: the jobs it runs and seconds until it takes the next
-    newcomer (0: idle, or it takes one now)."""
+    """One lane a newcomer may start on: the jobs it runs, seconds until it takes the next
+    newcomer (0: idle, or it takes one now), and its call's recent step (0: idle): each of
+    its rows' pace now, whatever the load was when the row began."""
 
     jobs: tuple[ScheduledJob, ...]
     opens_in: float
+    step_seconds: float = 0.0
 
 
 def opens_in(
@@ -64,7 +66,12 @@ def lane_openings(
 ) -> list[LaneOpening]:
     """Every lane newcomers may start on: each of the ``running`` batches' lanes, then the
     ``idle_lanes`` (open now)."""
-    found = [LaneOpening(tuple(b.live_jobs()), opens_in(policy, b, running, now)) for b in running]
+    found = [
+        LaneOpening(
+            tuple(b.live_jobs()), opens_in(policy, b, running, now), b.recent_step_seconds(now)
+        )
+        for b in running
+    ]
     return found + [LaneOpening((), 0.0)] * idle_lanes
 
 

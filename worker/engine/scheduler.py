@@ -173,12 +173,12 @@ class BatchScheduler:
         takes the next newcomer (worker/engine/lane_views.py): the waiting estimate's view,
         read by the maintenance loop, never on the token path."""
         with self._cond:
-            shares = self._shares
-            lanes = [b for b in self._running if not (b.spare and shares.reserving)]
-            busy = sum(not b.spare for b in lanes)
-            overflow = 0 if shares.reserving else shares.lanes - (len(lanes) - busy)
-            idle = max(self._lane_count - busy, 0) + max(overflow, 0)
-            return lane_openings(self._policy, lanes, idle, time.monotonic())
+            now, running = time.monotonic(), self._running
+            lanes = [b for b in running if not (b.spare and self._shares.reserving)]
+            idle = max(self._lane_count - sum(not b.spare for b in lanes), 0)
+            if self._rebalancer.overflow_open(now, running, self._idle_lanes):
+                idle += self._shares.idle  # an idle overflow lane takes a waiting job now
+            return lane_openings(self._policy, lanes, idle, now)
 
     # -- moving work between batches (under the lock) ------------------------------------------
 
