@@ -1,9 +1,10 @@
 """A worker's side of the waiting estimate: when each of its slots frees, at the measured pace.
 
 Read from what the job threads and the engine callback already record (each running job's
-token times and counts, the scheduler's step times), by the maintenance loop a few times a
-second; nothing here runs on the token path. The web tier turns the published outlooks into
-each queued job's expected start (trickle/waiting.py).
+token times and counts, the scheduler's step times and its lanes: their calls' recent steps
+and when each takes a newcomer), by the maintenance loop a few times a second; nothing here
+runs on the token path. The web tier turns the published outlooks into each queued job's
+expected start (trickle/waiting.py).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ def opens_in(
     longer than theirs), by the join rule: at once before its first step or with a restart due
     (joiners come at no further cost); else the first moment the rule admits one: now, or when
     another of the ``running`` batches ends (a newcomer's wait for a lane is then the next
-    batch's, longer, so a long pause may pay, while this batch's grows a step a step);
-    else its own end (``seconds_left``: an upper bound)."""
+    batch's, longer, so a long pause may pay, while this batch's own pause grows a step with
+    each step); else its own end (``seconds_left``: an upper bound)."""
     end = batch.seconds_left(now)
     live = batch.live_jobs()
     if not live or batch.split:
