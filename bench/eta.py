@@ -173,7 +173,8 @@ def dump(path: Path, loads: dict[str, list[Waited]], log: Path) -> None:
             for index, result in enumerate(results):
                 hops = finished.get(result.job_id, {})
                 worker = {key: value for key, value in hops.items() if key.endswith("_seconds")}
-                worker["lanes_at_arrival"] = hops.get("lanes_at_arrival")
+                for note in ("lanes_at_arrival", "started_in", "restarts"):
+                    worker[note] = hops.get(note)
                 line = {"load": name, "index": index, **result.row(), "worker": worker}
                 out.write(json.dumps(line) + "\n")
 

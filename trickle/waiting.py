@@ -130,13 +130,14 @@ def start_times(
 
 
 def slots_free_in(
-    running: Sequence[tuple[int, float]], pending: Sequence[int], slots: int, pace: float
+    rows: Sequence[float], pending: Sequence[int], slots: int, pace: float
 ) -> tuple[list[float], list[float]]:
-    """A worker's side of the estimate: seconds until each of its ``slots`` is free, from its
-    running jobs (remaining tokens, seconds per token) and the jobs it claimed that wait for a
-    lane (their expected tokens, at ``pace`` seconds per token), each taking the first free
-    slot; and when each of those claimed jobs starts."""
-    free = sorted(remaining * seconds for remaining, seconds in running)[:slots]
+    """A worker's side of the estimate: seconds until each of its ``slots`` is free, from when
+    its lanes' rows take a newcomer (``rows``, the soonest ``slots`` of them; a slot without a
+    row is free now) and the jobs it claimed that wait for a lane (their expected tokens, at
+    ``pace`` seconds per token), each taking the first free slot; and when each of those
+    claimed jobs starts."""
+    free = sorted(rows)[:slots]
     free.extend([0.0] * (slots - len(free)))
     if not free:
         return [], [0.0] * len(pending)

@@ -1,9 +1,10 @@
 """A worker's side of the waiting estimate: when each of its slots frees, at the measured pace.
 
 Read from what the job threads and the engine callback already record (each running job's
-token times and counts, the scheduler's step times), by the maintenance loop a few times a
-second; nothing here runs on the token path. The web tier turns the published outlooks into
-each queued job's expected start (trickle/waiting.py).
+token times and counts, the scheduler's step times and its lanes: their calls' recent steps
+and when each takes a newcomer), by the maintenance loop a few times a second; nothing here
+runs on the token path. The web tier turns the published outlooks into each queued job's
+expected start (trickle/waiting.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from trickle.capacity import slots_per_worker
 from trickle.waiting import WorkerOutlook, slots_free_in
+from worker.engine.lane_views import LaneOpening
 from worker.engine.scheduled import ScheduledJob
 
 if TYPE_CHECKING:
@@ -40,6 +42,23 @@ def seconds_per_token(job: ScheduledJob) -> float | None:
     return (last - first) / (made - 1)
 
 
+def lane_rows(
+    lanes: Sequence[LaneOpening], ends: Mapping[int, float], rows_per_lane: int
+) -> tuple[list[float], list[float]]:
+    """Seconds until each row of the ``lanes`` takes a newcomer: a running job's row (busy)
+    once it ends (``ends``, by ``id(job)``) and its lane opens; an unused row once its lane
+    opens (at its running jobs' expected end at the latest: the rule's own bound is by
+    max_tokens). The busy rows, then the unused ones."""
+    busy: list[float] = []
+    unused: list[float] = []
+    for lane in lanes:
+        mine = [ends[id(job)] for job in lane.jobs if id(job) in ends]
+        opens = min(lane.opens_in, max(mine)) if mine else lane.opens_in
+        busy.extend(max(end, opens) for end in mine)
+        unused.extend([opens] * max(rows_per_lane - len(mine), 0))
+    return busy, unused
+
+
 def model_outlook(
     jobs: Sequence[ScheduledJob],
     slots: int,
@@ -47,19 +66,36 @@ def model_outlook(
     step_seconds: Callable[[int], float | None],
     now: float,
     claims_through: float | None = None,
+    lanes: Sequence[LaneOpening] = (),
+    rows_per_lane: int = 0,
 ) -> WorkerOutlook:
     """One model's outlook on this worker: running jobs (in a batch) free their slot after
-    their expected tokens at their pace; claimed jobs waiting for a lane follow them. A job
-    without a pace of its own goes at the others' (or a step's at this load, measured).
-    ``claims_through``: the worker's claims up to then are all among ``jobs``."""
+    their expected tokens at their pace, and a lane's unused rows are free when the lane takes
+    a newcomer (``lanes``: ``rows_per_lane`` each); claimed jobs waiting for a lane follow
+    them. A job without a pace of its own goes at the others' (or a step's at this load,
+    measured). ``claims_through``: the worker's claims up to then are all among ``jobs``."""
     started = [job for job in jobs if job.batch_started_at is not None]
     waiting = [job for job in jobs if job.batch_started_at is None]
     measured = sorted(pace for job in started if (pace := seconds_per_token(job)) is not None)
     fallback = measured[len(measured) // 2] if measured else step_seconds(max(len(started), 1))
     pace = fallback or 0.0
-    running = [(expected_tokens(job, ratio), seconds_per_token(job) or pace) for job in started]
+    tokens = {id(job): expected_tokens(job, ratio) for job in started}
+    ends = {id(job): tokens[id(job)] * (seconds_per_token(job) or pace) for job in started}
+    for lane in lanes:  # a row of a call goes at the call's step now, whatever it went before
+        if lane.step_seconds > 0:
+            ends.update(
+                (id(job), tokens[id(job)] * lane.step_seconds)
+                for job in lane.jobs
+                if id(job) in tokens
+            )
+    in_lanes = {id(job) for lane in lanes for job in lane.jobs}
+    rows, unused = lane_rows(lanes, ends, rows_per_lane)
+    rows.extend(end for key, end in ends.items() if key not in in_lanes)  # a lane not shown
+    # Each running job holds one of its ``slots`` (its prefetch window may hold fewer jobs
+    # than its lanes have rows); the others take the unused rows that open first.
+    rows.extend(sorted(unused)[: max(slots - len(rows), 0)])
     pending = [expected_tokens(job, ratio) for job in waiting]
-    free, starts = slots_free_in(running, pending, slots, pace)
+    free, starts = slots_free_in(rows, pending, slots, pace)
     ids = [job.job_id for job in waiting]
     claimed = tuple(sorted(zip(ids, starts, strict=True), key=lambda pair: pair[1]))
     return WorkerOutlook(now, tuple(free), pace, ratio, claimed, claims_through)
@@ -92,6 +128,8 @@ def worker_outlooks(
             schedulers[model].seconds_per_step,
             now,
             through,
+            schedulers[model].lane_openings(),
+            engine.settings.max_batch_size,
         )
         for model, engine in engines.items()
     }

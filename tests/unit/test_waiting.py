@@ -64,9 +64,9 @@ def test_slots_of_several_workers_are_pooled_and_no_worker_means_unknown() -> No
 
 
 def test_a_worker_frees_its_slots_after_its_running_and_claimed_jobs() -> None:
-    # Three slots: two run (5 and 20 tokens left at 0.1 s), one is free; two claimed jobs of
+    # Three slots: two rows free in 0.5 and 2 s, one slot is free now; two claimed jobs of
     # 10 tokens each wait for a lane and take the free slot, then the first to free.
-    free, starts = slots_free_in([(5, 0.1), (20, 0.1)], [10, 10], slots=3, pace=0.1)
+    free, starts = slots_free_in([0.5, 2.0], [10, 10], slots=3, pace=0.1)
     assert free == pytest.approx([1.0, 1.5, 2.0])
     assert starts == pytest.approx([0.0, 0.5])  # the free slot, then the one freeing at 0.5 s
     assert slots_free_in([], [], slots=2, pace=0.0) == ([0.0, 0.0], [])

@@ -56,6 +56,7 @@ class RestartRules:
 class Join:
     batch: RunningBatch
     long: bool  # the pause is past max_stall: each of its jobs' one long pause
+    pause: float = 0.0  # seconds its running streams stop to catch up
 
 
 @dataclass(frozen=True)
@@ -95,25 +96,44 @@ class RestartPolicy:
             if size > rules.max_batch_size:
                 continue
             stall_steps = batch.stall_steps([*batch.joiners, job])
-            if stall_steps >= batch.remaining_steps():
+            found = self.admits(batch, stall_steps, batch.remaining_steps(), size, wait, now)
+            if found is None:
                 continue
-            pause = stall_steps * self.step_seconds(batch, size, now)
-            short = pause <= rules.max_stall
-            spares_wait = (
-                rules.wait_ratio > 0
-                and pause * rules.wait_ratio <= wait
-                and (batch.long or not any(job.long_pauses for job in batch.live_jobs()))
-            )
-            if not (short or spares_wait):
-                continue
-            key = (size, pause)
+            key = (size, found.pause)
             if best is None or key < best[:2]:
-                best = (*key, Join(batch, not short))
+                best = (*key, found)
         if best is None or (held_back is not None and held_back < best[0]):
             # A smaller batch takes it after its first step (a few ms): waiting for that keeps
             # a burst that arrives one job at a time from piling onto the other lane.
             return None
         return best[2]
+
+    def admits(
+        self,
+        batch: RunningBatch,
+        stall_steps: int,
+        remaining_steps: int,
+        size: int,
+        wait: float,
+        now: float,
+    ) -> Join | None:
+        """The join rule for one batch: a restart that grows it to ``size`` and pauses its
+        longest stream ``stall_steps`` with ``remaining_steps`` to run, while a newcomer's wait
+        for a lane is ``wait`` seconds: a short pause, else a long one that spares that wait
+        ``wait_ratio`` times (once per job), else none."""
+        rules = self.rules
+        if stall_steps >= remaining_steps:
+            return None
+        pause = stall_steps * self.step_seconds(batch, size, now)
+        short = pause <= rules.max_stall
+        spares_wait = (
+            rules.wait_ratio > 0
+            and pause * rules.wait_ratio <= wait
+            and (batch.long or not any(job.long_pauses for job in batch.live_jobs()))
+        )
+        if not (short or spares_wait):
+            return None
+        return Join(batch, not short, pause)
 
     def overflow(self, running: Sequence[RunningBatch], now: float, spares_busy: int = 0) -> bool:
         """Whether a waiting job that no batch takes with a short pause starts on an idle

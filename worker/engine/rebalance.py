@@ -95,7 +95,7 @@ class Rebalancer:
         now = time.monotonic()
         if pending and idle_lanes == 0:
             below = self._shares.below(pending, running)
-            overflow = self._overflow_open(now, running, idle_lanes)
+            overflow = self.overflow_open(now, running, idle_lanes)
             # Waiting jobs alike (see ``join_class``) get the same answer until a join changes
             # the batches: each class is priced once per call, not once per job, so a long
             # queue does not make every decoding step pay for every waiting job.
@@ -161,7 +161,7 @@ class Rebalancer:
             return []
         if not self._overflow:
             return self._shares.candidates(pending, running)
-        if not self._overflow_open(time.monotonic(), running, idle_lanes):
+        if not self.overflow_open(time.monotonic(), running, idle_lanes):
             return []
         return by_priority(pending)
 
@@ -192,7 +192,7 @@ class Rebalancer:
             batch for batch in running if not batch.spare or self._overflow or job.tenant in below
         ]
 
-    def _overflow_open(self, now: float, running: Sequence[RunningBatch], idle_lanes: int) -> bool:
+    def overflow_open(self, now: float, running: Sequence[RunningBatch], idle_lanes: int) -> bool:
         """Whether an idle overflow lane should take a waiting job no batch takes with a short
         pause: every ordinary lane runs a batch, and the policy says none ends soon."""
         if not self._overflow or not self._shares.idle or idle_lanes:

@@ -32,6 +32,7 @@ from worker.engine.admission_window import AdmissionWindow
 from worker.engine.batch import RunningBatch, StepBuffer, StepSink, step_callback
 from worker.engine.engine import Engine
 from worker.engine.fair_share import ReserveShares
+from worker.engine.lane_views import LaneOpening, lane_openings, lanes_note
 from worker.engine.policy import RestartPolicy, RestartRules, halves, runs_with_first
 from worker.engine.prefix import PrefixTable
 from worker.engine.rebalance import Rebalancer, by_priority, split_in_flight
@@ -107,8 +108,9 @@ class BatchScheduler:
             max_batch_size,
             reserving=spare_use is SpareUse.RESERVE,
         )
-        policy = RestartPolicy(rules, self._step_times)
-        self._rebalancer = Rebalancer(policy, self._shares, engine_threads)
+        self._policy = RestartPolicy(rules, self._step_times)
+        self._lane_count = engine_threads
+        self._rebalancer = Rebalancer(self._policy, self._shares, engine_threads)
         # One lock; the ordinary lanes wait on ``_cond``, the spare lanes on ``_spare_cond``, so
         # an arrival wakes only a lane that may take it, not every lane per job.
         lock = threading.RLock()
@@ -151,7 +153,9 @@ class BatchScheduler:
                     )
             job.request = self.sharing.decided(job.request)
             self._window.arrived()
-            job.lanes_at_arrival = self._lanes_note()
+            job.lanes_at_arrival = lanes_note(
+                self._running, self._idle_lanes, self._shares.idle, len(self._pending)
+            )
             self._pending.append(job)
             self._rebalance()
             self._cond.notify()
@@ -164,18 +168,17 @@ class BatchScheduler:
             self._cond.notify_all()
             self._spare_cond.notify_all()
 
-    def _lanes_note(self) -> str:
-        """The lanes at this moment, for the job log: each running batch as ``lane:live/steps``
-        (``r`` marks a spare lane's, ``!`` a restart due), then the idle ordinary and spare lanes
-        and the waiting jobs. Under the lock."""
-        batches = " ".join(
-            f"{'r' if b.spare else 'o'}:{b.live()}/{b.steps}{'!' if b.restart else ''}"
-            for b in self._running
-        )
-        return (
-            f"{batches or '-'} idle={self._idle_lanes} spare_idle={self._shares.idle} "
-            f"waiting={len(self._pending)}"
-        )
+    def lane_openings(self) -> list[LaneOpening]:
+        """Each lane a newcomer may start on (never the tenants' reserve), its jobs and when it
+        takes the next newcomer (worker/engine/lane_views.py): the waiting estimate's view,
+        read by the maintenance loop, never on the token path."""
+        with self._cond:
+            now, running = time.monotonic(), self._running
+            lanes = [b for b in running if not (b.spare and self._shares.reserving)]
+            idle = max(self._lane_count - sum(not b.spare for b in lanes), 0)
+            if self._rebalancer.overflow_open(now, running, self._idle_lanes):
+                idle += self._shares.idle  # an idle overflow lane takes a waiting job now
+            return lane_openings(self._policy, lanes, idle, now)
 
     # -- moving work between batches (under the lock) ------------------------------------------
 
