@@ -109,6 +109,23 @@ def test_a_batch_whose_finished_lines_fill_the_storage_fails_the_rest_naming_it(
     assert held(app, batch_id) is None
 
 
+def test_a_batch_waits_for_a_file_that_expires_within_its_window(
+    app: Flask, client: FlaskClient
+) -> None:
+    """The same full storage, but one of the key's files expires before the batch's window
+    ends: its room will come back without the client, so the batch waits, its rest unread."""
+    expiring = upload(client, b"x" * 100).get_json()["id"]
+    svc = services(app)
+    soon = time.time() + 600  # the file's expiry, well within the 24 h window
+    svc.redis.zadd(keys.files_held(DIGEST), {expiring: soon}, xx=True)
+    data = jsonl(*(line(f"s{i}", max_tokens=2) for i in range(20)))
+    file_id = upload(client, data).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    statuses = [_ingest_run_sweep(app, client, batch_id, "x" * 600) for _turn in range(12)]
+    assert set(statuses) == {"validating"}, statuses
+    assert 0 < len(items(app, batch_id)) < 20
+
+
 def test_a_batch_still_reading_past_its_window_expires_with_its_unread_lines(
     app: Flask, client: FlaskClient
 ) -> None:
@@ -132,6 +149,27 @@ def test_a_batch_still_reading_past_its_window_expires_with_its_unread_lines(
     assert all(svc.store.status(job) is not JobStatus.QUEUED for item in read
                for job in item.job_ids)  # fmt: skip
     assert held(app, batch_id) is None
+
+
+def test_a_batch_whose_input_went_while_it_waited_fails_naming_it(
+    app: Flask, client: FlaskClient
+) -> None:
+    """Its window ends while it waits for room and its input file is gone by then: the
+    unread lines cannot be named, so the batch fails ``input_file_unavailable`` (never
+    ``expired`` with part of its input missing from both files)."""
+    data = jsonl(*(line(f"s{i}", max_tokens=2) for i in range(20)))
+    file_id = upload(client, data).get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    ingest_batch(app, batch_id)  # reads what fits; nothing runs
+    assert 0 < len(items(app, batch_id)) < 20
+    svc = services(app)
+    svc.redis.delete(keys.file_chunks(file_id))  # expired with the window, say
+    window = svc.settings.files.batch_window_seconds
+    batch_store(svc).update(batch_id, created_at=time.time() - window - 1)
+    sweep_now(app, batch_id)
+    found = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
+    assert found["status"] == "failed", found
+    assert found["errors"]["data"][0]["code"] == "input_file_unavailable", found
 
 
 def test_a_settle_pass_writes_only_the_lines_newly_finished(

@@ -114,9 +114,11 @@ class HeldQuota:
         first = self.redis.zrange(self.keys[0], 0, 0, withscores=True)
         return float(first[0][1]) if first else None
 
-    def holders(self) -> list[str]:
-        """The holders whose holds have not lapsed."""
-        return [str(h) for h in self.redis.zrangebyscore(self.keys[0], time.time(), "+inf")]
+    def lapse_times(self) -> dict[str, float]:
+        """Each hold not lapsed yet, and when it lapses (its room comes back then)."""
+        now = time.time()
+        held = self.redis.zrangebyscore(self.keys[0], now, "+inf", withscores=True)
+        return {str(holder): float(at) for holder, at in held}
 
     def used(self) -> int:
         """The bytes held now by holds not lapsed."""

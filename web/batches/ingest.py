@@ -114,7 +114,7 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
         if _read_input(svc, store, batch, lease, reading) != WAITING_FOR_ROOM:
             return
         tally = settle_holds(svc, store, batch)
-        if tally["pending"] or _others_hold_room(svc, batch):
+        if tally["pending"] or _room_may_come(svc, batch):
             return  # room comes back as those lines finish: the sweep resumes it then
         if reading.number == number and not tally["given_back"]:
             break  # nothing read, nothing given back: no room will come but the client's
@@ -160,11 +160,18 @@ def _read_input(
     return None
 
 
-def _others_hold_room(svc: Services, batch: BatchRecord) -> bool:
-    """Whether another batch of the key holds output room (its settling may give some back)."""
+def _room_may_come(svc: Services, batch: BatchRecord) -> bool:
+    """Whether room may come back within the batch's window without the client: another batch
+    of the key holds output room (its settling may give some back), or one of the key's holds
+    (a stored file, at its expiry; an upload in progress) lapses before the window ends."""
     own = holder_of(batch.id)
-    holders = output_quota(svc, batch.tenant_digest).holders()
-    return any(holder.endswith(OUTPUT_HOLDER_SUFFIX) and holder != own for holder in holders)
+    window_ends = batch.created_at + svc.settings.files.batch_window_seconds
+    quota = output_quota(svc, batch.tenant_digest)
+    lapses = quota.lapse_times()
+    others = {holder: at for holder, at in lapses.items() if holder != own}
+    return any(
+        holder.endswith(OUTPUT_HOLDER_SUFFIX) or at < window_ends for holder, at in others.items()
+    )
 
 
 def _end_unread(
@@ -180,6 +187,10 @@ def _end_unread(
     if not fail_unread(svc, store, batch, (reading.offset, reading.number), error):
         raise ReadingTaken(batch.id)
     _read(svc, batch)
+    latest = store.record(batch.id)
+    if latest is not None and (latest.ingest_offset or 0) < (batch.input_bytes or 0):
+        _fail_cut_short(svc, store, latest, latest.ingest_offset or 0)  # the input went
+        return
     store.update(batch.id, stage="in_progress", in_progress_at=time.time())
     latest = store.record(batch.id)
     if latest is not None:
