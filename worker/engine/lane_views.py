@@ -66,10 +66,10 @@ def lane_openings(
 ) -> list[LaneOpening]:
     """Every lane newcomers may start on: each of the ``running`` batches' lanes, then the
     ``idle_lanes`` (open now)."""
+    # A call's step time once a decoding step is measured (0: its rows keep their own pace):
+    # before that, its time per step so far counts its prefill or catch-up.
     found = [
-        LaneOpening(
-            tuple(b.live_jobs()), opens_in(policy, b, running, now), b.recent_step_seconds(now)
-        )
+        LaneOpening(tuple(b.live_jobs()), opens_in(policy, b, running, now), b.step_seconds or 0.0)
         for b in running
     ]
     return found + [LaneOpening((), 0.0)] * idle_lanes
