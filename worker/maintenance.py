@@ -153,6 +153,9 @@ class Maintenance:
                 except redis.RedisError as exc:
                     log.warning("%s failed: %s", name, exc)
                     continue
+                except Exception:  # a bug in one duty must not stop the others (heartbeats)
+                    log.exception("%s failed", name)
+                    continue
                 if sooner is not None:
                     self._next[name] = time.monotonic() + min(sooner, interval)
 
