@@ -117,7 +117,7 @@ class HeldQuota:
     def lapse_times(self) -> dict[str, float]:
         """Each hold not lapsed yet, and when it lapses (its room comes back then)."""
         now = time.time()
-        held = self.redis.zrangebyscore(self.keys[0], now, "+inf", withscores=True)
+        held: list[Any] = list(self.redis.zrangebyscore(self.keys[0], now, "+inf", withscores=True))
         return {str(holder): float(at) for holder, at in held}
 
     def used(self) -> int:
