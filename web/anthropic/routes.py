@@ -31,14 +31,8 @@ from web.common.errors import HttpError, invalid, not_found, unavailable
 from web.common.server_timing import timing_comment, with_server_timing
 from web.common.validation import parse_after
 from web.services import Services, services
-from web.streams.follow import (
-    Done,
-    JobFollower,
-    JobNotFound,
-    KeepAlive,
-    Status,
-    follow_many,
-)
+from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
+from web.streams.follow_many import follow_many
 from web.streams.job_wait import wait_for_job
 from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 

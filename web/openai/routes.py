@@ -42,15 +42,8 @@ from web.openai.requests import (
 from web.openai.tool_chat import ToolChoiceStream
 from web.services import Services, services
 from web.streams import hold as stream_hold
-from web.streams.follow import (
-    Done,
-    JobFollower,
-    KeepAlive,
-    Status,
-    close_all,
-    follow_many,
-    open_followers,
-)
+from web.streams.follow import Done, JobFollower, KeepAlive, Status
+from web.streams.follow_many import close_all, follow_many, open_followers
 from web.streams.job_wait import wait_for_job
 from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 

@@ -25,14 +25,8 @@ from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.store import StoredResponse
 from web.services import Services
 from web.streams import hold as stream_hold
-from web.streams.follow import (
-    Done,
-    JobFollower,
-    JobNotFound,
-    KeepAlive,
-    Status,
-    follow_many,
-)
+from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
+from web.streams.follow_many import follow_many
 from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
 from web.streams.sse_events import typed_event
 
