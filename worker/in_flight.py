@@ -22,6 +22,12 @@ class InFlight:
         # thread's): the waiting outlook's word that a claimed job it does not list runs.
         self.claims_through = 0.0
 
+    def claims_seen(self, claimed_at: float) -> None:
+        """Every fresh job claimed up to ``claimed_at`` is added here: moves
+        ``claims_through`` forward, never back (the claim thread and job threads both claim)."""
+        with self._lock:
+            self.claims_through = max(self.claims_through, claimed_at)
+
     def add(self, job: ScheduledJob, model: str) -> None:
         with self._lock:
             self._jobs[job.job_id] = job

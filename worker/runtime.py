@@ -185,7 +185,7 @@ class WorkerRuntime:
         claims = self.claim_many(job_ids)
         claimed_at = time.time()
         begun = [self._begin(claim, claim_started, claimed_at) for claim in claims]
-        self.in_flight.claims_through = claimed_at  # after every fresh job was added
+        self.in_flight.claims_seen(claimed_at)  # after every fresh job was added
         return begun
 
     def _begin(self, claim: Claim, claim_started: float, claimed_at: float) -> Claim | Begun:
@@ -215,6 +215,7 @@ class WorkerRuntime:
         if isinstance(claim, Begun):
             begun, claim = claim, claim.claim
         timeline = begun.timeline if begun else JobTimeline(claim_started=time.time())
+        claimed_here = claim is None
         if claim is None:
             (claim,) = with_redis_retry(lambda: self.claim_many([job_id]), retry, f"claim {job_id}")
         if not claim.claimed:
@@ -246,6 +247,8 @@ class WorkerRuntime:
             except ValueError as exc:
                 error = exc
             timeline.scheduled = time.time()
+            if claimed_here and not events:  # the claim thread's claims say so themselves
+                self.in_flight.claims_seen(timeline.claimed)
         self._note_claimed(job, claim, resumed=len(events))
         if error is not None or scheduled is None:
             failure = JobError("invalid_request", str(error))

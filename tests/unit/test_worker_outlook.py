@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from trickle.jobs import FinishReason
+from worker.in_flight import InFlight
 from worker.length_ratios import LengthRatios
 from worker.outlook import expected_tokens, model_outlook, seconds_per_token
 
@@ -71,3 +72,15 @@ def test_without_a_measured_job_the_step_time_is_the_pace() -> None:
     assert outlook.free_in == pytest.approx((0.5,))
     idle = model_outlook([], 2, 1.0, lambda size: None, now=0.0)
     assert idle.free_in == (0.0, 0.0) and idle.seconds_per_token == 0.0
+
+
+def test_claims_through_moves_forward_only() -> None:
+    """The claim thread and job threads both report claims, in any order: a late report of an
+    older claim never takes back what a newer one said (jobs it covers would look unseen)."""
+    in_flight = InFlight()
+    assert in_flight.claims_through == 0.0
+    in_flight.claims_seen(100.0)
+    in_flight.claims_seen(99.0)
+    assert in_flight.claims_through == 100.0
+    in_flight.claims_seen(101.5)
+    assert in_flight.claims_through == 101.5
