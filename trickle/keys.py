@@ -165,6 +165,13 @@ def batch_items(batch_id: str) -> str:
     return f"{batch(batch_id)}:items"
 
 
+def batch_room_stalled(batch_id: str) -> str:
+    """String (with a TTL) a file batch's reading sets while it waits for output room with
+    none of its own lines running: only other batches of its key could give room back, so two
+    such batches would wait on each other (web/batches/ingest.py breaks the tie)."""
+    return f"{batch(batch_id)}:room-stalled"
+
+
 def batch_ingest(batch_id: str) -> str:
     """String (with a TTL) held by the batch task reading a file batch's input into jobs: while
     it lives nobody else does; once it lapses (its process died) the next sweep resumes."""

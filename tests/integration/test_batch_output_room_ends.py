@@ -32,7 +32,7 @@ from trickle import keys
 from trickle.jobs import JobStatus
 from trickle.store.held_quota import HeldQuota
 from web.batches.finalize import batch_store, finalize, settle
-from web.batches.output_room import holder_of
+from web.batches.output_room import holder_of, settle_holds
 from web.batches.tasks import ingest_batch, settle_batch
 from web.services import services
 
@@ -229,3 +229,44 @@ def test_a_group_that_fits_is_held_in_one_script_call(
     assert batch["request_counts"]["total"] == 3
     held_by_batch = [adding for holder, adding in calls if holder == holder_of(batch["id"])]
     assert held_by_batch == [held(app, batch["id"])], calls
+
+
+def test_two_batches_of_one_key_waiting_on_each_other_end_their_readings(
+    app: Flask, client: FlaskClient
+) -> None:
+    """Two batches of one key take turns reading what fits until each waits for room with
+    none of its lines running: each holds only what its finished lines wrote, which its files
+    keep, so neither can give the other room. Both end their readings (the unread lines fail
+    naming the storage) instead of waiting on each other until their windows end."""
+    data = jsonl(*(line(f"s{i}") for i in range(12)))
+    inputs = [upload(client, data).get_json()["id"] for _batch in range(2)]
+    first, second = (post_batch(client, file_id).get_json()["id"] for file_id in inputs)
+    ingest_batch(app, first)  # reads what fits
+    run_jobs(app, [job for item in items(app, first) for job in item.job_ids])
+    svc = services(app)
+    store = batch_store(svc)
+    record = store.record(first)
+    assert record is not None
+    settle_holds(svc, store, record)  # short answers give most of its room back...
+    ingest_batch(app, second)  # ...which the second batch reads into
+    for batch_id in (first, second):
+        assert 0 < len(items(app, batch_id)) < 12
+    statuses: list[tuple[str, str]] = []
+    for _turn in range(12):
+        statuses.append(tuple(  # type: ignore[arg-type]
+            _ingest_run_sweep(app, client, batch_id, "x" * 600) for batch_id in (first, second)
+        ))  # fmt: skip
+        if statuses[-1] == ("completed", "completed"):
+            break
+    assert statuses[-1] == ("completed", "completed"), statuses
+    for batch_id in (first, second):
+        found = client.get(f"/v1/batches/{batch_id}", headers=bearer(FIRST)).get_json()
+        counts = found["request_counts"]
+        assert counts["total"] == 12 and counts["completed"] + counts["failed"] == 12, counts
+        assert 0 < counts["completed"] < 12, counts
+        errors = _lines_of(client, found["error_file_id"])
+        assert {error["response"]["body"]["error"]["code"] for error in errors} == {
+            "file_storage_full"
+        }
+        assert held(app, batch_id) is None
+        assert not services(app).redis.exists(keys.batch_room_stalled(batch_id))

@@ -109,16 +109,29 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     if window_over(svc, batch, time.time()):  # it runs nothing more: the rest fails
         _end_unread(svc, store, batch, reading, window_ended_error(), expired=True)
         return
+    stalled = keys.batch_room_stalled(batch.id)
     while True:
         number = reading.number
         if _read_input(svc, store, batch, lease, reading) != WAITING_FOR_ROOM:
+            svc.redis.delete(stalled)
             return
         tally = settle_holds(svc, store, batch)
-        if tally["pending"] or _room_may_come(svc, batch):
+        if tally["pending"]:
+            svc.redis.delete(stalled)
             return  # room comes back as those lines finish: the sweep resumes it then
+        # Marked before it looks at the others: of two that look at once, one sees the other.
+        svc.redis.set(stalled, "1", ex=_stall_mark_seconds(svc))
+        if _room_may_come(svc, batch):
+            return
         if reading.number == number and not tally["given_back"]:
             break  # nothing read, nothing given back: no room will come but the client's
+    svc.redis.delete(stalled)
     _end_unread(svc, store, batch, reading, storage_full_error(svc, number + 1), expired=False)
+
+
+def _stall_mark_seconds(svc: Services) -> int:
+    """A stalled mark outlives a few of the sweep's resumptions, which renew it."""
+    return max(int(4 * svc.settings.files.batch_sweep_seconds), 10)
 
 
 def _read_input(
@@ -162,16 +175,20 @@ def _read_input(
 
 def _room_may_come(svc: Services, batch: BatchRecord) -> bool:
     """Whether room may come back within the batch's window without the client: another batch
-    of the key holds output room (its settling may give some back), or one of the key's holds
-    (a stored file, at its expiry; an upload in progress) lapses before the window ends."""
+    of the key holds output room and runs or reads on (its settling may give some back), or
+    one of the key's holds (a stored file, at its expiry; an upload in progress) lapses before
+    the window ends. Another batch that waits for room itself, none of its lines running,
+    holds only what its finished lines wrote, which its files keep: it gives none back, so two
+    such batches no longer wait on each other until their windows end."""
     own = holder_of(batch.id)
     window_ends = batch.created_at + svc.settings.files.batch_window_seconds
-    quota = output_quota(svc, batch.tenant_digest)
-    lapses = quota.lapse_times()
+    lapses = output_quota(svc, batch.tenant_digest).lapse_times()
     others = {holder: at for holder, at in lapses.items() if holder != own}
-    return any(
-        holder.endswith(OUTPUT_HOLDER_SUFFIX) or at < window_ends for holder, at in others.items()
-    )
+    if any(at < window_ends for at in others.values()):
+        return True
+    batches = [holder.removesuffix(OUTPUT_HOLDER_SUFFIX) for holder in others
+               if holder.endswith(OUTPUT_HOLDER_SUFFIX)]  # fmt: skip
+    return any(not svc.redis.exists(keys.batch_room_stalled(other)) for other in batches)
 
 
 def _end_unread(
