@@ -20,12 +20,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ops.preload import ForkedProcess, expand, forkable, preload
-from ops.priority import niceness
+from ops.priority import lower_priority, niceness
 from ops.stack import procfile_commands, spawn
 from ops.supervisor import Child, Process, RespawnPolicy, Supervisor
 from trickle.config.sections import SupervisorSettings
 from trickle.config.settings import PROJECT_ROOT, Settings, load_settings
-from trickle.process_priority import lower_priority
 
 PR_SET_PDEATHSIG = 1
 BASE_PORT = 5000

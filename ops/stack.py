@@ -26,12 +26,11 @@ import redis
 from honcho.environ import parse_procfile
 
 from ops.preload import expand
-from ops.priority import niceness
+from ops.priority import lower_priority, niceness
 from ops.redis_server import free_port, start_redis, stop_process, stop_redis
 from trickle import keys
 from trickle.config.sections import RedisSettings, SupervisorSettings
 from trickle.config.settings import PROJECT_ROOT, load_settings
-from trickle.process_priority import lower_priority
 from trickle.store.redis_connection import connect
 
 BIN = Path(sys.executable).parent

@@ -44,7 +44,6 @@ from typing import Any
 
 from trickle.config.sections import ModelSettings
 from trickle.heap import IdleTrim
-from trickle.process_priority import yield_cores
 from trickle.tokenization import load_tokenizer
 from worker.engine.alternatives import Scores, row_logits
 from worker.engine.batch_command import BatchCommand
@@ -350,8 +349,7 @@ def serve(
         # The engine's threads would take every core from the latency-bound Python around it
         # (the web tier answering POSTs, the worker claiming and publishing): yield to them.
         # On a GPU (``auto`` resolved to it included) the engine waits on the device anyway.
-        # In a session of its own, so the nice value counts against theirs (autogroups).
-        yield_cores(model.tuning.engine_niceness)
+        os.nice(model.tuning.engine_niceness)
     if model.tuning.engine_keep_freed_memory:
         keep_freed_memory()  # before the model loads: every buffer after it comes from the heap
     shared = attach_flags(flags_name)
