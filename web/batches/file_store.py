@@ -352,3 +352,21 @@ def _text(fields: dict[Any, Any]) -> dict[str, str]:
 
 def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def line_groups(
+    chunks: Iterator[bytes], start: int, max_line: int, size: int
+) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+    """``lines_of``'s non-blank lines from ``start`` in groups of ``size``, each with the offset
+    read to (just past its last line); the last group, shorter (maybe empty), reads to the end:
+    one walk for reading an input into jobs and for failing its unread lines."""
+    read_to = start
+    group: list[tuple[int, bytes]] = []
+    for end, line in lines_of(chunks, start, max_line):
+        read_to = end
+        if line.strip():
+            group.append((end, line))
+        if len(group) == size:
+            yield read_to, group
+            group = []
+    yield read_to, group
