@@ -267,9 +267,9 @@ class FileStore:
         after: str | None,
         newest_first: bool,
         purpose: str | None,
-    ) -> tuple[list[FileRecord], bool] | None:
+    ) -> list[FileRecord] | None:
         """Up to ``limit`` of the tenant's live files after the file ``after`` (None: from the
-        start), and whether more follow; None when ``after`` is not the tenant's. Records are
+        start), and one more if more follow; None when ``after`` is not the tenant's. Records are
         read a slice at a time, never all of the key's: ids whose file expired leave the
         index."""
         index = keys.files_of(tenant_digest)
@@ -292,7 +292,7 @@ class FileStore:
             live, gone = self._live(tenant_digest, ids, purpose)
             found += live
             start += len(ids) - gone  # the ids that left the index moved the rest up
-        return found[:limit], len(found) > limit
+        return found[: limit + 1]
 
     def _live(
         self, tenant_digest: str, ids: list[str], purpose: str | None
