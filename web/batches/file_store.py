@@ -13,7 +13,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import redis
@@ -70,15 +70,7 @@ class FileRecord:
         }
 
     def to_hash(self) -> dict[str, str]:
-        return {
-            "id": self.id,
-            "tenant_digest": self.tenant_digest,
-            "bytes": str(self.bytes),
-            "created_at": str(self.created_at),
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "expires_at": str(self.expires_at),
-        }
+        return {name: str(value) for name, value in asdict(self).items()}
 
     @classmethod
     def from_hash(cls, fields: dict[str, str]) -> FileRecord:
