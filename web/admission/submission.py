@@ -143,6 +143,17 @@ def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcom
     return outcomes
 
 
+def cancel_quietly(svc: Services, jobs: list[tuple[str, str]]) -> None:
+    """``cancel_many`` where the request answers whatever becomes of the cancel (its wait ran
+    out, its client left, a response canceled or deleted): Redis being away is only logged."""
+    if not jobs:
+        return
+    try:
+        cancel_many(svc, jobs)
+    except redis.RedisError as exc:
+        log.warning("could not cancel %s: %s", ", ".join(job_id for job_id, _ in jobs), exc)
+
+
 def enqueue(svc: Services, job: Job, key: IdempotencyKey | None = None) -> Created | None:
     """``enqueue_all`` for one job."""
     return enqueue_all(svc, [job], key)

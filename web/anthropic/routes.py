@@ -19,7 +19,7 @@ from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
-from web.admission.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
+from web.admission.submission import admit, cancel_quietly, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
 from web.anthropic.errors import anthropic_error, from_http_error
 from web.anthropic.models import messages_models
@@ -54,7 +54,7 @@ def create_message() -> Response:
         return _event_stream(svc, job, call, after, cancel_on_close=key is None)
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
-        _cancel(svc, job)
+        cancel_quietly(svc, [(job.id, job.model)])
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     if done.status is JobStatus.FAILED:
         raise _failed(done)
@@ -177,16 +177,9 @@ def _events(
         yield render.error_event(anthropic_error(error.status, error.message))
     finally:
         if cancel_on_close and not finished:
-            _cancel(svc, job)
+            cancel_quietly(svc, [(job.id, job.model)])
 
 
 def _failed(job: Job) -> HttpError:
     detail = job.error.message if job.error else "unknown error"
     return HttpError(500, "api_error", f"generation failed: {detail}", code="generation_failed")
-
-
-def _cancel(svc: Services, job: Job) -> None:
-    try:
-        cancel_many(svc, [(job.id, job.model)])
-    except redis.RedisError as exc:
-        log.warning("could not cancel job %s: %s", job.id, exc)

@@ -26,7 +26,7 @@ from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
-from web.admission.submission import admit, cancel_many, enqueue_all, prepare_job
+from web.admission.submission import admit, cancel_quietly, enqueue_all, prepare_job
 from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found, unavailable
 from web.common.response_models import Model, ModelList
@@ -206,16 +206,16 @@ def _complete(
     for job in jobs:
         done = wait_for_job(svc.store, svc.hub, job.id, max(deadline - time.monotonic(), 0))
         if done is None or not done.status.is_terminal:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
         if done.status is JobStatus.FAILED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise _generation_failed(done)
         if done.status is JobStatus.EXPIRED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise expired_error(done)
         if done.status is JobStatus.CANCELED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise request_canceled([done.id], None)
         # The replay log only for logprobs: the finished job already holds its output.
         events = svc.store.tokens(job.id) if req.logprobs is not None else []
@@ -336,7 +336,7 @@ def _stream(
                 log.warning("completion stream %s: could not hold its jobs: %s", envelope.id, exc)
                 left = False
         if not (held and left):
-            _cancel(svc, unfinished)
+            cancel_quietly(svc, [(job.id, job.model) for job in unfinished])
 
 
 def _tool_streams(
@@ -369,15 +369,6 @@ def _token_chunk(
 def _generation_failed(job: Job) -> HttpError:
     detail = job.error.message if job.error else "unknown error"
     return HttpError(500, "server_error", f"generation failed: {detail}", code="generation_failed")
-
-
-def _cancel(svc: Services, jobs: list[Job]) -> None:
-    if not jobs:
-        return
-    try:
-        cancel_many(svc, [(job.id, job.model) for job in jobs])
-    except redis.RedisError as exc:
-        log.warning("could not cancel jobs %s: %s", ", ".join(job.id for job in jobs), exc)
 
 
 def _sse(payload: dict[str, Any]) -> str:

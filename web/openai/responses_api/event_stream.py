@@ -17,7 +17,7 @@ from flask import Response, stream_with_context
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
-from web.admission.submission import cancel_many
+from web.admission.submission import cancel_quietly
 from web.common.errors import invalid, not_found, unavailable
 from web.common.server_timing import timing_comment
 from web.common.tools.parser import ToolCallParser
@@ -206,7 +206,7 @@ def _stream_ended(
             log.warning("response stream %s: could not hold its job: %s", record.id, exc)
             left = False
     if cancel_on_close and not finished and not (hold is not None and left):
-        cancel_response_job(svc, record.job_id, record.model)
+        cancel_quietly(svc, [(record.job_id, record.model)])
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
@@ -214,10 +214,3 @@ def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[s
     count = len(tokens) if tokens is not None else svc.responses.token_count(job.id)
     events = render.tail_events(record, job, count, tokens)
     return [typed_event(e) for e in events if e["sequence_number"] > after]
-
-
-def cancel_response_job(svc: Services, job_id: str, model: str) -> None:
-    try:
-        cancel_many(svc, [(job_id, model)])
-    except redis.RedisError as exc:
-        log.warning("could not cancel job %s: %s", job_id, exc)
