@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 
 import redis
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, jsonify, request
 
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
@@ -34,7 +34,7 @@ from web.services import Services, services
 from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
 from web.streams.follow_many import follow_many
 from web.streams.job_wait import wait_for_job
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("anthropic", __name__)
@@ -131,10 +131,7 @@ def _event_stream(
         raise not_found(
             f"message {render.message_id(job.id)!r} has expired", IDEMPOTENCY_HEADER
         ) from None
-    body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))
-    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-    response.call_on_close(follower.close)
-    return response
+    return sse_response(_events(svc, job, writer, follower, cancel_on_close), follower.close)
 
 
 def _events(

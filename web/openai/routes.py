@@ -45,7 +45,7 @@ from web.streams import hold as stream_hold
 from web.streams.follow import Done, JobFollower, KeepAlive, Status
 from web.streams.follow_many import close_all, follow_many, open_followers
 from web.streams.job_wait import wait_for_job
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
@@ -125,10 +125,8 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         job_ids = [job.id for job in jobs]
         followers = open_followers(svc.store, svc.hub, job_ids, tenant_digest, False, svc.waiting)
         held = key is not None and stream_hold.grace_seconds(svc) > 0
-        body = stream_with_context(_stream(svc, req, jobs, followers, envelope, held))
-        response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-        response.call_on_close(lambda: close_all(followers))
-        return response
+        events = _stream(svc, req, jobs, followers, envelope, held)
+        return sse_response(events, lambda: close_all(followers))
     try:
         answer, ended = _complete(svc, req, jobs, envelope)
     except redis.RedisError as exc:  # the jobs exist: name them, so a retry need not copy them

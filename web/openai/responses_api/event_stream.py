@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
-from flask import Response, stream_with_context
+from flask import Response
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
@@ -27,7 +27,7 @@ from web.services import Services
 from web.streams import hold as stream_hold
 from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
 from web.streams.follow_many import follow_many
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 from web.streams.sse_events import typed_event
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,8 @@ def event_stream(
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
     hold = job if held else None
-    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close, hold))
-    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-    response.call_on_close(follower.close)
-    return response
+    events = _events(svc, record, follower, after, cancel_on_close, hold)
+    return sse_response(events, follower.close)
 
 
 def _events(
