@@ -21,7 +21,7 @@ from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
 from web.admission.submission import admit, cancel_quietly, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
-from web.anthropic.errors import anthropic_error, from_http_error
+from web.anthropic.errors import error_event
 from web.anthropic.models import messages_models
 from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
 from web.anthropic.stream import TextWriter, ToolWriter
@@ -157,11 +157,10 @@ def _events(
                 elif isinstance(event, Done):
                     finished = True
                     if event.job.status is JobStatus.FAILED:
-                        parts.append(render.error_event(from_http_error(_failed(event.job))))
+                        parts.append(error_event(_failed(event.job)))
                     elif event.job.status is JobStatus.EXPIRED:
-                        expired = from_http_error(expired_error(event.job))
                         parts.append(timing_comment([event.job]))  # its wait: admit, queue
-                        parts.append(render.error_event(expired))
+                        parts.append(error_event(expired_error(event.job)))
                     else:
                         # Its hops, as a comment before its last events (clients skip it).
                         parts.append(timing_comment([event.job]))
@@ -170,8 +169,7 @@ def _events(
                 yield "".join(parts)
     except redis.RedisError as exc:
         log.warning("message stream %s ended: redis unavailable: %s", job.id, exc)
-        error = unavailable(f"job store (Redis) unavailable: {exc}")
-        yield render.error_event(anthropic_error(error.status, error.message))
+        yield error_event(unavailable(f"job store (Redis) unavailable: {exc}"))
     finally:
         if cancel_on_close and not finished:
             cancel_quietly(svc, [(job.id, job.model)])
