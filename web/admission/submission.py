@@ -47,13 +47,7 @@ def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
     if len(prompt) <= INLINE_TOKENIZE_CHARS:
         return tokenizer.encode(prompt)
-    return off_the_loop(tokenizer.encode, prompt)
-
-
-def off_the_loop(work: Callable[[str], list[int]], text: str) -> list[int]:
-    """``work(text)`` on gevent's thread pool when this process runs gevent's hub (gunicorn's
-    workers); directly elsewhere (a test's app, a threaded server), where no loop waits."""
-    return in_pool(lambda: work(text))
+    return in_pool(lambda: tokenizer.encode(prompt))
 
 
 def in_pool(work: Callable[[], T]) -> T:

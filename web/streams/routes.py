@@ -159,8 +159,7 @@ def status_data(event: Status) -> dict[str, Any]:
     queued."""
     data: dict[str, Any] = {"status": event.status.value}
     if event.status is JobStatus.QUEUED:
-        data["position"] = event.position
-        data["eta_seconds"] = rounded_eta(event.eta_seconds)
+        data.update(queued_object(event.position, event.eta_seconds))
     return data
 
 
