@@ -222,7 +222,9 @@ def _layered(raw: dict[str, Any], env: Mapping[str, str], base_dir: Path | None)
         raise ConfigError("[models] must contain at least one [models.<name>] table")
     tables = ("models", "keys")
     sections = {name: getattr(layers, name) for name in _Layers.model_fields if name not in tables}
-    sections["default_model"] = layers.default_model or _first_served(models)
+    # No default named: an embedded model if served, else the first.
+    first = next((name for name in EMBEDDED_MODELS if name in models), next(iter(models)))
+    sections["default_model"] = layers.default_model or first
     settings = Settings(**sections, models=models, keys=named_keys)
     _check(settings)
     return settings
@@ -241,11 +243,6 @@ def _model(name: str, table: Mapping[str, Any], base_dir: Path | None) -> ModelS
         path=_resolve(model.path, base_dir),
         tokenizer=_resolve(model.tokenizer, base_dir) if model.tokenizer else "",
     ).with_threads(available_cores())
-
-
-def _first_served(models: Mapping[str, ModelSettings]) -> str:
-    """The default model when none is named: an embedded one if served, else the first."""
-    return next((name for name in EMBEDDED_MODELS if name in models), next(iter(models)))
 
 
 def _describe(exc: ValidationError, prefix: str = "") -> str:

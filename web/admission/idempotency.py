@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flask import request
@@ -52,9 +52,7 @@ class Created:
     batch_id: str = ""
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"fingerprint": self.fingerprint, "job_ids": self.job_ids, "batch_id": self.batch_id}
-        )
+        return json.dumps(asdict(self))
 
     @classmethod
     def from_json(cls, raw: str) -> Created:

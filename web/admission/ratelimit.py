@@ -40,7 +40,6 @@ from trickle.config.settings import Settings
 from web.admission.auth import current_key, current_tenant_digest, route_access, stream_grant
 from web.common.errors import too_many
 
-KINDS = ("requests", "tokens")
 COUNTED_READ = "trickle_counted_read"
 # Methods that read one thing cheaply, uncounted unless their view is ``@counted_read``.
 READS = frozenset({"GET", "HEAD", "OPTIONS"})

@@ -47,13 +47,7 @@ def tokenize_prompt(svc: Services, model: str, prompt: str) -> list[int]:
         raise unavailable(f"model {model!r} is not available: {exc}") from exc
     if len(prompt) <= INLINE_TOKENIZE_CHARS:
         return tokenizer.encode(prompt)
-    return off_the_loop(tokenizer.encode, prompt)
-
-
-def off_the_loop(work: Callable[[str], list[int]], text: str) -> list[int]:
-    """``work(text)`` on gevent's thread pool when this process runs gevent's hub (gunicorn's
-    workers); directly elsewhere (a test's app, a threaded server), where no loop waits."""
-    return in_pool(lambda: work(text))
+    return in_pool(lambda: tokenizer.encode(prompt))
 
 
 def in_pool(work: Callable[[], T]) -> T:
@@ -141,6 +135,17 @@ def cancel_many(svc: Services, jobs: list[tuple[str, str]]) -> list[CancelOutcom
     for model, amount in canceled.items():
         count_now(svc.redis, JOBS, amount, model=model, status="canceled")
     return outcomes
+
+
+def cancel_quietly(svc: Services, jobs: list[tuple[str, str]]) -> None:
+    """``cancel_many`` where the request answers whatever becomes of the cancel (its wait ran
+    out, its client left, a response canceled or deleted): Redis being away is only logged."""
+    if not jobs:
+        return
+    try:
+        cancel_many(svc, jobs)
+    except redis.RedisError as exc:
+        log.warning("could not cancel %s: %s", ", ".join(job_id for job_id, _ in jobs), exc)
 
 
 def enqueue(svc: Services, job: Job, key: IdempotencyKey | None = None) -> Created | None:

@@ -131,13 +131,9 @@ def _check_tool_blocks(messages: list[AnthropicMessage], declared: set[str]) -> 
 
 
 def _result_text(result: AnthropicToolResultBlock) -> str:
-    content = result.content
-    text = "" if content is None else content if isinstance(content, str) else _joined(content)
+    content = result.content or ""
+    text = content if isinstance(content, str) else "".join(block.text for block in content)
     return ERROR_PREFIX + text if result.is_error else text
-
-
-def _joined(blocks: list[AnthropicTextBlock]) -> str:
-    return "".join(block.text for block in blocks)
 
 
 def _append(turns: list[ChatTurn], turn: ChatTurn) -> None:

@@ -14,6 +14,7 @@ from flask import Flask, Response, request
 
 from web.anthropic.models import AnthropicError
 from web.common.errors import HttpError
+from web.streams.sse_events import typed_event
 
 MESSAGES_PATH = "/v1/messages"
 # Anthropic's error types by HTTP status (their documented table; 503 is Trickle's Redis or
@@ -32,9 +33,7 @@ TYPES = {
 
 
 def error_type(status: int) -> str:
-    if status in TYPES:
-        return TYPES[status]
-    return "invalid_request_error" if status < 500 else "api_error"
+    return TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
 def anthropic_error(status: int, message: str, param: str | None = None) -> AnthropicError:
@@ -44,8 +43,9 @@ def anthropic_error(status: int, message: str, param: str | None = None) -> Anth
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
-def from_http_error(error: HttpError) -> AnthropicError:
-    return anthropic_error(error.status, error.message, error.param)
+def error_event(error: HttpError) -> str:
+    """``error`` as a message stream's ``error`` event."""
+    return typed_event(dict(anthropic_error(error.status, error.message, error.param)))
 
 
 def is_messages_path(path: str) -> bool:

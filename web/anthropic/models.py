@@ -23,6 +23,7 @@ from web.common.request_models import (
     UNBOUND_MAX_TOKENS,
     PromptText,
     max_tokens_field,
+    model_field,
 )
 from web.common.tools.models import MAX_TOOLS, Strict, ToolName
 
@@ -252,14 +253,7 @@ def messages_models(settings: Settings) -> MessagesModels:
 
 @cache
 def _bound(ceiling: int, stops: int, stop_chars: int, models: tuple[str, ...]) -> MessagesModels:
-    model: Any = (
-        str | None,
-        Field(
-            None,
-            description="a served model; the default one when absent",
-            json_schema_extra={"enum": [*models, None]},
-        ),
-    )
+    model = model_field(models)
     create = create_model(
         MessagesRequest.__name__,
         __base__=MessagesRequest,

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from trickle.events import encode_text
 from trickle.jobs import FinishReason, Job
-from web.anthropic.models import (
-    AnthropicContent,
-    AnthropicError,
-    AnthropicUsage,
-    MessageObject,
-    StopReason,
-)
+from web.anthropic.models import AnthropicContent, AnthropicUsage, MessageObject, StopReason
 from web.streams.sse_events import typed_event
 
 MESSAGE_PREFIX = "msg_"
@@ -105,10 +99,6 @@ def tail(job: Job, reason: StopReason | None = None, text_block: bool = True) ->
     }
     close = typed_event({"type": "content_block_stop", "index": 0}) if text_block else ""
     return close + typed_event(delta) + typed_event({"type": "message_stop"})
-
-
-def error_event(error: AnthropicError) -> str:
-    return typed_event(dict(error))
 
 
 # Stands for a delta's text while its template is rendered (as in web.openai.responses: no

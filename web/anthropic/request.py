@@ -99,17 +99,16 @@ def prompt_of(
     if turns[-1].role != "assistant":
         return chat_prompt([*head, *turns], settings, model, tools=tools)
     prefill = turns.pop()
+    where = f"messages[{len(req.messages) - 1}].content"
     if prefill.content and tools is not None and tools.forced:
-        last = len(req.messages) - 1
         raise invalid(
-            f"messages[{last}].content",
+            where,
             "a forced tool call (tool_choice 'any' or 'tool') is the whole answer: it cannot "
             "continue a final assistant turn's text",
         )
     if prefill.tool_calls:
-        last = len(req.messages) - 1
         raise invalid(
-            f"messages[{last}].content",
+            where,
             "a conversation that ends with an assistant turn is continued from its text: "
             "that turn cannot hold tool_use blocks (send their tool_result in a user turn)",
         )

@@ -13,15 +13,15 @@ import logging
 from collections.abc import Iterator
 
 import redis
-from flask import Blueprint, Response, jsonify, request, stream_with_context
+from flask import Blueprint, Response, jsonify, request
 
 from trickle.events import TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
-from web.admission.submission import admit, cancel_many, enqueue, prepare_job, tokenize_prompt
+from web.admission.submission import admit, cancel_quietly, enqueue, prepare_job, tokenize_prompt
 from web.anthropic import render
-from web.anthropic.errors import anthropic_error, from_http_error
+from web.anthropic.errors import error_event
 from web.anthropic.models import messages_models
 from web.anthropic.request import MessagesCall, check_version, parse_count, parse_messages
 from web.anthropic.stream import TextWriter, ToolWriter
@@ -34,7 +34,7 @@ from web.services import Services, services
 from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
 from web.streams.follow_many import follow_many
 from web.streams.job_wait import wait_for_job
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("anthropic", __name__)
@@ -54,7 +54,7 @@ def create_message() -> Response:
         return _event_stream(svc, job, call, after, cancel_on_close=key is None)
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
-        _cancel(svc, job)
+        cancel_quietly(svc, [(job.id, job.model)])
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     if done.status is JobStatus.FAILED:
         raise _failed(done)
@@ -131,10 +131,7 @@ def _event_stream(
         raise not_found(
             f"message {render.message_id(job.id)!r} has expired", IDEMPOTENCY_HEADER
         ) from None
-    body = stream_with_context(_events(svc, job, writer, follower, cancel_on_close))
-    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-    response.call_on_close(follower.close)
-    return response
+    return sse_response(_events(svc, job, writer, follower, cancel_on_close), follower.close)
 
 
 def _events(
@@ -160,11 +157,10 @@ def _events(
                 elif isinstance(event, Done):
                     finished = True
                     if event.job.status is JobStatus.FAILED:
-                        parts.append(render.error_event(from_http_error(_failed(event.job))))
+                        parts.append(error_event(_failed(event.job)))
                     elif event.job.status is JobStatus.EXPIRED:
-                        expired = from_http_error(expired_error(event.job))
                         parts.append(timing_comment([event.job]))  # its wait: admit, queue
-                        parts.append(render.error_event(expired))
+                        parts.append(error_event(expired_error(event.job)))
                     else:
                         # Its hops, as a comment before its last events (clients skip it).
                         parts.append(timing_comment([event.job]))
@@ -173,20 +169,12 @@ def _events(
                 yield "".join(parts)
     except redis.RedisError as exc:
         log.warning("message stream %s ended: redis unavailable: %s", job.id, exc)
-        error = unavailable(f"job store (Redis) unavailable: {exc}")
-        yield render.error_event(anthropic_error(error.status, error.message))
+        yield error_event(unavailable(f"job store (Redis) unavailable: {exc}"))
     finally:
         if cancel_on_close and not finished:
-            _cancel(svc, job)
+            cancel_quietly(svc, [(job.id, job.model)])
 
 
 def _failed(job: Job) -> HttpError:
     detail = job.error.message if job.error else "unknown error"
     return HttpError(500, "api_error", f"generation failed: {detail}", code="generation_failed")
-
-
-def _cancel(svc: Services, job: Job) -> None:
-    try:
-        cancel_many(svc, [(job.id, job.model)])
-    except redis.RedisError as exc:
-        log.warning("could not cancel job %s: %s", job.id, exc)

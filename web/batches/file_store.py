@@ -13,7 +13,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import redis
@@ -70,15 +70,7 @@ class FileRecord:
         }
 
     def to_hash(self) -> dict[str, str]:
-        return {
-            "id": self.id,
-            "tenant_digest": self.tenant_digest,
-            "bytes": str(self.bytes),
-            "created_at": str(self.created_at),
-            "filename": self.filename,
-            "purpose": self.purpose,
-            "expires_at": str(self.expires_at),
-        }
+        return {name: str(value) for name, value in asdict(self).items()}
 
     @classmethod
     def from_hash(cls, fields: dict[str, str]) -> FileRecord:
@@ -267,9 +259,9 @@ class FileStore:
         after: str | None,
         newest_first: bool,
         purpose: str | None,
-    ) -> tuple[list[FileRecord], bool] | None:
+    ) -> list[FileRecord] | None:
         """Up to ``limit`` of the tenant's live files after the file ``after`` (None: from the
-        start), and whether more follow; None when ``after`` is not the tenant's. Records are
+        start), and one more if more follow; None when ``after`` is not the tenant's. Records are
         read a slice at a time, never all of the key's: ids whose file expired leave the
         index."""
         index = keys.files_of(tenant_digest)
@@ -292,7 +284,7 @@ class FileStore:
             live, gone = self._live(tenant_digest, ids, purpose)
             found += live
             start += len(ids) - gone  # the ids that left the index moved the rest up
-        return found[:limit], len(found) > limit
+        return found[: limit + 1]
 
     def _live(
         self, tenant_digest: str, ids: list[str], purpose: str | None
@@ -352,3 +344,21 @@ def _text(fields: dict[Any, Any]) -> dict[str, str]:
 
 def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def line_groups(
+    chunks: Iterator[bytes], start: int, max_line: int, size: int
+) -> Iterator[tuple[int, list[tuple[int, bytes]]]]:
+    """``lines_of``'s non-blank lines from ``start`` in groups of ``size``, each with the offset
+    read to (just past its last line); the last group, shorter (maybe empty), reads to the end:
+    one walk for reading an input into jobs and for failing its unread lines."""
+    read_to = start
+    group: list[tuple[int, bytes]] = []
+    for end, line in lines_of(chunks, start, max_line):
+        read_to = end
+        if line.strip():
+            group.append((end, line))
+        if len(group) == size:
+            yield read_to, group
+            group = []
+    yield read_to, group

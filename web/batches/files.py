@@ -7,7 +7,7 @@ to the API key that uploaded it: another key's file is a 404, as an unknown one.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flask import Blueprint, Response, jsonify, request, stream_with_context
@@ -167,17 +167,7 @@ def list_files() -> Response:
     )
     if found is None:
         raise invalid("after", f"{after!r} is not in this list")
-    records, more = found
-    data = [record.to_object() for record in records]
-    return jsonify(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": more,
-        }
-    )
+    return jsonify(cursor_page([record.to_object() for record in found], limit))
 
 
 def page_limit(default: int, most: int) -> int:
@@ -212,11 +202,8 @@ def get_file(file_id: str) -> Response:
 def file_content(file_id: str) -> Response:
     store = services().files
     record = visible_file(store, file_id)
-
-    def body() -> Iterator[bytes]:
-        yield from store.chunks(record.id)
-
-    response = Response(stream_with_context(body()), content_type="application/octet-stream")
+    chunks = stream_with_context(store.chunks(record.id))
+    response = Response(chunks, content_type="application/octet-stream")
     response.headers["Content-Length"] = str(record.bytes)
     response.headers["Content-Disposition"] = f'attachment; filename="{_quoted(record)}"'
     return response

@@ -30,7 +30,7 @@ from trickle.jobs import Job
 from web.admission.auth import current_key
 from web.admission.key_policy import check_key_policy
 from web.admission.submission import admission_cost, enqueue_many
-from web.batches.file_store import lines_of
+from web.batches.file_store import line_groups, lines_of
 from web.batches.finalize import batch_result_ttl, cancel_pending, finalize, window_over
 from web.batches.key_room import KeyRoom
 from web.batches.lines import check_line_size, failed_item, jobs_for_item, parse_line
@@ -139,29 +139,24 @@ def _read_input(
 ) -> str | None:
     """Reads the input on from ``reading`` until its end (the batch is then ``in_progress``)
     or a line that must wait (``WAITING_FOR_ROOM`` or ``WAITING_FOR_QUEUE``, returned)."""
-    group: list[tuple[int, bytes]] = []
     assert batch.input_file_id is not None
+    chunks = svc.files.chunks(batch.input_file_id)
     max_line = svc.settings.web.max_body_bytes
-    read_to = reading.offset
-    for end, line in lines_of(svc.files.chunks(batch.input_file_id), read_to, max_line):
-        read_to = end
-        if line.strip():
-            group.append((end, line))
-        if len(group) == INGEST_LINES:
-            if waiting := _write_group(svc, store, batch, group, reading):
-                return waiting  # the rest waits (module docstring)
-            svc.redis.expire(lease, INGEST_LEASE_SECONDS)
-            group = []
-            latest = store.record(batch.id)
-            if latest is None:  # the batch expired meanwhile
-                return None
-            if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
-                cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
-                _read(svc, batch)
-                store.update(batch.id, stage="in_progress", in_progress_at=time.time())
-                return None
-    if group and (waiting := _write_group(svc, store, batch, group, reading)):
-        return waiting
+    groups = line_groups(chunks, reading.offset, max_line, INGEST_LINES)
+    for read_to, group in groups:  # noqa: B007 (its last value: how far the input was read)
+        if group and (waiting := _write_group(svc, store, batch, group, reading)):
+            return waiting  # the rest waits (module docstring)
+        if len(group) < INGEST_LINES:
+            break  # the input's end
+        svc.redis.expire(lease, INGEST_LEASE_SECONDS)
+        latest = store.record(batch.id)
+        if latest is None:  # the batch expired meanwhile
+            return None
+        if latest.cancelling_at is not None:  # cancelled: the rest is never read, and
+            cancel_pending(svc, store, latest)  # the group written meanwhile is stopped
+            _read(svc, batch)
+            store.update(batch.id, stage="in_progress", in_progress_at=time.time())
+            return None
     _read(svc, batch)
     if read_to < (batch.input_bytes or 0):  # the input went (deleted, expired) mid-read
         _fail_cut_short(svc, store, batch, read_to)

@@ -15,7 +15,8 @@ NEXT_START_ITEMS = 64
 
 def batch_object(svc: Services, batch: BatchRecord) -> Batch:
     """The batch as its record tells it: its counts are those its tasks last wrote (a final
-    batch's are its files' lines), so a read makes no other round trip."""
+    batch's are its files' lines), so a read makes no other round trip, and writes nothing
+    (the batch consumer reads its input, keeps its counts and writes its files)."""
     completed, failed = batch.completed or 0, batch.failed or 0
     status = cast(BatchStatus, batch.stage)
     if batch.cancelling_at is not None and status in ("validating", "in_progress"):
@@ -59,12 +60,6 @@ def next_start(svc: Services, store: BatchStore, batch: Batch) -> Queued | None:
     items = store.items(batch["id"], done, NEXT_START_ITEMS)
     found = svc.waiting.first_of(job_id for item in items for job_id in item.job_ids)
     return None if found is None else queued_object(found.position, found.eta_seconds)
-
-
-def current_object(svc: Services, store: BatchStore, batch: BatchRecord) -> Batch:
-    """The batch as its record tells it now (read only: the batch consumer reads its input,
-    keeps its counts and writes its files)."""
-    return batch_object(svc, batch)
 
 
 def _seconds(moment: float | None) -> int | None:

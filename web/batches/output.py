@@ -6,6 +6,7 @@ statuses of their jobs in one round trip per slice.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -52,7 +53,8 @@ def finished_slices(
     svc: Services, store: BatchStore, batch: BatchRecord
 ) -> Iterator[tuple[int, BatchItem, str, list[Job]]]:
     """``slices`` with each finished item's jobs, read in one round trip per slice."""
-    for group in _grouped(slices(store, batch)):
+    entries = slices(store, batch)
+    while group := list(itertools.islice(entries, SLICE)):
         wanted = [
             job_id for _index, item, state in group if state != "pending" for job_id in item.job_ids
         ]
@@ -60,19 +62,6 @@ def finished_slices(
         for index, item, state in group:
             jobs = [job for job_id in item.job_ids if (job := found.get(job_id)) is not None]
             yield index, item, state, jobs
-
-
-def _grouped(
-    entries: Iterator[tuple[int, BatchItem, str]],
-) -> Iterator[list[tuple[int, BatchItem, str]]]:
-    group: list[tuple[int, BatchItem, str]] = []
-    for entry in entries:
-        group.append(entry)
-        if len(group) == SLICE:
-            yield group
-            group = []
-    if group:
-        yield group
 
 
 def output_line(

@@ -145,7 +145,7 @@ def line_bound(svc: Services, item: BatchItem, jobs: list[Job]) -> int:
         item.body.get(k) for k in ("top_logprobs", "include")
     )
     quoted_again = 2 if item.body.get("tools") else 1
-    total = LINE_BYTES + _custom_id_size(item) + BODY_ECHO_FACTOR * body
+    total = LINE_BYTES + _json_size(item.custom_id) + BODY_ECHO_FACTOR * body
     for job in jobs:
         sizes = token_sizes(svc.tokenizer(job.model))
         per_token = quoted_again * sizes.text + TOKEN_STRUCTURE_BYTES
@@ -159,14 +159,10 @@ def line_bound(svc: Services, item: BatchItem, jobs: list[Job]) -> int:
     return max(total, failure_bound(item))
 
 
-def _custom_id_size(item: BatchItem) -> int:
-    return _json_size(item.custom_id)
-
-
 def failure_bound(item: BatchItem) -> int:
     """What a valid line's error line takes at most (its jobs failed, were cancelled or
     expired): ids, its custom_id and a message cut at ``MAX_ERROR_MESSAGE_CHARS``."""
-    return FAILURE_LINE_BYTES + _custom_id_size(item)
+    return FAILURE_LINE_BYTES + _json_size(item.custom_id)
 
 
 def encoded_line(line: dict[str, Any]) -> bytes:

@@ -26,14 +26,14 @@ from web.batches.body_input import create_body_batch
 from web.batches.files import cursor_page, page_limit
 from web.batches.finalize import batch_store, cancel_pending
 from web.batches.input_file import create_file_batch, file_batch_request
-from web.batches.objects import current_object, next_start
+from web.batches.objects import batch_object, next_start
 from web.batches.output import finished_slices, output_line
 from web.batches.store import BatchRecord, BatchStore
 from web.common.body import read_body
 from web.common.errors import invalid, not_found
 from web.common.openapi_parts import JSONL
 from web.common.response_models import Batch
-from web.services import Services, services
+from web.services import services
 from web.streams.follow import owned_by
 
 log = logging.getLogger(__name__)
@@ -47,17 +47,14 @@ MAX_PAGE = 100
 def create_batch() -> Response:
     """Records the batch ``validating`` and answers at once; the batch consumer reads it."""
     svc = services()
+    store = batch_store(svc)
     raw = read_body(svc.settings.limits.max_batch_bytes)
     file_request = file_batch_request(raw)
     if file_request is not None:
-        created = create_file_batch(svc, _store(svc), file_request)
+        batch = create_file_batch(svc, store, file_request)
     else:
-        created = create_body_batch(svc, _store(svc), raw)
-    return _created_response(svc, created)
-
-
-def _created_response(svc: Services, batch: BatchRecord) -> Response:
-    response = jsonify(current_object(svc, _store(svc), batch))
+        batch = create_body_batch(svc, store, raw)
+    response = jsonify(batch_object(svc, batch))
     response.headers["Location"] = f"/v1/batches/{batch.id}"
     return response
 
@@ -66,7 +63,7 @@ def _created_response(svc: Services, batch: BatchRecord) -> Response:
 @counted_read
 def list_batches() -> Response:
     svc = services()
-    store = _store(svc)
+    store = batch_store(svc)
     limit = page_limit(DEFAULT_PAGE, MAX_PAGE)
     tenant_digest = current_tenant_digest()
     ids = store.of_tenant(tenant_digest)
@@ -82,15 +79,15 @@ def list_batches() -> Response:
         found = store.record(batch_id)
         if found is None:  # expired (its entry leaves the index at the tenant's next batch)
             continue
-        objects.append(current_object(svc, store, found))
+        objects.append(batch_object(svc, found))
     return jsonify(cursor_page(objects, limit))
 
 
 @blueprint.get("/v1/batches/<batch_id>")
 def get_batch(batch_id: str) -> Response:
     svc = services()
-    store = _store(svc)
-    found = current_object(svc, store, _visible_record(svc, store, batch_id))
+    store = batch_store(svc)
+    found = batch_object(svc, _visible_record(store, batch_id))
     queued = next_start(svc, store, found)
     if queued is not None:
         found["queued"] = queued
@@ -100,8 +97,8 @@ def get_batch(batch_id: str) -> Response:
 @blueprint.post("/v1/batches/<batch_id>/cancel")
 def cancel_batch(batch_id: str) -> Response:
     svc = services()
-    store = _store(svc)
-    batch = _visible_record(svc, store, batch_id)
+    store = batch_store(svc)
+    batch = _visible_record(store, batch_id)
     if batch.stage in ("validating", "in_progress") and batch.cancelling_at is None:
         batch.cancelling_at = time.time()
         store.mark_cancelled(batch_id, batch.cancelling_at)
@@ -110,7 +107,7 @@ def cancel_batch(batch_id: str) -> Response:
             enqueue_batch_task(svc.celery, keys.BATCH_SETTLE_TASK, batch_id)
         except BROKER_ERRORS as exc:
             log.warning("batch %s: settled at the next sweep: %s", batch_id, exc)
-    return jsonify(current_object(svc, store, batch))
+    return jsonify(batch_object(svc, batch))
 
 
 @blueprint.get("/v1/batches/<batch_id>/output")
@@ -118,9 +115,9 @@ def cancel_batch(batch_id: str) -> Response:
 def batch_output(batch_id: str) -> Response:
     """OpenAI Batch output JSONL for the requests that have finished, in input order."""
     svc = services()
-    store = _store(svc)
-    found = _visible_record(svc, store, batch_id)
-    status = current_object(svc, store, found)["status"]
+    store = batch_store(svc)
+    found = _visible_record(store, batch_id)
+    status = batch_object(svc, found)["status"]
 
     def lines() -> Iterator[str]:
         for index, item, state, jobs in finished_slices(svc, store, found):
@@ -133,11 +130,7 @@ def batch_output(batch_id: str) -> Response:
     return response
 
 
-def _store(svc: Services) -> BatchStore:
-    return batch_store(svc)
-
-
-def _visible_record(svc: Services, store: BatchStore, batch_id: str) -> BatchRecord:
+def _visible_record(store: BatchStore, batch_id: str) -> BatchRecord:
     found = store.record(batch_id)
     if found is None or not owned_by(found.tenant_digest, current_tenant_digest()):
         raise not_found(f"batch {batch_id!r} does not exist or has expired", "batch_id")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import redis
@@ -75,22 +75,11 @@ class BatchItem:
         self.body, self.job_ids = {}, []
 
     def to_dict(self) -> dict[str, Any]:
+        head = {"custom_id": self.custom_id, "url": self.url}
         held = {"output_hold": self.output_hold} if self.output_hold else {}
         if self.error is not None:
-            return {
-                "custom_id": self.custom_id,
-                "url": self.url,
-                "error_status": self.error_status,
-                "error": self.error,
-                **held,
-            }
-        return {
-            "custom_id": self.custom_id,
-            "url": self.url,
-            "body": self.body,
-            "job_ids": self.job_ids,
-            **held,
-        }
+            return {**head, "error_status": self.error_status, "error": self.error, **held}
+        return {**head, "body": self.body, "job_ids": self.job_ids, **held}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BatchItem:
@@ -109,26 +98,6 @@ class BatchItem:
 # ``cancelling_at`` tells), ``finalizing`` while one web process writes its output files.
 STAGES = ("validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelled")
 FINAL_STAGES = ("completed", "failed", "expired", "cancelled")
-# Every optional field a record may hold, stored as JSON when set.
-_OPTIONAL = (
-    "cancelling_at",
-    "input_file_id",
-    "metadata",
-    "in_progress_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelled_at",
-    "output_file_id",
-    "error_file_id",
-    "errors",
-    "completed",
-    "failed",
-    "ingest_offset",
-    "input_bytes",
-    "urls",
-)
 
 
 @dataclass
@@ -194,6 +163,10 @@ class BatchRecord:
             stage=fields.get("stage", "in_progress"),
             **optional,
         )
+
+
+# Every optional field a record may hold (those that default to None), stored as JSON when set.
+_OPTIONAL = tuple(item.name for item in fields(BatchRecord) if item.default is None)
 
 
 class BatchStore:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 
-from web.batches.file_store import lines_of
+from web.batches.file_store import line_groups
 from web.batches.lines import failed_item
 from web.batches.output_room import OutputRoom, files_overhead, refused_line_bytes
-from web.batches.store import BatchItem, BatchRecord, BatchStore
+from web.batches.store import BatchRecord, BatchStore
 from web.common.errors import HttpError
 from web.services import Services
 
@@ -62,41 +62,22 @@ def fail_unread(
     assert batch.input_file_id is not None
     room = OutputRoom(svc, batch)
     offset, number = start
-    group: list[BatchItem] = []
-    read_to = offset
     chunks = svc.files.chunks(batch.input_file_id)
-    for end, raw in lines_of(chunks, offset, svc.settings.web.max_body_bytes):
-        read_to = end
-        if not raw.strip():
-            continue
-        item = failed_item(_custom_id(raw), batch.endpoint, error)
-        item.output_hold = refused_line_bytes(svc, batch, number + len(group), item)
-        group.append(item)
-        if len(group) == GROUP_LINES:
-            if not _append(svc, store, batch, room, group, (offset, read_to), number):
-                return False
-            offset, number, group = read_to, number + len(group), []
-    return _append(svc, store, batch, room, group, (offset, read_to), number)
-
-
-def _append(
-    svc: Services,
-    store: BatchStore,
-    batch: BatchRecord,
-    room: OutputRoom,
-    group: list[BatchItem],
-    span: tuple[int, int],
-    number: int,
-) -> bool:
-    if span[0] == span[1]:
-        return True
-    holding = sum(item.output_hold for item in group)
-    holding += files_overhead(batch.id) if number == 0 and group else 0
-    room.take_anyway(holding)
-    if store.append_group(batch.id, group, span[0], span[1], number + len(group)):
-        return True
-    room.give_back(holding)
-    return False
+    max_line = svc.settings.web.max_body_bytes
+    for read_to, lines in line_groups(chunks, offset, max_line, GROUP_LINES):
+        if read_to == offset:  # nothing left to read
+            break
+        group = [failed_item(_custom_id(raw), batch.endpoint, error) for _end, raw in lines]
+        for index, item in enumerate(group, number):
+            item.output_hold = refused_line_bytes(svc, batch, index, item)
+        holding = sum(item.output_hold for item in group)
+        holding += files_overhead(batch.id) if number == 0 and group else 0
+        room.take_anyway(holding)
+        if not store.append_group(batch.id, group, offset, read_to, number + len(group)):
+            room.give_back(holding)
+            return False
+        offset, number = read_to, number + len(group)
+    return True
 
 
 def _custom_id(raw: bytes) -> str:

@@ -8,6 +8,7 @@ from exactly the classes that validate requests. Every model forbids unknown fie
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -73,6 +74,13 @@ def stop_field(max_count: int, max_chars: int) -> Any:
         items | None,
         BeforeValidator(_one_or_many, json_schema_input_type=item | items | None),
     ]
+
+
+def model_field(served: Iterable[str]) -> Any:
+    """``model``, bound: the schema lists the ``served`` models (an unserved one is a 404)."""
+    description = "a served model; the default one when absent"
+    extra: dict[str, Any] = {"enum": [*sorted(served), None]}
+    return (str | None, Field(None, description=description, json_schema_extra=extra))
 
 
 def max_tokens_field(ceiling: int) -> Any:
@@ -362,14 +370,7 @@ class RequestModels:
         limits = settings.limits
         ceiling = max_tokens_field(limits.max_tokens_ceiling)
         bounds: dict[str, Any] = {
-            "model": (
-                str | None,
-                Field(
-                    None,
-                    description="a served model; the default one when absent",
-                    json_schema_extra={"enum": [*sorted(settings.models), None]},
-                ),
-            ),
+            "model": model_field(settings.models),
             "max_tokens": (ceiling, None),
             "min_tokens": (
                 Annotated[int | None, Field(ge=0, le=limits.max_tokens_ceiling)],
@@ -379,19 +380,16 @@ class RequestModels:
         }
 
         def bind(base: type[Any], **extra: Any) -> Any:
-            return create_model(
-                base.__name__, __base__=base, __module__=__name__, **bounds, **extra
-            )
+            fields = {**bounds, **extra}
+            return create_model(base.__name__, __base__=base, __module__=__name__, **fields)
 
         return cls(
             job=bind(JobRequest),
             completion=bind(CompletionRequest),
             chat=bind(ChatCompletionRequest, max_completion_tokens=(ceiling, None)),
-            responses=create_model(
-                ResponseCreateRequest.__name__,
-                __base__=ResponseCreateRequest,
-                __module__=__name__,
-                **{**bounds, "max_tokens": (None, Field(None, description="max_output_tokens"))},
+            responses=bind(
+                ResponseCreateRequest,
+                max_tokens=(None, Field(None, description="max_output_tokens")),
                 max_output_tokens=(ceiling, None),
             ),
         )

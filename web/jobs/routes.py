@@ -20,7 +20,7 @@ from web.common.server_timing import with_server_timing
 from web.common.validation import parse_job_request, parse_wait
 from web.services import services
 from web.streams.access import with_urls
-from web.streams.follow import owned_by, visible_to
+from web.streams.follow import owned_by
 from web.streams.job_wait import wait_for_job
 from web.streams.routes import queued_fields
 
@@ -100,7 +100,7 @@ def cancel_job(job_id: str) -> Response:
 def visible_job(job_id: str) -> Job:
     """The job, if it exists for this caller (another API key's job is a 404 too)."""
     job = services().store.get(job_id)
-    if job is None or not visible_to(job, current_tenant_digest()):
+    if job is None or not owned_by(job.tenant_digest, current_tenant_digest()):
         raise missing(job_id)
     return job
 

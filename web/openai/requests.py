@@ -31,7 +31,7 @@ from web.common.request_models import (
     OpenAIFields,
 )
 from web.common.structured import constrained, format_grammar
-from web.common.tools.definitions import ToolUse, chat_tools
+from web.common.tools.definitions import ToolUse, answer_grammar, chat_tools
 from web.common.validation import generation_params, served_model, validate
 
 
@@ -91,24 +91,11 @@ def parse_chat_request(
     tools = chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)
     if tools is not None and tools.parser is not None and logprobs is not None:
         raise invalid("logprobs", "logprobs together with tools is not supported")
-    params = constrained(params, answer_grammar(request, tools))
+    grammar = answer_grammar(request.response_format, "response_format", tools)
+    params = constrained(params, grammar)
     prompt = chat_prompt(messages, settings, served, tools=tools)
     parsed = _request(RequestKind.CHAT, request, settings, (prompt,), params, logprobs)
     return dataclasses.replace(parsed, tools=tools)
-
-
-def answer_grammar(request: ChatCompletionRequest, tools: ToolUse | None) -> str | None:
-    """What the answer must match: the forced call's grammar, or ``response_format``'s (which
-    leaves no room for the calls ``auto`` allows), or strict tools' under ``auto``."""
-    fmt = format_grammar(request.response_format, "response_format")
-    forced = tools.grammar if tools is not None and tools.forced else None
-    if forced is not None and fmt is not None:
-        raise invalid(
-            "response_format",
-            "response_format cannot be combined with a forced tool call (tool_choice "
-            "'required' or a named function): the answer is the call",
-        )
-    return forced or fmt or (tools.grammar if tools is not None else None)
 
 
 def chat_prompt(

@@ -125,18 +125,6 @@ def _base(envelope: Envelope, kind: str) -> dict[str, Any]:
     }
 
 
-def completion_object(
-    envelope: Envelope, choices: list[dict[str, Any]], usage_: dict[str, int]
-) -> dict[str, Any]:
-    return {**_base(envelope, "text_completion"), "choices": choices, "usage": usage_}
-
-
-def chat_object(
-    envelope: Envelope, choices: list[dict[str, Any]], usage_: dict[str, int]
-) -> dict[str, Any]:
-    return {**_base(envelope, "chat.completion"), "choices": choices, "usage": usage_}
-
-
 def completion_choice(
     index: int, text: str, reason: str | None, logprobs: dict[str, Any] | None
 ) -> dict[str, Any]:
@@ -231,9 +219,8 @@ def result_object(
     ]
     completion_tokens = sum(job.usage.completion_tokens for job, _ in finished)
     usage_ = usage(prompt_tokens(req, [job for job, _ in finished]), completion_tokens)
-    if req.kind is RequestKind.CHAT:
-        return chat_object(envelope, choices, usage_)
-    return completion_object(envelope, choices, usage_)
+    kind = "chat.completion" if req.kind is RequestKind.CHAT else "text_completion"
+    return {**_base(envelope, kind), "choices": choices, "usage": usage_}
 
 
 def _choice(

@@ -26,7 +26,7 @@ from trickle.events import TokenEvent, TokenRun
 from trickle.jobs import Job, JobStatus
 from web.admission.deadline import expired_error, with_deadline
 from web.admission.idempotency import IDEMPOTENCY_HEADER, IdempotencyKey, earlier, requested_key
-from web.admission.submission import admit, cancel_many, enqueue_all, prepare_job
+from web.admission.submission import admit, cancel_quietly, enqueue_all, prepare_job
 from web.common.body import read_json_body
 from web.common.errors import HttpError, not_found, unavailable
 from web.common.response_models import Model, ModelList
@@ -45,7 +45,7 @@ from web.streams import hold as stream_hold
 from web.streams.follow import Done, JobFollower, KeepAlive, Status
 from web.streams.follow_many import close_all, follow_many, open_followers
 from web.streams.job_wait import wait_for_job
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 
 log = logging.getLogger(__name__)
 blueprint = Blueprint("openai", __name__)
@@ -125,10 +125,8 @@ def _respond(svc: Services, req: OpenAIRequest, key: IdempotencyKey | None) -> R
         job_ids = [job.id for job in jobs]
         followers = open_followers(svc.store, svc.hub, job_ids, tenant_digest, False, svc.waiting)
         held = key is not None and stream_hold.grace_seconds(svc) > 0
-        body = stream_with_context(_stream(svc, req, jobs, followers, envelope, held))
-        response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-        response.call_on_close(lambda: close_all(followers))
-        return response
+        events = _stream(svc, req, jobs, followers, envelope, held)
+        return sse_response(events, lambda: close_all(followers))
     try:
         answer, ended = _complete(svc, req, jobs, envelope)
     except redis.RedisError as exc:  # the jobs exist: name them, so a retry need not copy them
@@ -206,16 +204,16 @@ def _complete(
     for job in jobs:
         done = wait_for_job(svc.store, svc.hub, job.id, max(deadline - time.monotonic(), 0))
         if done is None or not done.status.is_terminal:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
         if done.status is JobStatus.FAILED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise _generation_failed(done)
         if done.status is JobStatus.EXPIRED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise expired_error(done)
         if done.status is JobStatus.CANCELED:
-            _cancel(svc, jobs)
+            cancel_quietly(svc, [(j.id, j.model) for j in jobs])
             raise request_canceled([done.id], None)
         # The replay log only for logprobs: the finished job already holds its output.
         events = svc.store.tokens(job.id) if req.logprobs is not None else []
@@ -336,7 +334,7 @@ def _stream(
                 log.warning("completion stream %s: could not hold its jobs: %s", envelope.id, exc)
                 left = False
         if not (held and left):
-            _cancel(svc, unfinished)
+            cancel_quietly(svc, [(job.id, job.model) for job in unfinished])
 
 
 def _tool_streams(
@@ -369,15 +367,6 @@ def _token_chunk(
 def _generation_failed(job: Job) -> HttpError:
     detail = job.error.message if job.error else "unknown error"
     return HttpError(500, "server_error", f"generation failed: {detail}", code="generation_failed")
-
-
-def _cancel(svc: Services, jobs: list[Job]) -> None:
-    if not jobs:
-        return
-    try:
-        cancel_many(svc, [(job.id, job.model) for job in jobs])
-    except redis.RedisError as exc:
-        log.warning("could not cancel jobs %s: %s", ", ".join(job.id for job in jobs), exc)
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -25,17 +25,6 @@ TOKEN_PARAM = "token"
 READ_ENDPOINTS = frozenset({"jobs.get_job", "job_events", "job_ws"})
 
 
-def invalid_token() -> HttpError:
-    # One answer for tampered, expired and foreign tokens, and for ids that exist or not.
-    return HttpError(
-        401,
-        "invalid_request_error",
-        "invalid or expired stream token: ask the job's owner for a fresh stream URL",
-        param=TOKEN_PARAM,
-        code="invalid_stream_token",
-    )
-
-
 def install_stream_access(app: Flask) -> None:
     """Check ``?token=`` before the API key check (registered first, so it runs first)."""
 
@@ -46,7 +35,14 @@ def install_stream_access(app: Flask) -> None:
             return
         job_id = str((request.view_args or {}).get("job_id", ""))
         if not services().stream_tokens().verify(job_id, token, time.time()):
-            raise invalid_token()
+            # One answer for tampered, expired and foreign tokens, and for ids that exist or not.
+            raise HttpError(
+                401,
+                "invalid_request_error",
+                "invalid or expired stream token: ask the job's owner for a fresh stream URL",
+                param=TOKEN_PARAM,
+                code="invalid_stream_token",
+            )
         grant_stream_read(job_id)
 
 

@@ -72,13 +72,9 @@ class JobNotFound(LookupError):
     pass
 
 
-def visible_to(job: Job, tenant_digest: str) -> bool:
-    """With API keys, a job exists only for the key that created it."""
-    return owned_by(job.tenant_digest, tenant_digest)
-
-
 def owned_by(job_tenant_digest: str, caller: str) -> bool:
-    """``visible_to`` for a job's tenant digest alone (read without the job)."""
+    """With API keys, a job (or a file, a batch, a response) exists only for the key that
+    created it: its tenant digest is the caller's (``caller`` "" without keys)."""
     return not caller or job_tenant_digest == caller
 
 
@@ -120,7 +116,7 @@ class JobFollower:
         self._subscription: Subscription = hub.subscribe(job_id)
         try:
             job, events = store.snapshot(job_id, self._next)
-            if job is None or not visible_to(job, tenant_digest):
+            if job is None or not owned_by(job.tenant_digest, tenant_digest):
                 raise JobNotFound(job_id)
         except BaseException:
             self.close()  # a failed first read (Redis away, unknown id) leaks nothing

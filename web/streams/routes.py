@@ -57,6 +57,16 @@ def stream_pace(svc: Services) -> Callable[[], float]:
     return pace
 
 
+def sse_response(body: Iterator[str], on_close: Callable[[], None]) -> Response:
+    """An event stream's response; ``on_close`` runs even when the body never ran (the client
+    left first): the server closes the response whatever became of its body."""
+    response = Response(
+        stream_with_context(body), mimetype="text/event-stream", headers=SSE_HEADERS
+    )
+    response.call_on_close(on_close)
+    return response
+
+
 def open_follower(job_id: str, after: int) -> JobFollower:
     svc = services()
     try:
@@ -104,12 +114,7 @@ def sse_events(job_id: str) -> Response:
         finally:
             chunks.close()
 
-    response = Response(
-        stream_with_context(body()), mimetype="text/event-stream", headers=SSE_HEADERS
-    )
-    # The server closes the response even when the body never ran (the client left first).
-    response.call_on_close(follower.close)
-    return response
+    return sse_response(body(), follower.close)
 
 
 def format_sse(event: FollowEvent) -> str:
@@ -154,8 +159,7 @@ def status_data(event: Status) -> dict[str, Any]:
     queued."""
     data: dict[str, Any] = {"status": event.status.value}
     if event.status is JobStatus.QUEUED:
-        data["position"] = event.position
-        data["eta_seconds"] = rounded_eta(event.eta_seconds)
+        data.update(queued_object(event.position, event.eta_seconds))
     return data
 
 

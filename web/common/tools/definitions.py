@@ -17,7 +17,7 @@ from typing import Any, Literal
 from trickle.grammar import GrammarError
 from trickle.tool_grammar import Parser, ToolSchema, auto_tool_grammar, tool_call_grammar
 from web.common.errors import invalid
-from web.common.structured import grammar_refused
+from web.common.structured import AnyFormat, format_grammar, grammar_refused
 from web.common.tools.calls import ParsedAnswer, parse_answer
 from web.common.tools.models import (
     ChatNamedToolChoice,
@@ -137,6 +137,21 @@ def tool_use(
         raise grammar_refused(exc) from None
     echo: Choice = "required" if named is None else {"type": "function", "name": named}
     return ToolUse(functions, parser, max_calls, grammar, echo, forced=True)
+
+
+def answer_grammar(fmt: AnyFormat | None, field: str, tools: ToolUse | None) -> str | None:
+    """What the answer must match: the forced call's grammar, or the format's (``field``:
+    ``response_format`` or ``text.format``; it leaves no room for the calls ``auto`` allows),
+    or strict tools' under ``auto``."""
+    grammar = format_grammar(fmt, field)
+    forced = tools.grammar if tools is not None and tools.forced else None
+    if forced is not None and grammar is not None:
+        raise invalid(
+            field,
+            f"{field} cannot be combined with a forced tool call (tool_choice 'required' or a "
+            "named function): the answer is the call",
+        )
+    return forced or grammar or (tools.grammar if tools is not None else None)
 
 
 def _parser_name(parser: str) -> Parser:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
-from flask import Response, stream_with_context
+from flask import Response
 
 from trickle.events import TokenRun
 from trickle.jobs import Job
-from web.admission.submission import cancel_many
+from web.admission.submission import cancel_quietly
 from web.common.errors import invalid, not_found, unavailable
 from web.common.server_timing import timing_comment
 from web.common.tools.parser import ToolCallParser
@@ -27,7 +27,7 @@ from web.services import Services
 from web.streams import hold as stream_hold
 from web.streams.follow import Done, JobFollower, JobNotFound, KeepAlive, Status
 from web.streams.follow_many import follow_many
-from web.streams.routes import SSE_HEADERS, stream_pace, waiting_comment
+from web.streams.routes import sse_response, stream_pace, waiting_comment
 from web.streams.sse_events import typed_event
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,8 @@ def event_stream(
     except JobNotFound:
         raise not_found(f"response {record.id!r} has expired", "response_id") from None
     hold = job if held else None
-    body = stream_with_context(_events(svc, record, follower, after, cancel_on_close, hold))
-    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
-    response.call_on_close(follower.close)
-    return response
+    events = _events(svc, record, follower, after, cancel_on_close, hold)
+    return sse_response(events, follower.close)
 
 
 def _events(
@@ -206,7 +204,7 @@ def _stream_ended(
             log.warning("response stream %s: could not hold its job: %s", record.id, exc)
             left = False
     if cancel_on_close and not finished and not (hold is not None and left):
-        cancel_response_job(svc, record.job_id, record.model)
+        cancel_quietly(svc, [(record.job_id, record.model)])
 
 
 def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[str]:
@@ -214,10 +212,3 @@ def _tail(svc: Services, record: StoredResponse, job: Job, after: int) -> list[s
     count = len(tokens) if tokens is not None else svc.responses.token_count(job.id)
     events = render.tail_events(record, job, count, tokens)
     return [typed_event(e) for e in events if e["sequence_number"] > after]
-
-
-def cancel_response_job(svc: Services, job_id: str, model: str) -> None:
-    try:
-        cancel_many(svc, [(job_id, model)])
-    except redis.RedisError as exc:
-        log.warning("could not cancel job %s: %s", job_id, exc)

@@ -17,10 +17,15 @@ from trickle.config.settings import Settings
 from trickle.params import GenerationParams
 from web.common.chat_template import ChatTurn, TurnCall
 from web.common.errors import invalid
-from web.common.format_models import TextFormat
 from web.common.request_models import InputMessage, ResponseCreateRequest
-from web.common.structured import constrained, format_echo, format_grammar
-from web.common.tools.definitions import Choice, ToolUse, choice_name, responses_tools
+from web.common.structured import constrained, format_echo
+from web.common.tools.definitions import (
+    Choice,
+    ToolUse,
+    answer_grammar,
+    choice_name,
+    responses_tools,
+)
 from web.common.tools.models import FunctionCallItem, FunctionCallOutputItem
 from web.common.validation import generation_params, served_model, validate
 
@@ -72,7 +77,7 @@ def parse_response_request(
         raise invalid("include", "output_text logprobs together with tools are not supported")
     text_format = request.text.format if request.text is not None else None
     params = generation_params(request, settings, request.max_output_tokens)
-    params = constrained(params, _grammar(text_format, tools))
+    params = constrained(params, answer_grammar(text_format, "text.format", tools))
     return ResponseRequest(
         model=model_name,
         messages=_messages(request.input),
@@ -98,20 +103,6 @@ def parse_response_request(
         ),
         text_format=format_echo(text_format),
     )
-
-
-def _grammar(text_format: TextFormat | None, tools: ToolUse | None) -> str | None:
-    """What the answer must match: the forced call's grammar, or ``text.format``'s (which
-    leaves no room for the calls ``auto`` allows), or strict tools' under ``auto``."""
-    fmt = format_grammar(text_format, "text.format")
-    forced = tools.grammar if tools is not None and tools.forced else None
-    if forced is not None and fmt is not None:
-        raise invalid(
-            "text.format",
-            "text.format cannot be combined with a forced tool call (tool_choice 'required' "
-            "or a named function): the answer is the call",
-        )
-    return forced or fmt or (tools.grammar if tools is not None else None)
 
 
 def _plain(choice: object) -> Choice:

@@ -17,7 +17,7 @@ from trickle.jobs import Job
 from web.admission.auth import current_tenant_digest
 from web.admission.deadline import with_deadline
 from web.admission.idempotency import IdempotencyKey, earlier, requested_key
-from web.admission.submission import admit, enqueue, prepare_job
+from web.admission.submission import admit, cancel_quietly, enqueue, prepare_job
 from web.common.body import read_json_body
 from web.common.chat_template import ChatTurn, TurnCall
 from web.common.errors import HttpError, invalid, not_found
@@ -26,7 +26,6 @@ from web.common.tools.calls import call_id
 from web.openai.requests import chat_prompt
 from web.openai.responses_api import render, tool_events
 from web.openai.responses_api.event_stream import (
-    cancel_response_job,
     event_stream,
     last_event,
     starting_after,
@@ -64,7 +63,7 @@ def create_response() -> Response:
         return jsonify(render.response_object(record, job, "queued"))
     done = wait_for_job(svc.store, svc.hub, job.id, svc.settings.web.completion_timeout_seconds)
     if done is None or not done.status.is_terminal:
-        _cancel(svc, job)
+        cancel_quietly(svc, [(job.id, job.model)])
         raise HttpError(504, "timeout", "generation did not finish in time", code="timeout")
     return with_server_timing(jsonify(_object(svc, record, done)), [done])
 
@@ -93,7 +92,7 @@ def cancel_response(response_id: str) -> Response:
     svc = services()
     record, job = _visible(svc, response_id)
     if not job.status.is_terminal:
-        _cancel(svc, job)
+        cancel_quietly(svc, [(job.id, job.model)])
         job = wait_for_job(svc.store, svc.hub, job.id, CANCEL_WAIT_SECONDS) or job
     return jsonify(_object(svc, record, job))
 
@@ -103,7 +102,7 @@ def delete_response(response_id: str) -> Response:
     svc = services()
     record, job = _visible(svc, response_id)
     if not job.status.is_terminal:
-        _cancel(svc, job)
+        cancel_quietly(svc, [(job.id, job.model)])
     svc.responses.delete(record.id)
     return jsonify({"id": record.id, "object": "response", "deleted": True})
 
@@ -228,7 +227,3 @@ def _flag(name: str) -> bool:
     if raw in ("true", "1"):
         return True
     raise invalid(name, f"{name} must be true or false")
-
-
-def _cancel(svc: Services, job: Job) -> None:
-    cancel_response_job(svc, job.id, job.model)

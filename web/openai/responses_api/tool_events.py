@@ -74,7 +74,9 @@ class ToolEvents:
             elif isinstance(event, CallArguments):
                 item = self._calls[event.index]
                 item["arguments"] += event.fragment
-                events.append(self._delta_event(item, event.fragment))
+                place = {"item_id": item["id"], "output_index": self.items.index(item)}
+                kind = "response.function_call_arguments.delta"
+                events.append(self._event(kind, **place, delta=event.fragment))
             elif isinstance(event, CallEnd):
                 events += self._close_call(event.index, closing)
         return events
@@ -145,14 +147,6 @@ class ToolEvents:
         )
         return [done, self._done(item)]
 
-    def _delta_event(self, item: dict[str, Any], fragment: str) -> dict[str, Any]:
-        return self._event(
-            "response.function_call_arguments.delta",
-            item_id=item["id"],
-            output_index=self.items.index(item),
-            delta=fragment,
-        )
-
     def _part(self, message: dict[str, Any] | None = None) -> dict[str, Any]:
         message = message or self._message
         assert message is not None
@@ -169,7 +163,9 @@ class ToolEvents:
         )
 
     def _done(self, item: dict[str, Any]) -> dict[str, Any]:
-        snapshot = _copy(item)
+        snapshot = dict(item)
+        if item["type"] == "message":
+            snapshot["content"] = [dict(part) for part in item["content"]]
         return self._event(
             "response.output_item.done", output_index=self.items.index(item), item=snapshot
         )
@@ -182,12 +178,6 @@ class ToolEvents:
 
 def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _copy(item: dict[str, Any]) -> dict[str, Any]:
-    if item["type"] == "message":
-        return {**item, "content": [dict(part) for part in item["content"]]}
-    return dict(item)
 
 
 def read_whole(record: StoredResponse, parser: ToolCallParser, job: Job) -> ToolEvents:
