@@ -18,6 +18,7 @@ and the keyword that asked for one stays, for llguidance to refuse by name.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from trickle import schema_facts as facts
@@ -25,8 +26,13 @@ from trickle.schema_facts import Proof
 
 ALL_TYPES = ("null", "boolean", "object", "array", "string", "number")
 # Keywords that are independent conjuncts (unlike additionalProperties, which reads properties).
-_NEGATED = frozenset({"type", "const", "enum", "required", "properties", "anyOf", "allOf", "not"})
+_NEGATED = frozenset(
+    {"type", "const", "enum", "required", "properties", "anyOf", "allOf", "not", "pattern"}
+)
 _TYPE_NAMES = frozenset({*ALL_TYPES, "integer"})
+# A pattern that strings of one character class match whole: ^[...]+$ or ^[...]*$ (a class
+# without nested classes or set operations, which regex dialects read differently).
+_WHOLE_CLASS = re.compile(r"\^\[(?!\^)((?:\\.|[^\]\\\[&~-]|(?<!-)-(?!-))+)\]([*+])\$")
 _FINITE_TYPES: dict[str, list[Any]] = {"null": [None], "boolean": [True, False]}
 
 # A complement: schemas an instance in the context matches exactly where it fails the negated
@@ -93,6 +99,8 @@ def _negated_keyword(
         return _other_values(listed, context) if isinstance(listed, list) else None
     if key == "required":
         return _missing_keys(value, context)
+    if key == "pattern":
+        return _unmatched_strings(value)
     if key == "properties":
         return (
             _other_property_values(value, context, proof, depth)
@@ -150,6 +158,19 @@ def _other_values(listed: list[Any], context: list[object]) -> Alternatives | No
     taken = {facts.value_key(value) for value in listed}
     others = [value for value in domain if facts.value_key(value) not in taken]
     return [{"enum": others}] if others else []
+
+
+def _unmatched_strings(pattern: object) -> Alternatives | None:
+    """The strings a whole-string character-class pattern (``^[a-z]+$``) does not match: those
+    holding a character outside the class, and the empty one where the class must repeat at
+    least once. Other values are not strings, which every pattern lets through. Any other
+    pattern's complement would need a look-ahead."""
+    found = _WHOLE_CLASS.fullmatch(pattern) if isinstance(pattern, str) else None
+    if found is None:
+        return None
+    body, repeat = found.groups()
+    outside: Alternatives = [{"type": "string", "pattern": f"[^{body}]"}]
+    return [*outside, {"const": ""}] if repeat == "+" else outside
 
 
 def _branch_values(context: list[object]) -> list[Any] | None:

@@ -171,10 +171,14 @@ def test_if_on_required_keys_and_types() -> None:
         {"not": {"not": {"type": "array"}}},
         {"$defs": {"a": {"required": ["a"]}}, "not": {"$ref": "#/$defs/a"}},
         {"properties": {"p": {"properties": {"q": {"not": {"type": "null"}}}}}},
+        # A whole string of one class, refused: a character outside it (or no character).
+        {"not": {"pattern": "^[a-b]+$"}},
+        {"type": "string", "not": {"pattern": "^[\\s.,-]*$"}},
     ],
 )
 def test_not_becomes_its_complement(schema: dict[str, Any]) -> None:
     values = [None, True, False, 0, 1, 1.5, "a", "b", [], [1], {}, {"a": 1}, {"b": 1}, {"x": None}]
+    values += ["", "ab", "abc", " ,-", ". x", "x. "]
     values += [{"x": True}, {"a": 1, "b": 2}, {"p": {"q": None}}, {"p": {"q": 1}}]
     assert_same(schema, values)
 
@@ -185,6 +189,9 @@ def test_not_becomes_its_complement(schema: dict[str, Any]) -> None:
         # The other values of an open string are not listed.
         ({"if": {"properties": {"k": {"const": "a"}}}, "then": {"required": ["b"]}}, "if"),
         ({"not": {"pattern": "^a"}}, "not"),
+        ({"not": {"pattern": "^[a-z]+"}}, "not"),  # a prefix, not the whole string
+        ({"not": {"pattern": "^[^a-z]+$"}}, "not"),
+        ({"not": {"pattern": "^[a--z]+$"}}, "not"),  # a set operation in some dialects
         ({"not": {"minimum": 3}}, "not"),
         ({"not": {"type": "integer"}}, "not"),  # 1.5 is no integer, and no type says so
         ({"not": {"$ref": "https://example.org/a"}}, "not"),

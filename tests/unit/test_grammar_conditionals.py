@@ -85,6 +85,8 @@ SERVED: list[tuple[dict[str, Any], list[Any]]] = [
         [{}, {"x": 1}, {"y": 1}, {"x": 1, "y": 2}],
     ),
     ({"type": ["string", "integer", "null"], "not": {"type": "null"}}, ["a", 1, None]),
+    # Generated anchored: a string that begins with a character outside the class.
+    ({"type": "string", "not": {"pattern": "^[a-c.]+$"}}, ["", "x", "xa", "ab", "a.c"]),
 ]
 
 
