@@ -184,6 +184,7 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--answers", type=int, default=10)
+    parser.add_argument("--answers-on", default="", help="models that answer (default: each)")
     parser.add_argument(
         "--conditionals", action="store_true", help="also answer every rewritten one"
     )
@@ -215,6 +216,8 @@ def main() -> None:
         print(f"Trickle, chat on {key} (max_tokens {args.max_tokens}): ", end="")
         print(f"{percent(len(accepted), len(schemas))}, {len(served)} of them rewritten")
         print(f"  refused on {key} by:", ", ".join(f"{k} {n}" for k, n in budget.most_common()))
+        if args.answers_on and key not in args.answers_on.split(","):
+            continue
         sample = random.Random(args.seed).sample(accepted, min(args.answers, len(accepted)))
         check_answers(answerer, sample, args, "a sample")
         if args.conditionals:

@@ -62,10 +62,10 @@ def _rewrite(node: object, context: list[object], proof: Proof) -> object:
     for key, value in node.items():
         if key in facts.DATA:
             out[key] = value
-        elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, [], proof) for name, item in value.items()}
         elif key in _DEPENDENCIES and isinstance(value, dict):
             out[key] = {name: _rewrite(item, inner, proof) for name, item in value.items()}
+        elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rewrite(item, [], proof) for name, item in value.items()}
         elif key in _SAME_INSTANCE:
             out[key] = _rewrite(value, inner, proof)
         else:

@@ -37,10 +37,10 @@ _FINITE_TYPES: dict[str, list[Any]] = {"null": [None], "boolean": [True, False]}
 
 # A complement: schemas an instance in the context matches exactly where it fails the negated
 # schema, as a disjunction ([] where it never fails; None where no complement can be written).
-Alternatives = list[object]
+Complement = list[object]
 
 
-def negation(schema: object, context: list[object], proof: Proof) -> Alternatives | None:
+def negation(schema: object, context: list[object], proof: Proof) -> Complement | None:
     """Schemas whose union accepts exactly those instances of every ``context`` schema that
     ``schema`` refuses (they may accept others, outside the context); None where none can be
     written without ``not``."""
@@ -48,9 +48,7 @@ def negation(schema: object, context: list[object], proof: Proof) -> Alternative
     return _negated(schema, known, proof, 0)
 
 
-def _negated(
-    schema: object, context: list[object], proof: Proof, depth: int
-) -> Alternatives | None:
+def _negated(schema: object, context: list[object], proof: Proof, depth: int) -> Complement | None:
     """``negation`` within a context already read through its ``$ref``s and ``allOf``s."""
     if not proof.spend() or depth > facts.REACH:
         return None
@@ -65,7 +63,7 @@ def _negated(
         return _negated_reference(schema, keys, context, proof, depth)
     if not keys <= _NEGATED:
         return None
-    alternatives: Alternatives = []
+    alternatives: Complement = []
     for key in sorted(keys, key=list(schema).index):
         found = _negated_keyword(key, schema[key], context, proof, depth)
         if found is None:
@@ -76,7 +74,7 @@ def _negated(
 
 def _negated_reference(
     schema: dict[str, Any], keys: set[str], context: list[object], proof: Proof, depth: int
-) -> Alternatives | None:
+) -> Complement | None:
     """A local ``$ref``'s target and its siblings, each negated (the instance must match both)."""
     ref = schema["$ref"]
     target = facts.resolve(ref, proof.root) if isinstance(ref, str) else None
@@ -91,7 +89,7 @@ def _negated_reference(
 
 def _negated_keyword(
     key: str, value: Any, context: list[object], proof: Proof, depth: int
-) -> Alternatives | None:
+) -> Complement | None:
     if key == "type":
         return _other_types(value, context)
     if key in ("const", "enum"):
@@ -122,12 +120,12 @@ def _negated_keyword(
     return [{"allOf": [_either(member or []) for member in members]}]
 
 
-def _either(alternatives: Alternatives) -> object:
+def _either(alternatives: Complement) -> object:
     """One schema for a disjunction."""
     return alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
 
 
-def _other_types(value: object, context: list[object]) -> Alternatives | None:
+def _other_types(value: object, context: list[object]) -> Complement | None:
     """Every type ``value`` (a ``type``) does not name. An integer's complement holds the
     numbers that are not integers, which no ``type`` says: only where the context allows no
     number at all."""
@@ -145,7 +143,7 @@ def _other_types(value: object, context: list[object]) -> Alternatives | None:
     return [{"type": others[0] if len(others) == 1 else others}] if others else []
 
 
-def _other_values(listed: list[Any], context: list[object]) -> Alternatives | None:
+def _other_values(listed: list[Any], context: list[object]) -> Complement | None:
     """The values the context allows that ``listed`` (a ``const`` or ``enum``) does not."""
     domain = facts.values(context)
     if domain is None:
@@ -160,7 +158,7 @@ def _other_values(listed: list[Any], context: list[object]) -> Alternatives | No
     return [{"enum": others}] if others else []
 
 
-def _unmatched_strings(pattern: object) -> Alternatives | None:
+def _unmatched_strings(pattern: object) -> Complement | None:
     """The strings a whole-string character-class pattern (``^[a-z]+$``) does not match: those
     holding a character outside the class, and the empty one where the class must repeat at
     least once. Other values are not strings, which every pattern lets through. Any other
@@ -169,7 +167,7 @@ def _unmatched_strings(pattern: object) -> Alternatives | None:
     if found is None:
         return None
     body, repeat = found.groups()
-    outside: Alternatives = [{"type": "string", "pattern": f"[^{body}]"}]
+    outside: Complement = [{"type": "string", "pattern": f"[^{body}]"}]
     return [*outside, {"const": ""}] if repeat == "+" else outside
 
 
@@ -185,7 +183,7 @@ def _branch_values(context: list[object]) -> list[Any] | None:
     return None
 
 
-def _missing_keys(value: object, context: list[object]) -> Alternatives | None:
+def _missing_keys(value: object, context: list[object]) -> Complement | None:
     """Objects that lack one of the ``required`` keys (keys the context requires are never
     missing)."""
     if not isinstance(value, list) or not all(isinstance(key, str) for key in value):
@@ -196,10 +194,10 @@ def _missing_keys(value: object, context: list[object]) -> Alternatives | None:
 
 def _other_property_values(
     properties: dict[str, Any], context: list[object], proof: Proof, depth: int
-) -> Alternatives | None:
+) -> Complement | None:
     """Objects that hold one of ``properties`` with a value its schema refuses (the value is
     known to match what the context says of that key)."""
-    alternatives: Alternatives = []
+    alternatives: Complement = []
     for key, schema in properties.items():
         inside = facts.property_schemas(context, key, proof)
         found = _negated(schema, inside, proof, depth + 1)

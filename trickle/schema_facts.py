@@ -17,6 +17,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from trickle.patterns import DATA_KEYWORDS as DATA_KEYWORDS
+from trickle.patterns import SCHEMA_MAPS as SCHEMA_MAPS
+
 # How far $ref, allOf and nested properties are followed, and how many steps one schema's
 # proofs may take (past it, nothing more is proved and the keyword stays, refused).
 REACH = 6
@@ -36,10 +39,9 @@ ANNOTATIONS = frozenset(
         "$schema",
     }
 )
-# Keywords whose values are data, not schemas: never rewritten.
-DATA = frozenset({"const", "enum", "default", "examples"})
-# Keywords whose values map names to schemas (a property may be called "enum").
-SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+# Keywords whose values are data (never rewritten), and those whose values map names to
+# schemas (a property may be called "enum"): as the pattern anchoring reads them.
+DATA = DATA_KEYWORDS
 
 
 class Proof:
