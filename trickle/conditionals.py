@@ -24,6 +24,7 @@ two rewrites lean on each other.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from trickle import schema_facts as facts
@@ -45,9 +46,34 @@ MARKERS = ('"if"', '"not"', '"then"', '"else"', *(f'"{key}"' for key in _DEPENDE
 def exact_conditionals(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with every ``if``, ``not`` and dependency that can be written exactly without
     them so written; the others kept."""
+    if any(_through_context(ref) for ref in _local_refs(schema)):
+        # A $ref into a member rewritten within its parent's keywords would bring it where
+        # they do not hold: left as sent (refused naming its keyword).
+        return schema
     rewritten = _rewrite(schema, [], Proof(schema))
     # A schema nothing matches stays as sent, refused naming its keyword.
     return rewritten if isinstance(rewritten, dict) else schema
+
+
+def _local_refs(node: object) -> Iterator[str]:
+    """Every local ``$ref`` in the schema (data keywords' values left out)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _local_refs(item)
+    elif isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            yield ref
+        for key, value in node.items():
+            if key not in facts.DATA:
+                yield from _local_refs(value)
+
+
+def _through_context(ref: str) -> bool:
+    """A pointer that passes through a keyword whose schemas are rewritten within their
+    parent's (``allOf`` members, ``not``, ``if`` branches, dependencies)."""
+    segments = ref.lstrip("#").strip("/").split("/")
+    return any(segment in _REWRITTEN for segment in segments)
 
 
 def _rewrite(node: object, context: list[object], proof: Proof) -> object:
@@ -56,6 +82,8 @@ def _rewrite(node: object, context: list[object], proof: Proof) -> object:
         return [_rewrite(item, context, proof) for item in node]
     if not isinstance(node, dict):
         return node
+    if not isinstance(node.get("allOf", []), list) or not isinstance(node.get("anyOf", []), list):
+        return node  # not a schema llguidance takes: refused as sent, naming it
     plain = {key: value for key, value in node.items() if key not in _REWRITTEN}
     inner = [*context, plain]
     out: dict[str, Any] = {}

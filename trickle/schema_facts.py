@@ -61,8 +61,8 @@ def conjuncts(schema: object, proof: Proof, depth: int = 0) -> Iterator[object]:
     """The schemas an instance of ``schema`` also matches: itself, its ``$ref`` target, its
     ``allOf`` members (followed ``REACH`` deep, so cycles end)."""
     yield schema
-    if not isinstance(schema, dict) or depth >= REACH:
-        return
+    if not isinstance(schema, dict) or depth >= REACH or not proof.spend():
+        return  # a step a schema followed: repeated $refs cannot multiply the work unbounded
     ref = schema.get("$ref")
     if isinstance(ref, str):
         target = resolve(ref, proof.root)
@@ -156,10 +156,20 @@ def values(schemas: list[object]) -> list[Any] | None:
 
 
 def value_key(value: object) -> str:
-    """Equal JSON values, equal keys: 1 and 1.0 alike, true and 1 apart."""
+    """Equal JSON values, equal keys: 1 and 1.0 alike (nested too), true and 1 apart."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         return f"n:{float(value)!r}"
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(_numbers_as_floats(value), sort_keys=True)
+
+
+def _numbers_as_floats(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, list):
+        return [_numbers_as_floats(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _numbers_as_floats(item) for key, item in value.items()}
+    return value
 
 
 def required(schemas: list[object]) -> Iterator[str]:

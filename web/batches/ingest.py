@@ -112,12 +112,13 @@ def _ingest(svc: Services, store: BatchStore, batch: BatchRecord, lease: str) ->
     stalled = keys.batch_room_stalled(batch.id)
     while True:
         number = reading.number
+        # Cleared before it reads: lines it starts now will give room back, and a batch that
+        # looks meanwhile must count on them.
+        svc.redis.delete(stalled)
         if _read_input(svc, store, batch, lease, reading) != WAITING_FOR_ROOM:
-            svc.redis.delete(stalled)
             return
         tally = settle_holds(svc, store, batch)
         if tally["pending"]:
-            svc.redis.delete(stalled)
             return  # room comes back as those lines finish: the sweep resumes it then
         # Marked before it looks at the others: of two that look at once, one sees the other.
         svc.redis.set(stalled, "1", ex=_stall_mark_seconds(svc))
