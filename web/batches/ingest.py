@@ -182,9 +182,9 @@ def _room_may_come(svc: Services, batch: BatchRecord) -> bool:
     others = {holder: at for holder, at in lapses.items() if holder != own}
     if any(at < window_ends for at in others.values()):
         return True
-    batches = [holder.removesuffix(OUTPUT_HOLDER_SUFFIX) for holder in others
-               if holder.endswith(OUTPUT_HOLDER_SUFFIX)]  # fmt: skip
-    return any(not svc.redis.exists(keys.batch_room_stalled(other)) for other in batches)
+    marks = [keys.batch_room_stalled(holder.removesuffix(OUTPUT_HOLDER_SUFFIX))
+             for holder in others if holder.endswith(OUTPUT_HOLDER_SUFFIX)]  # fmt: skip
+    return bool(marks) and svc.redis.exists(*marks) < len(marks)  # one of them not stalled
 
 
 def _end_unread(
