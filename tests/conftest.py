@@ -6,6 +6,7 @@ redis-server on a free port, the models are built offline by the project.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests import stack
 from trickle.config.settings import (
     DEFAULT_MODEL_DIR,
     SMOLLM2_MODEL_DIR,
+    SMOLLM2_SAMPLING,
     SMOLLM2_TOOL_TEMPLATE,
     WHEEL_CACHE_DIR,
     Settings,
@@ -217,6 +219,12 @@ def served_model_table(served_model: str, request: pytest.FixtureRequest) -> str
     return (
         f'[models.smollm2]\npath = "{path}"\nmax_batch_size = 8\n'
         f'tool_chat_template = "{SMOLLM2_TOOL_TEMPLATE}"\n'
+        "[models.smollm2.sampling]\n"
+        + "".join(
+            f"{name} = {value}\n"
+            for name, value in dataclasses.asdict(SMOLLM2_SAMPLING).items()
+            if value is not None
+        )
     )
 
 

@@ -12,11 +12,12 @@ read one answer.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from trickle.config.sampling import SamplingDefaults, resolve_sampling
 from trickle.config.sections import ModelSettings
 from trickle.config.settings import ConfigError
 
@@ -40,6 +41,8 @@ class ModelProfile:
     # End tokens named by the files (tokenizer_config.json's eos_token), resolved to ids by the
     # tokenizer; the template default "</s>" is never one (it may be plain text elsewhere).
     end_token_names: tuple[str, ...] = ()
+    # What requests that leave a sampling field out get (configuration, else the files).
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 @lru_cache(maxsize=64)
@@ -63,6 +66,7 @@ def model_profile(model: ModelSettings) -> ModelProfile:
         end_token_names=(_token_text(tokenizer["eos_token"], ""),)
         if "eos_token" in tokenizer
         else (),
+        sampling=resolve_sampling(model.sampling, generation),
     )
 
 

@@ -193,3 +193,27 @@ def test_a_forced_tool_call_runs_the_whole_loop_on_the_served_model(
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
     assert isinstance(result.final_output, str)
     assert stored_statuses(agent_stack, result) == ["completed", "completed"]
+
+
+@pytest.mark.both_models
+def test_the_plain_agent_completes_its_turns_on_the_served_model(
+    agent_stack: FaultStack, served_model: str
+) -> None:
+    """The SDK's plain agent, nothing set (a strict tool under ``auto``, the model's own
+    sampling and answer length: ``[models.smollm2.sampling]``), on ``make up``'s default model.
+    Before the model's defaults, SmolLM2 at the API's temperature 1 babbled and, greedy,
+    repeated itself into the 128-token default, and the SDK refused the cut turn."""
+    if served_model == "demo":
+        pytest.skip("the demo's plain agent: test_an_agent_with_a_tool_completes_its_turns_...")
+
+    def build(client: openai.AsyncOpenAI) -> Agent[Any]:
+        return Agent(
+            name="plain",
+            instructions="Be brief.",
+            tools=[weather_tool([])],
+            model=OpenAIResponsesModel(model=served_model, openai_client=client),
+        )
+
+    for result in run_agent(agent_stack, build, [QUESTION, "Hi"]):
+        assert isinstance(result.final_output, str) and result.final_output.strip()
+        assert stored_statuses(agent_stack, result) == ["completed"] * len(result.raw_responses)

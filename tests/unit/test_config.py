@@ -129,6 +129,8 @@ def test_trickle_config_selects_file_and_resolves_relative_paths(tmp_path: Path)
             {"TRICKLE__MODELS__DEMO__TOOL_CALL_PARSER": "mistral"},
             "models.demo.tool_call_parser",
         ),
+        ("[models.demo.sampling]\ntop_p = 0\n", {}, "models.demo.sampling.top_p"),
+        ("[models.demo.sampling]\nmin_p = 0.1\n", {}, "models.demo.sampling.min_p: unknown key"),
         # A nice value a process may not take without privileges (or at all).
         ("[supervisor]\nbatch_niceness = 20\n", {}, "supervisor.batch_niceness"),
         ("", {"TRICKLE__SUPERVISOR__BATCH_NICENESS": "-1"}, "supervisor.batch_niceness"),

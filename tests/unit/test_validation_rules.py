@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter
 
+from trickle.config.sampling import ModelSampling
 from trickle.config.settings import Settings
 from trickle.params import GenerationParams
 from web.common.errors import HttpError
@@ -29,7 +33,7 @@ from web.common.validation import (
 def parse_sampling(body: dict[str, Any], settings: Settings) -> GenerationParams:
     """The sampling fields of a job request, through the bound request model."""
     request = validate(RequestModels.bound_to(settings).job, {"prompt": "x", **body})
-    return generation_params(request, settings)
+    return generation_params(request, settings, settings.default_model)
 
 
 def refused(call: Any, *args: Any) -> HttpError:
@@ -51,6 +55,46 @@ def test_sampling_defaults(settings: Settings) -> None:
         ignore_eos=False,
         repetition_penalty=1.0,
     )
+
+
+def with_sampling(settings: Settings, tmp_path: Path, **table: Any) -> Settings:
+    """``settings`` whose default model has ``[sampling]`` ``table`` and an empty directory."""
+    model = settings.model(settings.default_model)
+    sampling = TypeAdapter(ModelSampling).validate_python(table)
+    changed = dataclasses.replace(model, path=str(tmp_path), sampling=sampling)
+    return dataclasses.replace(settings, models={**settings.models, model.name: changed})
+
+
+def test_a_field_left_out_gets_the_models_default_and_a_sent_one_wins(
+    settings: Settings, tmp_path: Path
+) -> None:
+    tuned = with_sampling(
+        settings, tmp_path, temperature=0.2, top_p=0.9, top_k=20, repetition_penalty=1.1
+    )
+    params = parse_sampling({}, tuned)
+    assert (params.temperature, params.top_p, params.top_k, params.repetition_penalty) == (
+        0.2,
+        0.9,
+        20,
+        1.1,
+    )
+    assert params.max_tokens == settings.limits.default_max_tokens
+    sent = parse_sampling(
+        {"temperature": 0, "top_p": 1, "top_k": 0, "repetition_penalty": 1.0}, tuned
+    )
+    assert (sent.temperature, sent.top_p, sent.top_k, sent.repetition_penalty) == (0, 1, 0, 1)
+
+
+def test_a_models_max_tokens_default_replaces_the_limits_one_within_the_ceiling(
+    settings: Settings, tmp_path: Path
+) -> None:
+    ceiling = settings.limits.max_tokens_ceiling
+    assert settings.limits.default_max_tokens < ceiling - 1
+    for table, expected in ((ceiling - 1, ceiling - 1), (ceiling + 5, ceiling)):
+        tuned = with_sampling(settings, tmp_path, max_tokens=table)
+        assert parse_sampling({}, tuned).max_tokens == expected
+    tuned = with_sampling(settings, tmp_path, max_tokens=9)
+    assert parse_sampling({"max_tokens": 3}, tuned).max_tokens == 3
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, Field, NonNegativeFloat, PositiveInt
 
 from trickle.config.base import Section
 from trickle.config.lanes import Lanes, SpareUse
+from trickle.config.sampling import ModelSampling
 from trickle.config.tuning import ModelTuning
 
 
@@ -279,6 +280,9 @@ class ModelSettings(Section):
     # A template for requests with tools when the model's own cannot render them (it never
     # reads ``tools``): a Jinja string, or "builtin" for Trickle's. Empty: such requests are a 400.
     tool_chat_template: str = ""
+    # What a request that leaves temperature, top_p, top_k, repetition_penalty or max_tokens
+    # out gets from this model (trickle/config/sampling.py); unset: generation_config.json's.
+    sampling: ModelSampling = field(default_factory=ModelSampling)
     # How the engine batches this model's jobs: timings measured on one machine, apart from
     # what a client sees (trickle/config/tuning.py).
     tuning: ModelTuning = field(default_factory=ModelTuning)

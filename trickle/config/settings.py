@@ -23,6 +23,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 from pydantic_settings.sources import PydanticBaseSettingsSource
 
+from trickle.config.sampling import ModelSampling
 from trickle.config.sections import (
     AuthSettings,
     AutoscaleSettings,
@@ -49,6 +50,11 @@ SMOLLM2_MODEL_DIR = PROJECT_ROOT / "models" / "smollm2"
 SMOLLM2_CONTEXT_TOKENS = 8192
 # SmolLM2's own template never reads tools: requests with tools get ChatML with Hermes calls.
 SMOLLM2_TOOL_TEMPLATE = "chatml"
+# Its defaults for requests that leave them out: the model card's sampling, a repetition
+# penalty that ends its greedy loops, room for a whole answer (configs/default.toml says why).
+SMOLLM2_SAMPLING = ModelSampling(
+    temperature=0.2, top_p=0.9, repetition_penalty=1.1, max_tokens=1024
+)
 # Downloaded model inputs (the SmolLM2 wheel), kept so a rebuild needs no network.
 WHEEL_CACHE_DIR = PROJECT_ROOT / "models" / ".cache"
 # Without default_model, the first of these the configuration serves is the default.
@@ -79,6 +85,7 @@ def embedded_models() -> dict[str, ModelSettings]:
             path=str(SMOLLM2_MODEL_DIR),
             max_context_tokens=SMOLLM2_CONTEXT_TOKENS,
             tool_chat_template=SMOLLM2_TOOL_TEMPLATE,
+            sampling=SMOLLM2_SAMPLING,
         ),
         "demo": ModelSettings(name="demo", path=str(DEFAULT_MODEL_DIR)),
     }

@@ -24,7 +24,7 @@ from web.common.chat_template import ChatTurn
 from web.common.errors import invalid
 from web.common.structured import constrained
 from web.common.tools.definitions import ToolUse
-from web.common.validation import served_model, validate
+from web.common.validation import sampling_defaults, served_model, validate
 from web.openai.requests import chat_prompt
 
 ROLES = ("user", "assistant")
@@ -60,12 +60,15 @@ def parse_messages(body: Any, settings: Settings, model: type[MessagesRequest]) 
     refuse_unsupported(body)
     req = validate(model, body)
     name = served_model(req.model, settings)
+    # max_tokens is required here; the other fields left out get the model's own defaults.
+    defaults = sampling_defaults(settings, name)
     params = GenerationParams(
         max_tokens=req.max_tokens,
-        temperature=1.0 if req.temperature is None else float(req.temperature),
-        top_k=req.top_k or 0,
-        top_p=1.0 if req.top_p is None else float(req.top_p),
+        temperature=defaults.temperature if req.temperature is None else float(req.temperature),
+        top_k=defaults.top_k if req.top_k is None else req.top_k,
+        top_p=defaults.top_p if req.top_p is None else float(req.top_p),
         stop=tuple(req.stop_sequences or ()),
+        repetition_penalty=defaults.repetition_penalty,
     )
     tools = _tools(req, settings, name)
     params = constrained(params, tools.grammar if tools is not None else None)

@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from trickle.config.sampling import SamplingDefaults
 from trickle.config.settings import Settings
 from trickle.jobs import context_overflow
+from trickle.model_files import model_profile
 from trickle.params import GenerationParams
 from trickle.webhooks import WebhookRejected, check_webhook_url
-from web.common.errors import invalid, not_found
+from web.common.errors import invalid, not_found, unavailable
 from web.common.request_errors import request_error
 from web.common.request_models import JobRequest, SamplingFields
 
@@ -50,10 +52,11 @@ def parse_job_request(
 ) -> ValidatedJob:
     """Validate a decoded body against ``model`` and the configuration (not prompt length)."""
     request = validate(model, body)
+    served = served_model(request.model, settings)
     return ValidatedJob(
-        served_model(request.model, settings),
+        served,
         request.prompt,
-        generation_params(request, settings),
+        generation_params(request, settings, served),
         _webhook_url(request.webhook_url, settings),
         request.deadline,
     )
@@ -77,31 +80,48 @@ def served_model(name: str | None, settings: Settings) -> str:
 
 
 def generation_params(
-    request: SamplingFields, settings: Settings, max_tokens: int | None = None
+    request: SamplingFields, settings: Settings, model: str, max_tokens: int | None = None
 ) -> GenerationParams:
-    """The sampling fields shared by the native and OpenAI-compatible APIs, defaults applied."""
+    """The sampling fields shared by the native and OpenAI-compatible APIs; a field left out
+    gets ``model``'s own default (trickle/config/sampling.py), else the API's."""
+    defaults = sampling_defaults(settings, model)
     if max_tokens is None:
         max_tokens = request.max_tokens
     if max_tokens is None:
-        max_tokens = settings.limits.default_max_tokens
+        max_tokens = min(
+            defaults.max_tokens or settings.limits.default_max_tokens,
+            settings.limits.max_tokens_ceiling,
+        )
     min_tokens = request.min_tokens or 0
     if min_tokens > max_tokens:
         raise invalid("min_tokens", f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})")
     return GenerationParams(
         max_tokens=max_tokens,
-        temperature=1.0 if request.temperature is None else float(request.temperature),
-        top_k=request.top_k or 0,
-        top_p=1.0 if request.top_p is None else float(request.top_p),
+        temperature=(
+            defaults.temperature if request.temperature is None else float(request.temperature)
+        ),
+        top_k=defaults.top_k if request.top_k is None else request.top_k,
+        top_p=defaults.top_p if request.top_p is None else float(request.top_p),
         stop=tuple(request.stop or ()),
         seed=request.seed,
         ignore_eos=bool(request.ignore_eos),
         repetition_penalty=(
-            1.0 if request.repetition_penalty is None else float(request.repetition_penalty)
+            defaults.repetition_penalty
+            if request.repetition_penalty is None
+            else float(request.repetition_penalty)
         ),
         min_tokens=min_tokens,
         stop_token_ids=tuple(request.stop_token_ids or ()),
         cache_salt=request.cache_salt or "",
     )
+
+
+def sampling_defaults(settings: Settings, model: str) -> SamplingDefaults:
+    """What ``model``'s requests get for the sampling fields they leave out."""
+    try:
+        return model_profile(settings.model(model)).sampling
+    except ValueError as exc:  # its files are broken (ConfigError too): not the client's fault
+        raise unavailable(f"model {model!r} is not available: {exc}") from exc
 
 
 def check_prompt_length(

@@ -68,7 +68,7 @@ def parse_completion_request(
     n = request.n or 1
     if request.best_of is not None and request.best_of != n:
         raise invalid("best_of", "best_of must equal n (server-side ranking is not supported)")
-    params = generation_params(request, settings)
+    params = generation_params(request, settings, served_model(request.model, settings))
     params = constrained(params, format_grammar(request.response_format, "response_format"))
     prompts = tuple(request.prompt)
     return _request(RequestKind.COMPLETION, request, settings, prompts, params, request.logprobs)
@@ -85,7 +85,7 @@ def parse_chat_request(
     elif request.top_logprobs is not None:
         raise invalid("top_logprobs", "top_logprobs requires logprobs: true")
     max_tokens = request.max_completion_tokens
-    params = generation_params(request, settings, max_tokens or request.max_tokens)
+    params = generation_params(request, settings, served, max_tokens or request.max_tokens)
     messages = [_message(item, index) for index, item in enumerate(request.messages)]
     parser = settings.model(served).tool_call_parser
     tools = chat_tools(request.tools, request.tool_choice, request.parallel_tool_calls, parser)

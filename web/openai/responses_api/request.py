@@ -76,7 +76,7 @@ def parse_response_request(
     if tools is not None and tools.parser is not None and logprobs:
         raise invalid("include", "output_text logprobs together with tools are not supported")
     text_format = request.text.format if request.text is not None else None
-    params = generation_params(request, settings, request.max_output_tokens)
+    params = generation_params(request, settings, model_name, request.max_output_tokens)
     params = constrained(params, answer_grammar(text_format, "text.format", tools))
     return ResponseRequest(
         model=model_name,
