@@ -6,7 +6,7 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
 
 - JSON is compact (no whitespace, ``,`` and ``:`` separators): a small model steered by a mask
   can otherwise spend its whole budget on spaces and newlines between tokens.
-- Never lenient: a keyword llguidance cannot enforce (``not``, ``uniqueItems``...) is refused,
+- Never lenient: a keyword llguidance cannot enforce (``not``, ``propertyNames``...) is refused,
   since an answer that ignores part of the schema would break the promise of ``strict``.
 - Bounded by llguidance's own work limits, not by a size of Trickle's: a compiled grammar must
   fit ``parser_limits()`` (the engine's matcher runs under the same ones), whose fuel bounds the
@@ -15,6 +15,9 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
 - ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
   (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
   can be written exactly as ``anyOf``/``allOf`` (``trickle.conditionals``).
+- Formats llguidance does not know are written as bounds or patterns where their meaning is
+  exact (``trickle.formats``), and ``uniqueItems`` as ``anyOf`` where the items take a few
+  values (``trickle.unique_items``).
 - ``pattern`` is generated anchored at the string's start (``trickle.patterns``): the answer
   still matches the schema as sent, and it can always be closed.
 
@@ -31,10 +34,14 @@ from typing import TYPE_CHECKING, Any
 from llguidance import LLMatcher, LLParserLimits
 
 from trickle.conditionals import MARKERS, exact_conditionals
+from trickle.formats import MARKER as FORMAT
+from trickle.formats import exact_formats
 from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
 from trickle.patterns import anchor_patterns
+from trickle.unique_items import MARKER as UNIQUE
+from trickle.unique_items import exact_unique_items
 
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
     from llguidance._lib import JsonCompileOptions
@@ -96,6 +103,12 @@ def schema_text(schema: object, field: str) -> str:
             field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if FORMAT in text:
+        schema = exact_formats(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if UNIQUE in text:
+        schema = exact_unique_items(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if any(marker in text for marker in MARKERS):
         schema = exact_conditionals(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
