@@ -123,7 +123,6 @@ def _item_values(items: object) -> list[Any] | None:
 def _is_type(value: object, kind: object) -> bool:
     """Whether ``value`` is of JSON Schema type ``kind`` (1.0 is an integer)."""
     if kind == "integer":
-        return isinstance(value, int | float) and not isinstance(value, bool) and (
-            float(value).is_integer()
-        )
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return number and float(value).is_integer()  # type: ignore[arg-type]
     return facts.type_of(value) == kind

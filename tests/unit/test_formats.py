@@ -41,7 +41,6 @@ for _name, (_low, _high) in INTEGER_RANGES.items():
     CHECKER.checks(_name)(_integer_check(_low, _high))
 
 
-@CHECKER.checks("byte")
 def _base64(instance: object) -> bool:
     if not isinstance(instance, str):
         return True
@@ -52,6 +51,9 @@ def _base64(instance: object) -> bool:
     except (ValueError, UnicodeEncodeError):
         return False
     return True
+
+
+CHECKER.checks("byte")(_base64)
 
 
 def _rust_check(name: str) -> Any:
