@@ -12,8 +12,8 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
   fit ``parser_limits()`` (the engine's matcher runs under the same ones), whose fuel bounds the
   time a compile takes and whose lexer-state cap bounds a matcher's memory; a schema past one
   is a 400 naming it. The request body's limit bounds the schema's text.
-- ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
-  (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
+- ``oneOf`` is served where its branches are provably disjoint, or their overlaps can be
+  excluded exactly, as ``anyOf`` (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
   can be written exactly as ``anyOf``/``allOf`` (``trickle.conditionals``).
 - Formats llguidance does not know are written as bounds or patterns where their meaning is
   exact (``trickle.formats``), and ``uniqueItems`` as ``anyOf`` where the items take a few
@@ -90,8 +90,8 @@ def json_schema_grammar(schema: object, field: str) -> str:
 
 def schema_text(schema: object, field: str) -> str:
     """The schema as compact JSON (the cache key: key order is kept, since it is the order the
-    answer writes properties in), checked for shape and depth, its exact conditionals and
-    disjoint ``oneOf``s as ``anyOf`` and its patterns anchored at the start."""
+    answer writes properties in), checked for shape and depth, its formats, ``uniqueItems``,
+    conditionals and ``oneOf``s rewritten where exact and its patterns anchored at the start."""
     if not isinstance(schema, dict):
         raise GrammarError(field, None, f"{field} must be a JSON Schema object")
     if "x-guidance" in schema:

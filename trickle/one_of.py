@@ -4,8 +4,11 @@ llguidance refuses ``oneOf`` (an answer must match exactly one branch, which a g
 check); ``anyOf`` it enforces. The two accept the same instances when the branches are
 pairwise disjoint, which most real schemas' ``oneOf`` are by construction: a ``const`` or
 ``enum`` discriminator property, branches of different types, or a required key that another,
-closed branch does not allow. Those are proved here from the schema alone, conservatively:
-a pair not proved disjoint keeps its ``oneOf``, and llguidance's refusal names the keyword.
+closed branch does not allow. Those are proved here from the schema alone, conservatively.
+Where a pair is not proved disjoint, each branch is written together with the complement of
+every branch it may overlap (``trickle.negation``): "this one and none of those", which no
+two instances share. Where a complement cannot be written the ``oneOf`` stays, and
+llguidance's refusal names the keyword.
 
 A branch is read as the conjunction of the schemas an instance must match: the branch itself,
 its local ``$ref`` targets, its ``allOf`` members, and the ``oneOf``'s own siblings (the
