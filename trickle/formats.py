@@ -115,7 +115,7 @@ STRING_PATTERNS = {
     "iri": _reference(_UNRESERVED + _UCSCHAR, _IPRIVATE, absolute_only=True),
     "iri-reference": _reference(_UNRESERVED + _UCSCHAR, _IPRIVATE, absolute_only=False),
 }
-MARKER = '"format"'
+FORMAT_MARKER = '"format"'
 
 
 def exact_formats(schema: dict[str, Any]) -> dict[str, Any]:

@@ -13,8 +13,9 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
   time a compile takes and whose lexer-state cap bounds a matcher's memory; a schema past one
   is a 400 naming it. The request body's limit bounds the schema's text.
 - ``oneOf`` is served where its branches are provably disjoint, or their overlaps can be
-  excluded exactly, as ``anyOf`` (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
-  can be written exactly as ``anyOf``/``allOf`` (``trickle.conditionals``).
+  excluded exactly, as ``anyOf`` (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and
+  property dependencies where they can be written exactly as ``anyOf``/``allOf``
+  (``trickle.conditionals``).
 - Formats llguidance does not know are written as bounds or patterns where their meaning is
   exact (``trickle.formats``), and ``uniqueItems`` as ``anyOf`` where the items take a few
   values (``trickle.unique_items``).
@@ -34,14 +35,12 @@ from typing import TYPE_CHECKING, Any
 from llguidance import LLMatcher, LLParserLimits
 
 from trickle.conditionals import MARKERS, exact_conditionals
-from trickle.formats import MARKER as FORMAT
-from trickle.formats import exact_formats
+from trickle.formats import FORMAT_MARKER, exact_formats
 from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
 from trickle.patterns import anchor_patterns
-from trickle.unique_items import MARKER as UNIQUE
-from trickle.unique_items import exact_unique_items
+from trickle.unique_items import UNIQUE_MARKER, exact_unique_items
 
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
     from llguidance._lib import JsonCompileOptions
@@ -103,10 +102,10 @@ def schema_text(schema: object, field: str) -> str:
             field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    if FORMAT in text:
+    if FORMAT_MARKER in text:
         schema = exact_formats(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    if UNIQUE in text:
+    if UNIQUE_MARKER in text:
         schema = exact_unique_items(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if any(marker in text for marker in MARKERS):

@@ -24,7 +24,7 @@ from typing import Any
 from trickle import schema_facts as facts
 from trickle.conditionals import with_disjunctions
 
-MARKER = '"uniqueItems"'
+UNIQUE_MARKER = '"uniqueItems"'
 # The most branches (arrays of the longest length) one rewrite may write.
 MAX_BRANCHES = 120
 # An item schema that names its values may also say only these.
