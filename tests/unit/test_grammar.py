@@ -114,6 +114,12 @@ ENFORCED: list[tuple[dict[str, Any], str, str]] = [
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"b":2,"a":1}', '{"a":1}'),
     ({"not": {"type": "string"}}, "1", '"a"'),
     ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"ab"', '"a"'),
+    # Rewritten exactly (trickle.one_of, trickle.formats, trickle.unique_items).
+    ({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "x"]}]}, '"x"', '"b"'),
+    ({"type": "integer", "format": "int32"}, "2147483647", "2147483648"),
+    ({"type": "string", "format": "byte"}, '"AA=="', '"AA="'),
+    ({"type": "string", "format": "uri-reference"}, '"../a?b#c"', '"a b"'),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[true]", "[true,true]"),
 ]
 
 
