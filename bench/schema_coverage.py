@@ -21,11 +21,12 @@ benchmark's overall ones.
   (cut and closed), through the engine's own constrained loop (``worker/engine/constrained.py``,
   CTranslate2 in this process); every answer must parse and validate (``jsonschema``, formats
   checked). ``--conditionals`` also answers every accepted schema that
-  ``trickle.conditionals`` rewrote (``if``, ``not``, dependencies); ``--answers 0`` checks
-  coverage only.
+  ``trickle.conditionals`` rewrote (``if``, ``not``, dependencies), ``--names`` every accepted
+  one of those file names (the ones a change newly accepts); ``--answers 0`` checks coverage
+  only.
 
     python -m bench.schema_coverage [--corpus DIR ...] [--sample N] [--model demo,smollm2]
-        [--answers 10] [--conditionals]
+        [--answers 10] [--conditionals] [--names a.json,b.json]
 """
 
 from __future__ import annotations
@@ -188,6 +189,9 @@ def main() -> None:
     parser.add_argument(
         "--conditionals", action="store_true", help="also answer every rewritten one"
     )
+    parser.add_argument(
+        "--names", default="", help="also answer every accepted schema of these file names (a,b)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample", type=int, default=0, help="check only so many (0: all)")
     args = parser.parse_args()
@@ -222,6 +226,8 @@ def main() -> None:
         check_answers(answerer, sample, args, "a sample")
         if args.conditionals:
             check_answers(answerer, served, args, "every rewritten one")
+        named = [item for item in accepted if item[0] in args.names.split(",")]
+        check_answers(answerer, named, args, "every named one")
 
 
 def chat_accepted(

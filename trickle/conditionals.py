@@ -134,7 +134,7 @@ def _joined(node: dict[str, Any], context: list[object], proof: Proof) -> object
     if not all(disjunctions):
         return False
     out = {key: value for key, value in node.items() if key not in _OWN or key in kept}
-    return _with(out, disjunctions)
+    return with_disjunctions(out, disjunctions)
 
 
 def _if_branches(node: dict[str, Any], context: list[object], proof: Proof) -> list[object] | None:
@@ -185,7 +185,7 @@ def _both(left: object, right: object) -> object:
     return {"allOf": [left, right]}
 
 
-def _with(node: dict[str, Any], disjunctions: list[list[object]]) -> dict[str, Any]:
+def with_disjunctions(node: dict[str, Any], disjunctions: list[list[object]]) -> dict[str, Any]:
     """``node`` that also requires one schema of each disjunction: as its ``anyOf`` where it has
     none and there is one, otherwise as ``allOf`` members."""
     if not disjunctions:

@@ -6,15 +6,19 @@ is a 400 naming the field and the keyword, never a worker that stalls or answers
 
 - JSON is compact (no whitespace, ``,`` and ``:`` separators): a small model steered by a mask
   can otherwise spend its whole budget on spaces and newlines between tokens.
-- Never lenient: a keyword llguidance cannot enforce (``not``, ``uniqueItems``...) is refused,
+- Never lenient: a keyword llguidance cannot enforce (``not``, ``propertyNames``...) is refused,
   since an answer that ignores part of the schema would break the promise of ``strict``.
 - Bounded by llguidance's own work limits, not by a size of Trickle's: a compiled grammar must
   fit ``parser_limits()`` (the engine's matcher runs under the same ones), whose fuel bounds the
   time a compile takes and whose lexer-state cap bounds a matcher's memory; a schema past one
   is a 400 naming it. The request body's limit bounds the schema's text.
-- ``oneOf`` is served where its branches are provably disjoint, as ``anyOf``
-  (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and property dependencies where they
-  can be written exactly as ``anyOf``/``allOf`` (``trickle.conditionals``).
+- ``oneOf`` is served where its branches are provably disjoint, or their overlaps can be
+  excluded exactly, as ``anyOf`` (``trickle.one_of``); ``if``/``then``/``else``, ``not`` and
+  property dependencies where they can be written exactly as ``anyOf``/``allOf``
+  (``trickle.conditionals``).
+- Formats llguidance does not know are written as bounds or patterns where their meaning is
+  exact (``trickle.formats``), and ``uniqueItems`` as ``anyOf`` where the items take a few
+  values (``trickle.unique_items``).
 - ``pattern`` is generated anchored at the string's start (``trickle.patterns``): the answer
   still matches the schema as sent, and it can always be closed.
 
@@ -31,10 +35,12 @@ from typing import TYPE_CHECKING, Any
 from llguidance import LLMatcher, LLParserLimits
 
 from trickle.conditionals import MARKERS, exact_conditionals
+from trickle.formats import FORMAT_MARKER, exact_formats
 from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
 from trickle.patterns import anchor_patterns
+from trickle.unique_items import UNIQUE_MARKER, exact_unique_items
 
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
     from llguidance._lib import JsonCompileOptions
@@ -83,8 +89,8 @@ def json_schema_grammar(schema: object, field: str) -> str:
 
 def schema_text(schema: object, field: str) -> str:
     """The schema as compact JSON (the cache key: key order is kept, since it is the order the
-    answer writes properties in), checked for shape and depth, its exact conditionals and
-    disjoint ``oneOf``s as ``anyOf`` and its patterns anchored at the start."""
+    answer writes properties in), checked for shape and depth, its formats, ``uniqueItems``,
+    conditionals and ``oneOf``s rewritten where exact and its patterns anchored at the start."""
     if not isinstance(schema, dict):
         raise GrammarError(field, None, f"{field} must be a JSON Schema object")
     if "x-guidance" in schema:
@@ -96,6 +102,12 @@ def schema_text(schema: object, field: str) -> str:
             field, None, f"{field} nests deeper than {MAX_SCHEMA_DEPTH} objects and arrays"
         )
     text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if FORMAT_MARKER in text:
+        schema = exact_formats(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if UNIQUE_MARKER in text:
+        schema = exact_unique_items(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if any(marker in text for marker in MARKERS):
         schema = exact_conditionals(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)

@@ -22,8 +22,9 @@ _UNSUPPORTED = (
         "oneOf constraints are not supported",
         "oneOf",
         "is enforced only where no answer can match two of its branches (a const or enum "
-        "discriminator, different types, a required key another closed branch forbids); these "
-        "may overlap",
+        "discriminator, different types, a required key another closed branch forbids) or "
+        "where each branch's overlap with the others can be excluded exactly; these may "
+        "overlap",
     ),
     (
         "min/maxProperties only supported",

@@ -4,8 +4,11 @@ llguidance refuses ``oneOf`` (an answer must match exactly one branch, which a g
 check); ``anyOf`` it enforces. The two accept the same instances when the branches are
 pairwise disjoint, which most real schemas' ``oneOf`` are by construction: a ``const`` or
 ``enum`` discriminator property, branches of different types, or a required key that another,
-closed branch does not allow. Those are proved here from the schema alone, conservatively:
-a pair not proved disjoint keeps its ``oneOf``, and llguidance's refusal names the keyword.
+closed branch does not allow. Those are proved here from the schema alone, conservatively.
+Where a pair is not proved disjoint, each branch is written together with the complement of
+every branch it may overlap (``trickle.negation``): "this one and none of those", which no
+two instances share. Where a complement cannot be written the ``oneOf`` stays, and
+llguidance's refusal names the keyword.
 
 A branch is read as the conjunction of the schemas an instance must match: the branch itself,
 its local ``$ref`` targets, its ``allOf`` members, and the ``oneOf``'s own siblings (the
@@ -17,8 +20,11 @@ from __future__ import annotations
 from typing import Any
 
 from trickle import schema_facts as facts
+from trickle.negation import negation
 from trickle.schema_facts import Proof
 
+# The most branches that are written each without the others (their number grows as n**2).
+MAX_NEGATED = 8
 # What a branch that only requires one key may also say.
 _ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
 
@@ -47,8 +53,9 @@ def _rewrite(node: object, proof: Proof) -> object:
     branches = out.get("oneOf")
     if not isinstance(branches, list):
         return out
-    if not _pairwise_disjoint(branches, node, proof):
-        branches = _one_key_each(branches, node, proof)
+    apart = _disjoint_pairs(branches, node, proof)
+    if not all(apart.values()):
+        branches = _one_key_each(branches, node, proof) or _each_alone(branches, node, apart, proof)
         if branches is None:
             return out
         out["oneOf"] = branches
@@ -59,16 +66,62 @@ def _rewrite(node: object, proof: Proof) -> object:
     return out
 
 
-def _pairwise_disjoint(branches: list[Any], parent: dict[str, Any], proof: Proof) -> bool:
+def _disjoint_pairs(
+    branches: list[Any], parent: dict[str, Any], proof: Proof
+) -> dict[tuple[int, int], bool]:
+    """Whether each pair of branches (i < j) is proved disjoint."""
     siblings = _siblings(parent)
     conjunctions = [
         [*facts.conjuncts(branch, proof), *facts.conjuncts(siblings, proof)] for branch in branches
     ]
-    return all(
-        _disjoint(conjunctions[i], conjunctions[j], proof, 0)
+    return {
+        (i, j): _disjoint(conjunctions[i], conjunctions[j], proof, 0)
         for i in range(len(conjunctions))
         for j in range(i + 1, len(conjunctions))
-    )
+    }
+
+
+def _each_alone(
+    branches: list[Any],
+    parent: dict[str, Any],
+    apart: dict[tuple[int, int], bool],
+    proof: Proof,
+) -> list[Any] | None:
+    """Branches that may overlap, each as "this branch and none of the others it may overlap"
+    (``trickle.negation`` writes the others' complements, within this branch and the schema
+    around the ``oneOf``): exactly the instances that match one branch, as ``anyOf`` of them.
+    A branch whose overlapping neighbour never fails beside it is left out; None where a
+    complement cannot be written, there are more than ``MAX_NEGATED`` branches, or no
+    instance is left."""
+    if len(branches) > MAX_NEGATED:
+        return None
+    siblings = _siblings(parent)
+    alone: list[Any] = []
+    for i, branch in enumerate(branches):
+        kinds = facts.types([*facts.conjuncts(branch, proof), *facts.conjuncts(siblings, proof)])
+        if kinds is not None and not kinds:
+            continue  # no instance of the schema around matches this branch
+        members = [branch]
+        for j, other in enumerate(branches):
+            if j == i or apart[min(i, j), max(i, j)]:
+                continue
+            complement = negation(other, [siblings, branch], proof)
+            if complement is None:
+                return None
+            complement = [found for found in complement if _may_meet(found, kinds)]
+            if not complement:
+                break  # the other branch holds wherever this one does
+            members.append(complement[0] if len(complement) == 1 else {"anyOf": complement})
+        else:
+            alone.append(members[0] if len(members) == 1 else {"allOf": members})
+    return alone or None
+
+
+def _may_meet(schema: object, kinds: frozenset[str] | None) -> bool:
+    """Whether an instance of one of ``kinds`` (None: any) may match ``schema`` by its type
+    (llguidance refuses a schema whose intersection has no type left)."""
+    said = facts.types([schema])
+    return kinds is None or said is None or bool(facts.intersect(kinds, said))
 
 
 def _siblings(parent: dict[str, Any]) -> dict[str, Any]:

@@ -114,6 +114,12 @@ ENFORCED: list[tuple[dict[str, Any], str, str]] = [
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, '{"b":2,"a":1}', '{"a":1}'),
     ({"not": {"type": "string"}}, "1", '"a"'),
     ({"if": {"type": "string"}, "then": {"minLength": 2}}, '"ab"', '"a"'),
+    # Rewritten exactly (trickle.one_of, trickle.formats, trickle.unique_items).
+    ({"oneOf": [{"enum": ["a", "b"]}, {"enum": ["b", "x"]}]}, '"x"', '"b"'),
+    ({"type": "integer", "format": "int32"}, "2147483647", "2147483648"),
+    ({"type": "string", "format": "byte"}, '"AA=="', '"AA="'),
+    ({"type": "string", "format": "uri-reference"}, '"../a?b#c"', '"a b"'),
+    ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[true]", "[true,true]"),
 ]
 
 
@@ -139,7 +145,7 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"$ref": "#/$defs/missing"}, "$ref"),
         ({"type": "string", "pattern": "(("}, "pattern"),
         ({"type": "strings"}, "type"),
-        ({"type": "string", "format": "uri-reference"}, "format"),
+        ({"type": "string", "format": "url"}, "format"),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
         ({"type": "string", "pattern": "^(?!x)"}, "pattern"),  # look-around: valid, unsupported
         ({"$ref": "https://example.org/schema.json"}, "$ref"),  # remote

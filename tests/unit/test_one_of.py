@@ -45,11 +45,18 @@ DISJOINT: list[list[Any]] = [
     ],
 ]
 
+# Overlapping branches whose complements trickle.negation cannot write (a number that is no
+# integer, a string longer than 3, a remote schema) or that no instance matches alone.
 OVERLAPPING: list[list[Any]] = [
     [{"type": "integer"}, {"type": "number"}],  # 1 matches both
     [{"type": "string"}, {"type": "string", "maxLength": 3}],
-    [{"enum": ["a", "b"]}, {"enum": ["b"]}],
     [{"const": 1}, {"const": 1.0}],
+    [{"$ref": "https://example.org/a"}, {"$ref": "#/$defs/missing"}],
+    [{"type": "object", "required": ["a"]}, {"type": "object", "minProperties": 1}],
+]
+# Overlapping branches that are written each without the others.
+EACH_ALONE: list[list[Any]] = [
+    [{"enum": ["a", "b"]}, {"enum": ["b"]}],
     # The discriminator is not required: {} matches both.
     [
         {"type": "object", "properties": {"kind": {"const": "cat"}}},
@@ -60,9 +67,14 @@ OVERLAPPING: list[list[Any]] = [
         {"properties": {"kind": {"const": 1}}, "required": ["kind"]},
         {"properties": {"kind": {"const": 2}}},
     ],
-    [{"$ref": "https://example.org/a"}, {"$ref": "#/$defs/missing"}],
     [{}, {"type": "null"}],
     [{"type": "object", "required": ["a"]}, {"type": "object", "properties": {"b": {}}}],  # open
+    [{"type": "object", "required": ["a", "b"]}, {"required": ["c"]}, {"type": ["object", "null"]}],
+    [{"enum": ["a", "b"]}, {"enum": ["b", "x"]}, {"const": "x"}],
+]
+EACH_ALONE_VALUES = [
+    *("a", "b", "x", 1, 1.0, None, True, {}, {"a": 1}, {"a": 1, "b": 2}, {"c": 0}),
+    *({"a": 1, "b": 2, "c": 3}, {"kind": "cat"}, {"kind": "dog"}, {"kind": 1}, {"kind": 2}),
 ]
 
 
@@ -79,6 +91,18 @@ def test_disjoint_branches_become_any_of(branches: list[Any]) -> None:
 @pytest.mark.parametrize("branches", OVERLAPPING)
 def test_branches_that_may_overlap_stay_one_of(branches: list[Any]) -> None:
     assert exclusive_one_of(wrap(branches)) == wrap(branches)
+
+
+@pytest.mark.parametrize("branches", EACH_ALONE)
+def test_overlapping_branches_are_each_written_without_the_others(branches: list[Any]) -> None:
+    schema = wrap(branches)
+    rewritten = exclusive_one_of(schema)
+    assert "oneOf" not in rewritten
+    before, after = Draft202012Validator(schema), Draft202012Validator(rewritten)
+    verdicts = [before.is_valid(value) for value in EACH_ALONE_VALUES]
+    assert any(verdicts) and not all(verdicts)
+    for value, verdict in zip(EACH_ALONE_VALUES, verdicts, strict=True):
+        assert after.is_valid(value) == verdict, (value, rewritten)
 
 
 def test_the_enclosing_schema_says_what_every_branch_is() -> None:
@@ -127,12 +151,12 @@ def test_branches_that_each_require_one_key_forbid_the_others() -> None:
         {"required": ["src"], "properties": {"handle": False}},
         {"required": ["handle"], "title": "by handle", "properties": {"src": False}},
     ]
-    # Not said to be an object: "x" matches both branches, so oneOf refuses it; kept.
+    # Not said to be an object: "x" matches both branches, so oneOf refuses it; each branch
+    # is then an object that lacks the other's key.
     untyped = {"oneOf": schema["oneOf"]}
-    assert exclusive_one_of(untyped) == untyped
-    # Two keys in a branch: a and b present, c absent matches one only; kept.
-    two = {"type": "object", "oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}]}
-    assert exclusive_one_of(two) == two
+    assert exclusive_one_of(untyped)["anyOf"][0] == {
+        "allOf": [{"required": ["src"]}, {"type": "object", "properties": {"handle": False}}]
+    }
 
 
 def test_a_self_referencing_branch_ends() -> None:
