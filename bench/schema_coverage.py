@@ -46,13 +46,16 @@ import llguidance
 import numpy as np
 
 from bench.constrained import collector, model_path
-from trickle.closure import AnswerLength, Closer, proofs_hold
+from trickle.closure import AnswerLength, Closer
 from trickle.conditionals import exact_conditionals
 from trickle.config.sections import ModelSettings
 from trickle.grammar import GrammarError, json_schema_grammar
 from trickle.grammar_matcher import GrammarFailed, MatcherCache
+from trickle.params import GenerationParams
 from trickle.tokenization import Tokenizer, load_tokenizer
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
+from web.common.answer_budget import AnswerBudget
+from web.common.errors import HttpError
 from worker.engine.constrained import ConstrainedRun, Sampling
 from worker.engine.model_hints import resolve_compute_type
 
@@ -122,12 +125,14 @@ class Answerer:
         self.generator = ctranslate2.Generator(str(path), device="cpu", compute_type=compute)
         self.matchers = MatcherCache(self.tokenizer)
         self.closer = Closer(self.tokenizer.token_bytes())
+        self.budget = AnswerBudget(self.tokenizer)  # the web tier's own check
         self.ends = frozenset(self.tokenizer.end_ids)
         self.prompt = self.tokenizer.to_pieces(self.tokenizer.encode(PROMPT))
 
     def shortest(self, grammar: str) -> AnswerLength:
-        """What the web tier's budget check knows (``Closer.answer_length``)."""
-        return self.closer.answer_length(self.matchers.matcher(grammar), proofs_hold(grammar))
+        """What the web tier's budget check knows (``Closer.answer_length``; kept, so its check
+        of the same grammar reads it again)."""
+        return self.budget.shortest(grammar)
 
     def answer(self, grammar: str, max_tokens: int, greedy: bool, seed: int) -> str:
         rng = np.random.default_rng(seed)
@@ -243,8 +248,10 @@ def chat_accepted(
         except GrammarFailed:
             refusals["vocabulary"] += 1
             continue
-        if args.max_tokens < known.least:  # the web tier's 400 on max_tokens
-            refusals["max_tokens"] += 1
+        try:  # the web tier's 400s, as it words them
+            answerer.budget.check(GenerationParams(args.max_tokens, grammar=grammar), answerer.key)
+        except HttpError as exc:
+            refusals["max_tokens" if exc.param == "max_tokens" else "no whole answer found"] += 1
             continue
         accepted.append((name, schema, grammar, known.least))
     return accepted, refusals
