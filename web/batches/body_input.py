@@ -27,6 +27,7 @@ from web.batches.input_file import Input, earlier_batch, record_batch, start_rea
 from web.batches.lines import check_line_size, parse_line
 from web.batches.quota import hold_batch_storage
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
+from web.batches.unread import count_input
 from web.common.body import decode_utf8
 from web.common.errors import invalid
 from web.services import Services
@@ -51,13 +52,14 @@ def create_body_batch(svc: Services, store: BatchStore, raw: bytes) -> BatchReco
     if first is not None:
         return earlier_batch(store, first.batch_id)
     data = _uploaded_file(raw) if request.mimetype == "multipart/form-data" else raw
-    lines, first_url = _checked_lines(svc, data)
+    first_url = _checked_lines(svc, data)
     batch_id = new_batch_id()
     held = hold_batch_storage(svc, store, batch_id, len(raw), "input")
     source: FileRecord | None = None
     try:
         source = _store_input(svc, batch_id, data)
-        given = Input(batch_id, source, first_url, lines, BODY_URLS)
+        count = count_input(svc, batch_id, data.split(b"\n"))
+        given = Input(batch_id, source, first_url, count, "input", BODY_URLS)
         batch = record_batch(svc, store, key, given, None)
     except BaseException:
         held.release(batch_id)
@@ -71,9 +73,9 @@ def create_body_batch(svc: Services, store: BatchStore, raw: bytes) -> BatchReco
     return batch
 
 
-def _checked_lines(svc: Services, data: bytes) -> tuple[int, str]:
-    """The body's non-blank lines (split at "\\n" only: U+2028 and friends are text in JSON)
-    and its first line's url; a 4xx naming ``input`` or the line for a body that cannot be a
+def _checked_lines(svc: Services, data: bytes) -> str:
+    """The body's first line's url, its lines checked (split at "\\n" only: U+2028 and
+    friends are text in JSON); a 4xx naming ``input`` or the line for a body that cannot be a
     batch. Lines are numbered as the batch consumer numbers them (non-blank ones)."""
     limits = svc.settings.limits
     decode_utf8(data, "input", "the batch input")
@@ -91,7 +93,7 @@ def _checked_lines(svc: Services, data: bytes) -> tuple[int, str]:
         raise invalid("input", "the batch input has no requests")
     if count > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
-    return count, parse_line(1, first.decode(), BODY_URLS).url
+    return parse_line(1, first.decode(), BODY_URLS).url
 
 
 def _store_input(svc: Services, batch_id: str, data: bytes) -> FileRecord:

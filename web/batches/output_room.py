@@ -8,7 +8,9 @@ per batch in the key's file quota, by the script uploads use (``trickle.store.he
 batches, or a batch and an upload, never both take the last room. A line whose hold does not
 fit waits (the reading pauses, as for ``max_queued_jobs``: ``web.batches.ingest``), unless no
 room can come back (``web.batches.unread``); one whose hold could never fit fails on its own,
-naming ``files.max_bytes_per_key``.
+naming ``files.max_bytes_per_key``. Until a line is read it holds its unread error line
+(held for every line when the batch is made, ``web.batches.quota.hold_unread_lines``), so a
+reading that ends early never writes past the room.
 
 Each settle pass replaces a finished line's hold by the bytes its output line takes (once per
 line: ``keys.batch_output_settled``); the output files take the held bytes over as they are
@@ -217,11 +219,6 @@ class OutputRoom:
             return False
         self._taken += adding
         return True
-
-    def take_anyway(self, adding: int) -> None:
-        """Holds bytes that must be written whatever the room (error lines: they count)."""
-        if adding > 0:
-            self.quota.hold(self.holder, adding, self.lapses_at(), enforce=False)
 
     def give_back(self, giving: int) -> None:
         """Lowers the hold (never below zero: ``held_quota`` clamps it)."""
