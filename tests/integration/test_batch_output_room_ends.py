@@ -311,3 +311,31 @@ def test_a_reading_that_ends_on_a_full_key_never_passes_its_storage(
         assert held(app, batch_id) is None
     assert errors  # the readings ended early, with lines unread
     assert {error["error"]["code"] for error in errors} == {"file_storage_full"}, errors
+
+
+def test_a_batchs_files_take_its_room_over_leaving_none_to_another_writer_between(
+    app: Flask, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each piece the output and error files hold moves over from the batch's hold in the
+    same script call: an upload that takes every free byte before each of those holds finds
+    none of the batch's room, so the key never passes its storage."""
+    file_id = upload(client, small_lines(3)).get_json()["id"]
+    batch = create(client, file_id).get_json()
+    run_jobs(app, [job for item in items(app, batch["id"]) for job in item.job_ids])
+    hold = HeldQuota.hold
+    grabbed: list[int] = []
+
+    def grabbing(self: HeldQuota, holder: str, adding: int, *args: Any, **kwargs: Any) -> int:
+        enforce = kwargs.get("enforce", args[1] if len(args) > 1 else True)
+        if holder.startswith("file-") and adding > 0 and not enforce:
+            free = QUOTA - self.used()  # the batch's files: another writer takes what is free
+            if free > 0:
+                hold(self, "another-upload", free, time.time() + 600)
+                grabbed.append(free)
+        return hold(self, holder, adding, *args, **kwargs)
+
+    monkeypatch.setattr(HeldQuota, "hold", grabbing)
+    done = settle_batch(services(app), batch["id"])
+    assert done is not None and done.stage == "completed"
+    assert grabbed  # the other writer did find room to take, at the first hold
+    assert quota(app).used() <= QUOTA, (quota(app).used(), grabbed)
