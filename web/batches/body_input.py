@@ -20,16 +20,17 @@ import sys
 from flask import request
 from werkzeug.formparser import FormDataParser
 
+from trickle.store.held_quota import QuotaFull
 from web.admission.auth import current_tenant_digest
 from web.admission.idempotency import IDEMPOTENCY_HEADER, earlier, requested_key
 from web.batches.file_store import FileRecord
 from web.batches.input_file import Input, earlier_batch, record_batch, start_reading
 from web.batches.lines import check_line_size, parse_line
-from web.batches.quota import hold_batch_storage
+from web.batches.quota import hold_batch_storage, storage_full
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
 from web.batches.unread import count_input
 from web.common.body import decode_utf8
-from web.common.errors import invalid
+from web.common.errors import HttpError, invalid
 from web.services import Services
 
 # The urls a JSONL body's lines may name, mixed.
@@ -97,21 +98,41 @@ def _checked_lines(svc: Services, data: bytes) -> str:
 
 
 def _store_input(svc: Services, batch_id: str, data: bytes) -> FileRecord:
-    """The body as a file of the batch's key: its storage counts it (never refused: the
-    batch's own hold bounds it, ``web.batches.quota``), and the batch names it as its
-    ``input_file_id``."""
+    """The body as a file of the batch's key, taking its room in the key's file storage as
+    an upload does (a body with no room is a 429 naming ``input``), which the batch names as
+    its ``input_file_id``."""
     tenant_digest = current_tenant_digest()
     name = f"{batch_id}_input.jsonl"
-    writer = svc.files.writer(tenant_digest, name, sys.maxsize, enforce=False)
+    try:
+        writer = svc.files.writer(tenant_digest, name, sys.maxsize)
+    except QuotaFull as exc:
+        raise _no_room(svc, exc, len(data)) from exc
     try:
         writer.write(data)
         writer.finish()
         record = svc.files.record_for(writer, tenant_digest, name, INPUT_PURPOSE)
         svc.files.commit(record)
+    except QuotaFull as exc:
+        writer.discard()
+        raise _no_room(svc, exc, len(data)) from exc
     except BaseException:
         writer.discard()
         raise
     return record
+
+
+def _no_room(svc: Services, full: QuotaFull, size: int) -> HttpError:
+    if full.kind == "count":
+        return HttpError(
+            429,
+            "file_storage_full",
+            f"this key has {full.used} live files and files.max_files_per_key is "
+            f"{svc.settings.files.max_files_per_key}: the batch's input is stored as one; "
+            "delete files or wait for them to expire",
+            "input",
+            code="file_storage_full",
+        )
+    return storage_full(svc, full.used, f"the batch's input ({size} bytes) has no room", "input")
 
 
 def _uploaded_file(raw: bytes) -> bytes:

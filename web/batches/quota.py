@@ -79,7 +79,7 @@ def hold_unread_lines(
     try:
         quota.hold(holder_of(batch_id), holding, time.time() + store.ttl_seconds)
     except QuotaFull as exc:
-        raise _storage_full(
+        raise storage_full(
             svc,
             exc.used,
             f"this batch's {lines} lines' error lines, held before it runs so that every line "
@@ -101,10 +101,11 @@ def check_output_room(svc: Services, param: str) -> None:
     used = svc.files.quota(current_tenant_digest()).used()
     if used < svc.settings.files.max_bytes_per_key:
         return
-    raise _storage_full(svc, used, "a batch's output would have no room", param)
+    raise storage_full(svc, used, "a batch's output would have no room", param)
 
 
-def _storage_full(svc: Services, used: int, why: str, param: str) -> HttpError:
+def storage_full(svc: Services, used: int, why: str, param: str) -> HttpError:
+    """429 ``file_storage_full`` naming ``param``: the key's own figures only."""
     limit = svc.settings.files.max_bytes_per_key
     return HttpError(
         429,
