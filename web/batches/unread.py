@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 GROUP_LINES = 500
 # What a JSON null takes where an unread line's error line writes its custom_id.
 NULL_BYTES = len("null")
+# Lines a new batch's count parses between yields to the web process's other requests.
+COUNT_YIELD_LINES = 100
 
 
 def window_ended_error() -> HttpError:
@@ -103,7 +105,7 @@ def count_input(svc: Services, batch_id: str, lines: Iterable[bytes]) -> InputCo
             continue
         count += 1
         total += unread_line_bound(base, unread_custom_id(raw))
-        if count % GROUP_LINES == 0:
+        if count % COUNT_YIELD_LINES == 0:
             time.sleep(0)  # under gevent: a large input's parsing never holds other requests
     return InputCount(count, total)
 
