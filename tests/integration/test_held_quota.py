@@ -48,3 +48,20 @@ def test_a_hold_drawn_from_a_holder_gone_is_new_room(quota: HeldQuota) -> None:
         quota.hold("file", LIMIT + 1, later, drawing_from="batch")
     assert quota.hold("file", 700, later, drawing_from="batch") == 700
     assert _holds(quota) == {"file": 700}
+
+
+def test_bytes_given_back_once_per_mark_in_the_step_that_sets_it(quota: HeldQuota) -> None:
+    """Settling a batch's lines: each line's bytes come back once, however many passes
+    settle it, and never from a hold dropped meanwhile (nor recreating it)."""
+    later = time.time() + 600
+    marks = f"{quota.keys[0]}:marks"
+    quota.hold("batch", 900, later)
+    assert quota.give_back_once("batch", marks, {0: 100, 1: 50}, 60) == 150
+    assert quota.give_back_once("batch", marks, {1: 50, 2: 25}, 60) == 25  # line 1 was settled
+    assert _holds(quota) == {"batch": 725}
+    assert [quota.redis.getbit(marks, mark) for mark in range(4)] == [1, 1, 1, 0]
+    assert 0 < quota.redis.ttl(marks) <= 60
+    assert quota.give_back_once("batch", marks, {3: 5_000}, 60) == 725  # never below zero
+    quota.release("batch")
+    assert quota.give_back_once("batch", marks, {4: 10}, 60) == 0
+    assert _holds(quota) == {}

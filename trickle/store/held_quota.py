@@ -58,6 +58,24 @@ return {0, used + adding}
 """
 
 
+# Gives back a holder's bytes once per mark: each mark's bit is set, and the bytes of those
+# newly set are given back (down to zero at most), in one step, so a pass that dies between
+# the two never leaves a mark whose bytes stay held, and two passes never give one back twice.
+# KEYS: holds (zset), bytes (hash), marks (bitmap, in the holds' slot). ARGV: holder, the
+# marks' TTL, then pairs of (mark, bytes). Returns the bytes given back.
+GIVE_BACK_ONCE_SCRIPT = """
+local giving = 0
+for i = 3, #ARGV, 2 do
+  if redis.call('SETBIT', KEYS[3], ARGV[i], 1) == 0 then giving = giving + tonumber(ARGV[i + 1]) end
+end
+redis.call('EXPIRE', KEYS[3], ARGV[2])
+if giving == 0 or not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+giving = math.min(giving, tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0'))
+if giving > 0 then redis.call('HINCRBY', KEYS[2], ARGV[1], 0 - giving) end
+return giving
+"""
+
+
 class QuotaFull(Exception):
     """A hold was refused: ``kind`` is ``bytes`` (no room) or ``count`` (too many holders);
     ``used`` the tenant's bytes, or holders, at that moment."""
@@ -81,6 +99,7 @@ class HeldQuota:
         self.max_bytes = max_bytes
         self.max_holders = max_holders
         self._script = client.register_script(HOLD_SCRIPT)
+        self._give_back_once = client.register_script(GIVE_BACK_ONCE_SCRIPT)
 
     def hold(
         self,
@@ -109,6 +128,20 @@ class HeldQuota:
         if int(status) == -2:
             raise QuotaFull("count", int(used))
         return int(used)
+
+    def give_back_once(
+        self, holder: str, marks: str, giving: dict[int, int], ttl_seconds: int
+    ) -> int:
+        """Gives back ``giving``'s bytes (mark -> bytes) from ``holder``'s hold, each only if
+        its mark in the bitmap ``marks`` (the holds' slot) was not set yet, which it sets, in
+        one script call; returns the bytes given back."""
+        if not giving:
+            return 0
+        pairs = [value for mark, giving_bytes in giving.items() for value in (mark, giving_bytes)]
+        given = self._give_back_once(
+            keys=[*self.keys, marks], args=[holder, max(1, ttl_seconds), *pairs]
+        )
+        return int(given)
 
     def keep(self, pipe: Any, holder: str, lapses_at: float) -> None:
         """Renews ``holder``'s hold to ``lapses_at`` on ``pipe``: what it pays for is kept
