@@ -183,10 +183,11 @@ def batch_finalize(batch_id: str) -> str:
     return f"{batch(batch_id)}:finalize"
 
 
-def batch_output_settled(batch_id: str) -> str:
+def batch_output_settled(tenant_digest: str, batch_id: str) -> str:
     """Bitmap of a batch's lines (by index) whose output hold was replaced by the bytes their
-    output line takes (web/batches/output_room.py): each line's is replaced once."""
-    return f"{batch(batch_id)}:output-settled"
+    output line takes (web/batches/output_room.py): each line's is replaced once, by one script
+    with the give-back, so it lives in the slot of the tenant's file holds."""
+    return f"{files_of(tenant_digest)}:output-settled:{batch_id}"
 
 
 def batches_of(tenant_digest: str) -> str:

@@ -60,7 +60,7 @@ def test_a_file_line_past_the_body_limit_fails_alone_never_read_whole(
             held.append(len(found))
             yield end, found
 
-    monkeypatch.setattr("web.batches.ingest.lines_of", watched)  # counting the lines
+    monkeypatch.setattr("web.batches.unread.lines_of", watched)  # counting the lines
     monkeypatch.setattr("web.batches.file_store.lines_of", watched)  # reading them
     huge = line("big", messages=[{"role": "user", "content": "word " * 50_000}])
     data = jsonl(line("a"), huge, line("b"))

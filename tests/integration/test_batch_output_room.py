@@ -54,7 +54,7 @@ from web.batches.store import BatchItem, BatchRecord
 from web.batches.tasks import ingest_batch
 from web.services import services
 
-QUOTA = 12_000
+QUOTA = 24_000
 DIGEST = digest_of_entry(FIRST)
 
 
@@ -134,7 +134,7 @@ def test_lines_wait_for_room_and_one_past_the_whole_storage_fails_naming_it(
     app: Flask, client: FlaskClient
 ) -> None:
     huge = line("huge", max_tokens=1024, logprobs=True, top_logprobs=20)
-    data = jsonl(huge, *(line(f"s{i}", max_tokens=2) for i in range(8)))
+    data = jsonl(huge, *(line(f"s{i}", max_tokens=2) for i in range(16)))
     file_id = upload(client, data).get_json()["id"]
     batch_id = post_batch(client, file_id).get_json()["id"]
     used: list[int] = []
@@ -149,7 +149,7 @@ def test_lines_wait_for_room_and_one_past_the_whole_storage_fails_naming_it(
             break
     assert found["status"] == "completed", found
     assert max(used) <= QUOTA, used
-    assert found["request_counts"] == {"total": 9, "completed": 8, "failed": 1}, found
+    assert found["request_counts"] == {"total": 17, "completed": 16, "failed": 1}, found
     assert len(set(used)) > 2 and min(used) < QUOTA  # lines waited, then ran as room came back
     errors = client.get(f"/v1/files/{found['error_file_id']}/content", headers=bearer(FIRST))
     (error,) = [json.loads(x) for x in errors.get_data(as_text=True).splitlines()]
@@ -232,6 +232,32 @@ def test_two_batches_of_one_key_read_at_once_never_pass_the_quota(
         for i in ids
     ]
     assert totals == [{"total": 6, "completed": 6, "failed": 0}] * 2, totals
+
+
+def test_a_batch_whose_error_lines_alone_do_not_fit_is_refused_naming_its_input(
+    app: Flask, client: FlaskClient
+) -> None:
+    """Every line's unread error line is held when the batch is made: a batch whose error
+    lines could pass the key's storage is a 429 naming the field, holding nothing after;
+    one that fits is made, holding them."""
+    many = small_lines(40)  # 40 error lines of about 800 bytes: past QUOTA
+    file_id = upload(client, many).get_json()["id"]
+    before = quota(app).used()
+    listed = client.get("/v1/batches?limit=100", headers=bearer(FIRST)).get_json()["data"]
+    for refused, param in (
+        (post_batch(client, file_id), "input_file_id"),
+        (client.post("/v1/batches", data=many, headers=bearer(FIRST)), "input"),
+    ):
+        assert refused.status_code == 429, refused.get_data(as_text=True)
+        error = refused.get_json()["error"]
+        assert (error["code"], error["param"]) == ("file_storage_full", param), error
+        assert "40 lines' error lines" in error["message"], error
+        assert f"files.max_bytes_per_key is {QUOTA}" in error["message"], error
+        assert quota(app).used() == before  # nothing held, no input file left behind
+    assert client.get("/v1/batches?limit=100", headers=bearer(FIRST)).get_json()["data"] == listed
+    made = post_batch(client, upload(client, small_lines(4)).get_json()["id"]).get_json()
+    assert made["status"] == "validating"
+    assert (held(app, made["id"]) or 0) > 4 * 700 + files_overhead(made["id"])
 
 
 def test_a_hold_given_back_in_part_never_goes_below_zero(app: Flask, client: FlaskClient) -> None:

@@ -151,3 +151,31 @@ def test_a_batch_waits_for_room_for_its_output(app: Flask, redis_client: redis.R
     error = refused.get_json()["error"]
     assert (error["code"], error["param"]) == ("file_storage_full", "input")
     assert "files.max_bytes_per_key" in error["message"]
+
+
+def test_a_jsonl_body_takes_its_room_as_an_upload_does(app: Flask) -> None:
+    """A batch's JSONL body is stored as its input file: with less room left than the body,
+    the batch is a 429 naming ``input`` and the key's storage stays within its quota (it was
+    stored whatever the room)."""
+    client = app.test_client()
+    for _ in range(2):
+        assert upload(client, b"x" * 190_000, "user_data").status_code == 200
+    quota = services(app).files.quota(digest_of_entry(FIRST))
+    before = quota.used()
+    prompt = "word " * 10_000  # lines within web.max_body_bytes
+    line = (
+        '{"custom_id": "%s", "method": "POST", "url": "/v1/completions", '
+        '"body": {"model": "late", "prompt": "%s", "max_tokens": 2}}\n'
+    )
+    body = "".join(line % (f"r{i}", prompt) for i in range(3)).encode()
+    assert QUOTA - before < len(body) < 2 * (QUOTA - before)
+    refused = client.post("/v1/batches", data=body, headers=bearer(FIRST))
+    assert refused.status_code == 429, refused.get_data(as_text=True)
+    error = refused.get_json()["error"]
+    assert (error["code"], error["param"]) == ("file_storage_full", "input"), error
+    assert "files.max_bytes_per_key" in error["message"], error
+    assert quota.used() == before  # no input file left behind, nothing held
+    fits = "".join(line % (f"r{i}", "hi") for i in range(2)).encode()
+    made = client.post("/v1/batches", data=fits, headers=bearer(FIRST))
+    assert made.status_code == 200, made.get_data(as_text=True)
+    assert quota.used() <= QUOTA

@@ -37,7 +37,7 @@ def test_exact_key_strings() -> None:
     assert keys.batch_items("batch_1") == "trickle:batch:{batch_1}:items"
     assert keys.batch_ingest("batch_1") == "trickle:batch:{batch_1}:ingest"
     assert keys.batch_finalize("batch_1") == "trickle:batch:{batch_1}:finalize"
-    assert keys.batch_output_settled("batch_1") == "trickle:batch:{batch_1}:output-settled"
+    assert keys.batch_output_settled("k", "batch_1") == "trickle:files:{k}:output-settled:batch_1"
     assert keys.batches_of("k") == "trickle:batches:{k}"
     assert keys.batches_of("") == "trickle:batches:{open}"
     assert keys.file("file-1") == "trickle:file:{file-1}"

@@ -20,15 +20,17 @@ import sys
 from flask import request
 from werkzeug.formparser import FormDataParser
 
+from trickle.store.held_quota import QuotaFull
 from web.admission.auth import current_tenant_digest
 from web.admission.idempotency import IDEMPOTENCY_HEADER, earlier, requested_key
 from web.batches.file_store import FileRecord
 from web.batches.input_file import Input, earlier_batch, record_batch, start_reading
 from web.batches.lines import check_line_size, parse_line
-from web.batches.quota import hold_batch_storage
+from web.batches.quota import hold_batch_storage, storage_full
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
+from web.batches.unread import count_input
 from web.common.body import decode_utf8
-from web.common.errors import invalid
+from web.common.errors import HttpError, invalid
 from web.services import Services
 
 # The urls a JSONL body's lines may name, mixed.
@@ -51,13 +53,14 @@ def create_body_batch(svc: Services, store: BatchStore, raw: bytes) -> BatchReco
     if first is not None:
         return earlier_batch(store, first.batch_id)
     data = _uploaded_file(raw) if request.mimetype == "multipart/form-data" else raw
-    lines, first_url = _checked_lines(svc, data)
+    first_url = _checked_lines(svc, data)
     batch_id = new_batch_id()
     held = hold_batch_storage(svc, store, batch_id, len(raw), "input")
     source: FileRecord | None = None
     try:
         source = _store_input(svc, batch_id, data)
-        given = Input(batch_id, source, first_url, lines, BODY_URLS)
+        count = count_input(svc, batch_id, data.split(b"\n"))
+        given = Input(batch_id, source, first_url, count, "input", BODY_URLS)
         batch = record_batch(svc, store, key, given, None)
     except BaseException:
         held.release(batch_id)
@@ -71,9 +74,9 @@ def create_body_batch(svc: Services, store: BatchStore, raw: bytes) -> BatchReco
     return batch
 
 
-def _checked_lines(svc: Services, data: bytes) -> tuple[int, str]:
-    """The body's non-blank lines (split at "\\n" only: U+2028 and friends are text in JSON)
-    and its first line's url; a 4xx naming ``input`` or the line for a body that cannot be a
+def _checked_lines(svc: Services, data: bytes) -> str:
+    """The body's first line's url, its lines checked (split at "\\n" only: U+2028 and
+    friends are text in JSON); a 4xx naming ``input`` or the line for a body that cannot be a
     batch. Lines are numbered as the batch consumer numbers them (non-blank ones)."""
     limits = svc.settings.limits
     decode_utf8(data, "input", "the batch input")
@@ -91,25 +94,45 @@ def _checked_lines(svc: Services, data: bytes) -> tuple[int, str]:
         raise invalid("input", "the batch input has no requests")
     if count > limits.max_batch_requests:
         raise invalid("input", f"at most {limits.max_batch_requests} requests per batch")
-    return count, parse_line(1, first.decode(), BODY_URLS).url
+    return parse_line(1, first.decode(), BODY_URLS).url
 
 
 def _store_input(svc: Services, batch_id: str, data: bytes) -> FileRecord:
-    """The body as a file of the batch's key: its storage counts it (never refused: the
-    batch's own hold bounds it, ``web.batches.quota``), and the batch names it as its
-    ``input_file_id``."""
+    """The body as a file of the batch's key, taking its room in the key's file storage as
+    an upload does (a body with no room is a 429 naming ``input``), which the batch names as
+    its ``input_file_id``."""
     tenant_digest = current_tenant_digest()
     name = f"{batch_id}_input.jsonl"
-    writer = svc.files.writer(tenant_digest, name, sys.maxsize, enforce=False)
+    try:
+        writer = svc.files.writer(tenant_digest, name, sys.maxsize)
+    except QuotaFull as exc:
+        raise _no_room(svc, exc, len(data)) from exc
     try:
         writer.write(data)
         writer.finish()
         record = svc.files.record_for(writer, tenant_digest, name, INPUT_PURPOSE)
         svc.files.commit(record)
+    except QuotaFull as exc:
+        writer.discard()
+        raise _no_room(svc, exc, len(data)) from exc
     except BaseException:
         writer.discard()
         raise
     return record
+
+
+def _no_room(svc: Services, full: QuotaFull, size: int) -> HttpError:
+    if full.kind == "count":
+        return HttpError(
+            429,
+            "file_storage_full",
+            f"this key has {full.used} live files and files.max_files_per_key is "
+            f"{svc.settings.files.max_files_per_key}: the batch's input is stored as one; "
+            "delete files or wait for them to expire",
+            "input",
+            code="file_storage_full",
+        )
+    return storage_full(svc, full.used, f"the batch's input ({size} bytes) has no room", "input")
 
 
 def _uploaded_file(raw: bytes) -> bytes:

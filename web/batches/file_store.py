@@ -107,6 +107,7 @@ class FileWriter:
         ttl_seconds: int,
         quota: HeldQuota,
         enforce: bool = True,
+        drawing_from: str = "",
     ):
         self.redis = client
         self.file_id = file_id
@@ -114,6 +115,7 @@ class FileWriter:
         self.ttl_seconds = ttl_seconds
         self.quota = quota
         self.enforce = enforce
+        self.drawing_from = drawing_from
         self.size = 0
         self._buffer = bytearray()
         self._started = False
@@ -125,9 +127,8 @@ class FileWriter:
         return self
 
     def hold(self, adding: int) -> None:
-        self.quota.hold(
-            self.file_id, adding, time.time() + UPLOAD_HOLD_SECONDS, enforce=self.enforce
-        )
+        lapses_at = time.time() + UPLOAD_HOLD_SECONDS
+        self.quota.hold(self.file_id, adding, lapses_at, self.enforce, self.drawing_from)
 
     def write(self, data: bytes) -> int:
         self.size += len(data)
@@ -183,11 +184,17 @@ class FileStore:
         )
 
     def writer(
-        self, tenant_digest: str, filename: str, limit: int, enforce: bool = True
+        self,
+        tenant_digest: str,
+        filename: str,
+        limit: int,
+        enforce: bool = True,
+        drawing_from: str = "",
     ) -> FileWriter:
         """A new file's writer, its record's cost held already (QuotaFull when refused);
         ``enforce`` False: its bytes count against the tenant's storage but are never refused
-        (a batch's output, which must be kept whole)."""
+        (a batch's output, which must be kept whole); ``drawing_from``: the holder whose room
+        its bytes take over first (``HeldQuota.hold``)."""
         writer = FileWriter(
             self.redis,
             new_file_id(),
@@ -195,6 +202,7 @@ class FileStore:
             self.retention_seconds,
             self.quota(tenant_digest),
             enforce,
+            drawing_from,
         )
         return writer.open(filename)
 

@@ -19,15 +19,11 @@ from trickle import keys
 from web.admission.submission import cancel_many
 from web.batches.file_store import FileRecord
 from web.batches.output import finished_slices, output_line, slices
-from web.batches.output_room import OutputRoom, encoded_line, files_overhead, settle_holds
+from web.batches.output_room import OutputRoom, encoded_line, holder_of, settle_holds
 from web.batches.store import FINAL_STAGES, BatchRecord, BatchStore
 from web.services import Services
 
 FINALIZE_LEASE_SECONDS = 120
-# The output room a finalize gives back at a time, ahead of the lines it writes: the bytes
-# held and written never count twice, in few script calls (each sums the key's holds), and
-# another writer may take at most this much of it before the lines are written.
-GIVE_BACK_BYTES = 1_048_576
 
 
 def batch_result_ttl(svc: Services) -> int:
@@ -139,26 +135,20 @@ def _write_files(
     files = svc.files
     # Counted against the tenant's storage (a batch's output may be thousands of times its
     # input), never refused: the requests ran, their results are kept whole. The batch held
-    # their room while its lines ran (web/batches/output_room.py): the files take it over,
-    # the batch's hold given back before each piece is written.
-    room = OutputRoom(svc, batch)
-    room.give_back(files_overhead(batch.id))
+    # their room while its lines ran (web/batches/output_room.py): each piece the files hold
+    # moves over from the batch's hold in the same script call, so nobody takes it between.
     output, errors = (
-        files.writer(batch.tenant_digest, _filename(batch, name), sys.maxsize, enforce=False)
+        files.writer(
+            batch.tenant_digest, _filename(batch, name), sys.maxsize, enforce=False,
+            drawing_from=holder_of(batch.id),
+        )
         for name in ("output", "error")
-    )
+    )  # fmt: skip
     written = {id(output): 0, id(errors): 0}
-    given = 0  # given back and not yet written
     for index, item, state, jobs in finished_slices(svc, store, batch):
         line = output_line(svc, batch, index, item, state, jobs)
         target = output if line["error"] is None else errors
-        data = encoded_line(line)
-        if len(data) > given:
-            giving = max(len(data) - given, GIVE_BACK_BYTES)
-            room.give_back(giving)
-            given += giving
-        given -= len(data)
-        target.write(data)
+        target.write(encoded_line(line))
         written[id(target)] += 1
     records: list[FileRecord] = []
     ids: list[str | None] = []

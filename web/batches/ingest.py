@@ -15,7 +15,8 @@ A named key's ``max_queued_jobs`` makes lines wait, not fail: the reading pauses
 first line whose jobs find no place in the key's batch queue (``KeyRoom``), the batch stays
 ``validating`` with its offset, and a later sweep resumes it once the workers have taken jobs.
 The key's file storage does the same: each line's output is held before its jobs are sent
-(``web.batches.output_room``), and a line whose hold does not fit yet waits for room. A wait
+(``web.batches.output_room``), in place of its unread error line's hold taken when the batch
+was made (``web.batches.unread``), and a line whose hold does not fit yet waits for room. A wait
 that cannot end (room no settling can give back, or the batch's window over) ends the batch:
 its unread lines fail (``web.batches.unread``).
 """
@@ -30,7 +31,7 @@ from trickle.jobs import Job
 from web.admission.auth import current_key
 from web.admission.key_policy import check_key_policy
 from web.admission.submission import admission_cost, enqueue_many
-from web.batches.file_store import line_groups, lines_of
+from web.batches.file_store import line_groups
 from web.batches.finalize import batch_result_ttl, cancel_pending, finalize, window_over
 from web.batches.key_room import KeyRoom
 from web.batches.lines import check_line_size, failed_item, jobs_for_item, parse_line
@@ -38,7 +39,6 @@ from web.batches.output_room import (
     OUTPUT_HOLDER_SUFFIX,
     OutputRoom,
     check_projection,
-    files_overhead,
     holder_of,
     line_bound,
     output_quota,
@@ -46,7 +46,14 @@ from web.batches.output_room import (
     settle_holds,
 )
 from web.batches.store import BatchItem, BatchRecord, BatchStore
-from web.batches.unread import fail_unread, storage_full_error, window_ended_error
+from web.batches.unread import (
+    fail_unread,
+    storage_full_error,
+    unread_custom_id,
+    unread_line_base,
+    unread_line_bound,
+    window_ended_error,
+)
 from web.common.body import decode_utf8
 from web.common.errors import HttpError
 from web.services import Services
@@ -57,12 +64,6 @@ INGEST_LEASE_SECONDS = 10
 # Why a reading paused at a line: the key's file storage, or its queue, has no room for it yet.
 WAITING_FOR_ROOM = "file storage"
 WAITING_FOR_QUEUE = "queue"
-
-
-def count_lines(svc: Services, file_id: str) -> int:
-    """Non-blank lines of a stored file, read a chunk at a time."""
-    lines = lines_of(svc.files.chunks(file_id), max_line=svc.settings.web.max_body_bytes)
-    return sum(1 for _end, line in lines if line.strip())
 
 
 class ReadingTaken(Exception):
@@ -267,12 +268,13 @@ def _write_group(
     number, offset = reading.number, reading.offset
     paused: str | None = None
     parsed = _parse_group(svc, batch, group, reading)
-    # The first line holds the output and error files' records too.
-    holds = [item.output_hold for _end, item, _jobs in parsed]
-    holds[0] += files_overhead(batch.id) if number == 0 else 0
+    # Each line holds its unread error line since the batch was made: it takes what its
+    # output needs besides; what it needs less is given back once it is recorded.
+    extra = [item.output_hold - reserved for _end, item, _jobs, reserved in parsed]
+    holds = [max(0, more) for more in extra]
     whole = output.take(sum(holds))  # one script call for the group when it all fits
     try:
-        for (end, item, item_jobs), holding in zip(parsed, holds, strict=True):
+        for (end, item, item_jobs, _reserved), holding in zip(parsed, holds, strict=True):
             if not whole and not output.take(holding):
                 paused = WAITING_FOR_ROOM
                 break
@@ -307,6 +309,7 @@ def _write_group(
             svc.store.delete_unpublished([job.id for job in jobs])
             raise ReadingTaken(batch.id)
         output.keep()  # the lines are recorded: their holds are the batch's now
+        output.give_back(-sum(min(0, less) for less in extra[: len(items)]))
         if jobs:
             enqueue_many(svc, jobs, recorded=True, on_sent=room.hand_over())
     finally:
@@ -321,17 +324,19 @@ def _write_group(
 
 def _parse_group(
     svc: Services, batch: BatchRecord, group: list[tuple[int, bytes]], reading: Reading
-) -> list[tuple[int, BatchItem, list[Job]]]:
+) -> list[tuple[int, BatchItem, list[Job], int]]:
     """The group's lines as items with their jobs, numbered and checked (custom_ids, the
-    batch's job count) as if each of them were read; ``reading`` learns only of those that
-    are recorded (``_write_group``), so a line read again after a pause is not a repeat."""
+    batch's job count) as if each of them were read, and what each held until now (its
+    unread error line's bound); ``reading`` learns only of those that are recorded
+    (``_write_group``), so a line read again after a pause is not a repeat."""
     seen = set(reading.seen)
     made = reading.jobs_made
-    parsed: list[tuple[int, BatchItem, list[Job]]] = []
+    base = unread_line_base(svc, batch.id)
+    parsed: list[tuple[int, BatchItem, list[Job], int]] = []
     for end, raw in group:
         item, item_jobs = _item(svc, batch, reading.number + len(parsed) + 1, raw, seen, made)
         made += len(item_jobs)
-        parsed.append((end, item, item_jobs))
+        parsed.append((end, item, item_jobs, unread_line_bound(base, unread_custom_id(raw))))
     return parsed
 
 

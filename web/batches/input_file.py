@@ -1,7 +1,8 @@
 """``POST /v1/batches`` as OpenAI's client sends it: ``input_file_id``, ``endpoint``,
 ``completion_window``, ``metadata``.
 
-The request only checks the request and counts the input's lines: the batch is recorded
+The request only checks the request and counts the input's lines (and holds their error
+lines' room in the key's file storage, ``web.batches.unread``): the batch is recorded
 ``validating`` and answered at once, and the batch consumer reads its input into jobs, group by
 group (``web.batches.tasks``, ``web.batches.ingest``). A malformed line fails on its own, in
 the error file; an input that cannot make a batch at all (no line, more than
@@ -30,10 +31,10 @@ from web.admission.idempotency import (
 )
 from web.batches.file_store import FileRecord
 from web.batches.files import visible_file
-from web.batches.ingest import count_lines
 from web.batches.lines import BATCH_ENDPOINTS
-from web.batches.quota import hold_batch_storage
+from web.batches.quota import hold_batch_storage, hold_unread_lines, release_unread_lines
 from web.batches.store import BatchRecord, BatchStore, new_batch_id
+from web.batches.unread import InputCount, count_file
 from web.common.body import parse_json
 from web.common.errors import invalid, too_many
 from web.services import Services
@@ -80,8 +81,9 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
     batch_id = new_batch_id()
     held = hold_batch_storage(svc, store, batch_id, source.bytes, "input_file_id")
     try:
-        lines = count_lines(svc, source.id)
-        batch = record_batch(svc, store, key, Input(batch_id, source, endpoint, lines), metadata)
+        count = count_file(svc, batch_id, source.id)
+        given = Input(batch_id, source, endpoint, count, "input_file_id")
+        batch = record_batch(svc, store, key, given, metadata)
     except BaseException:
         held.release(batch_id)
         raise
@@ -93,13 +95,15 @@ def create_file_batch(svc: Services, store: BatchStore, body: dict[str, Any]) ->
 
 @dataclass(frozen=True)
 class Input:
-    """A new batch's input: the file it reads, its lines (counted) and the urls they may
-    name (``endpoint``, or for a JSONL body any of ``urls``)."""
+    """A new batch's input: the file it reads, its lines (counted, with their unread error
+    lines' bound), the request's field that names it, and the urls its lines may name
+    (``endpoint``, or for a JSONL body any of ``urls``)."""
 
     batch_id: str
     source: FileRecord
     endpoint: str
-    lines: int
+    count: InputCount
+    param: str
     urls: tuple[str, ...] | None = None
 
 
@@ -110,10 +114,11 @@ def record_batch(
     given: Input,
     metadata: dict[str, str] | None,
 ) -> BatchRecord:
-    """The batch's record, ``validating`` (or ``failed`` for an input that cannot make one);
-    with ``key``, the batch its first request made."""
+    """The batch's record, ``validating`` with its output room held from the start
+    (``hold_unread_lines``), or ``failed`` for an input that cannot make one; with ``key``,
+    the batch its first request made (this one's hold released)."""
     now = time.time()
-    source, lines = given.source, given.lines
+    source, lines = given.source, given.count.lines
     batch = BatchRecord(
         given.batch_id, current_tenant_digest(), now, given.endpoint, 0, stage="validating",
         input_file_id=source.id, metadata=metadata, ingest_offset=0, input_bytes=source.bytes,
@@ -126,9 +131,11 @@ def record_batch(
         _fail(batch, now, "too_many_requests", f"{lines} requests; the limit is {limit}")
     else:
         _check_backlog(svc, lines)
-    if key is None:
-        store.create(batch, [])
-    else:
+        hold_unread_lines(svc, store, batch.id, lines, given.count.unread_bytes, given.param)
+    try:
+        if key is None:
+            store.create(batch, [])
+            return batch
         record = Created(key.fingerprint, [], batch.id).to_json()
         found = svc.store.create_once(
             key.redis_key,
@@ -136,9 +143,13 @@ def record_batch(
             ttl_seconds(svc),
             lambda pipe: store.queue_create(pipe, batch, []),
         )
-        if found is not None:  # a concurrent first request won: its batch
-            return earlier_batch(store, matching(key, found).batch_id)
-        store.index(batch)
+    except BaseException:
+        release_unread_lines(svc, batch.id)
+        raise
+    if found is not None:  # a concurrent first request won: its batch
+        release_unread_lines(svc, batch.id)
+        return earlier_batch(store, matching(key, found).batch_id)
+    store.index(batch)
     return batch
 
 

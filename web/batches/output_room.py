@@ -8,7 +8,9 @@ per batch in the key's file quota, by the script uploads use (``trickle.store.he
 batches, or a batch and an upload, never both take the last room. A line whose hold does not
 fit waits (the reading pauses, as for ``max_queued_jobs``: ``web.batches.ingest``), unless no
 room can come back (``web.batches.unread``); one whose hold could never fit fails on its own,
-naming ``files.max_bytes_per_key``.
+naming ``files.max_bytes_per_key``. Until a line is read it holds its unread error line
+(held for every line when the batch is made, ``web.batches.quota.hold_unread_lines``), so a
+reading that ends early never writes past the room.
 
 Each settle pass replaces a finished line's hold by the bytes its output line takes (once per
 line: ``keys.batch_output_settled``); the output files take the held bytes over as they are
@@ -218,11 +220,6 @@ class OutputRoom:
         self._taken += adding
         return True
 
-    def take_anyway(self, adding: int) -> None:
-        """Holds bytes that must be written whatever the room (error lines: they count)."""
-        if adding > 0:
-            self.quota.hold(self.holder, adding, self.lapses_at(), enforce=False)
-
     def give_back(self, giving: int) -> None:
         """Lowers the hold (never below zero: ``held_quota`` clamps it)."""
         if giving > 0:
@@ -248,7 +245,7 @@ def settle_holds(svc: Services, store: BatchStore, batch: BatchRecord) -> Counte
     pass gave back."""
     room = OutputRoom(svc, batch)
     tally: Counter[str] = Counter()
-    settled = keys.batch_output_settled(batch.id)
+    settled = keys.batch_output_settled(batch.tenant_digest, batch.id)
     finished: list[tuple[int, BatchItem, str]] = []
     for index, item, state in slices(store, batch):
         tally[state] += 1
@@ -272,23 +269,19 @@ def _settle_lines(
     finished: list[tuple[int, BatchItem, str]],
 ) -> int:
     """Settles the lines of ``finished`` not settled before (their bits read first, so a pass
-    writes only the new ones; SETBIT's answer keeps a line from two passes at once settling
-    it twice); returns the bytes given back."""
+    renders only the new ones; the script that sets their bits gives back their bytes in the
+    same step, only for bits it set, so two passes at once never settle a line twice and one
+    that dies midway leaves no line marked with its room still held); returns the bytes
+    given back."""
     reads = svc.redis.pipeline(transaction=False)
     for index, _item, _state in finished:
         reads.getbit(settled, index)
-    unseen = [line for line, was in zip(finished, reads.execute(), strict=True) if not was]
-    if not unseen:
+    lines = [line for line, was in zip(finished, reads.execute(), strict=True) if not was]
+    if not lines:
         return 0
-    pipe = svc.redis.pipeline(transaction=False)
-    for index, _item, _state in unseen:
-        pipe.setbit(settled, index, 1)
-    pipe.expire(settled, store.ttl_seconds)
-    first = [not was for was in pipe.execute()[:-1]]
-    lines = [line for line, new in zip(unseen, first, strict=True) if new]
     wanted = [job_id for _index, item, _state in lines for job_id in item.job_ids]
     found = dict(zip(wanted, svc.store.finished_many(wanted), strict=True))
-    giving = 0
+    giving: dict[int, int] = {}
     for index, item, state in lines:
         jobs = [job for job_id in item.job_ids if (job := found.get(job_id)) is not None]
         line = output_line(svc, batch, index, item, state, jobs)
@@ -298,6 +291,5 @@ def _settle_lines(
                 "batch %s line %d: output %d bytes, past its bound %d",
                 batch.id, index, actual, item.output_hold,
             )  # fmt: skip
-        giving += max(0, item.output_hold - actual)
-    room.give_back(giving)
-    return giving
+        giving[index] = max(0, item.output_hold - actual)
+    return room.quota.give_back_once(room.holder, settled, giving, store.ttl_seconds)

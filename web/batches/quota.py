@@ -19,6 +19,7 @@ import time
 from trickle import keys
 from trickle.store.held_quota import HeldQuota, QuotaFull
 from web.admission.auth import current_tenant_digest
+from web.batches.output_room import files_overhead, holder_of, output_quota
 from web.batches.store import BatchStore
 from web.common.errors import HttpError
 from web.services import Services
@@ -65,21 +66,52 @@ def hold_batch_storage(
     return quota
 
 
+def hold_unread_lines(
+    svc: Services, store: BatchStore, batch_id: str, lines: int, unread_bytes: int, param: str
+) -> None:
+    """Holds a new batch's output room from the start: every line's unread error line
+    (``unread_bytes``, ``web.batches.unread``) and its files' records, so whichever way its
+    reading ends, each line's output or error line has room; a batch whose error lines alone
+    do not fit is refused (429 ``file_storage_full`` naming ``param``). The caller releases
+    the hold should the batch not be made (``release_unread_lines``)."""
+    holding = files_overhead(batch_id) + unread_bytes
+    quota = output_quota(svc, current_tenant_digest())
+    try:
+        quota.hold(holder_of(batch_id), holding, time.time() + store.ttl_seconds)
+    except QuotaFull as exc:
+        raise storage_full(
+            svc,
+            exc.used,
+            f"this batch's {lines} lines' error lines, held before it runs so that every line "
+            f"ends in its output or error file, take {holding} bytes",
+            param,
+        ) from exc
+
+
+def release_unread_lines(svc: Services, batch_id: str) -> None:
+    """A batch not made holds no output room."""
+    output_quota(svc, current_tenant_digest()).release(holder_of(batch_id))
+
+
 def check_output_room(svc: Services, param: str) -> None:
     """A batch's output is held against the key's file storage line by line before the
     line's jobs are sent (``web.batches.output_room``), its lines waiting for room: so a new
     batch is refused at once (429 ``file_storage_full`` naming ``param``) while the key's files
     and holds already fill that storage, rather than accepted to wait."""
-    files = svc.settings.files
     used = svc.files.quota(current_tenant_digest()).used()
-    if used < files.max_bytes_per_key:
+    if used < svc.settings.files.max_bytes_per_key:
         return
-    raise HttpError(
+    raise storage_full(svc, used, "a batch's output would have no room", param)
+
+
+def storage_full(svc: Services, used: int, why: str, param: str) -> HttpError:
+    """429 ``file_storage_full`` naming ``param``: the key's own figures only."""
+    limit = svc.settings.files.max_bytes_per_key
+    return HttpError(
         429,
         "file_storage_full",
-        f"this key's files hold {used} bytes and files.max_bytes_per_key is "
-        f"{files.max_bytes_per_key}: a batch's output would have no room; delete files (outputs "
-        "included) or wait for them to expire",
+        f"this key's files hold {used} bytes and files.max_bytes_per_key is {limit}: {why}; "
+        "delete files (outputs included) or wait for them to expire",
         param,
         code="file_storage_full",
     )

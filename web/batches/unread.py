@@ -6,25 +6,41 @@ room or for the key's queue (a batch past its window runs nothing more: the line
 end (its read lines all finished, their output held at what it takes, and no other batch of
 the key holds room that its settling could give back: the lines not read fail naming
 ``files.max_bytes_per_key``, since only the client can delete files). Each unread line
-becomes an error line (its ``custom_id`` when the line has one), counted against the key's
-storage like every other output line, never refused (``web.batches.output_room``). Two
-batches of a key that each wait while the other holds room both wait for their windows: the
-other's settling might yet give some back.
+becomes an error line (its ``custom_id`` when the line has one), and its room is already held:
+a batch holds, from its creation, every line's unread error line (``unread_line_bound``: the
+longer of the two errors, at the largest line number, with the line's own ``custom_id``,
+counted in one pass over the input, ``count_input``), and a line read turns that into its
+output's hold (``web.batches.ingest``). So the end of a reading only spends what it holds and
+gives back the rest: stored plus held never passes ``files.max_bytes_per_key``, whatever the
+room when the reading ends. Two batches of a key that each wait while the other holds room
+both wait for their windows: the other's settling might yet give some back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-from web.batches.file_store import line_groups
+from trickle.events import encode_text
+from web.batches.file_store import line_groups, lines_of
 from web.batches.lines import failed_item
-from web.batches.output_room import OutputRoom, files_overhead, refused_line_bytes
+from web.batches.output import output_line
+from web.batches.output_room import OutputRoom, encoded_line, refused_line_bytes
 from web.batches.store import BatchRecord, BatchStore
 from web.common.errors import HttpError
 from web.services import Services
 
+log = logging.getLogger(__name__)
+
 # Lines written to the batch's items per script call.
 GROUP_LINES = 500
+# What a JSON null takes where an unread line's error line writes its custom_id.
+NULL_BYTES = len("null")
+# Lines a new batch's count parses between yields to the web process's other requests.
+COUNT_YIELD_LINES = 100
 
 
 def window_ended_error() -> HttpError:
@@ -49,6 +65,58 @@ def storage_full_error(svc: Services, number: int) -> HttpError:
     )
 
 
+def unread_line_base(svc: Services, batch_id: str) -> int:
+    """What an unread line's error line takes at most without its ``custom_id`` (written as
+    null): the longer of the two errors that end a reading, at the largest index and line
+    number a batch can have (``limits.max_batch_requests``)."""
+    last = svc.settings.limits.max_batch_requests
+    batch = BatchRecord(batch_id, "", 0.0, "", last)
+    errors = (storage_full_error(svc, last), window_ended_error())
+    return max(
+        len(encoded_line(output_line(svc, batch, last, failed_item("", "", e), "failed", [])))
+        for e in errors
+    )
+
+
+def unread_line_bound(base: int, custom_id: str) -> int:
+    """An unread line's error line at most, from ``unread_line_base`` and its ``custom_id``
+    (``unread_custom_id``): what the batch holds for the line until it is read."""
+    if not custom_id:
+        return base
+    return base - NULL_BYTES + len(encode_text(custom_id).encode())
+
+
+@dataclass(frozen=True)
+class InputCount:
+    """A new batch's input as its holds see it: its lines, and what their unread error
+    lines take at most (``unread_line_bound`` summed)."""
+
+    lines: int
+    unread_bytes: int
+
+
+def count_input(svc: Services, batch_id: str, lines: Iterable[bytes]) -> InputCount:
+    """Counts the non-blank ``lines`` (as the reading splits and cuts them) and their unread
+    error lines' bound, in one pass; yields to the event loop between groups of lines."""
+    base = unread_line_base(svc, batch_id)
+    count = total = 0
+    for raw in lines:
+        if not raw.strip():
+            continue
+        count += 1
+        total += unread_line_bound(base, unread_custom_id(raw))
+        if count % COUNT_YIELD_LINES == 0:
+            time.sleep(0)  # under gevent: a large input's parsing never holds other requests
+    return InputCount(count, total)
+
+
+def count_file(svc: Services, batch_id: str, file_id: str) -> InputCount:
+    """``count_input`` over a stored input file, read a chunk at a time."""
+    chunks = svc.files.chunks(file_id)
+    lines = lines_of(chunks, max_line=svc.settings.web.max_body_bytes)
+    return count_input(svc, batch_id, (line for _end, line in lines))
+
+
 def fail_unread(
     svc: Services,
     store: BatchStore,
@@ -57,33 +125,41 @@ def fail_unread(
     error: HttpError,
 ) -> bool:
     """Records every line from byte ``start[0]`` of the input (``start[1]`` lines read before
-    it) as failed with ``error``, its error line's bytes held (never refused). Returns False
-    when another reading moved the offset first (that one goes on: nothing more is written)."""
+    it) as failed with ``error``; each error line's room was held at the batch's creation
+    (``unread_line_bound``), and what it does not take is given back. Returns False when
+    another reading moved the offset first (that one goes on: nothing more is written)."""
     assert batch.input_file_id is not None
     room = OutputRoom(svc, batch)
+    base = unread_line_base(svc, batch.id)
     offset, number = start
     chunks = svc.files.chunks(batch.input_file_id)
     max_line = svc.settings.web.max_body_bytes
     for read_to, lines in line_groups(chunks, offset, max_line, GROUP_LINES):
         if read_to == offset:  # nothing left to read
             break
-        group = [failed_item(_custom_id(raw), batch.endpoint, error) for _end, raw in lines]
+        custom_ids = [unread_custom_id(raw) for _end, raw in lines]
+        group = [failed_item(custom_id, batch.endpoint, error) for custom_id in custom_ids]
         for index, item in enumerate(group, number):
             item.output_hold = refused_line_bytes(svc, batch, index, item)
-        holding = sum(item.output_hold for item in group)
-        holding += files_overhead(batch.id) if number == 0 and group else 0
-        room.take_anyway(holding)
+        held = sum(unread_line_bound(base, custom_id) for custom_id in custom_ids)
+        written = sum(item.output_hold for item in group)
+        if written > held:  # never, while the bound is one: the batch then passes its room
+            log.warning("batch %s: unread lines take %d bytes, held %d", batch.id, written, held)
         if not store.append_group(batch.id, group, offset, read_to, number + len(group)):
-            room.give_back(holding)
             return False
+        room.give_back(held - written)
         offset, number = read_to, number + len(group)
     return True
 
 
-def _custom_id(raw: bytes) -> str:
-    """The line's ``custom_id`` when it reads as one (else none: its error line says null)."""
+def unread_custom_id(raw: bytes) -> str:
+    """The line's ``custom_id`` when it reads as one (else none: its error line says null);
+    one that UTF-8 cannot write (a lone surrogate) is none too."""
     try:
         found = json.loads(raw).get("custom_id")
-    except (ValueError, AttributeError):
-        return ""
-    return found if isinstance(found, str) else ""
+        if isinstance(found, str):
+            found.encode()
+            return found
+    except (ValueError, RecursionError, AttributeError):  # UnicodeError is a ValueError
+        pass
+    return ""
