@@ -188,8 +188,8 @@ def _both(left: object, right: object) -> object:
 def with_disjunctions(node: dict[str, Any], disjunctions: list[list[object]]) -> dict[str, Any]:
     """``node`` that also requires one schema of each disjunction: as its ``anyOf`` where it has
     none and there is one, otherwise as ``allOf`` members."""
-    if not disjunctions:
-        return node
+    if not disjunctions or not isinstance(node.get("allOf", []), list):
+        return node  # an allOf that is no list: left as sent, llguidance's 400 names it
     if len(disjunctions) == 1 and "anyOf" not in node:
         return {**node, "anyOf": disjunctions[0]}
     members = [

@@ -25,6 +25,10 @@ from trickle.schema_facts import Proof
 
 # The most branches that are written each without the others (their number grows as n**2).
 MAX_NEGATED = 8
+# The most ``oneOf``s of one schema so written: each multiplies the alternatives llguidance's
+# check walks through, so nested ones grew its time and memory exponentially (12 levels:
+# 10.6 s and 2.25 GB before the 400). The innermost are written; the rest are refused by name.
+MAX_NEGATED_ONE_OFS = 3
 # What a branch that only requires one key may also say.
 _ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
 
@@ -32,14 +36,16 @@ _ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
 def exclusive_one_of(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each ``oneOf`` whose branches are provably disjoint as ``anyOf`` (or as an
     ``allOf`` member holding the ``anyOf``, beside an ``anyOf`` of its own)."""
-    rewritten = _rewrite(schema, Proof(schema))
+    rewritten = _rewrite(schema, Proof(schema), [MAX_NEGATED_ONE_OFS])
     assert isinstance(rewritten, dict)
     return rewritten
 
 
-def _rewrite(node: object, proof: Proof) -> object:
+def _rewrite(node: object, proof: Proof, negations_left: list[int]) -> object:
+    """``node`` rewritten, children first; ``negations_left``: how many more overlapping
+    ``oneOf``s this schema may have written each branch without the others."""
     if isinstance(node, list):
-        return [_rewrite(item, proof) for item in node]
+        return [_rewrite(item, proof, negations_left) for item in node]
     if not isinstance(node, dict):
         return node
     out: dict[str, Any] = {}
@@ -47,20 +53,25 @@ def _rewrite(node: object, proof: Proof) -> object:
         if key in facts.DATA:
             out[key] = value
         elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, proof) for name, item in value.items()}
+            out[key] = {name: _rewrite(item, proof, negations_left) for name, item in value.items()}
         else:
-            out[key] = _rewrite(value, proof)
+            out[key] = _rewrite(value, proof, negations_left)
     branches = out.get("oneOf")
     if not isinstance(branches, list):
         return out
     apart = _disjoint_pairs(branches, node, proof)
     if not all(apart.values()):
-        branches = _one_key_each(branches, node, proof) or _each_alone(branches, node, apart, proof)
+        branches = _one_key_each(branches, node, proof)
+        if branches is None and negations_left[0] > 0:
+            branches = _each_alone(out["oneOf"], node, apart, proof)
+            negations_left[0] -= branches is not None
         if branches is None:
             return out
         out["oneOf"] = branches
     if "anyOf" not in out:
         return {("anyOf" if key == "oneOf" else key): value for key, value in out.items()}
+    if not isinstance(out.get("allOf", []), list):
+        return out  # an allOf that is no list: left as sent, llguidance's 400 names it
     del out["oneOf"]
     out["allOf"] = [*out.get("allOf", []), {"anyOf": branches}]
     return out

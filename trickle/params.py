@@ -6,12 +6,20 @@ Shared by the web tier (which validates a request into them) and the worker (whi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from typing_extensions import TypedDict
 
 MIN_SAMPLING_TEMPERATURE = 1e-5
+# The sampling fields' bounds, for a request's fields and a model's defaults alike.
+# CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
+# CTranslate2 needs 0 < top_p <= 1 in float32.
+MIN_TOP_P = 1e-6
+MAX_TOP_K = 1000
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,10 @@ class GenerationParams:
     grammar: str | None = None
     # How many of each step's most likely tokens to report with it (0: the sampled one only).
     top_logprobs: int = 0
+    # The client sent no max_tokens (the model's or the limits' default was taken): the web
+    # tier shrinks it to the context the prompt leaves, as vLLM does, instead of refusing a
+    # field nobody sent. Read only where the prompt is tokenized; never stored.
+    max_tokens_defaulted: bool = field(default=False, compare=False)
 
     @property
     def is_greedy(self) -> bool:

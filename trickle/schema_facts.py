@@ -156,19 +156,27 @@ def values(schemas: list[object]) -> list[Any] | None:
 
 
 def value_key(value: object) -> str:
-    """Equal JSON values, equal keys: 1 and 1.0 alike (nested too), true and 1 apart."""
+    """Equal JSON values, equal keys: 1 and 1.0 alike (nested too), true and 1 apart, and
+    integers past 2**53 apart (a float would merge them; JSON Schema compares them exactly)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return f"n:{float(value)!r}"
-    return json.dumps(_numbers_as_floats(value), sort_keys=True)
+        return f"n:{_number(value)!r}"
+    return json.dumps(_numbers_normalized(value), sort_keys=True)
 
 
-def _numbers_as_floats(value: object) -> object:
+def _number(value: int | float) -> int | float:
+    """An integral number as its exact integer (1.0 as 1), any other as the float it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _numbers_normalized(value: object) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return _number(value)
     if isinstance(value, list):
-        return [_numbers_as_floats(item) for item in value]
+        return [_numbers_normalized(item) for item in value]
     if isinstance(value, dict):
-        return {key: _numbers_as_floats(item) for key, item in value.items()}
+        return {key: _numbers_normalized(item) for key, item in value.items()}
     return value
 
 

@@ -335,3 +335,16 @@ def test_a_batchs_files_take_its_room_over_leaving_none_to_another_writer_betwee
     assert done is not None and done.stage == "completed"
     assert grabbed  # the other writer did find room to take, at the first hold
     assert quota(app).used() <= QUOTA, (quota(app).used(), grabbed)
+
+
+def test_lines_that_need_no_more_room_are_read_while_the_key_is_past_its_storage(
+    app: Flask, client: FlaskClient
+) -> None:
+    """Refused lines take no room beyond their unread error line's hold: their reading goes on
+    even while the key is past its storage (a write not held to it: another batch's files),
+    and each fails on its own 400 instead of waiting for room it does not need."""
+    file_id = upload(client, b"{nope\n{nope too\n").get_json()["id"]
+    batch_id = post_batch(client, file_id).get_json()["id"]
+    quota(app).hold(f"file-{'0' * 24}", QUOTA, time.time() + 3600, enforce=False)
+    ingest_batch(app, batch_id)
+    assert len(items(app, batch_id)) == 2

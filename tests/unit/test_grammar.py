@@ -273,3 +273,21 @@ def test_patterns_are_generated_anchored_at_the_start_and_data_is_left_alone(
     grammar = json_schema_grammar({"type": "string", "pattern": r"\d{2}"}, "response_format")
     assert matches(tokenizer, grammar, '"12"') and matches(tokenizer, grammar, '"12ab"')
     assert not matches(tokenizer, grammar, '"ab12"')
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {
+            "type": "array",
+            "uniqueItems": True,
+            "items": {"enum": [1, 2]},
+            "anyOf": [{}],
+            "allOf": 5,
+        },
+        {"oneOf": [{"enum": [1, 2]}, {"enum": [2, 3]}], "anyOf": [{}], "allOf": 5},
+    ],
+)
+def test_a_rewrite_beside_an_allof_that_is_no_list_is_a_400(schema: dict[str, Any]) -> None:
+    with pytest.raises(GrammarError, match="allOf"):
+        json_schema_grammar(schema, FIELD)

@@ -33,8 +33,9 @@ def test_the_configuration_wins_field_by_field() -> None:
 
 
 def test_a_files_value_out_of_range_or_of_the_wrong_type_is_skipped() -> None:
-    odd = {"temperature": 5.0, "top_p": 0.0, "top_k": True, "repetition_penalty": "high"}
+    odd = {"temperature": 5.0, "top_p": 1e-50, "top_k": 5000, "repetition_penalty": 1e-50}
     assert resolve_sampling(ModelSampling(), odd) == SamplingDefaults()
+    assert resolve_sampling(ModelSampling(), {"top_k": True, "top_p": "high"}) == SamplingDefaults()
 
 
 @pytest.mark.parametrize(

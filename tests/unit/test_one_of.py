@@ -4,6 +4,7 @@ the overlapping shapes that must stay ``oneOf`` (so llguidance refuses them, nam
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from trickle.one_of import exclusive_one_of
+from trickle.one_of import MAX_NEGATED_ONE_OFS, exclusive_one_of
 
 CAT = {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]}
 DOG = {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}
@@ -234,3 +235,23 @@ def test_a_hostile_schema_s_proofs_stay_bounded() -> None:
     schema = {"oneOf": [branch(number) for number in range(200)]}
     assert exclusive_one_of(schema) == schema
     assert "anyOf" in exclusive_one_of({"oneOf": [branch(number) for number in range(5)]})
+
+
+def _nested_overlapping(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        overlapping = [
+            {"required": ["a"], "properties": {"a": {"enum": [1, 2]}}},
+            {"properties": {"a": {"enum": [2, 3]}}},
+        ]
+        schema = {"type": "object", "properties": {"x": schema}, "oneOf": overlapping}
+    return schema
+
+
+def test_only_the_innermost_overlapping_one_ofs_are_written_without_the_others() -> None:
+    """Each such rewrite multiplies what llguidance's check walks: past MAX_NEGATED_ONE_OFS
+    the outer ones stay (refused by name) instead of costing seconds and gigabytes."""
+    written = exclusive_one_of(_nested_overlapping(MAX_NEGATED_ONE_OFS))
+    assert "oneOf" not in json.dumps(written)
+    outer = exclusive_one_of(_nested_overlapping(MAX_NEGATED_ONE_OFS + 2))
+    assert json.dumps(outer).count('"oneOf"') == 2

@@ -84,6 +84,16 @@ def test_arrays_of_a_few_values_are_listed_as_their_distinct_orders(
     same_verdicts(schema, [*ARRAYS, *extra, [{"a": 1}, [1]], [None, None], "a", None])
 
 
+def test_integers_past_two_to_the_53_stay_distinct() -> None:
+    big = 2**53
+    schema: dict[str, Any] = {
+        "type": "array",
+        "items": {"enum": [big, big + 1]},
+        "uniqueItems": True,
+    }
+    same_verdicts(schema, [[big + 1], [big, big + 1], [big + 1, big + 1], [float(big), big]])
+
+
 @pytest.mark.parametrize(
     "schema",
     [

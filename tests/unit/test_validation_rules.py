@@ -11,16 +11,15 @@ from pydantic import TypeAdapter
 
 from trickle.config.sampling import ModelSampling
 from trickle.config.settings import Settings
-from trickle.params import GenerationParams
-from web.common.errors import HttpError
-from web.common.request_models import (
+from trickle.params import (
     MAX_REPETITION_PENALTY,
-    MAX_SEED,
     MAX_TOP_K,
     MIN_REPETITION_PENALTY,
     MIN_TOP_P,
-    RequestModels,
+    GenerationParams,
 )
+from web.common.errors import HttpError
+from web.common.request_models import MAX_SEED, RequestModels
 from web.common.validation import (
     check_prompt_length,
     generation_params,
@@ -219,3 +218,19 @@ def test_prompt_and_context_limits_are_inclusive(settings: Settings) -> None:
     over = GenerationParams(max_tokens=context - 99)
     error = refused(check_prompt_length, 100, over, settings, "tiny-llama")
     assert error.param == "max_tokens"
+
+
+def test_a_max_tokens_nobody_sent_shrinks_to_the_context_the_prompt_leaves(
+    settings: Settings,
+) -> None:
+    context = settings.model("tiny-llama").max_context_tokens
+    defaulted = GenerationParams(max_tokens=context, max_tokens_defaulted=True)
+    assert check_prompt_length(100, defaulted, settings, "tiny-llama").max_tokens == context - 100
+    roomy = GenerationParams(max_tokens=8, max_tokens_defaulted=True)
+    assert check_prompt_length(100, roomy, settings, "tiny-llama").max_tokens == 8
+    sent = GenerationParams(max_tokens=context)  # the client's own: refused, as it was
+    assert refused(check_prompt_length, 100, sent, settings, "tiny-llama").param == "max_tokens"
+    needs = GenerationParams(max_tokens=context, min_tokens=context - 99, max_tokens_defaulted=True)
+    assert refused(check_prompt_length, 100, needs, settings, "tiny-llama").param == "max_tokens"
+    assert parse_sampling({}, settings).max_tokens_defaulted
+    assert not parse_sampling({"max_tokens": 4}, settings).max_tokens_defaulted

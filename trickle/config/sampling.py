@@ -17,11 +17,19 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from trickle.config.base import Section
+from trickle.params import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MIN_TOP_P,
+)
 
-Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
-TopP = Annotated[float, Field(gt=0.0, le=1.0)]
-TopK = Annotated[int, Field(ge=0)]
-Penalty = Annotated[float, Field(gt=0.0)]
+# The API's own bounds: a default the API would refuse from a client would fail every job.
+Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE)]
+TopP = Annotated[float, Field(ge=MIN_TOP_P, le=1.0)]
+TopK = Annotated[int, Field(ge=0, le=MAX_TOP_K)]
+Penalty = Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)]
 MaxTokens = Annotated[int, Field(ge=1)]
 
 # generation_config.json's keys, as vLLM reads them, and the field each sets.

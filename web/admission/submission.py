@@ -68,7 +68,7 @@ def prepare_job(
     The prompt is tokenized here once: the ids travel with the job, so the worker skips it.
     """
     prompt_ids = tokenize_prompt(svc, model, prompt)
-    check_prompt_length(len(prompt_ids), params, svc.settings, model)
+    params = check_prompt_length(len(prompt_ids), params, svc.settings, model)
     if params.grammar is not None:  # a new grammar's search takes ms to a second: off the loop
         budget = svc.answer_budget(model)
         in_pool(lambda: budget.check(params, model))

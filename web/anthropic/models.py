@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from typing_extensions import TypedDict
 
 from trickle.config.settings import Settings
+from trickle.params import MAX_TOP_K, MIN_TOP_P
 from web.common.request_models import (
-    MAX_TOP_K,
-    MIN_TOP_P,
     STRICT,
     UNBOUND_MAX_TOKENS,
     PromptText,

@@ -213,6 +213,11 @@ class OutputRoom:
         return self._lapses_at
 
     def take(self, adding: int) -> bool:
+        """Holds ``adding`` more bytes; False when they do not fit. Nothing to add always fits,
+        even on a key already past its storage (a refused line whose error line its unread
+        hold covers must not wait for room it does not need)."""
+        if adding <= 0:
+            return True
         try:
             self.quota.hold(self.holder, adding, self.lapses_at())
         except QuotaFull:

@@ -23,6 +23,13 @@ from pydantic import (
 )
 
 from trickle.config.settings import Settings
+from trickle.params import (
+    MAX_REPETITION_PENALTY,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+    MIN_TOP_P,
+)
 from web.common.format_models import ResponseFormat, TextFormat
 from web.common.tools.models import (
     ChatToolCall,
@@ -35,13 +42,6 @@ from web.common.tools.models import (
 )
 
 MAX_SEED = 2**63 - 1
-# CTranslate2 refuses a penalty that rounds to 0 in float32; below 0.01 is meaningless anyway.
-MIN_REPETITION_PENALTY = 0.01
-MAX_REPETITION_PENALTY = 10.0
-# CTranslate2 needs 0 < top_p <= 1 in float32.
-MIN_TOP_P = 1e-6
-MAX_TOP_K = 1000
-MAX_TEMPERATURE = 2.0
 MAX_CHOICES = 8
 MAX_PROMPTS = 16
 # The engine reports the sampled token's log-probability, not the alternatives it passed over:

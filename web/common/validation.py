@@ -7,6 +7,7 @@ tokens, and the defaults from configuration.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -87,6 +88,7 @@ def generation_params(
     defaults = sampling_defaults(settings, model)
     if max_tokens is None:
         max_tokens = request.max_tokens
+    defaulted = max_tokens is None
     if max_tokens is None:
         max_tokens = min(
             defaults.max_tokens or settings.limits.default_max_tokens,
@@ -113,6 +115,7 @@ def generation_params(
         min_tokens=min_tokens,
         stop_token_ids=tuple(request.stop_token_ids or ()),
         cache_salt=request.cache_salt or "",
+        max_tokens_defaulted=defaulted,
     )
 
 
@@ -126,15 +129,20 @@ def sampling_defaults(settings: Settings, model: str) -> SamplingDefaults:
 
 def check_prompt_length(
     prompt_tokens: int, params: GenerationParams, settings: Settings, model: str
-) -> None:
-    """Reject prompts the model cannot take, before they reach a worker."""
+) -> GenerationParams:
+    """Reject prompts the model cannot take, before they reach a worker; a ``max_tokens`` the
+    client never sent shrinks to the context the prompt leaves (the params to run)."""
     limit = settings.limits.max_prompt_tokens
     if prompt_tokens > limit:
         raise invalid("prompt", f"prompt is {prompt_tokens} tokens; the limit is {limit}")
     context = settings.model(model).max_context_tokens
+    room = context - prompt_tokens
+    if params.max_tokens_defaulted and 0 < room < params.max_tokens:
+        params = dataclasses.replace(params, max_tokens=max(room, params.min_tokens))
     overflow = context_overflow(prompt_tokens, params.max_tokens, context)
     if overflow:
         raise invalid("max_tokens", overflow)
+    return params
 
 
 def parse_wait(header: str | None, max_wait: int) -> float:
