@@ -121,24 +121,14 @@ FORMAT_MARKER = '"format"'
 def exact_formats(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with every format of ``INTEGER_RANGES`` and ``STRING_PATTERNS`` written as the
     keywords that mean it, and every format dropped where no instance is of its type."""
-    rewritten = _rewrite(schema, Proof(schema))
+    proof = Proof(schema)
+    rewritten = facts.rewritten_bottom_up(schema, lambda out, node: _rewrite(out, node, proof))
     assert isinstance(rewritten, dict)
     return rewritten
 
 
-def _rewrite(node: object, proof: Proof) -> object:
-    if isinstance(node, list):
-        return [_rewrite(item, proof) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in facts.DATA:
-            out[key] = value
-        elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, proof) for name, item in value.items()}
-        else:
-            out[key] = _rewrite(value, proof)
+def _rewrite(out: dict[str, Any], node: dict[str, Any], proof: Proof) -> object:
+    """One schema (``out``: its subschemas done; ``node``: as sent) with its format written."""
     name = out.get("format")
     if not isinstance(name, str):
         return out

@@ -36,26 +36,20 @@ _ONE_KEY_BRANCH = frozenset({"required", "title", "description", "$comment"})
 def exclusive_one_of(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each ``oneOf`` whose branches are provably disjoint as ``anyOf`` (or as an
     ``allOf`` member holding the ``anyOf``, beside an ``anyOf`` of its own)."""
-    rewritten = _rewrite(schema, Proof(schema), [MAX_NEGATED_ONE_OFS])
+    proof, negations_left = Proof(schema), [MAX_NEGATED_ONE_OFS]
+    rewritten = facts.rewritten_bottom_up(
+        schema, lambda out, node: _rewrite(out, node, proof, negations_left)
+    )
     assert isinstance(rewritten, dict)
     return rewritten
 
 
-def _rewrite(node: object, proof: Proof, negations_left: list[int]) -> object:
-    """``node`` rewritten, children first; ``negations_left``: how many more overlapping
-    ``oneOf``s this schema may have written each branch without the others."""
-    if isinstance(node, list):
-        return [_rewrite(item, proof, negations_left) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in facts.DATA:
-            out[key] = value
-        elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, proof, negations_left) for name, item in value.items()}
-        else:
-            out[key] = _rewrite(value, proof, negations_left)
+def _rewrite(
+    out: dict[str, Any], node: dict[str, Any], proof: Proof, negations_left: list[int]
+) -> object:
+    """One schema (``out``: its subschemas done; ``node``: as sent) with its ``oneOf`` written
+    where exact; ``negations_left``: how many more overlapping ``oneOf``s this schema may have
+    written each branch without the others."""
     branches = out.get("oneOf")
     if not isinstance(branches, list):
         return out

@@ -14,7 +14,7 @@ Every proof over one schema shares a budget of steps, so a hostile schema's stay
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trickle.patterns import DATA_KEYWORDS as DATA_KEYWORDS
@@ -153,6 +153,27 @@ def values(schemas: list[object]) -> list[Any] | None:
             if isinstance(enum, list):
                 return list(enum)
     return None
+
+
+def rewritten_bottom_up(
+    node: object, rewrite: Callable[[dict[str, Any], dict[str, Any]], object]
+) -> object:
+    """``node`` with each schema in it replaced by ``rewrite(children_done, as_sent)``, its
+    subschemas first; data keywords (``const``, ``enum``, ``default`` ...) are not entered. The
+    one walk of the rewrites (formats, ``uniqueItems``, ``oneOf``)."""
+    if isinstance(node, list):
+        return [rewritten_bottom_up(item, rewrite) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in DATA:
+            out[key] = value
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: rewritten_bottom_up(item, rewrite) for name, item in value.items()}
+        else:
+            out[key] = rewritten_bottom_up(value, rewrite)
+    return rewrite(out, node)
 
 
 def value_key(value: object) -> str:

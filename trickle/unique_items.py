@@ -41,26 +41,14 @@ def exact_unique_items(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with every ``uniqueItems`` that can be written exactly so written."""
     said = schema.get("$schema")
     dialect = next((d for d in _LIST_ITEMS if isinstance(said, str) and d in said), None)
-    rewritten = _rewrite(schema, dialect)
+    rewritten = facts.rewritten_bottom_up(schema, lambda out, _sent: _rewrite(out, dialect))
     assert isinstance(rewritten, dict)
     return rewritten
 
 
-def _rewrite(node: object, dialect: str | None) -> object:
-    """``node`` rewritten; ``dialect`` is the draft the root's ``$schema`` names, where it is
-    one before 2020-12."""
-    if isinstance(node, list):
-        return [_rewrite(item, dialect) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in facts.DATA:
-            out[key] = value
-        elif key in facts.SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _rewrite(item, dialect) for name, item in value.items()}
-        else:
-            out[key] = _rewrite(value, dialect)
+def _rewrite(out: dict[str, Any], dialect: str | None) -> object:
+    """One schema (its subschemas done) with its ``uniqueItems`` written where exact;
+    ``dialect`` is the draft the root's ``$schema`` names, where it is one before 2020-12."""
     if "uniqueItems" not in out:
         return out
     without = {key: value for key, value in out.items() if key != "uniqueItems"}
