@@ -66,6 +66,24 @@ class SamplingDefaults:
     repetition_penalty: float = 1.0
     max_tokens: int | None = None
 
+    def under(
+        self,
+        temperature: float | None,
+        top_p: float | None,
+        top_k: int | None,
+        repetition_penalty: float | None,
+    ) -> dict[str, Any]:
+        """The sampling ``GenerationParams`` takes: each value a request sent (None: not sent),
+        else this default; one rule for every route."""
+        return {
+            "temperature": self.temperature if temperature is None else float(temperature),
+            "top_p": self.top_p if top_p is None else float(top_p),
+            "top_k": self.top_k if top_k is None else top_k,
+            "repetition_penalty": (
+                self.repetition_penalty if repetition_penalty is None else float(repetition_penalty)
+            ),
+        }
+
 
 _FIELDS = TypeAdapter(ModelSampling)
 
@@ -75,23 +93,23 @@ def resolve_sampling(table: ModelSampling, generation_config: dict[str, Any]) ->
     field's range there is skipped, as an unset one: the file is the model's, not the
     operator's), else the APIs' defaults. The web tier holds ``max_tokens`` to
     ``limits.max_tokens_ceiling``."""
-    from_file = _FIELDS.validate_python(_valid_file_values(generation_config))
+    from_file = _valid_file_values(generation_config)
     chosen = {
-        name: getattr(table, name) if getattr(table, name) is not None else getattr(from_file, name)
+        name: getattr(table, name) if getattr(table, name) is not None else from_file.get(name)
         for name in GENERATION_CONFIG_KEYS.values()
     }
     return SamplingDefaults(**{name: value for name, value in chosen.items() if value is not None})
 
 
 def _valid_file_values(generation_config: dict[str, Any]) -> dict[str, Any]:
+    """The file's values the configuration's table would take, typed as it types them."""
     values: dict[str, Any] = {}
     for key, name in GENERATION_CONFIG_KEYS.items():
         value = generation_config.get(key)
         if value is None or isinstance(value, bool):
             continue
         try:
-            _FIELDS.validate_python({name: value})
+            values[name] = getattr(_FIELDS.validate_python({name: value}), name)  # as typed
         except ValidationError:
             continue
-        values[name] = value
     return values

@@ -64,11 +64,8 @@ def parse_messages(body: Any, settings: Settings, model: type[MessagesRequest]) 
     defaults = sampling_defaults(settings, name)
     params = GenerationParams(
         max_tokens=req.max_tokens,
-        temperature=defaults.temperature if req.temperature is None else float(req.temperature),
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        top_p=defaults.top_p if req.top_p is None else float(req.top_p),
+        **defaults.under(req.temperature, req.top_p, req.top_k, None),  # no penalty field here
         stop=tuple(req.stop_sequences or ()),
-        repetition_penalty=defaults.repetition_penalty,
     )
     tools = _tools(req, settings, name)
     params = constrained(params, tools.grammar if tools is not None else None)

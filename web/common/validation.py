@@ -99,19 +99,12 @@ def generation_params(
         raise invalid("min_tokens", f"min_tokens ({min_tokens}) exceeds max_tokens ({max_tokens})")
     return GenerationParams(
         max_tokens=max_tokens,
-        temperature=(
-            defaults.temperature if request.temperature is None else float(request.temperature)
+        **defaults.under(
+            request.temperature, request.top_p, request.top_k, request.repetition_penalty
         ),
-        top_k=defaults.top_k if request.top_k is None else request.top_k,
-        top_p=defaults.top_p if request.top_p is None else float(request.top_p),
         stop=tuple(request.stop or ()),
         seed=request.seed,
         ignore_eos=bool(request.ignore_eos),
-        repetition_penalty=(
-            defaults.repetition_penalty
-            if request.repetition_penalty is None
-            else float(request.repetition_penalty)
-        ),
         min_tokens=min_tokens,
         stop_token_ids=tuple(request.stop_token_ids or ()),
         cache_salt=request.cache_salt or "",
