@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from web.batches.output import output_line
 from web.batches.output_room import OutputRoom, encoded_line, refused_line_bytes
 from web.batches.store import BatchRecord, BatchStore
 from web.common.errors import HttpError
+from web.common.turns import in_turns
 from web.services import Services
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 GROUP_LINES = 500
 # What a JSON null takes where an unread line's error line writes its custom_id.
 NULL_BYTES = len("null")
-# Lines a new batch's count parses between yields to the web process's other requests.
+# Lines a new batch's count reads (blank ones too) between turns of the web process's loop.
 COUNT_YIELD_LINES = 100
 
 
@@ -100,13 +100,10 @@ def count_input(svc: Services, batch_id: str, lines: Iterable[bytes]) -> InputCo
     error lines' bound, in one pass; yields to the event loop between groups of lines."""
     base = unread_line_base(svc, batch_id)
     count = total = 0
-    for raw in lines:
-        if not raw.strip():
-            continue
-        count += 1
-        total += unread_line_bound(base, unread_custom_id(raw))
-        if count % COUNT_YIELD_LINES == 0:
-            time.sleep(0)  # under gevent: a large input's parsing never holds other requests
+    for raw in in_turns(lines, COUNT_YIELD_LINES):  # a large input never holds other requests
+        if raw.strip():
+            count += 1
+            total += unread_line_bound(base, unread_custom_id(raw))
     return InputCount(count, total)
 
 
