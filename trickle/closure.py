@@ -8,9 +8,14 @@ Two ways find a completion. First a greedy walk, one mask a token: tokens the gr
 (llguidance's fast-forward: keys, ``:``, the rest of a literal), else the first allowed of
 ``CLOSERS`` (a closing quote or bracket ends the innermost open value; ``0`` is the shortest
 JSON value), else the shortest allowed token. It finds most completions at once, but never
-backtracks, so it can circle where the way out is one particular character (an email's ``@``).
-Where it finds none within the limit, a bounded search over the matcher's states does
-(``trickle.closure_search``): a limit is only reported unmet when that search finds nothing.
+backtracks, so on its own it would circle where the way out is one particular character (an
+email's ``@``, the ``.`` after a pattern's digits): when it meets the same mask at
+``LOOP_CHOICES`` choices in a row, it takes the next token of that mask's way-out list (the
+search's candidates, one per byte class) after which the mask changes, a different one each
+time that mask loops again, so a walk that left by a wrong way (a ``.`` in an email's local
+part) tries another. Where it finds none within the limit, a bounded search over the
+matcher's states does (``trickle.closure_search``): a limit is only reported unmet when that
+search finds nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from dataclasses import dataclass
 
 import llguidance
 import numpy as np
+import numpy.typing as npt
 
 from trickle.closure_search import MAX_EXPANSIONS, ClosingSearch
-from trickle.grammar_matcher import allowed_mask
+
+Mask = npt.NDArray[np.bool_]
 
 # Most preferred first. Inside a string: its closing quote (with what may follow it). Elsewhere:
 # closing brackets, then a separator (a value just ended: a required key follows), then the
@@ -41,6 +48,8 @@ LONGEST_WALK = 16_384
 LONGEST_WALK_CHOICES = 4096
 # States a quick search expands (the engine's check of each token near max_tokens).
 QUICK_EXPANSIONS = 40
+# Choices in a row at one mask after which the greedy walk takes a way out of it.
+LOOP_CHOICES = 2
 
 
 def proofs_hold(grammar: str) -> bool:
@@ -123,6 +132,7 @@ class Closer:
         probe = matcher.deep_copy()
         out: list[int] = []
         chosen = 0
+        loop = _Loop()
         while len(out) <= limit:
             if probe.is_accepting():
                 return out
@@ -131,14 +141,33 @@ class Closer:
                 chosen += 1
                 if choices is not None and chosen > choices:
                     return None
-                forced = [self._pick(probe)]
+                words = probe.compute_bitmask()
+                allowed = _unpack(words, self._vocab_size)
+                token = self._way_out(probe, words, allowed, loop) if loop.again(words) else -1
+                forced = [token if token >= 0 else self._pick(allowed)]
             if probe.try_consume_tokens(forced) != len(forced) or probe.is_error():
                 return None
             out.extend(forced)
         return None
 
-    def _pick(self, matcher: llguidance.LLMatcher) -> int:
-        allowed = allowed_mask(matcher, self._vocab_size)
+    def _way_out(
+        self, matcher: llguidance.LLMatcher, words: bytes, allowed: Mask, loop: _Loop
+    ) -> int:
+        """The next token of ``words``' way-out list (in turn, from where this walk last left
+        that mask) after which the mask changes; -1 when none does: where the walk circles
+        inside a repetition, the byte that ends it."""
+        candidates = self._search.candidates(allowed)
+        start = loop.ways_taken.get(words, 0)
+        for turn in range(len(candidates)):
+            index = (start + turn) % len(candidates)
+            probe = matcher.deep_copy()
+            consumed = probe.try_consume_tokens([candidates[index]]) == 1 and not probe.is_error()
+            if consumed and probe.compute_bitmask() != words:
+                loop.ways_taken[words] = index + 1
+                return candidates[index]
+        return -1
+
+    def _pick(self, allowed: Mask) -> int:
         in_string = self._probe >= 0 and allowed[self._probe]
         for token in (*self._in_string, *self._preferred) if in_string else self._preferred:
             if allowed[token]:
@@ -147,3 +176,27 @@ class Closer:
         if not len(candidates):
             return -1  # nothing is allowed: try_consume_tokens fails and the search ends
         return int(candidates[np.argmin(self._lengths[candidates])])
+
+
+class _Loop:
+    """Whether the greedy walk is circling: the same mask at ``LOOP_CHOICES`` choices in a
+    row (a repetition it keeps feeding, such as a pattern's digits given one after another)."""
+
+    def __init__(self) -> None:
+        self._last = b""
+        self._repeats = 0
+        # A mask -> where its next way out is tried from (a way out taken once that led back
+        # into the loop, such as an email's ``.``, gives the next one its turn).
+        self.ways_taken: dict[bytes, int] = {}
+
+    def again(self, words: bytes) -> bool:
+        self._repeats = self._repeats + 1 if words == self._last else 1
+        self._last = words
+        return self._repeats >= LOOP_CHOICES
+
+
+def _unpack(words: bytes, vocab_size: int) -> Mask:
+    """Which ids a matcher's bitmask (32-bit little-endian words) allows."""
+    return np.unpackbits(np.frombuffer(words, dtype=np.uint8), bitorder="little")[
+        :vocab_size
+    ].astype(bool)

@@ -121,7 +121,7 @@ class ClosingSearch:
                 continue  # reached before, with no fewer tokens and at least this progress
             best[key] = run
             expansions += 1
-            for token in self._candidates(mask):
+            for token in self.candidates(mask):
                 probe = state.matcher.deep_copy()
                 if probe.try_consume_tokens([token]) != 1 or probe.is_error():
                     continue
@@ -142,7 +142,7 @@ class ClosingSearch:
             return False
         return None
 
-    def _candidates(self, mask: npt.NDArray[np.bool_]) -> list[int]:
+    def candidates(self, mask: npt.NDArray[np.bool_]) -> list[int]:
         """The closing tokens allowed, then the shortest and the longest allowed token of each
         byte class."""
         ordered = self._by_length[mask[self._by_length]]

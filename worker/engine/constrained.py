@@ -211,12 +211,18 @@ class ConstrainedRun:
         return stop
 
     def _leaves_room(self, forced: list[int], left: int) -> bool:
-        """Whether after ``forced`` the structure can still close within ``left`` tokens."""
+        """Whether after ``forced`` the structure can still close within ``left`` tokens (the
+        way out found becomes the escape, so the next token's check starts from it instead of
+        searching again: a search from a later state may not find what this one found)."""
         probe = self._matcher.deep_copy()
         text = [t for t in forced if t not in self._end_ids]
         if probe.try_consume_tokens(text) < len(text):
             return True  # (an end token among them ends the answer complete)
-        return self._way_out(probe, left - len(forced), None) is not None or self._no_way_out(left)
+        way_out = self._way_out(probe, left - len(forced), None)
+        if way_out is None:
+            return self._no_way_out(left)
+        self._escape = [*forced, *way_out]  # emitting ``forced`` advances it
+        return True
 
     def _no_way_out(self, left: int) -> bool:
         """Whether no completion from the matcher's state fits ``left`` tokens (a full search,
