@@ -19,8 +19,19 @@ other on a schema that may be a string; on a schema that cannot be one it ignore
   ``int64``, ``uint64``, ``float``, ``double``), on a schema that allows no instance of that
   type constrains nothing and is dropped.
 
-Others (``url``, which only WHATWG's parser defines; ``regex``, not a regular language; names
-with no defined meaning such as ``path`` or ``topic``) stay, refused naming the format.
+- ``json-pointer`` and ``relative-json-pointer`` (RFC 6901 and its draft) are regular too:
+  patterns. ``idn-email`` is served as ``email``: every address llguidance's ``email`` writes
+  is an internationalized one too (the answer is valid; not every valid one can be written).
+- A format no specification defines (``UNCHECKED``: ``topic``, ``non-blank``, ``url``,
+  ``DATE``; names are case-sensitive) is an annotation: JSON Schema says a validator that
+  does not know a format passes every instance (2020-12, validation section 7.2; OpenAPI:
+  "MAY default back to the type alone"), and so do ``jsonschema`` and every validator
+  Trickle's tests use, so the answer is valid whatever the string holds. It is dropped, and
+  ``unchecked_formats`` names it so the web tier tells the client (never silently).
+  OpenAPI's ``password`` and ``binary`` (any string) are dropped as constraining nothing.
+
+``regex`` (not a regular language), ``uri-template`` and ``idn-hostname`` (IDNA's rules are no
+pattern llguidance takes) have a defined meaning that is not enforced: refused, naming them.
 """
 
 from __future__ import annotations
@@ -115,7 +126,43 @@ STRING_PATTERNS = {
     "iri": _reference(_UNRESERVED + _UCSCHAR, _IPRIVATE, absolute_only=True),
     "iri-reference": _reference(_UNRESERVED + _UCSCHAR, _IPRIVATE, absolute_only=False),
 }
+_JSON_POINTER = "(?:/(?:[^~/]|~[01])*)*"
+STRING_PATTERNS["json-pointer"] = f"^{_JSON_POINTER}$"
+STRING_PATTERNS["relative-json-pointer"] = f"^(?:0|[1-9][0-9]*)(?:#|{_JSON_POINTER})$"
+# Formats served as another whose every instance is one of theirs.
+_SERVED_AS = {"idn-email": "email"}
+# What llguidance enforces itself, and every format a specification defines: JSON Schema's
+# (2020-12), OpenAPI's and the ones above. Any other name is a custom annotation.
+_LLGUIDANCE = frozenset(
+    {"date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri"}
+)
+_DEFINED = frozenset(
+    {"regex", "uri-template", "idn-hostname", *_LLGUIDANCE, *STRING_PATTERNS, *_SERVED_AS}
+    | {*INTEGER_RANGES, *_OTHER_NUMERIC}
+)
+# OpenAPI's formats that hold any string: nothing to enforce.
+_ANY_STRING = frozenset({"password", "binary"})
 FORMAT_MARKER = '"format"'
+
+
+def unchecked(name: str) -> bool:
+    """Whether ``name`` is a format no specification defines (an annotation, not enforced)."""
+    return name not in _DEFINED and name not in _ANY_STRING
+
+
+def unchecked_formats(schema: object) -> list[str]:
+    """The custom formats ``schema`` names (sorted; the walk ``exact_formats`` drops them by):
+    served as annotations, so the web tier tells the client they were not enforced."""
+    found: set[str] = set()
+
+    def note(out: dict[str, Any], _: dict[str, Any]) -> object:
+        name = out.get("format")
+        if isinstance(name, str) and unchecked(name):
+            found.add(name)
+        return out
+
+    facts.rewritten_bottom_up(schema, note)
+    return sorted(found)
 
 
 def exact_formats(schema: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +179,10 @@ def _rewrite(out: dict[str, Any], node: dict[str, Any], proof: Proof) -> object:
     name = out.get("format")
     if not isinstance(name, str):
         return out
+    if unchecked(name) or name in _ANY_STRING:
+        return _without_format(out)  # an annotation (see the module's docstring)
+    if name in _SERVED_AS:
+        return {**out, "format": _SERVED_AS[name]}
     kinds = facts.types(list(facts.conjuncts(node, proof)))
     if name in STRING_PATTERNS:
         return _string_format(out, STRING_PATTERNS[name], kinds)

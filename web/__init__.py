@@ -13,6 +13,7 @@ from web.admission.auth import install_auth
 from web.common.arrival import install_arrival
 from web.common.cors import install_cors
 from web.common.errors import register_error_handlers
+from web.common.unchecked_formats import install_unchecked_formats
 from web.services import EXTENSION_KEY
 from web.wiring import build_services
 
@@ -63,5 +64,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     stream.register(app)
     register_error_handlers(app)
     anthropic_errors.install_error_shape(app)
+    install_unchecked_formats(app)
     svc.rate_limiter.install(app)
     return app

@@ -330,3 +330,28 @@ def test_strict_tools_under_auto_allow_text_or_calls_held_to_the_tools(app: Flas
     for route, body in routes[:2]:
         job, _ = submitted(app, route, {**body, "tool_choice": "none"}, ["Hi"], FinishReason.STOP)
         assert job.params.grammar is None, route
+
+
+def test_a_custom_format_is_served_unchecked_and_named_in_a_header(app: Flask) -> None:
+    """A format no specification defines is an annotation in JSON Schema: the schema is served
+    and the answer's ``Trickle-Unchecked-Formats`` header names it (none where all are known)."""
+    custom = {
+        "type": "object",
+        "properties": {"t": {"type": "string", "format": "topic"}, "e": {"format": "email"}},
+    }
+    tool = {"type": "function", "function": {"name": "f", "parameters": custom, "strict": True}}
+    client = app.test_client()
+    for body in (
+        {"messages": ASK, "response_format": chat_format(custom), "stream": True},
+        {"messages": ASK, "tools": [tool], "tool_choice": "required", "stream": True},
+    ):
+        reply = client.post("/v1/chat/completions", json=body)
+        assert reply.status_code == 200, reply.get_data()
+        assert reply.headers["Trickle-Unchecked-Formats"] == "topic"
+        reply.close()
+    reply = client.post(
+        "/v1/chat/completions",
+        json={"messages": ASK, "response_format": chat_format(SCHEMA), "stream": True},
+    )
+    assert reply.status_code == 200 and "Trickle-Unchecked-Formats" not in reply.headers
+    reply.close()

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft4Validator, Draft202012Validator, FormatChecker
 
 from tests.llg_tokenizer import llg_tokenizer, matches
-from trickle.formats import INTEGER_RANGES, STRING_PATTERNS, exact_formats
+from trickle.formats import INTEGER_RANGES, STRING_PATTERNS, exact_formats, unchecked_formats
 from trickle.grammar import GrammarError, json_schema_grammar
 
 FIELD = "response_format.json_schema.schema"
@@ -61,7 +61,7 @@ def _rust_check(name: str) -> Any:
     return judge.is_valid
 
 
-for _name in ("uri-reference", "iri", "iri-reference"):
+for _name in ("uri-reference", "iri", "iri-reference", "json-pointer", "relative-json-pointer"):
     CHECKER.checks(_name)(_rust_check(_name))
 
 
@@ -181,6 +181,13 @@ STRINGS = [
     "http://x/\x7f",
     "urn:isbn:0451450523",
     "x://a]b",
+    "/a~1b/~0",
+    "/a~2",
+    "0#",
+    "1/a",
+    "01/a",
+    "2/~",
+    '/a"b\\c',
 ]
 
 
@@ -233,6 +240,8 @@ GRAMMAR_CASES: list[tuple[dict[str, Any], list[Any]]] = [
     ({"type": "string", "format": "byte", "maxLength": 8}, ["", "AAAA", "AA==", "A===", "AAA"]),
     ({"type": "string", "format": "uri-reference"}, STRINGS),
     ({"type": "string", "format": "iri"}, STRINGS),
+    ({"type": "string", "format": "json-pointer"}, STRINGS),
+    ({"type": "string", "format": "relative-json-pointer"}, STRINGS),
     ({"type": "string", "format": "int64"}, ["12", "x"]),
 ]
 
@@ -246,3 +255,42 @@ def test_the_grammar_matches_what_the_format_means(
     for instance in instances:
         text = json.dumps(instance, separators=(",", ":"), ensure_ascii=False)
         assert matches(tokenizer, grammar, text) == judge.is_valid(instance), instance
+
+
+@pytest.mark.parametrize("name", ["topic", "non-blank", "url", "DATE"])
+def test_a_format_no_specification_defines_is_an_annotation_and_named(name: str) -> None:
+    """JSON Schema passes every instance of a format a validator does not know: the rewrite
+    drops it, and ``unchecked_formats`` names it for the client's header."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": name}}}
+    assert exact_formats(schema) == {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert unchecked_formats(schema) == [name]
+    json_schema_grammar(schema, FIELD)
+    same_verdicts(schema, [{"a": text} for text in STRINGS])
+
+
+def test_only_formats_no_specification_defines_are_named_unchecked() -> None:
+    schema = {
+        "properties": {
+            "format": {"format": "topic"},  # a property called format, with a custom one
+            "b": {"format": "email", "const": {"format": "in-data"}},
+            "c": {"format": "password"},
+        },
+        "items": [{"format": "url"}, {"format": "topic"}],
+    }
+    assert unchecked_formats(schema) == ["topic", "url"]
+
+
+def test_idn_email_is_served_as_email() -> None:
+    assert exact_formats({"type": "string", "format": "idn-email"}) == {
+        "type": "string",
+        "format": "email",
+    }
+    assert unchecked_formats({"format": "idn-email"}) == []
+
+
+@pytest.mark.parametrize("name", ["regex", "uri-template", "idn-hostname"])
+def test_a_defined_format_that_is_not_enforced_is_refused_naming_it(name: str) -> None:
+    with pytest.raises(GrammarError) as raised:
+        json_schema_grammar({"type": "string", "format": name}, FIELD)
+    assert raised.value.keyword == "format" and name in raised.value.message
+    assert unchecked_formats({"format": name}) == []

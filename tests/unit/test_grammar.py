@@ -145,7 +145,7 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"$ref": "#/$defs/missing"}, "$ref"),
         ({"type": "string", "pattern": "(("}, "pattern"),
         ({"type": "strings"}, "type"),
-        ({"type": "string", "format": "url"}, "format"),
+        ({"type": "string", "format": "regex"}, "format"),
         ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
         ({"type": "string", "pattern": "^(?!x)"}, "pattern"),  # look-around: valid, unsupported
         ({"$ref": "https://example.org/schema.json"}, "$ref"),  # remote

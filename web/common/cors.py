@@ -30,7 +30,7 @@ ALLOWED_HEADERS = (
 # Response headers a script may read besides the CORS-safelisted ones.
 EXPOSED_HEADERS = (
     "Location, Retry-After, WWW-Authenticate, X-Batch-Status, Trickle-Wait-Interrupted, "
-    "Server-Timing"
+    "Server-Timing, Trickle-Unchecked-Formats"
 )
 PREFLIGHT_MAX_AGE_SECONDS = "600"
 

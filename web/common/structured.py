@@ -17,6 +17,7 @@ from web.common.format_models import (
     TextJsonSchemaFormat,
     TextResponseFormat,
 )
+from web.common.unchecked_formats import note_unchecked_formats
 
 AnyFormat = TextResponseFormat | JsonObjectFormat | JsonSchemaFormat | TextJsonSchemaFormat
 
@@ -28,9 +29,13 @@ def format_grammar(fmt: AnyFormat | None, field: str) -> str | None:
         if isinstance(fmt, JsonObjectFormat):
             return json_object_grammar()
         if isinstance(fmt, JsonSchemaFormat):
-            return json_schema_grammar(fmt.json_schema.schema_, f"{field}.json_schema.schema")
+            grammar = json_schema_grammar(fmt.json_schema.schema_, f"{field}.json_schema.schema")
+            note_unchecked_formats(fmt.json_schema.schema_)
+            return grammar
         if isinstance(fmt, TextJsonSchemaFormat):
-            return json_schema_grammar(fmt.schema_, f"{field}.schema")
+            grammar = json_schema_grammar(fmt.schema_, f"{field}.schema")
+            note_unchecked_formats(fmt.schema_)
+            return grammar
     except GrammarError as exc:
         raise grammar_refused(exc) from None
     return None

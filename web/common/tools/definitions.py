@@ -27,6 +27,7 @@ from web.common.tools.models import (
 )
 from web.common.tools.parser import ToolCallParser
 from web.common.tools.registry import make_parser
+from web.common.unchecked_formats import note_unchecked_formats
 
 Choice = Literal["none", "auto", "required"] | dict[str, str]
 
@@ -129,12 +130,14 @@ def tool_use(
         for i in chosen
     ]
     try:
-        if not forced:
-            grammar = auto_tool_grammar(schemas, _parser_name(parser), max_calls)
-            return ToolUse(functions, parser, max_calls, grammar)
-        grammar = tool_call_grammar(schemas, _parser_name(parser), max_calls)
+        make = tool_call_grammar if forced else auto_tool_grammar
+        grammar = make(schemas, _parser_name(parser), max_calls)
     except GrammarError as exc:
         raise grammar_refused(exc) from None
+    for schema in schemas:
+        note_unchecked_formats(schema.parameters)
+    if not forced:
+        return ToolUse(functions, parser, max_calls, grammar)
     echo: Choice = "required" if named is None else {"type": "function", "name": named}
     return ToolUse(functions, parser, max_calls, grammar, echo, forced=True)
 
