@@ -10,8 +10,8 @@ Two ways find a completion. First a greedy walk, one mask a token: tokens the gr
 JSON value), else the shortest allowed token. It finds most completions at once, but never
 backtracks, so on its own it would circle where the way out is one particular character (an
 email's ``@``, the ``.`` after a pattern's digits): when it meets the same mask at
-``LOOP_CHOICES`` choices in a row, it takes the next token of that mask's way-out list (the
-search's candidates, one per byte class) after which the mask changes, a different one each
+``LOOP_CHOICES`` choices in a row, it takes the fewest tokens (up to ``LOOKAHEAD``, from the
+search's candidates, one per byte class) after which the mask changes, a different way each
 time that mask loops again, so a walk that left by a wrong way (a ``.`` in an email's local
 part) tries another. Where it finds none within the limit, a bounded search over the
 matcher's states does (``trickle.closure_search``): a limit is only reported unmet when that
@@ -48,8 +48,11 @@ LONGEST_WALK = 16_384
 LONGEST_WALK_CHOICES = 4096
 # States a quick search expands (the engine's check of each token near max_tokens).
 QUICK_EXPANSIONS = 40
-# Choices in a row at one mask after which the greedy walk takes a way out of it.
+# Choices in a row at one mask after which the greedy walk takes a way out of it, and how far
+# it looks for one (tokens; tries in all).
 LOOP_CHOICES = 2
+LOOKAHEAD = 3
+LOOKAHEAD_PROBES = 128
 
 
 def proofs_hold(grammar: str) -> bool:
@@ -143,8 +146,8 @@ class Closer:
                     return None
                 words = probe.compute_bitmask()
                 allowed = _unpack(words, self._vocab_size)
-                token = self._way_out(probe, words, allowed, loop) if loop.again(words) else -1
-                forced = [token if token >= 0 else self._pick(allowed)]
+                way_out = self._way_out(probe, words, allowed, loop) if loop.again(words) else []
+                forced = way_out or [self._pick(allowed)]
             if probe.try_consume_tokens(forced) != len(forced) or probe.is_error():
                 return None
             out.extend(forced)
@@ -152,20 +155,39 @@ class Closer:
 
     def _way_out(
         self, matcher: llguidance.LLMatcher, words: bytes, allowed: Mask, loop: _Loop
-    ) -> int:
-        """The next token of ``words``' way-out list (in turn, from where this walk last left
-        that mask) after which the mask changes; -1 when none does: where the walk circles
-        inside a repetition, the byte that ends it."""
+    ) -> list[int]:
+        """Tokens after which ``words`` (the mask the walk circles in) changes: the fewest,
+        breadth first over the mask's candidates, up to ``LOOKAHEAD`` tokens and
+        ``LOOKAHEAD_PROBES`` tries (a URL's host leaves its repetition only after ``.`` and two
+        letters); the walk's n-th time round that mask takes the n-th way found, in turn. Empty
+        when none is found (a bounded repetition: the walk goes on as before)."""
         candidates = self._search.candidates(allowed)
-        start = loop.ways_taken.get(words, 0)
-        for turn in range(len(candidates)):
-            index = (start + turn) % len(candidates)
-            probe = matcher.deep_copy()
-            consumed = probe.try_consume_tokens([candidates[index]]) == 1 and not probe.is_error()
-            if consumed and probe.compute_bitmask() != words:
-                loop.ways_taken[words] = index + 1
-                return candidates[index]
-        return -1
+        turn = loop.ways_taken.get(words, 0)
+        found: list[list[int]] = []
+        level: list[tuple[list[int], llguidance.LLMatcher]] = [([], matcher)]
+        probes = 0
+        for _ in range(LOOKAHEAD):
+            deeper: list[tuple[list[int], llguidance.LLMatcher]] = []
+            for path, state in level:
+                for token in candidates:
+                    probes += 1
+                    if probes > LOOKAHEAD_PROBES:
+                        break
+                    probe = state.deep_copy()
+                    if probe.try_consume_tokens([token]) != 1 or probe.is_error():
+                        continue
+                    if probe.compute_bitmask() == words:
+                        deeper.append(([*path, token], probe))
+                        continue
+                    found.append([*path, token])
+                    if len(found) > turn:
+                        loop.ways_taken[words] = turn + 1
+                        return found[turn]
+            if found:  # fewer ways than turns: round again from the first
+                loop.ways_taken[words] = 1
+                return found[0]
+            level = deeper
+        return []
 
     def _pick(self, allowed: Mask) -> int:
         in_string = self._probe >= 0 and allowed[self._probe]

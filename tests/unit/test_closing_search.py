@@ -103,6 +103,12 @@ LOOPING = {
         "type": "string",
         "pattern": "^iglu:[a-zA-Z0-9-_.]+/[a-zA-Z0-9-_]+/[a-zA-Z0-9-_]+/[0-9]+-[0-9]+-[0-9]+$",
     },
+    # A URL's host: no one token changes the mask (``.`` and letters stay in the repetition),
+    # ``.`` and two letters do (Github_hard o82849).
+    "url": {
+        "type": "string",
+        "pattern": "^(https?:\\/\\/)?([\\da-z\\.-]+)\\.([a-z\\.]{2,6})([\\/\\w \\.-]*)*\\/?$",
+    },
 }
 
 
