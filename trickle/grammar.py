@@ -40,6 +40,7 @@ from trickle.grammar_errors import GrammarError as GrammarError
 from trickle.grammar_errors import schema_error
 from trickle.one_of import exclusive_one_of
 from trickle.patterns import anchor_patterns
+from trickle.property_names import PROPERTY_NAMES_MARKER, exact_property_names
 from trickle.unique_items import UNIQUE_MARKER, exact_unique_items
 
 if TYPE_CHECKING:  # a TypedDict of the type stubs only
@@ -107,6 +108,9 @@ def schema_text(schema: object, field: str) -> str:
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if UNIQUE_MARKER in text:
         schema = exact_unique_items(schema)
+        text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+    if PROPERTY_NAMES_MARKER in text:
+        schema = exact_property_names(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     if any(marker in text for marker in MARKERS):
         schema = exact_conditionals(schema)

@@ -139,7 +139,7 @@ def test_an_enforced_keyword_accepts_its_instance_and_refuses_another(
         ({"not": {"pattern": "^a"}}, "not"),  # no complement without not: a look-ahead
         ({"if": {"minLength": 2}, "then": {"type": "string"}}, "if"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
-        ({"type": "object", "propertyNames": {"pattern": "^a"}}, "propertyNames"),
+        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
         ({"type": "object", "unevaluatedProperties": False}, "unevaluatedProperties"),
         ({"properties": {"a": {"properties": {"b": {"not": {"minimum": 1}}}}}}, "not"),
         ({"$ref": "#/$defs/missing"}, "$ref"),
