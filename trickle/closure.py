@@ -53,6 +53,9 @@ QUICK_EXPANSIONS = 40
 LOOP_CHOICES = 2
 LOOKAHEAD = 3
 LOOKAHEAD_PROBES = 128
+# The lookahead's tries in one walk, all loops together (a walk whose loops have ways out
+# that lead back in would otherwise look again every time round).
+WALK_PROBES = 1024
 
 
 def proofs_hold(grammar: str) -> bool:
@@ -161,6 +164,8 @@ class Closer:
         ``LOOKAHEAD_PROBES`` tries (a URL's host leaves its repetition only after ``.`` and two
         letters); the walk's n-th time round that mask takes the n-th way found, in turn. Empty
         when none is found (a bounded repetition: the walk goes on as before)."""
+        if words in loop.dead or loop.probes_left <= 0:
+            return []
         candidates = self._search.candidates(allowed)
         turn = loop.ways_taken.get(words, 0)
         found: list[list[int]] = []
@@ -171,7 +176,8 @@ class Closer:
             for path, state in level:
                 for token in candidates:
                     probes += 1
-                    if probes > LOOKAHEAD_PROBES:
+                    loop.probes_left -= 1
+                    if probes > LOOKAHEAD_PROBES or loop.probes_left < 0:
                         break
                     probe = state.deep_copy()
                     if probe.try_consume_tokens([token]) != 1 or probe.is_error():
@@ -187,6 +193,7 @@ class Closer:
                 loop.ways_taken[words] = 1
                 return found[0]
             level = deeper
+        loop.dead.add(words)  # no way out within reach: not looked for again this walk
         return []
 
     def _pick(self, allowed: Mask) -> int:
@@ -210,6 +217,8 @@ class _Loop:
         # A mask -> where its next way out is tried from (a way out taken once that led back
         # into the loop, such as an email's ``.``, gives the next one its turn).
         self.ways_taken: dict[bytes, int] = {}
+        self.dead: set[bytes] = set()  # masks with no way out within reach
+        self.probes_left = WALK_PROBES  # the lookahead's tries left this walk
 
     def again(self, words: bytes) -> bool:
         self._repeats = self._repeats + 1 if words == self._last else 1

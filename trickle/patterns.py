@@ -24,7 +24,8 @@ DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
 # Keywords whose values map names (a property's, a definition's) to schemas: a property named
 # ``const`` holds a schema, not data.
 SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+    # (``dependencies``' values are schemas or lists of names: a list is walked as data)
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"}
 )
 
 

@@ -15,7 +15,8 @@ them:
   ``patternProperties: {p: its additionalProperties}``, ``additionalProperties: false`` (the
   same unanchored search as ``propertyNames``' pattern).
 
-Any other ``propertyNames`` stays, refused by name.
+Under a root ``$schema`` of draft 3 or 4, which have no ``propertyNames``, it is an unknown
+keyword that constrains nothing, and is dropped. Any other ``propertyNames`` stays, refused by name.
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ from typing import Any
 from trickle import schema_facts as facts
 
 PROPERTY_NAMES_MARKER = '"propertyNames"'
-_MATCH_ALL = frozenset({".*", "^.*$", ""})
+# Patterns that match every key (an unanchored search: ``^.*$`` fails on a key with a newline).
+_MATCH_ALL = frozenset({".*", ""})
+# Drafts before ``propertyNames`` (draft 6): there it is an unknown keyword, and means nothing.
+_BEFORE = ("draft-03", "draft-04")
 
 
 def exact_property_names(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each ``propertyNames`` of the shapes above written as the keywords that
     mean it."""
-    rewritten = facts.rewritten_bottom_up(schema, lambda out, _: _rewrite(out, schema))
+    said = schema.get("$schema")
+    unknown = isinstance(said, str) and any(draft in said for draft in _BEFORE)
+    rewritten = facts.rewritten_bottom_up(
+        schema, lambda out, _: _without_names(out) if unknown else _rewrite(out, schema)
+    )
     assert isinstance(rewritten, dict)
     return rewritten
 
@@ -56,6 +64,10 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
         extra = out.get("additionalProperties", True)
         return {**out, "patternProperties": {kept["pattern"]: extra}, "additionalProperties": False}
     return node
+
+
+def _without_names(node: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in node.items() if key != "propertyNames"}
 
 
 def _named(out: dict[str, Any], names: list[object]) -> dict[str, Any] | None:

@@ -355,3 +355,15 @@ def test_a_custom_format_is_served_unchecked_and_named_in_a_header(app: Flask) -
     )
     assert reply.status_code == 200 and "Trickle-Unchecked-Formats" not in reply.headers
     reply.close()
+    # A name no header may carry as it is (CR LF, a comma, non-ASCII): percent-encoded.
+    odd = {"type": "string", "format": "a\r\nSet-Cookie: x=1, 日付"}
+    reply = client.post(
+        "/v1/chat/completions",
+        json={"messages": ASK, "response_format": chat_format(odd), "stream": True},
+    )
+    assert reply.status_code == 200, reply.get_data()
+    assert "Set-Cookie" not in reply.headers
+    assert reply.headers["Trickle-Unchecked-Formats"] == (
+        "a%0D%0ASet-Cookie%3A%20x%3D1%2C%20%E6%97%A5%E4%BB%98"
+    )
+    reply.close()

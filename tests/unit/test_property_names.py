@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
+from jsonschema import Draft4Validator, Draft7Validator, Draft202012Validator
 
 from trickle.grammar import GrammarError, json_schema_grammar
 from trickle.property_names import exact_property_names
@@ -80,3 +80,36 @@ def test_any_other_property_names_stays_and_is_refused_by_name(names: dict[str, 
 def test_a_pattern_beside_listed_properties_stays() -> None:
     schema = {"properties": {"x": {}}, "propertyNames": {"pattern": "^a"}}
     assert exact_property_names(schema) == schema
+
+
+def test_a_property_named_property_names_in_dependencies_is_no_keyword() -> None:
+    """``dependencies`` maps names to schemas: one named ``propertyNames`` stays a dependency."""
+    schema = {"type": "object", "dependencies": {"propertyNames": {"enum": ["x"]}}}
+    assert exact_property_names(schema) == schema
+    judge = Draft7Validator(schema)
+    assert not judge.is_valid({"propertyNames": 1}) and judge.is_valid({"y": 1})
+
+
+def test_an_anchored_match_all_pattern_is_not_taken_for_every_key() -> None:
+    """``^.*$`` fails on a key holding a newline: beside it the names are not rewritten."""
+    schema = {
+        "type": "object",
+        "propertyNames": {"enum": ["a\nb"]},
+        "patternProperties": {"^.*$": {}},
+        "additionalProperties": False,
+    }
+    assert exact_property_names(schema) == schema
+
+
+def test_draft_4_has_no_property_names_so_it_constrains_nothing() -> None:
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "propertyNames": {"enum": ["a"]},
+    }
+    rewritten = exact_property_names(schema)
+    assert "propertyNames" not in rewritten
+    assert Draft4Validator(schema).is_valid({"b": 1}) and Draft4Validator(rewritten).is_valid(
+        {"b": 1}
+    )
+    json_schema_grammar(schema, FIELD)

@@ -6,6 +6,8 @@ none is ignored silently. A batch line has no headers of its own: docs/structure
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from flask import Flask, Response, g, has_app_context
 
 from trickle.formats import unchecked_formats
@@ -20,6 +22,12 @@ def note_unchecked_formats(schema: object) -> None:
         g.unchecked_formats = sorted({*g.get("unchecked_formats", ()), *names})
 
 
+def header_value(names: list[str]) -> str:
+    """The names, each percent-encoded (UTF-8; a client's format may hold any character,
+    ``,``, CR or LF included, none of which a header may carry as they are), ``, ``-joined."""
+    return ", ".join(quote(name, safe="") for name in names)
+
+
 def install_unchecked_formats(app: Flask) -> None:
     """Every answer whose request's schemas named custom formats carries the header."""
 
@@ -27,5 +35,5 @@ def install_unchecked_formats(app: Flask) -> None:
     def tell(response: Response) -> Response:
         names = g.get("unchecked_formats")
         if names:
-            response.headers[UNCHECKED_FORMATS_HEADER] = ", ".join(names)
+            response.headers[UNCHECKED_FORMATS_HEADER] = header_value(names)
         return response
