@@ -170,15 +170,15 @@ class Closer:
         turn = loop.ways_taken.get(words, 0)
         found: list[list[int]] = []
         level: list[tuple[list[int], llguidance.LLMatcher]] = [([], matcher)]
-        probes = 0
+        budget = min(LOOKAHEAD_PROBES, loop.probes_left)
         for _ in range(LOOKAHEAD):
             deeper: list[tuple[list[int], llguidance.LLMatcher]] = []
             for path, state in level:
                 for token in candidates:
-                    probes += 1
-                    loop.probes_left -= 1
-                    if probes > LOOKAHEAD_PROBES or loop.probes_left < 0:
+                    if budget <= 0:
                         break
+                    budget -= 1
+                    loop.probes_left -= 1
                     probe = state.deep_copy()
                     if probe.try_consume_tokens([token]) != 1 or probe.is_error():
                         continue
