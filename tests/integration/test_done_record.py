@@ -22,7 +22,7 @@ from trickle.job_result import JobResult
 from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore, StepAppend
-from web.streams.follow import Done, JobFollower
+from web.streams.follow import Done, JobFollower, Status
 from web.streams.job_wait import wait_for_job
 
 TEXTS = ["Caf", 'é "quoted"\n', "/ end"]  # escaping: non-ASCII, quotes, a newline, a slash
@@ -152,3 +152,24 @@ def test_a_waiter_returns_the_record_without_reading_the_job(store: JobStore) ->
     assert gets == []
     assert waited is not None and waited == get(job.id)
     assert waited.status is JobStatus.SUCCEEDED
+
+
+def test_a_reader_that_last_heard_queued_hears_running_before_the_tokens(
+    store: JobStore,
+) -> None:
+    """A short job's claim, tokens and end can reach a reader in one wake-up: "running" still
+    goes out, before the tokens, and the final status after them (a fast demo job's reader
+    heard queued, then succeeded)."""
+    job, _, messages = run_job(store)
+    hub, _ = make_hub()
+    store.redis.delete(keys.job_tokens(job.id))
+    store.redis.hset(keys.job(job.id), "status", JobStatus.QUEUED.value)  # as it connected
+    follower = JobFollower(store, hub, job.id, -1)
+    for channel, data in messages[:2]:
+        hub._dispatch(channel, data)
+    events = [event for chunk in follower.chunks(1.0) for event in chunk]
+    kinds = [
+        event.status.value if isinstance(event, Status) else type(event).__name__
+        for event in events
+    ]
+    assert kinds == ["queued", "running", "TokenRun", "succeeded", "Done"], kinds

@@ -161,7 +161,14 @@ class JobFollower:
                 run = self._take(pending)
                 tokens: list[FollowEvent] = [run] if run is not None else []
                 if job.status.is_terminal:
-                    yield [*tokens, *self._status_change(job.status), Done(job)]
+                    # Tokens the reader still thinks queued ran: "running" precedes them (a
+                    # short job's claim, tokens and end can all arrive in one wake-up).
+                    started = (
+                        self._status_change(JobStatus.RUNNING, live_tokens=True)
+                        if tokens and self._status is JobStatus.QUEUED
+                        else []
+                    )
+                    yield [*started, *tokens, *self._status_change(job.status), Done(job)]
                     return
                 change = self._status_change(
                     job.status, live and bool(tokens), refresh, job.started_at
