@@ -180,7 +180,7 @@ def _rewrite(out: dict[str, Any], node: dict[str, Any], proof: Proof) -> object:
     if not isinstance(name, str):
         return out
     if unchecked(name) or name in _ANY_STRING:
-        return _without_format(out)  # an annotation (see the module's docstring)
+        return facts.without(out, "format")  # an annotation (see the module's docstring)
     if name in _SERVED_AS:
         return {**out, "format": _SERVED_AS[name]}
     kinds = facts.types(list(facts.conjuncts(node, proof)))
@@ -188,19 +188,15 @@ def _rewrite(out: dict[str, Any], node: dict[str, Any], proof: Proof) -> object:
         return _string_format(out, STRING_PATTERNS[name], kinds)
     if name in INTEGER_RANGES or name in _OTHER_NUMERIC:
         if kinds is not None and not kinds & _NUMBERS:
-            return _without_format(out)
+            return facts.without(out, "format")
         if name in INTEGER_RANGES:
             return _integer_format(out, *INTEGER_RANGES[name], kinds)
     return out
 
 
-def _without_format(node: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in node.items() if key != "format"}
-
-
 def _string_format(node: dict[str, Any], pattern: str, kinds: frozenset[str] | None) -> Any:
     """The format as a ``pattern`` (a second one as an ``allOf`` member)."""
-    out = _without_format(node)
+    out = facts.without(node, "format")
     if kinds is not None and "string" not in kinds:
         return out
     if "pattern" not in out:
@@ -216,7 +212,7 @@ def _integer_format(
 ) -> dict[str, Any]:
     """Numbers held to the integers of [low, high]; the node as it was where its own bounds
     are not plain numbers (llguidance judges them)."""
-    out = _without_format(node)
+    out = facts.without(node, "format")
     for key, bound, tighter in (("minimum", low, max), ("maximum", high, min)):
         own = out.get(key)
         exclusive = "exclusiveMinimum" if key == "minimum" else "exclusiveMaximum"

@@ -25,7 +25,8 @@ from typing import Any
 
 from trickle import schema_facts as facts
 
-PROPERTY_NAMES_MARKER = '"propertyNames"'
+NAMES = "propertyNames"
+PROPERTY_NAMES_MARKER = f'"{NAMES}"'
 # Patterns that match every key (an unanchored search: ``^.*$`` fails on a key with a newline).
 _MATCH_ALL = frozenset({".*", ""})
 # Drafts before ``propertyNames`` (draft 6): there it is an unknown keyword, and means nothing.
@@ -37,9 +38,10 @@ def exact_property_names(schema: dict[str, Any]) -> dict[str, Any]:
     mean it."""
     said = schema.get("$schema")
     unknown = isinstance(said, str) and any(draft in said for draft in _BEFORE)
-    rewritten = facts.rewritten_bottom_up(
-        schema, lambda out, _: _without_names(out) if unknown else _rewrite(out, schema)
-    )
+    if unknown:
+        rewritten = facts.rewritten_bottom_up(schema, lambda out, _: facts.without(out, NAMES))
+    else:
+        rewritten = facts.rewritten_bottom_up(schema, lambda out, _: _rewrite(out, schema))
     assert isinstance(rewritten, dict)
     return rewritten
 
@@ -53,7 +55,7 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     kept = {} if names is True else {k: v for k, v in names.items() if k not in facts.ANNOTATIONS}
     if kept.pop("type", "string") not in ("string", ["string"]):
         return node
-    out = {key: value for key, value in node.items() if key != "propertyNames"}
+    out = facts.without(node, NAMES)
     if not kept:
         return out
     if set(kept) == {"enum"} and isinstance(kept["enum"], list):
@@ -64,10 +66,6 @@ def _rewrite(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
         extra = out.get("additionalProperties", True)
         return {**out, "patternProperties": {kept["pattern"]: extra}, "additionalProperties": False}
     return node
-
-
-def _without_names(node: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in node.items() if key != "propertyNames"}
 
 
 def _named(out: dict[str, Any], names: list[object]) -> dict[str, Any] | None:
@@ -89,7 +87,7 @@ def _named(out: dict[str, Any], names: list[object]) -> dict[str, Any] | None:
         if not schemas:
             schemas = [out.get("additionalProperties", True)]
         held[name] = schemas[0] if len(schemas) == 1 else {"allOf": schemas}
-    rest = {key: value for key, value in out.items() if key != "patternProperties"}
+    rest = facts.without(out, "patternProperties")
     return {**rest, "properties": held, "additionalProperties": False}
 
 

@@ -74,6 +74,11 @@ def conjuncts(schema: object, proof: Proof, depth: int = 0) -> Iterator[object]:
             yield from conjuncts(member, proof, depth + 1)
 
 
+def without(node: dict[str, Any], key: str) -> dict[str, Any]:
+    """A copy of ``node`` less ``key`` (the rewrites' way to drop a keyword they served)."""
+    return {name: value for name, value in node.items() if name != key}
+
+
 def resolve(ref: str, root: dict[str, Any]) -> object | None:
     """A local ``$ref`` (``#`` or ``#/a/b``) in ``root``; None for any other."""
     if ref == "#":

@@ -51,7 +51,7 @@ def _rewrite(out: dict[str, Any], dialect: str | None) -> object:
     ``dialect`` is the draft the root's ``$schema`` names, where it is one before 2020-12."""
     if "uniqueItems" not in out:
         return out
-    without = {key: value for key, value in out.items() if key != "uniqueItems"}
+    without = facts.without(out, "uniqueItems")
     if out["uniqueItems"] is False or _at_most(out.get("maxItems"), 1):
         return without
     if out["uniqueItems"] is not True or set(out) & _POSITIONAL:
