@@ -249,6 +249,9 @@ class Job:
             "model": self.model,
             "prompt": self.prompt,
             "params": json.dumps(self.params.to_dict()),
+            # Beside ``params`` so the wait estimate reads a queue's lengths without parsing
+            # each job's params (a grammar can be most of them): ``trickle.waiting_reader``.
+            "max_tokens": str(self.params.max_tokens),
             "status": self.status.value,
             "created_at": repr(self.created_at),
             "prompt_tokens": str(self.usage.prompt_tokens),

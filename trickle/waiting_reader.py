@@ -13,14 +13,23 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 
 from trickle import keys
+from trickle.store import scripts
+from trickle.store.redis_connection import is_cluster
 from trickle.waiting import QueuedEntry, Waiting, WorkerOutlook, service_order, start_times
 
 # Queued jobs read per refresh: a job further back is told its position alone.
 MAX_QUEUED_READ = 2000
+# What the estimate reads of each queued job, as ``scripts.QUEUED_FIELDS`` returns them.
+WAITING_FIELDS = ("model", "priority", "tenant_digest", "max_tokens", "status")
+# Jobs read per round trip, with a turn of the web's event loop between round trips: the
+# reading of 2,000 jobs took 80 ms of one loop's CPU in one stretch, and every other request
+# of the process (``/healthz`` too) waited behind it (``bench.batch_stall``).
+READ_CHUNK = 200
 # A job the snapshot does not know (submitted since) has it read again once it is this old:
 # a burst's new readers cost a few reads a second, not one each.
 MISS_REFRESH_SECONDS = 0.1
@@ -51,29 +60,78 @@ def read_outlooks(
     return found
 
 
-def read_queued(client: redis.Redis, limit: int) -> dict[str, list[QueuedEntry]]:
-    """The ``limit`` oldest queued jobs over every shard, by model."""
-    pipe = client.pipeline(transaction=False)
-    for name in keys.every_shard(keys.queued_jobs):
-        pipe.zrange(name, 0, limit - 1, withscores=True)
+def per_shard_read(limit: int) -> int:
+    """How many of each shard's oldest jobs a read of the ``limit`` oldest takes: four times a
+    shard's even share (ids hash evenly; 2,000 jobs put at most 20-odd on one of 256 shards),
+    where reading ``limit`` of each took up to 256 times ``limit`` from a long queue."""
+    return min(limit, max(32, 4 * -(-limit // keys.SHARDS)))
+
+
+def read_queued(
+    client: redis.Redis, limit: int, per_shard: int | None = None
+) -> dict[str, list[QueuedEntry]]:
+    """The oldest queued jobs over every shard, by model: the ``limit`` oldest, or fewer where
+    a shard holds more than ``per_shard`` of them (only those no shard's cut can hide are
+    kept, so every position is exact)."""
+    shards = keys.every_shard(keys.queued_jobs)
+    each = per_shard or per_shard_read(limit)
+    heads: list[list[tuple[str, float]]]
+    if is_cluster(client):  # one ZRANGE a shard: the shards live on many slots
+        pipe = client.pipeline(transaction=False)
+        for name in shards:
+            pipe.zrange(name, 0, each - 1, withscores=True)
+        heads = pipe.execute()
+    else:
+        found = client.register_script(scripts.QUEUED_HEADS)(keys=shards, args=[each])
+        heads = [list(zip(flat[::2], flat[1::2], strict=True)) for flat in found]
+    # A shard read to its cut may hold older jobs than another shard's past it.
+    cut = min((float(head[-1][1]) for head in heads if len(head) == each), default=float("inf"))
     scored = sorted(
-        (float(score), str(job_id)) for shard in pipe.execute() for job_id, score in shard
+        (float(score), str(job_id))
+        for head in heads
+        for job_id, score in head
+        if float(score) <= cut
     )[:limit]
-    if not scored:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for _score, job_id in scored:
-        pipe.hmget(keys.job(job_id), ["model", "priority", "tenant_digest", "params", "status"])
     by_model: dict[str, list[QueuedEntry]] = {}
-    for (score, job_id), (model, priority, tenant_digest, params, status) in zip(
-        scored, pipe.execute(), strict=True
-    ):
-        if not model or status != "queued":  # gone, or claimed since the index was read
-            continue
-        max_tokens = int(json.loads(params).get("max_tokens", 1)) if params else 1
-        entry = QueuedEntry(job_id, score, int(priority or 0), str(tenant_digest or ""), max_tokens)
-        by_model.setdefault(str(model), []).append(entry)
+    for start in range(0, len(scored), READ_CHUNK):
+        if start:
+            time.sleep(0)  # a turn of the event loop under gevent; elsewhere a GIL yield
+        chunk = scored[start : start + READ_CHUNK]
+        for (score, job_id), fields in zip(chunk, _job_fields(client, chunk), strict=True):
+            model, priority, tenant_digest, max_tokens, status = fields
+            if not model or status != "queued":  # gone, or claimed since the index was read
+                continue
+            entry = QueuedEntry(
+                job_id, score, int(priority or 0), str(tenant_digest or ""), int(max_tokens)
+            )
+            by_model.setdefault(str(model), []).append(entry)
     return by_model
+
+
+def _job_fields(client: redis.Redis, chunk: list[tuple[float, str]]) -> list[list[Any]]:
+    """Each job's model, priority, tenant, ``max_tokens`` and status; ``max_tokens`` from its
+    params where the job was recorded without the field of its own (before it existed)."""
+    rows: list[list[Any]]
+    if is_cluster(client):  # the jobs live on many slots: one HMGET each
+        pipe = client.pipeline(transaction=False)
+        for _score, job_id in chunk:
+            pipe.hmget(keys.job(job_id), WAITING_FIELDS)
+        rows = pipe.execute()
+    else:
+        flat = client.register_script(scripts.QUEUED_FIELDS)(
+            keys=[keys.job(job_id) for _score, job_id in chunk]
+        )
+        width = len(WAITING_FIELDS)
+        rows = [list(flat[at : at + width]) for at in range(0, len(flat), width)]
+    older = [row for row in rows if row[0] and row[3] is None]
+    if older:
+        pipe = client.pipeline(transaction=False)
+        for (_score, job_id), row in zip(chunk, rows, strict=True):
+            if row[0] and row[3] is None:
+                pipe.hget(keys.job(job_id), "params")
+        for row, params in zip(older, pipe.execute(), strict=True):
+            row[3] = json.loads(params).get("max_tokens", 1) if params else 1
+    return rows
 
 
 def claimed_waiting(outlooks: list[WorkerOutlook], now: float) -> dict[str, Waiting]:
@@ -149,7 +207,11 @@ class WaitEstimator:
     def first_of(self, job_ids: Iterable[str]) -> Waiting | None:
         """The place and start of whichever of ``job_ids`` is expected to start first (a
         batch's next job), None if none of them is among the queued jobs read."""
-        found = [waiting for job_id in job_ids if (waiting := self.estimate(job_id))]
+        found = [
+            waiting
+            for job_id in job_ids
+            if (waiting := self.estimate(job_id, read_on_miss=False))  # most run or ran
+        ]
         return min(found, key=lambda waiting: waiting.position, default=None)
 
     def _current(self, refresh: float | None = None) -> QueueSnapshot:

@@ -21,7 +21,14 @@ from trickle.jobs import Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from trickle.waiting import WorkerOutlook
-from trickle.waiting_reader import WaitEstimator, publish_outlook
+from trickle.waiting_reader import (
+    MAX_QUEUED_READ,
+    MISS_REFRESH_SECONDS,
+    READ_CHUNK,
+    WaitEstimator,
+    publish_outlook,
+    read_queued,
+)
 from web.services import services
 from web.streams.follow import WAITING_REFRESH_SECONDS, JobFollower, KeepAlive, Status
 
@@ -90,6 +97,36 @@ def test_the_estimate_is_read_once_per_refresh_for_every_reader(store: JobStore)
     assert again.position == first.position == 1
     assert again.eta_seconds is not None and first.eta_seconds is not None
     assert again.eta_seconds <= first.eta_seconds  # it ages with the snapshot
+
+
+def test_a_long_queue_is_read_in_chunks_over_every_shard_in_order(store: JobStore) -> None:
+    jobs = queue_jobs(store, READ_CHUNK * 2 + 7)  # three chunks, spread over the shards
+    assert len({keys.shard_of(job.id) for job in jobs}) > 100
+    # A job recorded before jobs kept ``max_tokens`` beside their params: read from them.
+    store.redis.hdel(keys.job(jobs[3].id), "max_tokens")
+    queued = read_queued(store.redis, MAX_QUEUED_READ)["demo"]
+    assert [entry.job_id for entry in queued] == [job.id for job in jobs]
+    assert {entry.max_tokens for entry in queued} == {10}
+    assert read_queued(store.redis, 5)["demo"] == queued[:5]
+    # Two a shard: a shard holding more is cut, and nothing after its cut is taken.
+    cut = read_queued(store.redis, MAX_QUEUED_READ, per_shard=2)["demo"]
+    assert 0 < len(cut) < len(jobs)
+    assert [entry.job_id for entry in cut] == [job.id for job in jobs[: len(cut)]]
+
+
+def test_a_batchs_next_start_reads_nothing_for_its_running_jobs(store: JobStore) -> None:
+    jobs = queue_jobs(store, 2)
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10, refresh_seconds=60)
+    assert estimator.estimate(jobs[1].id) is not None  # the snapshot, read once
+    claim = store.leases.claim(jobs[0].id, "w", time.time(), lease_ms=60_000, max_attempts=3)
+    assert claim.claimed
+    store.redis.delete(keys.job(jobs[1].id))  # a new read would no longer find it
+    time.sleep(MISS_REFRESH_SECONDS)
+    # A reader's miss reads again; a batch's, most of whose jobs ran or run, does not.
+    found = estimator.first_of(["job-unknown", jobs[1].id])
+    assert found is not None and found.position == 1
+    assert estimator.estimate("job-unknown") is None  # read again: jobs[1] gone too
+    assert estimator.first_of([jobs[1].id]) is None
 
 
 def follow(store: JobStore, job: Job, statuses: bool) -> list[list[object]]:

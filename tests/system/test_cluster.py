@@ -31,6 +31,10 @@ from tests.clients import (
 from tests.faultstack import build_slow_model, tokens_streamed, wait_for
 from tests.redis_cluster import LocalCluster, start_cluster
 from trickle import keys
+from trickle.jobs import Job, new_job_id
+from trickle.params import GenerationParams
+from trickle.store.job_store import JobStore
+from trickle.waiting_reader import MAX_QUEUED_READ, WaitEstimator, read_queued
 
 LONG = {"model": "slow", "max_tokens": 1200, "ignore_eos": True, "temperature": 0}
 pytestmark = pytest.mark.timeout(150)
@@ -204,3 +208,27 @@ def test_failing_over_the_jobs_primary_mid_stream_loses_nothing(on_cluster: Clus
     assert stream.token_count == LONG["max_tokens"]
     time.sleep(0.5)
     assert get_job(on_cluster.web_url, job["id"])["output"] == stream.text
+
+
+def test_the_wait_estimate_reads_queued_jobs_across_the_primaries(
+    on_cluster: ClusterStack,
+) -> None:
+    """Where a single Redis reads the queue with two scripts, a cluster reads it shard by shard
+    and job by job (the jobs live on many slots): the same entries."""
+    client = on_cluster.cluster.client()
+    store = JobStore(client, result_ttl_seconds=60, queued_ttl_seconds=600)
+    jobs = [
+        Job(new_job_id(), "nobody-serves", "hi", GenerationParams(max_tokens=9 + index))
+        for index in range(5)
+    ]
+    for index, job in enumerate(jobs):
+        job.created_at = time.time() + index * 0.001
+        store.create(job)
+    try:
+        queued = read_queued(client, MAX_QUEUED_READ)["nobody-serves"]
+        assert [entry.job_id for entry in queued] == [job.id for job in jobs]
+        assert [entry.max_tokens for entry in queued] == [9, 10, 11, 12, 13]
+        found = WaitEstimator(client, heartbeat_ttl=10).estimate(jobs[2].id)
+        assert found is not None and found.position == 2
+    finally:
+        store.cancel_many([job.id for job in jobs], time.time())
