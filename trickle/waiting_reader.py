@@ -206,7 +206,9 @@ class WaitEstimator:
 
     def first_of(self, job_ids: Iterable[str]) -> Waiting | None:
         """The place and start of whichever of ``job_ids`` is expected to start first (a
-        batch's next job), None if none of them is among the queued jobs read."""
+        batch's next job), None if none of them is among the queued jobs read. A miss reads
+        nothing more: most of a batch's next jobs run or ran, and a read on each miss made
+        every GET of a running batch a read of the whole queue."""
         found = [
             waiting
             for job_id in job_ids
