@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,37 +61,58 @@ def read_outlooks(
 
 
 def per_shard_read(limit: int) -> int:
-    """How many of each shard's oldest jobs a read of the ``limit`` oldest takes: four times a
-    shard's even share (ids hash evenly; 2,000 jobs put at most 20-odd on one of 256 shards),
-    where reading ``limit`` of each took up to 256 times ``limit`` from a long queue."""
-    return min(limit, max(32, 4 * -(-limit // keys.SHARDS)))
+    """How many of each shard's oldest jobs a read of the ``limit`` oldest takes at first:
+    twice a shard's even share, at least 16 (2,000 jobs spread over 256 shards put more than
+    16 on one or two of them; one request's jobs under an idempotency key share one shard).
+    A shard read to its end is read again deeper (``read_queued``), where reading ``limit``
+    of each took up to 256 times ``limit`` from a long queue."""
+    return min(limit, max(16, 2 * -(-limit // keys.SHARDS)))
+
+
+def _shard_heads(
+    client: redis.Redis, names: Sequence[str], start: int, stop: int
+) -> list[list[tuple[str, float]]]:
+    """Each named shard's queued jobs from rank ``start`` to ``stop`` (inclusive), oldest
+    first."""
+    if is_cluster(client):  # one ZRANGE a shard: the shards live on many slots
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.zrange(name, start, stop, withscores=True)
+        return [[(str(job_id), float(score)) for job_id, score in head] for head in pipe.execute()]
+    found = client.register_script(scripts.QUEUED_HEADS)(keys=list(names), args=[start, stop])
+    return [
+        [(str(job_id), float(score)) for job_id, score in zip(flat[::2], flat[1::2], strict=True)]
+        for flat in found
+    ]
+
+
+def oldest_queued(
+    client: redis.Redis, limit: int, per_shard: int | None = None
+) -> list[tuple[float, str]]:
+    """The ``limit`` oldest queued jobs over every shard (score, job id), oldest first. Each
+    shard is read ``per_shard`` deep; a shard read to its end may hide jobs older than another
+    shard's last read, so only jobs up to the earliest such cut are exact, and while those
+    are fewer than ``limit`` the shards read to their end are read again, twice as deep."""
+    names = keys.every_shard(keys.queued_jobs)
+    depth = min(per_shard or per_shard_read(limit), limit)
+    heads = _shard_heads(client, names, 0, depth - 1)
+    while True:
+        full = [i for i, head in enumerate(heads) if len(head) == depth]
+        cut = min((heads[i][-1][1] for i in full), default=float("inf"))
+        kept = sorted((score, job_id) for head in heads for job_id, score in head if score <= cut)
+        if not full or len(kept) >= limit or depth >= limit:
+            return kept[:limit]
+        depth = min(depth * 2, limit)  # read from the start again: claims move the ranks
+        again = _shard_heads(client, [names[i] for i in full], 0, depth - 1)
+        for i, head in zip(full, again, strict=True):
+            heads[i] = head
 
 
 def read_queued(
     client: redis.Redis, limit: int, per_shard: int | None = None
 ) -> dict[str, list[QueuedEntry]]:
-    """The oldest queued jobs over every shard, by model: the ``limit`` oldest, or fewer where
-    a shard holds more than ``per_shard`` of them (only those no shard's cut can hide are
-    kept, so every position is exact)."""
-    shards = keys.every_shard(keys.queued_jobs)
-    each = per_shard or per_shard_read(limit)
-    heads: list[list[tuple[str, float]]]
-    if is_cluster(client):  # one ZRANGE a shard: the shards live on many slots
-        pipe = client.pipeline(transaction=False)
-        for name in shards:
-            pipe.zrange(name, 0, each - 1, withscores=True)
-        heads = pipe.execute()
-    else:
-        found = client.register_script(scripts.QUEUED_HEADS)(keys=shards, args=[each])
-        heads = [list(zip(flat[::2], flat[1::2], strict=True)) for flat in found]
-    # A shard read to its cut may hold older jobs than another shard's past it.
-    cut = min((float(head[-1][1]) for head in heads if len(head) == each), default=float("inf"))
-    scored = sorted(
-        (float(score), str(job_id))
-        for head in heads
-        for job_id, score in head
-        if float(score) <= cut
-    )[:limit]
+    """The ``limit`` oldest queued jobs over every shard, by model (``oldest_queued``)."""
+    scored = oldest_queued(client, limit, per_shard)
     by_model: dict[str, list[QueuedEntry]] = {}
     for start in range(0, len(scored), READ_CHUNK):
         if start:

@@ -26,6 +26,7 @@ from trickle.waiting_reader import (
     MISS_REFRESH_SECONDS,
     READ_CHUNK,
     WaitEstimator,
+    per_shard_read,
     publish_outlook,
     read_queued,
 )
@@ -108,10 +109,33 @@ def test_a_long_queue_is_read_in_chunks_over_every_shard_in_order(store: JobStor
     assert [entry.job_id for entry in queued] == [job.id for job in jobs]
     assert {entry.max_tokens for entry in queued} == {10}
     assert read_queued(store.redis, 5)["demo"] == queued[:5]
-    # Two a shard: a shard holding more is cut, and nothing after its cut is taken.
-    cut = read_queued(store.redis, MAX_QUEUED_READ, per_shard=2)["demo"]
-    assert 0 < len(cut) < len(jobs)
-    assert [entry.job_id for entry in cut] == [job.id for job in jobs[: len(cut)]]
+    # Read two a shard at first: the shards holding more are read again, deeper.
+    deepened = read_queued(store.redis, MAX_QUEUED_READ, per_shard=2)["demo"]
+    assert deepened == queued
+
+
+def test_one_shards_many_jobs_hide_no_later_ones(store: JobStore) -> None:
+    """A request with an idempotency key puts all its jobs on that key's shard (16 prompts
+    x n 8 = 128): its shard is read deeper, and the jobs behind it keep their estimate."""
+    before = queue_jobs(store, 50)
+    shard = keys.shard_of(before[0].id)
+    crowd = []
+    while len(crowd) < 128:
+        job = Job(new_job_id(), "demo", "hi", GenerationParams(max_tokens=10))
+        if keys.shard_of(job.id) == shard:
+            job.created_at = time.time() + 1 + len(crowd) * 0.001
+            store.create(job)
+            crowd.append(job)
+    after = queue_jobs(store, 50)
+    for job in after:  # after the crowd
+        store.redis.zincrby(keys.queued_jobs(keys.shard_of(job.id)), 2, job.id)
+    everyone = [*before, *crowd, *after]
+    assert [entry.job_id for entry in read_queued(store.redis, MAX_QUEUED_READ)["demo"]] == [
+        job.id for job in everyone
+    ]
+    assert per_shard_read(MAX_QUEUED_READ) < 128 + 1
+    found = WaitEstimator(store.redis, heartbeat_ttl=10).estimate(after[-1].id)
+    assert found is not None and found.position == len(everyone) - 1
 
 
 def test_a_batchs_next_start_reads_nothing_for_its_running_jobs(store: JobStore) -> None:

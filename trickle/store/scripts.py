@@ -368,14 +368,14 @@ for i = 2, #KEYS do total = total + redis.call('ZCOUNT', KEYS[i], '-inf', before
 return total
 """
 
-# The oldest queued jobs of every shard for the wait estimate (a single server only, as
-# SUM_PER_SHARD): KEYS: every shard's queue index; ARGV[1]: how many of each. Returns, per
-# shard, its job id, score, job id, score... One command where a pipeline of one ZRANGE a
-# shard cost the web process 10 ms of CPU a read with nothing queued.
+# The oldest queued jobs of shards for the wait estimate (a single server only, as
+# SUM_PER_SHARD): KEYS: shards' queue indexes; ARGV[1], ARGV[2]: the ranks from and to
+# (inclusive). Returns, per shard, its job id, score, job id, score... One command where a
+# pipeline of one ZRANGE a shard cost the web process 10 ms of CPU a read with nothing queued.
 QUEUED_HEADS = """
 local found = {}
 for i = 1, #KEYS do
-  found[i] = redis.call('ZRANGE', KEYS[i], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+  found[i] = redis.call('ZRANGE', KEYS[i], ARGV[1], ARGV[2], 'WITHSCORES')
 end
 return found
 """
