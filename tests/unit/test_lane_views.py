@@ -12,7 +12,7 @@ import pytest
 from trickle.params import GenerationParams
 from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 from trickle.waiting import QueuedEntry, start_times
-from worker.engine.batch import RunningBatch
+from worker.engine.batch import PACE_STEPS, RunningBatch
 from worker.engine.lane_views import LaneOpening, lane_openings, opens_in
 from worker.engine.new_job import make_scheduled_job
 from worker.engine.policy import RestartPolicy, RestartRules
@@ -145,7 +145,8 @@ def test_a_row_in_a_call_goes_at_the_calls_step_now() -> None:
     lane = LaneOpening((running := running_job(11, 41),), 10.0, step_seconds=0.2)
     outlook = model_outlook([running], 2, 1.0, lambda size: None, 50.0, None, [lane], 2)
     assert outlook.free_in == pytest.approx((6.0, 6.0))
-    assert outlook.seconds_per_token == pytest.approx(0.1)  # a newcomer's pace: the measured
+    # A newcomer's pace: the calls' step now, not the job's own life's (it went alone then).
+    assert outlook.seconds_per_token == pytest.approx(0.2)
 
 
 def test_a_worker_holding_its_window_frees_a_slot_only_as_a_job_ends() -> None:
@@ -157,3 +158,23 @@ def test_a_worker_holding_its_window_frees_a_slot_only_as_a_job_ends() -> None:
     assert outlook.free_in == pytest.approx((3.0,))
     wider = model_outlook([running], 2, 1.0, lambda size: None, 50.0, None, lanes, 1)
     assert wider.free_in == pytest.approx((0.0, 3.0))
+
+
+def test_a_calls_steady_step_outlasts_its_swings(tokenizer: SentencePieceTokenizer) -> None:
+    """Lanes sharing two cores step unevenly: the recent step follows the last few, the steady
+    one whole stretches of ``PACE_STEPS``, and the outlook prices rows at the steady one."""
+    running = batch([job(tokenizer, 0, 512)], steps=0)
+    times = StepTimes()
+    now = 0.0
+    running.stepped(now, times)
+    for step in range(PACE_STEPS * 2):
+        now += 0.030 if step < PACE_STEPS else 0.010  # a slow stretch (the admission), then not
+        running.stepped(now, times)
+    assert running.steady_step_seconds == pytest.approx(0.020)  # each stretch weighs half
+    for _ in range(3):
+        now += 0.050  # three slow steps: the recent step swings, the steady one does not yet
+        running.stepped(now, times)
+    assert running.step_seconds is not None and running.step_seconds > 0.030
+    assert running.steady_step_seconds == pytest.approx(0.020)
+    (opening,) = lane_openings(POLICY, [running], 0, now)
+    assert opening.step_seconds == pytest.approx(0.020)

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 # Receives every token of one decoding step of one batch at once.
 StepSink = Callable[[tuple[TokenItem, ...]], None]
 
+# Steps a batch's steady pace is measured over (``RunningBatch.steady_step_seconds``).
+PACE_STEPS = 16
+
 
 @dataclass
 class RunningBatch:
@@ -47,6 +50,13 @@ class RunningBatch:
     spare: bool = False
     last_step_at: float | None = None
     step_seconds: float | None = None  # recent decoding step time (moving average)
+    # Its step time over whole stretches of ``PACE_STEPS`` steps (each stretch weighing half):
+    # what the waiting estimate prices a row's remaining tokens at. The moving average above
+    # follows the last three steps or so, which lanes sharing two cores make swing by half
+    # from one moment to the next, and a row's remaining hundreds of tokens multiplied it.
+    steady_step_seconds: float | None = None
+    pace_from: float | None = None
+    pace_steps: int = 0
     clock: StepClock = field(default_factory=StepClock)  # the engine's start of the step seen
 
     def stepped(self, now: float, step_times: StepTimes) -> None:
@@ -58,7 +68,20 @@ class RunningBatch:
             self.step_seconds = interval if previous is None else 0.7 * previous + 0.3 * interval
             if not self.spare:
                 step_times.observe(self.live(), interval)
+            self._paced(self.last_step_at, now)
         self.last_step_at = now
+
+    def _paced(self, since: float, now: float) -> None:
+        """Count a decoding step (from ``since``) into the steady pace's stretch; a whole
+        stretch updates it."""
+        if self.pace_from is None:
+            self.pace_from, self.pace_steps = since, 0
+        self.pace_steps += 1
+        if self.pace_steps >= PACE_STEPS:
+            pace = (now - self.pace_from) / self.pace_steps
+            previous = self.steady_step_seconds
+            self.steady_step_seconds = pace if previous is None else 0.5 * (previous + pace)
+            self.pace_from, self.pace_steps = now, 0
 
     def live_jobs(self) -> list[ScheduledJob]:
         return [job for job in self.jobs if not job.state.finished]

@@ -66,10 +66,14 @@ def lane_openings(
 ) -> list[LaneOpening]:
     """Every lane newcomers may start on: each of the ``running`` batches' lanes, then the
     ``idle_lanes`` (open now)."""
-    # A call's step time once a decoding step is measured (0: its rows keep their own pace):
-    # before that, its time per step so far counts its prefill or catch-up.
+    # A call's steady step time once one is measured, else its recent step time (0: its rows
+    # keep their own pace): before a decoding step, its time per step counts its prefill.
     found = [
-        LaneOpening(tuple(b.live_jobs()), opens_in(policy, b, running, now), b.step_seconds or 0.0)
+        LaneOpening(
+            tuple(b.live_jobs()),
+            opens_in(policy, b, running, now),
+            b.steady_step_seconds or b.step_seconds or 0.0,
+        )
         for b in running
     ]
     return found + [LaneOpening((), 0.0)] * idle_lanes
