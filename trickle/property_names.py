@@ -36,9 +36,7 @@ _BEFORE = ("draft-03", "draft-04")
 def exact_property_names(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with each ``propertyNames`` of the shapes above written as the keywords that
     mean it."""
-    said = schema.get("$schema")
-    unknown = isinstance(said, str) and any(draft in said for draft in _BEFORE)
-    if unknown:
+    if facts.named_draft(schema, _BEFORE) is not None:  # ``propertyNames`` unknown there
         rewritten = facts.rewritten_bottom_up(schema, lambda out, _: facts.without(out, NAMES))
     else:
         rewritten = facts.rewritten_bottom_up(schema, lambda out, _: _rewrite(out, schema))

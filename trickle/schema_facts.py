@@ -14,7 +14,7 @@ Every proof over one schema shares a budget of steps, so a hostile schema's stay
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from trickle.patterns import DATA_KEYWORDS as DATA_KEYWORDS
@@ -72,6 +72,13 @@ def conjuncts(schema: object, proof: Proof, depth: int = 0) -> Iterator[object]:
     if isinstance(members, list):
         for member in members:
             yield from conjuncts(member, proof, depth + 1)
+
+
+def named_draft(root: dict[str, Any], drafts: Iterable[str]) -> str | None:
+    """The first of ``drafts`` (``$schema`` fragments such as ``draft-04``) that the root's
+    ``$schema`` names, None where it names none of them (or no ``$schema`` is given)."""
+    said = root.get("$schema")
+    return next((draft for draft in drafts if isinstance(said, str) and draft in said), None)
 
 
 def without(node: dict[str, Any], key: str) -> dict[str, Any]:

@@ -39,8 +39,7 @@ _NO_CONST = frozenset({"draft-03", "draft-04"})
 
 def exact_unique_items(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` with every ``uniqueItems`` that can be written exactly so written."""
-    said = schema.get("$schema")
-    dialect = next((d for d in _LIST_ITEMS if isinstance(said, str) and d in said), None)
+    dialect = facts.named_draft(schema, _LIST_ITEMS)
     rewritten = facts.rewritten_bottom_up(schema, lambda out, _sent: _rewrite(out, dialect))
     assert isinstance(rewritten, dict)
     return rewritten
