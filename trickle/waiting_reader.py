@@ -144,13 +144,15 @@ def _job_fields(client: redis.Redis, chunk: list[tuple[float, str]]) -> list[lis
         )
         width = len(WAITING_FIELDS)
         rows = [list(flat[at : at + width]) for at in range(0, len(flat), width)]
-    older = [row for row in rows if row[0] and row[3] is None]
+    older = [
+        (row, job_id) for (_score, job_id), row in zip(chunk, rows, strict=True)
+        if row[0] and row[3] is None
+    ]  # fmt: skip
     if older:
         pipe = client.pipeline(transaction=False)
-        for (_score, job_id), row in zip(chunk, rows, strict=True):
-            if row[0] and row[3] is None:
-                pipe.hget(keys.job(job_id), "params")
-        for row, params in zip(older, pipe.execute(), strict=True):
+        for _row, job_id in older:
+            pipe.hget(keys.job(job_id), "params")
+        for (row, _job_id), params in zip(older, pipe.execute(), strict=True):
             row[3] = json.loads(params).get("max_tokens", 1) if params else 1
     return rows
 
