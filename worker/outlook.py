@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trickle.capacity import slots_per_worker
 from trickle.waiting import WorkerOutlook, slots_free_in
+from worker.decode_rates import DecodeRates
 from worker.engine.lane_views import LaneOpening
 from worker.engine.scheduled import ScheduledJob
 
@@ -68,12 +70,18 @@ def model_outlook(
     claims_through: float | None = None,
     lanes: Sequence[LaneOpening] = (),
     rows_per_lane: int = 0,
+    rates: DecodeRates | None = None,
 ) -> WorkerOutlook:
     """One model's outlook on this worker: running jobs (in a batch) free their slot after
     their expected tokens at their pace, and a lane's unused rows are free when the lane takes
     a newcomer (``lanes``: ``rows_per_lane`` each); claimed jobs waiting for a lane follow
     them. A job without a pace of its own goes at the others' (or a step's at this load,
-    measured). ``claims_through``: the worker's claims up to then are all among ``jobs``."""
+    measured). ``claims_through``: the worker's claims up to then are all among ``jobs``.
+    ``rates``: the model's recent rates; a call's step slower than they say goes at their pace
+    (worker/decode_rates.py)."""
+    if rates is not None:
+        factor = rates.slowdown_factor(lanes, now)
+        lanes = [replace(lane, step_seconds=lane.step_seconds * factor) for lane in lanes]
     started = [job for job in jobs if job.batch_started_at is not None]
     waiting = [job for job in jobs if job.batch_started_at is None]
     # The pace of the jobs to come: the running calls' steps now (their rows go a token a
@@ -120,9 +128,10 @@ def worker_outlooks(
     in_flight: InFlight,
     engines: Mapping[str, Engine],
     schedulers: Mapping[str, BatchScheduler],
+    rates: Mapping[str, DecodeRates],
 ) -> dict[str, WorkerOutlook]:
     """Every served model's outlook (``schedulers``: each model's, for a measured step time
-    when no running job measured its pace)."""
+    when no running job measured its pace; ``rates``: each model's recent rates)."""
     through = in_flight.claims_through  # read first: its claims' jobs are all in ``jobs``
     jobs, now = in_flight.by_model(), time.time()
     window = sum(slots_per_worker(engine.settings) for engine in engines.values())
@@ -136,6 +145,7 @@ def worker_outlooks(
             through,
             schedulers[model].lane_openings(),
             engine.settings.max_batch_size,
+            rates[model],
         )
         for model, engine in engines.items()
     }

@@ -31,6 +31,7 @@ from trickle.telemetry.tracing import JobTimeline, Tracing
 from trickle.tenants import TenantTable, tenant_label
 from worker.accounting import account_finished
 from worker.coldstart import ColdStart
+from worker.decode_rates import DecodeRates
 from worker.engine.engine import Engine
 from worker.engine.new_job import Resume, make_scheduled_job
 from worker.engine.prefix import cache_partition
@@ -96,6 +97,7 @@ class WorkerRuntime:
         self.engines, self.schedulers = load_models(
             settings, self.publisher.publish_step, self.metrics, self.cold_start
         )
+        self.decode_rates = {model: DecodeRates() for model in self.engines}
         self.duties = WorkerDuties(
             settings,
             node_name,
@@ -109,7 +111,9 @@ class WorkerRuntime:
             queue_depth or (lambda model: 0),
             self.lease_lost,
             self.publisher.recheck_finished,
-            outlooks=lambda: worker_outlooks(self.in_flight, self.engines, self.schedulers),
+            outlooks=lambda: worker_outlooks(
+                self.in_flight, self.engines, self.schedulers, self.decode_rates
+            ),
         )
         self.maintenance = Maintenance(self.duties)
 

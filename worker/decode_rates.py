@@ -1,0 +1,72 @@
+"""A model's recent decoding rate by load, so the waiting estimate can see a passing slowdown.
+
+When a burst arrives, the web tier takes in its requests and opens their streams on the same
+cores as the engine: for a second or two every decoding step is slower (measured on the demo,
+two cores, 64 jobs at once: the lanes' steady steps 12-16 ms, then 7.8-8.7 ms for the rest of
+the burst). The estimate made then priced every later round at those slow steps and told the
+burst's waiters 40-90 % too long. The rate the lanes reach at a load is a property of the
+worker, so the estimate compares the rate now (rows a second, all lanes together) with what the
+same worker did in the last minute at a comparable load, and expects the future at that pace
+when now is slower (``slowdown_factor``). Read and written by the maintenance loop only.
+
+Not known from inside: whether a slowdown passes. The present joins the window, so one that
+lasts (another tenant on the cores, longer contexts) is believed once its samples outnumber the
+comparable past's: after as long as the past was measured, ``WINDOW_SECONDS`` at most.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from worker.engine.lane_views import LaneOpening
+
+# How long a measured rate is compared with the present.
+WINDOW_SECONDS = 60.0
+# A past rate is comparable when it ran at least this share of the rows running now (and no
+# more than them): more rows decode at least as fast in total, so the past at no more rows is
+# a pace the present can keep.
+COMPARABLE_ROWS = 0.75
+
+
+@dataclass(frozen=True)
+class RateSample:
+    at: float  # wall clock
+    rows: int  # rows decoding in the model's lanes
+    rate: float  # tokens a second, all those rows together
+
+
+def lanes_rate(lanes: Sequence[LaneOpening]) -> tuple[int, float]:
+    """Rows decoding in ``lanes`` and their tokens a second at each call's step now."""
+    stepping = [lane for lane in lanes if lane.jobs and lane.step_seconds > 0]
+    rows = sum(len(lane.jobs) for lane in stepping)
+    return rows, sum(len(lane.jobs) / lane.step_seconds for lane in stepping)
+
+
+class DecodeRates:
+    """One model's rates of the last ``WINDOW_SECONDS``, one sample an outlook."""
+
+    def __init__(self) -> None:
+        self._samples: deque[RateSample] = deque()
+
+    def reference(self, rows: int, now: float) -> float | None:
+        """The median rate of the window's samples at a comparable load (None: none)."""
+        while self._samples and self._samples[0].at < now - WINDOW_SECONDS:
+            self._samples.popleft()
+        comparable = [
+            sample.rate for sample in self._samples if COMPARABLE_ROWS * rows <= sample.rows <= rows
+        ]
+        return statistics.median(comparable) if comparable else None
+
+    def slowdown_factor(self, lanes: Sequence[LaneOpening], now: float) -> float:
+        """What the lanes' steps now are multiplied by to go at the window's pace: the rate
+        now over the comparable past's (at most 1: a faster present is kept as it is); then
+        the present joins the window."""
+        rows, rate = lanes_rate(lanes)
+        if rows == 0 or rate <= 0:
+            return 1.0
+        reference = self.reference(rows, now)
+        self._samples.append(RateSample(now, rows, rate))
+        return 1.0 if reference is None else min(1.0, rate / reference)
