@@ -4,10 +4,15 @@ When a burst arrives, the web tier takes in its requests and opens their streams
 cores as the engine: for a second or two every decoding step is slower (measured on the demo,
 two cores, 64 jobs at once: the lanes' steady steps 12-16 ms, then 7.8-8.7 ms for the rest of
 the burst). The estimate made then priced every later round at those slow steps and told the
-burst's waiters 40-90 % too long. The rate the lanes reach at a load is a property of the
-worker, so the estimate compares the rate now (rows a second, all lanes together) with what the
-same worker did in the last minute at a comparable load, and expects the future at that pace
-when now is slower (``slowdown_factor``). Read and written by the maintenance loop only.
+burst's waiters 40-90 % too long. The pace a row decodes at under a load is a property of the
+worker, so the estimate compares the tokens a second a row makes now (all calls together) with
+the median a row made on the same worker in the last minute at a comparable load, and expects
+the future at that pace when now is slower (``slowdown_factor``). Per row, not the lanes' sum:
+the sum grows with the rows (the demo's lanes made 1,550-1,850 tokens a second at 12 rows and
+1,870-2,050 at 16), so a past at fewer rows priced a full burst 20-25 % long. A row's rate
+falls a little as rows are added (133 against 125 tokens a second there), so a past at fewer
+rows prices the present a little short until the present's own samples outnumber it. Read and
+written by the maintenance loop only.
 
 Not known from inside: whether a slowdown passes. The present joins the window, so one that
 lasts (another tenant on the cores, longer contexts) is believed once its samples outnumber the
@@ -25,9 +30,8 @@ from worker.engine.lane_views import LaneOpening
 
 # How long a measured rate is compared with the present.
 WINDOW_SECONDS = 60.0
-# A past rate is comparable when it ran at least this share of the rows running now (and no
-# more than them): more rows decode at least as fast in total, so the past at no more rows is
-# a pace the present can keep.
+# A past rate is comparable when it ran at least this share of the rows running now and no
+# more than them (at more rows each row went slower: it would hide a slowdown).
 COMPARABLE_ROWS = 0.75
 
 
@@ -46,24 +50,27 @@ def lanes_rate(lanes: Sequence[LaneOpening]) -> tuple[int, float]:
 
 
 class DecodeRates:
-    """One model's rates of the last ``WINDOW_SECONDS``, one sample an outlook."""
+    """One model's lanes' rates of the last ``WINDOW_SECONDS``, one sample an outlook."""
 
     def __init__(self) -> None:
         self._samples: deque[RateSample] = deque()
 
     def reference(self, rows: int, now: float) -> float | None:
-        """The median rate of the window's samples at a comparable load (None: none)."""
+        """The rate ``rows`` would make at the median rate a row made in the window's samples at
+        a comparable load (None: none)."""
         while self._samples and self._samples[0].at < now - WINDOW_SECONDS:
             self._samples.popleft()
         comparable = [
-            sample.rate for sample in self._samples if COMPARABLE_ROWS * rows <= sample.rows <= rows
+            sample.rate / sample.rows
+            for sample in self._samples
+            if COMPARABLE_ROWS * rows <= sample.rows <= rows
         ]
-        return statistics.median(comparable) if comparable else None
+        return rows * statistics.median(comparable) if comparable else None
 
     def slowdown_factor(self, lanes: Sequence[LaneOpening], now: float) -> float:
-        """What the lanes' steps now are multiplied by to go at the window's pace: the rate
-        now over the comparable past's (at most 1: a faster present is kept as it is); then
-        the present joins the window."""
+        """What the lanes' steps now are multiplied by to go at the window's pace: a row's rate
+        now over the comparable past's (at most 1: a faster present is kept as it is); then the
+        present joins the window."""
         rows, rate = lanes_rate(lanes)
         if rows == 0 or rate <= 0:
             return 1.0

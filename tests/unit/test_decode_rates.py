@@ -31,8 +31,9 @@ def test_the_rate_counts_every_stepping_row() -> None:
 def test_a_slower_present_goes_at_the_comparable_past() -> None:
     rates = DecodeRates()
     assert rates.slowdown_factor(lanes(3, 0.006), now=0.0) == 1.0  # nothing to compare with
-    # 12 rows at 2,000 tokens/s; now 16 rows at 1,000 (the burst's admission): half the step.
-    assert rates.slowdown_factor(lanes(4, 0.016), now=10.0) == pytest.approx(0.5)
+    # 12 rows, each call stepping every 6 ms; now 16 rows at 16 ms (the burst's admission): a
+    # row made 167 tokens a second and makes 62.5, so the calls go at 6 ms again.
+    assert rates.slowdown_factor(lanes(4, 0.016), now=10.0) == pytest.approx(0.006 / 0.016)
     # A present faster than the past is kept as it is.
     assert rates.slowdown_factor(lanes(4, 0.004), now=11.0) == 1.0
 
@@ -53,14 +54,16 @@ def test_a_slowdown_that_lasts_is_believed() -> None:
     """The present joins the window: once its slow samples outnumber the comparable past's,
     the median is theirs."""
     rates = DecodeRates()
-    rates.slowdown_factor(lanes(3, 0.006), now=0.0)  # 12 rows, 2,000 tokens/s
+    rates.slowdown_factor(lanes(3, 0.006), now=0.0)  # 12 rows, 167 tokens a second each
     factors = [rates.slowdown_factor(lanes(4, 0.016), now=float(at)) for at in (1, 2, 3)]
-    assert factors == pytest.approx([0.5, 1000 / 1500, 1.0])
+    past, slow = 1 / 0.006, 1 / 0.016
+    assert factors == pytest.approx([slow / past, slow / ((past + slow) / 2), 1.0])
 
 
 def test_the_outlook_prices_a_slowed_call_at_the_past_pace() -> None:
-    """A row with 30 tokens left in a call stepping every 16 ms, where the worker's lanes made
-    twice the rate at a comparable load: it ends in 30 x 8 ms, and a newcomer goes at 8 ms."""
+    """A row with 30 tokens left in a call stepping every 16 ms, where the worker's calls
+    stepped every 6 ms at a comparable load a moment ago: it ends in 30 x 6 ms, and a newcomer
+    goes at 6 ms."""
     rates = DecodeRates()
     rates.slowdown_factor(lanes(3, 0.006), now=0.0)
     running: Any = SimpleNamespace(
@@ -74,5 +77,5 @@ def test_the_outlook_prices_a_slowed_call_at_the_past_pace() -> None:
     slowed = [LaneOpening((running, *(object() for _ in range(3))), 10.0, 0.016)]  # type: ignore[arg-type]
     slowed += lanes(4, 0.016, 3)
     outlook = model_outlook([running], 1, 1.0, lambda size: None, 1.0, None, slowed, 4, rates)
-    assert outlook.seconds_per_token == pytest.approx(0.008)
-    assert outlook.free_in == pytest.approx((30 * 0.008,))
+    assert outlook.seconds_per_token == pytest.approx(0.006)
+    assert outlook.free_in == pytest.approx((30 * 0.006,))
