@@ -1,27 +1,28 @@
 """A model's recent decoding rate by load, so the waiting estimate can see a passing slowdown.
 
 When a burst arrives, the web tier takes in its requests and opens their streams on the same
-cores as the engine: for a second or two every decoding step is slower (measured on the demo,
-two cores, 64 jobs at once: the lanes' steady steps 12-16 ms, then 7.8-8.7 ms for the rest of
-the burst). The estimate made then priced every later round at those slow steps and told the
-burst's waiters 40-90 % too long. The pace a row decodes at under a load is a property of the
-worker, so the estimate compares the tokens a second a row makes now (all calls together) with
-the median a row made on the same worker in the last minute at a comparable load, and expects
-the future at that pace when now is slower (``slowdown_factor``). Per row, not the lanes' sum:
-the sum grows with the rows (the demo's lanes made 1,550-1,850 tokens a second at 12 rows and
-1,870-2,050 at 16), so a past at fewer rows priced a full burst 20-25 % long. A row's rate
-falls a little as rows are added (133 against 125 tokens a second there), so a past at fewer
-rows prices the present a little short until the present's own samples outnumber it. Read and
-written by the maintenance loop only.
+cores as the engine: for a second or two every decoding step is slower, and the estimate made
+then priced every later round at those slow steps, so the burst's waiters were told too long
+(docs/performance.md, "the admission's slow steps"). The pace a row decodes at under a load is
+a property of the worker, so the estimate compares the tokens a second a row makes now (all
+calls together) with the median a row made on the same worker in the last minute at a
+comparable load, and expects the future at that pace when now is slower (``slowdown_factor``).
+Per row, not the lanes' sum: the sum grows with the rows, so a past at fewer rows priced a full
+burst long. A row's rate falls a little as rows are added, so a past at fewer rows prices the
+present a little short until the present's own samples outnumber it. Read and written by the
+maintenance loop only.
 
 Not known from inside: whether a slowdown passes. The present joins the window, so one that
 lasts (another tenant on the cores, longer contexts) is believed once its samples outnumber the
-comparable past's: after as long as the past was measured, ``WINDOW_SECONDS`` at most.
+comparable past's: after as long as the past was measured, ``WINDOW_SECONDS`` at most. Rows of
+other models and of the tenants' reserve lane share the cores uncounted: their slowing reads as
+a passing slowdown. A burst after light load (no past at 3/4 of its rows) is not corrected.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ COMPARABLE_ROWS = 0.75
 
 @dataclass(frozen=True)
 class RateSample:
-    at: float  # wall clock
+    at: float  # time.monotonic()
     rows: int  # rows decoding in the model's lanes
     rate: float  # tokens a second, all those rows together
 
@@ -67,13 +68,14 @@ class DecodeRates:
         ]
         return rows * statistics.median(comparable) if comparable else None
 
-    def slowdown_factor(self, lanes: Sequence[LaneOpening], now: float) -> float:
+    def slowdown_factor(self, lanes: Sequence[LaneOpening], now: float | None = None) -> float:
         """What the lanes' steps now are multiplied by to go at the window's pace: a row's rate
         now over the comparable past's (at most 1: a faster present is kept as it is); then the
-        present joins the window."""
+        present joins the window. ``now``: a ``time.monotonic()`` reading (default: now)."""
         rows, rate = lanes_rate(lanes)
-        if rows == 0 or rate <= 0:
+        if rows == 0:
             return 1.0
+        now = time.monotonic() if now is None else now
         reference = self.reference(rows, now)
         self._samples.append(RateSample(now, rows, rate))
         return 1.0 if reference is None else min(1.0, rate / reference)
