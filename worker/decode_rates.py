@@ -17,6 +17,8 @@ lasts (another tenant on the cores, longer contexts) is believed once its sample
 comparable past's: after as long as the past was measured, ``WINDOW_SECONDS`` at most. Rows of
 other models and of the tenants' reserve lane share the cores uncounted: their slowing reads as
 a passing slowdown. A burst after light load (no past at 3/4 of its rows) is not corrected.
+The join rule's opening of a lane (counted in the call's steps now) is left as measured: scaled
+too, the burst's ETAs went short (docs/performance.md).
 """
 
 from __future__ import annotations

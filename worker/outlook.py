@@ -79,12 +79,9 @@ def model_outlook(
     measured). ``claims_through``: the worker's claims up to then are all among ``jobs``.
     ``rates``: the model's recent rates; a call's step slower than they say goes at their pace
     (worker/decode_rates.py)."""
-    if rates is not None:  # every call, and when its lane opens (by its steps), at that pace
+    if rates is not None:  # every call at that pace (not the join rule's opening: see there)
         factor = rates.slowdown_factor(lanes)
-        lanes = [
-            replace(lane, opens_in=lane.opens_in * factor, step_seconds=lane.step_seconds * factor)
-            for lane in lanes
-        ]
+        lanes = [replace(lane, step_seconds=lane.step_seconds * factor) for lane in lanes]
     started = [job for job in jobs if job.batch_started_at is not None]
     waiting = [job for job in jobs if job.batch_started_at is None]
     # The pace of the jobs to come: the running calls' steps now (their rows go a token a
