@@ -16,6 +16,15 @@ What ``bench.load`` does not: for the worst five arrivals of each rate it prints
 waited, hop by hop, from the worker's job log (``queue_wait``, ``claim``, ``batch_wait``,
 ``first_step``, ``first_publish``: worker/job_trace.py), so a slow first token is named, not
 guessed. Run it on a quiet machine (load average under 1); it says the load it started under.
+
+Served tokens are the streams' own counts (``usage.completion_tokens``): a chunk carries every
+token of one paced message, so counting chunks (as this bench did until 2026-12-07) read about
+half the tokens at 1.0x on the demo. ITL stays the gap between chunks, as a client reads it.
+Each load also charges every process's CPU (the web, the worker, its engine processes, Redis,
+the rest of ``trickle up``, and this client) to the delivered tokens, sets the serving path's
+share (web + worker + Redis) against CTranslate2's own CPU per token at batch 32, and says
+what tokens/s the cores allow at those costs: with everything on them, with the client
+elsewhere, and for the engine alone beside the client (a serving path that cost nothing).
 """
 
 from __future__ import annotations
@@ -38,8 +47,9 @@ import httpx
 
 from bench.harness import models
 from bench.harness.arrivals import poisson_offsets
-from bench.harness.capacity import batch_capacity
+from bench.harness.capacity import Capacity, batch_capacity
 from bench.harness.log import progress
+from bench.harness.stack import cpu_of, up_roles, us_per_token
 from bench.harness.stats import percentile
 from ops.redis_server import free_port
 from trickle.config.settings import PROJECT_ROOT
@@ -49,13 +59,17 @@ PROMPT = "The socket module"
 SERVED_NAME = "outside"
 JOB_LINE = re.compile(r"INFO:trickle\.jobs:(\{.*\})")
 HOPS = ("queue_wait", "claim", "batch_wait", "first_step", "first_publish")
+SERVING_PATH = ("web", "worker", "redis")  # issue 53, item 3: its CPU per token
 
 
 @dataclass
 class Arrival:
     sent_at: float = 0.0
     job_id: str = ""
+    # When each chunk with text came: a chunk carries every token of one paced message, so
+    # these are not tokens (ITL here is the gap between chunks, as a client reads it).
     token_times: list[float] = field(default_factory=list)
+    tokens: int = 0  # the stream's own count (``usage.completion_tokens``, its last chunk)
     error: str = ""
 
     @property
@@ -63,11 +77,43 @@ class Arrival:
         return (self.token_times[0] - self.sent_at) * 1000 if self.token_times else None
 
 
-def engine_capacity(path: Path, max_tokens: int) -> tuple[float, str]:
+def engine_capacity(path: Path, max_tokens: int) -> Capacity:
     """CTranslate2 alone: the best batch-32 tokens/s (``bench.harness.capacity``)."""
     tokenizer = SentencePieceTokenizer(path / models.TOKENIZER_FILE, add_bos=True)
-    best = batch_capacity(path, tokenizer.to_pieces(tokenizer.encode(PROMPT)), max_tokens)
-    return best.tokens_per_s, best.describe()
+    return batch_capacity(path, tokenizer.to_pieces(tokenizer.encode(PROMPT)), max_tokens)
+
+
+class CpuCharge:
+    """Every process's CPU over one load, by role (``up_roles``, and this client), charged
+    to the tokens the clients received."""
+
+    def __init__(self, root: int):
+        self._roles = up_roles(root)
+        self._before = self._read()
+
+    def _read(self) -> dict[str, float]:
+        return {**cpu_of(self._roles), "client": time.process_time()}
+
+    def per_token(self, tokens: int) -> dict[str, float]:
+        after = self._read()
+        return us_per_token({role: after[role] - self._before[role] for role in after}, tokens)
+
+
+def ceilings(cpu_us: dict[str, float], engine_alone_us: float, cores: int) -> dict[str, float]:
+    """The tokens/s these cores allow when every token costs what this load measured: the
+    whole (engine, serving path, other processes and this client, all on the same cores), the
+    same without the client's share (a client on another machine), and the engine alone's
+    own CPU per token with only the client beside it (a serving path that cost nothing)."""
+    whole = sum(cpu_us.values())
+
+    def rate(us: float) -> float:
+        return round(cores * 1e6 / us) if us > 0 else 0.0
+
+    return {
+        "all_on_these_cores": rate(whole),
+        "client_elsewhere": rate(whole - cpu_us.get("client", 0.0)),
+        "engine_alone_and_client": rate(engine_alone_us + cpu_us.get("client", 0.0)),
+    }
 
 
 def start_stack(
@@ -129,6 +175,8 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
                     continue
                 chunk = json.loads(line[6:])
                 arrival.job_id = arrival.job_id or chunk.get("id", "")
+                if chunk.get("usage"):
+                    arrival.tokens = chunk["usage"].get("completion_tokens", 0)
                 if any(choice.get("text") for choice in chunk.get("choices") or ()):
                     arrival.token_times.append(time.perf_counter())
     except httpx.HTTPError as exc:
@@ -162,10 +210,21 @@ def job_lines(log: Path) -> dict[str, dict[str, Any]]:
     return finished
 
 
+def delivered_tokens(arrivals: list[Arrival]) -> int:
+    """Tokens the clients received: each stream's own count, its chunks where it gave none."""
+    return sum(a.tokens or len(a.token_times) for a in arrivals if not a.error)
+
+
 def summarize(
-    rate_x: float, req_s: float, arrivals: list[Arrival], jobs: dict[str, dict[str, Any]]
+    rate_x: float,
+    req_s: float,
+    arrivals: list[Arrival],
+    jobs: dict[str, dict[str, Any]],
+    cpu_us: dict[str, float],
+    engine_alone_us: float,
 ) -> dict[str, Any]:
     ok = [a for a in arrivals if a.ttft_ms is not None and not a.error]
+    good = {id(a) for a in ok}
     ttfts = [a.ttft_ms for a in ok if a.ttft_ms is not None]
     itls = [
         (b - a) * 1000 for x in ok for a, b in zip(x.token_times, x.token_times[1:], strict=False)
@@ -177,9 +236,20 @@ def summarize(
         "requests_per_second": req_s,
         "ok": len(ok),
         "failed": len(arrivals) - len(ok),
+        "failures": sorted({a.error or "no token" for a in arrivals if id(a) not in good})[:3],
         "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
         "itl_ms_p99": percentile(itls, 99),
-        "tokens_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
+        "tokens_per_second": delivered_tokens(ok) / span if span else 0,
+        "chunks_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
+        "cpu_us_per_token": cpu_us,
+        "serving_path_x_engine": round(
+            sum(cpu_us.get(role, 0.0) for role in SERVING_PATH) / engine_alone_us, 2
+        )
+        if engine_alone_us
+        else None,
+        "ceiling_tokens_per_second": ceilings(
+            cpu_us, engine_alone_us, len(os.sched_getaffinity(0))
+        ),
         "worst": [
             {
                 "job_id": a.job_id,
@@ -194,16 +264,40 @@ def summarize(
     }
 
 
-def print_report(model: str, capacity: float, how: str, rows: list[dict[str, Any]]) -> None:
-    print(f"\n## {model}: engine batch-32 {capacity:,.0f} tok/s ({how})\n")
-    print("| load | req/s | TTFT p50 | TTFT p99 | ITL p99 | tok/s served | failed |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
+def print_report(
+    model: str, capacity: Capacity | None, how: str, rows: list[dict[str, Any]]
+) -> None:
+    rate = f"{capacity.tokens_per_s:,.0f} tok/s" if capacity else "given"
+    alone = f", {capacity.cpu_us_per_token:.0f} µs of CPU a token" if capacity else ""
+    print(f"\n## {model}: engine batch-32 {rate} ({how}{alone})\n")
+    print(
+        "| load | req/s | TTFT p50 | TTFT p99 | ITL p99 (chunks) | tok/s served | chunks/s "
+        "| failed |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for row in rows:
         t = row["ttft_ms"]
         print(
             f"| {row['rate_x']}x | {row['requests_per_second']:.2f} | {t['p50']:.0f} ms | "
             f"{t['p99']:.0f} ms | {row['itl_ms_p99']:.0f} ms | "
-            f"{row['tokens_per_second']:.0f} | {row['failed']} |"
+            f"{row['tokens_per_second']:.0f} | {row['chunks_per_second']:.0f} | {row['failed']} |"
+        )
+    print("\nCPU per delivered token (µs), the serving path (web + worker + Redis) against the")
+    print("engine alone's own, and the tokens/s these cores allow at these costs:\n")
+    print("| load | web | worker | engine | redis | other | client | path ÷ engine alone |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    for row in rows:
+        cpu = row["cpu_us_per_token"]
+        roles = " | ".join(
+            f"{cpu.get(r, 0):.0f}" for r in ("web", "worker", "engine", "redis", "other", "client")
+        )
+        print(f"| {row['rate_x']}x | {roles} | {row['serving_path_x_engine']} |")
+    for row in rows:
+        c = row["ceiling_tokens_per_second"]
+        print(
+            f"- {row['rate_x']}x: {c['all_on_these_cores']:,.0f} tok/s with everything on these "
+            f"cores, {c['client_elsewhere']:,.0f} with the client elsewhere, "
+            f"{c['engine_alone_and_client']:,.0f} for the engine alone beside the client"
         )
     print("\nThe worst five of each load, hop by hop (ms; worker log):\n")
     print("| load | client TTFT | worker TTFT | " + " | ".join(HOPS) + " |")
@@ -234,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the engine's batch-32 tokens/s, given (default: measured in this run)",
     )
     parser.add_argument(
+        "--engine-cpu-us",
+        type=float,
+        default=0.0,
+        help="with --capacity: the engine alone's CPU per token at batch 32, in µs",
+    )
+    parser.add_argument(
         "--keep-log", type=Path, default=None, help="copy the stack's log (with the job log) here"
     )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
@@ -241,11 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures suspect)'}")
     path = Path(args.model) if "/" in args.model else models.prepare(args.model).path
-    if args.capacity:
-        capacity, how = args.capacity, "given"
-    else:
-        capacity, how = engine_capacity(path, args.max_tokens)
-    progress(f"engine alone, batch 32: {capacity:,.0f} tok/s ({how})")
+    measured = None if args.capacity else engine_capacity(path, args.max_tokens)
+    capacity = measured.tokens_per_s if measured else args.capacity
+    how = measured.describe() if measured else "given"
+    alone_us = measured.cpu_us_per_token if measured else args.engine_cpu_us
+    progress(f"engine alone, batch 32: {capacity:,.0f} tok/s ({how}), {alone_us:.0f} µs a token")
     rows = []
     with tempfile.TemporaryDirectory(prefix="trickle-outside-") as work_dir:
         work, port = Path(work_dir), free_port()
@@ -254,17 +354,20 @@ def main(argv: list[str] | None = None) -> int:
             for rate_x in (float(r) for r in args.rates.split(",")):
                 req_s = rate_x * capacity / args.max_tokens
                 progress(f"{rate_x}x: {req_s:.2f} req/s, {args.requests} requests")
+                charge = CpuCharge(stack.pid)
                 arrivals = asyncio.run(
                     run_rate(port, req_s, args.requests, args.max_tokens, args.seed)
                 )
+                cpu_us = charge.per_token(delivered_tokens(arrivals))
                 time.sleep(3)  # the finished lines are written just after the results
-                rows.append(summarize(rate_x, req_s, arrivals, job_lines(work / "up.log")))
+                jobs = job_lines(work / "up.log")
+                rows.append(summarize(rate_x, req_s, arrivals, jobs, cpu_us, alone_us))
         finally:
             stack.terminate()
             if args.keep_log:
                 shutil.copyfile(work / "up.log", args.keep_log)
             stack.wait(30)
-    print_report(args.model, capacity, how, rows)
+    print_report(args.model, measured, how, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"outside-{Path(args.model).name}-{int(time.time())}.json"
     out.write_text(json.dumps({"model": args.model, "capacity": capacity, "rows": rows}, indent=1))

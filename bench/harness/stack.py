@@ -264,6 +264,32 @@ def process_groups(stack: Stack, model: str) -> dict[str, list[int]]:
     }
 
 
+def up_roles(root: int) -> dict[str, list[int]]:
+    """The processes under a ``trickle up`` (``root``), by role, read from their command
+    lines: gunicorn's are the web, ``spawn_main`` children the engine processes, their parent
+    the worker, and the rest (the supervisor, the batch tier) ``other``."""
+    roles: dict[str, list[int]] = {"web": [], "worker": [], "engine": [], "redis": [], "other": []}
+    parents: set[int] = set()
+    for pid in tree_pids(root):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if b"redis-server" in command:
+            roles["redis"].append(pid)
+        elif b"gunicorn" in command:
+            roles["web"].append(pid)
+        elif b"spawn_main" in command or b"resource_tracker" in command:
+            roles["engine"].append(pid)
+            parents.add(int(stat[stat.rfind(")") + 2 :].split()[1]))
+        else:
+            roles["other"].append(pid)
+    roles["worker"] = [pid for pid in roles["other"] if pid in parents]
+    roles["other"] = [pid for pid in roles["other"] if pid not in parents]
+    return roles
+
+
 def cpu_of(groups: dict[str, list[int]]) -> dict[str, float]:
     return {name: sum(cpu_seconds(p) or 0.0 for p in pids) for name, pids in groups.items()}
 
