@@ -1,7 +1,7 @@
 """Load as an outsider measures it, so the inside benchmarks can be held to the same figures.
 
-    .venv/bin/python -m bench.outside [--model 46m-outside] [--rates 0.15,0.3,0.5]
-        [--requests 120] [--max-tokens 128] [--seed 7] [--out DIR]
+    .venv/bin/python -m bench.outside [--model 46m-outside|demo|models/smollm2]
+        [--rates 0.15,0.3,0.5] [--requests 120] [--max-tokens 128] [--seed 7] [--out DIR]
 
 The method (issue 53): the stack started as ``make up`` starts it (``trickle up``, a fresh
 embedded Redis, the Procfile's web and worker), the model served by environment variables alone
@@ -52,8 +52,9 @@ from bench.harness.log import progress
 from bench.harness.stack import cpu_of, up_roles, us_per_token
 from bench.harness.stats import percentile
 from ops.redis_server import free_port
+from trickle.config.sections import ModelSettings
 from trickle.config.settings import PROJECT_ROOT
-from trickle.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
+from trickle.tokenization.loading import load_tokenizer
 
 PROMPT = "The socket module"
 SERVED_NAME = "outside"
@@ -78,8 +79,9 @@ class Arrival:
 
 
 def engine_capacity(path: Path, max_tokens: int) -> Capacity:
-    """CTranslate2 alone: the best batch-32 tokens/s (``bench.harness.capacity``)."""
-    tokenizer = SentencePieceTokenizer(path / models.TOKENIZER_FILE, add_bos=True)
+    """CTranslate2 alone: the best batch-32 tokens/s (``bench.harness.capacity``), the prompt
+    tokenized as the stack will (the directory's ``tokenizer.json`` or ``tokenizer.model``)."""
+    tokenizer = load_tokenizer(ModelSettings(name=SERVED_NAME, path=str(path)))
     return batch_capacity(path, tokenizer.to_pieces(tokenizer.encode(PROMPT)), max_tokens)
 
 
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     progress(f"load average {load:.2f}{'' if load < 1 else ' (not quiet: figures suspect)'}")
-    path = Path(args.model) if "/" in args.model else models.prepare(args.model).path
+    path = Path(args.model).resolve() if "/" in args.model else models.prepare(args.model).path
     measured = None if args.capacity else engine_capacity(path, args.max_tokens)
     capacity = measured.tokens_per_s if measured else args.capacity
     how = measured.describe() if measured else "given"
