@@ -267,11 +267,10 @@ def summarize(
 
 
 def print_report(
-    model: str, capacity: Capacity | None, how: str, rows: list[dict[str, Any]]
+    model: str, capacity: float, how: str, alone_us: float, rows: list[dict[str, Any]]
 ) -> None:
-    rate = f"{capacity.tokens_per_s:,.0f} tok/s" if capacity else "given"
-    alone = f", {capacity.cpu_us_per_token:.0f} µs of CPU a token" if capacity else ""
-    print(f"\n## {model}: engine batch-32 {rate} ({how}{alone})\n")
+    alone = f", {alone_us:.0f} µs of CPU a token" if alone_us else ""
+    print(f"\n## {model}: engine batch-32 {capacity:,.0f} tok/s ({how}{alone})\n")
     print(
         "| load | req/s | TTFT p50 | TTFT p99 | ITL p99 (chunks) | tok/s served | chunks/s "
         "| failed |"
@@ -369,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep_log:
                 shutil.copyfile(work / "up.log", args.keep_log)
             stack.wait(30)
-    print_report(args.model, measured, how, rows)
+    print_report(args.model, capacity, how, alone_us, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"outside-{Path(args.model).name}-{int(time.time())}.json"
     out.write_text(json.dumps({"model": args.model, "capacity": capacity, "rows": rows}, indent=1))
