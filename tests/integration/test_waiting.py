@@ -14,7 +14,7 @@ import pytest
 import redis
 from flask import Flask
 
-from tests.integration.test_hub import make_hub
+from tests.integration.test_hub import counting_snapshots, make_hub
 from trickle import keys
 from trickle.config.settings import Settings
 from trickle.jobs import Job, JobStatus, new_job_id
@@ -191,6 +191,19 @@ def test_a_reader_without_statuses_hears_only_the_refreshes(store: JobStore) -> 
         (status,) = chunk
         assert not isinstance(status, KeepAlive)
         assert isinstance(status, Status) and status.position == 0
+
+
+def test_a_waiting_readers_refreshes_read_the_estimate_not_the_job(store: JobStore) -> None:
+    jobs = queue_jobs(store, 2)
+    live_worker(store.redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1))
+    follower_store = JobStore(store.redis, result_ttl_seconds=60, queued_ttl_seconds=600)
+    reads = counting_snapshots(follower_store)
+    chunks = follow(follower_store, jobs[1], statuses=True)
+    assert len(chunks) >= 3  # at connection, then a refresh each second
+    assert all(chunk == [Status(JobStatus.QUEUED, 1, chunk[0].eta_seconds)] for chunk in chunks)
+    # One read when it connected: a quiet second changes nothing a read would find (a claim,
+    # a requeue and the end come as signals); the next read is due a keep-alive later.
+    assert reads == [jobs[1].id]
 
 
 def test_a_job_claimed_after_the_outlooks_read_waits_until_one_says(store: JobStore) -> None:
