@@ -7,6 +7,7 @@ are written as a worker writes them, and a follower (its hub's subscription stoo
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from flask import Flask
 from tests.integration.test_hub import counting_snapshots, make_hub
 from trickle import keys
 from trickle.config.settings import Settings
+from trickle.events import CLAIMED_MESSAGE
 from trickle.jobs import Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
@@ -204,6 +206,38 @@ def test_a_waiting_readers_refreshes_read_the_estimate_not_the_job(store: JobSto
     # One read when it connected: a quiet second changes nothing a read would find (a claim,
     # a requeue and the end come as signals); the next read is due a keep-alive later.
     assert reads == [jobs[1].id]
+
+
+def test_a_plain_readers_job_claimed_live_still_says_it_waits_for_a_lane(store: JobStore) -> None:
+    """An OpenAI stream (no status events) of a job its worker claims at once and has wait for
+    a lane hears where it stands every second, as while it was queued: not silence until its
+    first token (its headers unsent meanwhile) or a keep-alive 15 s later."""
+    (job,) = queue_jobs(store, 1)
+    claimed_at = time.time() + 0.01
+    # The outlook read as the claim comes does not account for it yet.
+    live_worker(store.redis, WorkerOutlook(time.time() + 60, (5.0,), 0.1, claims_through=0.0))
+    hub, _subscriber = make_hub()
+    estimator = WaitEstimator(store.redis, heartbeat_ttl=10, models=["demo"])
+    chunks = JobFollower(store, hub, job.id, -1, "", False, estimator).chunks(15)
+    # Claimed before its reader's first refresh (a worker with room claims in milliseconds).
+    time.sleep(0.01)
+    assert store.leases.claim(job.id, "w", claimed_at, 60_000, max_attempts=3).claimed
+    hub._dispatch(keys.job_events_channel(job.id), CLAIMED_MESSAGE)
+    # The worker's next outlook, half a second on, has it wait 2 s for a lane.
+    waiting = WorkerOutlook(
+        time.time() + 60, (5.0,), 0.1, claimed_waiting=((job.id, 2.0),), claims_through=claimed_at
+    )
+    later = threading.Timer(0.6, live_worker, (store.redis, waiting))
+    later.start()
+    try:
+        started = time.monotonic()
+        (placed,) = next(chunks)
+        assert time.monotonic() - started < 3 * WAITING_REFRESH_SECONDS
+        assert isinstance(placed, Status) and placed.status is JobStatus.QUEUED
+        assert placed.position == 0 and placed.eta_seconds == pytest.approx(2.0, abs=0.3)
+    finally:
+        later.join()
+        chunks.close()
 
 
 def test_a_job_claimed_after_the_outlooks_read_waits_until_one_says(store: JobStore) -> None:

@@ -246,6 +246,9 @@ class JobFollower:
         shown = JobStatus.QUEUED if lane_wait is not None else status
         refreshed = refresh and shown is JobStatus.QUEUED
         if not refreshed and (shown is self._status or not self._statuses):
+            # A reader without status events keeps what it would show too: a claim then finds
+            # it "queued", so a lane wait is told, not taken as running (15 s of silence).
+            self._status = shown
             return []
         self._status = shown
         if shown is not JobStatus.QUEUED:
