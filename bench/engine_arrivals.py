@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     loads = [float(value) for value in args.loads.split(",") if value.strip()]
-    model = models.prepare(args.model)
+    model = models.at_path(Path(args.model)) if "/" in args.model else models.prepare(args.model)
     pieces = models.prompt_pieces(model)
     if args.capacity is None:
         best = batch_capacity(model.path, pieces, args.max_tokens)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print_table(args.model, capacity, source, result)
     args.out.mkdir(parents=True, exist_ok=True)
-    out = args.out / f"engine-arrivals-{args.model}-seed{args.seed}.json"
+    out = args.out / f"engine-arrivals-{model.key}-seed{args.seed}.json"
     summary = {
         "model": args.model,
         "capacity_per_s": capacity,

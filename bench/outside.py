@@ -72,6 +72,17 @@ class Arrival:
     token_times: list[float] = field(default_factory=list)
     tokens: int = 0  # the stream's own count (``usage.completion_tokens``, its last chunk)
     error: str = ""
+    # httpcore's trace of the request: each event's name and when it came (perf_counter), so
+    # a slow or broken request shows which hop the client spent its time in.
+    trace: list[tuple[str, float]] = field(default_factory=list)
+
+    async def traced(self, name: str, _info: dict[str, Any]) -> None:
+        self.trace.append((name, time.perf_counter()))
+
+    def client_ms(self, event: str) -> float | None:
+        """When ``event`` of the trace came, in ms after the request was due to be sent."""
+        at = next((t for name, t in self.trace if name == event), None)
+        return (at - self.sent_at) * 1000 if at is not None else None
 
     @property
     def ttft_ms(self) -> float | None:
@@ -168,7 +179,9 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
     }
     arrival.sent_at = time.perf_counter()
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
+        async with client.stream(
+            "POST", "/v1/completions", json=body, extensions={"trace": arrival.traced}
+        ) as response:
             if response.status_code != 200:
                 arrival.error = f"HTTP {response.status_code}"
                 return
@@ -182,7 +195,14 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
                 if any(choice.get("text") for choice in chunk.get("choices") or ()):
                     arrival.token_times.append(time.perf_counter())
     except httpx.HTTPError as exc:
-        arrival.error = type(exc).__name__
+        # Where the stream broke tells a keep-alive race (nothing read) from a stream cut short.
+        after = time.perf_counter() - arrival.sent_at
+        last = arrival.trace[-1] if arrival.trace else ("no trace", arrival.sent_at)
+        arrival.error = (
+            f"{type(exc).__name__} after {len(arrival.token_times)} chunks, {after:.1f} s, "
+            f"job {arrival.job_id or 'unknown'}; last: {last[0]} at "
+            f"{last[1] - arrival.sent_at:.1f} s"
+        )
 
 
 async def run_rate(port: int, rate: float, count: int, max_tokens: int, seed: int) -> list[Arrival]:
@@ -238,7 +258,7 @@ def summarize(
         "requests_per_second": req_s,
         "ok": len(ok),
         "failed": len(arrivals) - len(ok),
-        "failures": sorted({a.error or "no token" for a in arrivals if id(a) not in good})[:3],
+        "failures": sorted({a.error or "no token" for a in arrivals if id(a) not in good})[:5],
         "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
         "itl_ms_p99": percentile(itls, 99),
         "tokens_per_second": delivered_tokens(ok) / span if span else 0,
@@ -257,6 +277,8 @@ def summarize(
                 "job_id": a.job_id,
                 "ttft_ms": a.ttft_ms,
                 "worker_ttft_ms": 1000 * jobs.get(a.job_id, {}).get("ttft_seconds", float("nan")),
+                "sent_ms": a.client_ms("http11.send_request_body.complete"),
+                "headers_ms": a.client_ms("http11.receive_response_headers.complete"),
                 **{hop: 1000 * jobs.get(a.job_id, {}).get(f"{hop}_seconds", 0.0) for hop in HOPS},
                 "lanes_at_arrival": jobs.get(a.job_id, {}).get("lanes_at_arrival", ""),
                 "started_in": jobs.get(a.job_id, {}).get("started_in", ""),
@@ -283,6 +305,9 @@ def print_report(
             f"{t['p99']:.0f} ms | {row['itl_ms_p99']:.0f} ms | "
             f"{row['tokens_per_second']:.0f} | {row['chunks_per_second']:.0f} | {row['failed']} |"
         )
+    for row in rows:
+        for failure in row["failures"]:
+            print(f"- {row['rate_x']}x failed: {failure}")
     print("\nCPU per delivered token (µs), the serving path (web + worker + Redis) against the")
     print("engine alone's own, and the tokens/s these cores allow at these costs:\n")
     print("| load | web | worker | engine | redis | other | client | path ÷ engine alone |")
@@ -301,12 +326,23 @@ def print_report(
             f"{c['engine_alone_and_client']:,.0f} for the engine alone beside the client"
         )
     print("\nThe worst five of each load, hop by hop (ms; worker log):\n")
-    print("| load | client TTFT | worker TTFT | " + " | ".join(HOPS) + " |")
-    print("|---|--:|--:|" + "--:|" * len(HOPS))
+    print("(the client's own: when its request was written and the answer's headers read)\n")
+    print(
+        "| load | client TTFT | request written | headers read | worker TTFT | "
+        + " | ".join(HOPS)
+        + " |"
+    )
+    print("|---|--:|--:|--:|--:|" + "--:|" * len(HOPS))
     for row in rows:
         for w in row["worst"]:
             hops = " | ".join(f"{w[hop]:.0f}" for hop in HOPS)
-            print(f"| {row['rate_x']}x | {w['ttft_ms']:.0f} | {w['worker_ttft_ms']:.0f} | {hops} |")
+            client = " | ".join(
+                f"{w.get(k) or float('nan'):.0f}" for k in ("sent_ms", "headers_ms")
+            )
+            print(
+                f"| {row['rate_x']}x | {w['ttft_ms']:.0f} | {client} | "
+                f"{w['worker_ttft_ms']:.0f} | {hops} |"
+            )
     print("\nWhat the lanes were doing when each arrived (``o:live/steps`` an ordinary lane's")
     print("batch, ``r:`` a spare lane's, ``!`` a restart due), and the batch it started in:\n")
     for row in rows:

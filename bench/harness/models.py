@@ -136,11 +136,23 @@ def prepare(key: str, vocab_size: int | None = None) -> PreparedModel:
     return PreparedModel(choice, path, shape.parameters)
 
 
+def at_path(path: Path) -> PreparedModel:
+    """A model built elsewhere (the default model's directory, say), run as it is: its own
+    tokenizer (``tokenizer.json`` or ``tokenizer.model``) encodes the prompt."""
+    resolved = path.resolve()
+    choice = ModelChoice(resolved.name, str(resolved), None, f"the model at {resolved}")
+    return PreparedModel(choice, resolved, 0)
+
+
 def prompt_ids(model: PreparedModel, text: str = PROMPT) -> list[int]:
     """The prompt as Trickle's worker encodes it (start token included, add_bos = true)."""
     return SentencePieceTokenizer(model.tokenizer_path, add_bos=True).encode(text)
 
 
 def prompt_pieces(model: PreparedModel, text: str = PROMPT) -> list[str]:
-    tokenizer = SentencePieceTokenizer(model.tokenizer_path, add_bos=True)
+    """The prompt's pieces as the stack feeds them (its tokenizer as the worker loads it)."""
+    from trickle.config.sections import ModelSettings
+    from trickle.tokenization.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(ModelSettings(name=model.key, path=str(model.path)))
     return tokenizer.to_pieces(tokenizer.encode(text))
