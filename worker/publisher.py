@@ -122,9 +122,16 @@ class TokenPublisher:
             if urgent:
                 self._urgent.set()
 
-    def publish_finish(self, job_id: str, fence: str, result: JobResult) -> threading.Event:
-        """Queue a job's final state after its tokens; the event is set once Redis answered."""
-        item = FinishItem(job_id, fence, result)
+    def publish_finish(
+        self,
+        job_id: str,
+        fence: str,
+        result: JobResult,
+        released: threading.Event | None = None,
+    ) -> threading.Event:
+        """Queue a job's final state after its tokens; the event is set once Redis answered.
+        ``released`` is set first when it was stored under this fence (its lease then gone)."""
+        item = FinishItem(job_id, fence, result, released=released or threading.Event())
         self._queue.put(item)
         self._urgent.set()
         return item.persisted
@@ -253,6 +260,8 @@ class TokenPublisher:
             outcome_of_finish = finish_outcome(reply)
             if isinstance(outcome_of_finish, bool):
                 self._kept.stored(item, outcome_of_finish, time.monotonic())
+                if outcome_of_finish:
+                    item.released.set()
                 item.persisted.set()
             else:
                 short[item.job_id] = min(

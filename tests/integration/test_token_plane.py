@@ -8,6 +8,7 @@ readers told to re-read.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -22,6 +23,8 @@ from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
 from web.streams.hub import Signal, TokenHub
+from worker.engine.scheduled import ScheduledJob
+from worker.in_flight import InFlight
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher
 
@@ -151,3 +154,27 @@ def test_a_broken_subscription_is_taken_again_and_its_readers_re_read(
     )
     assert got == [1]
     subscription.close()
+
+
+def test_a_job_whose_final_state_is_stored_holds_no_lease_to_renew(
+    store: JobStore, publisher: TokenPublisher
+) -> None:
+    """A renewal between a job's stored final state and its removal from the worker's jobs
+    found the lease its FINISH deleted and took that for a lapse (a warning, a stop, a lapse
+    forgiven: at 1.0x on the demo a dozen a run, every one of a finished job)."""
+    done, running = running_job(store), running_job(store)
+    in_flight = InFlight()
+    for job_id, fence in (done, running):
+        in_flight.add(ScheduledJob(job_id, fence, None, None), "demo")  # type: ignore[arg-type]
+    step(publisher, [done, running], 0)
+    released = threading.Event()
+    in_flight.finishing(done[0], released)
+    result = JobResult(JobStatus.SUCCEEDED, "<0>", FinishReason.LENGTH, 1, time.time())
+    assert publisher.publish_finish(done[0], done[1], result, released).wait(10)
+    assert released.is_set()
+    assert in_flight.leases() == {running[0]: running[1]}  # the finished job's is gone
+    assert store.leases.renew(in_flight.leases(), 60_000) == []
+    # Stored under another fence (its lease lapsed and was taken): nothing released.
+    other = threading.Event()
+    late = publisher.publish_finish(running[0], "not-its-fence", result, other)
+    assert late.wait(10) and not other.is_set()
