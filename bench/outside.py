@@ -197,11 +197,15 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
     except httpx.HTTPError as exc:
         # Where the stream broke tells a keep-alive race (nothing read) from a stream cut short.
         after = time.perf_counter() - arrival.sent_at
-        last = arrival.trace[-1] if arrival.trace else ("no trace", arrival.sent_at)
+        reached = [event for event in arrival.trace if "response_closed" not in event[0]]
+        last = reached[-1] if reached else ("no trace", arrival.sent_at)
+        # A kept-alive connection the server closed as it was reused (its keep-alive timer
+        # against the client's) connects nothing and breaks once the request is written.
+        reused = not any(name.startswith("connection.connect_tcp") for name, _ in arrival.trace)
         arrival.error = (
             f"{type(exc).__name__} after {len(arrival.token_times)} chunks, {after:.1f} s, "
-            f"job {arrival.job_id or 'unknown'}; last: {last[0]} at "
-            f"{last[1] - arrival.sent_at:.1f} s"
+            f"job {arrival.job_id or 'unknown'}, {'reused' if reused else 'new'} connection; "
+            f"last: {last[0]} at {last[1] - arrival.sent_at:.1f} s"
         )
 
 
