@@ -23,7 +23,12 @@ graceful_timeout = 10
 # A gevent worker saturated by thousands of streams can miss its heartbeat for a while; only
 # kill it when it is really stuck.
 timeout = 120
-keepalive = 5
+# An idle kept-alive connection is closed after this. Longer than the clients' own idle expiry
+# (httpx and the openai client keep one 5 s), so a client never reuses one the server is closing:
+# at 5 s, on a web process whose loop lagged by seconds at 1.0x, the server's timer fired on
+# connections that already carried the next request, and reset them (the request lost, no job:
+# docs/performance.md). nginx keeps 75 s; a gevent greenlet per idle connection is cheap.
+keepalive = 75
 # No access log by default (gunicorn's own default): formatting and writing a line per request
 # is a real share of the web process's CPU on short jobs. Operators who want one pass
 # gunicorn's flag, GUNICORN_CMD_ARGS="--access-logfile -" (it overrides this file).
