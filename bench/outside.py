@@ -209,12 +209,16 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
         )
 
 
+def keepalive_client(port: int) -> httpx.AsyncClient:
+    """The outside method's one client: keep-alive, no cap on connections (a stream holds
+    its connection, so open-loop arrivals never queue in the client), no timeout."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits)
+
+
 async def run_rate(port: int, rate: float, count: int, max_tokens: int, seed: int) -> list[Arrival]:
     arrivals = [Arrival() for _ in range(count)]
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits
-    ) as client:
+    async with keepalive_client(port) as client:
         tasks = []
         loop = asyncio.get_running_loop()
         start = loop.time()

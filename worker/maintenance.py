@@ -226,11 +226,6 @@ class Maintenance:
         runtime = self._runtime
         now = time.time()
         for job_id, outcome in runtime.store.leases.recover_orphans(now).items():
-            if outcome is RecoveryOutcome.GONE:
-                # It ended between the sweep's read of the running jobs and its check of their
-                # leases (its FINISH deletes both): no worker was lost (at 1.0x on the demo,
-                # 10-48 such "worker_lost" lines a run, every one of a finished job).
-                continue
             if outcome is RecoveryOutcome.REQUEUED:
                 model = runtime.requeue(job_id)
             else:

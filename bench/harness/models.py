@@ -144,13 +144,9 @@ def at_path(path: Path) -> PreparedModel:
     return PreparedModel(choice, resolved, 0)
 
 
-def prompt_ids(model: PreparedModel, text: str = PROMPT) -> list[int]:
-    """The prompt as Trickle's worker encodes it (start token included, add_bos = true)."""
-    return SentencePieceTokenizer(model.tokenizer_path, add_bos=True).encode(text)
-
-
 def prompt_pieces(model: PreparedModel, text: str = PROMPT) -> list[str]:
-    """The prompt's pieces as the stack feeds them (its tokenizer as the worker loads it)."""
+    """The prompt's pieces as the stack feeds them (its tokenizer as the worker loads it:
+    SentencePiece or Hugging Face, the profile's start token)."""
     from trickle.config.sections import ModelSettings
     from trickle.tokenization.loading import load_tokenizer
 

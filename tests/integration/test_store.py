@@ -149,6 +149,26 @@ def test_a_job_every_token_of_which_is_stored_is_claimed_to_finish_not_failed(
     assert finished.output == "t0t1t2" and finished.attempts == 3 and finished.error is None
 
 
+def test_a_job_that_finished_under_the_sweeps_read_is_no_lost_worker(
+    private_redis: redis.Redis,
+) -> None:
+    """The sweep reads the running jobs, then their leases; a job whose FINISH came in between
+    (it deletes both) has no lease but lost no worker: the sweep reports nothing for it and
+    leaves its result alone. Replayed by putting the finished job back among the running."""
+    store = JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
+    job = stored_job(store)
+    claim = store.leases.claim(job.id, "w", time.time(), lease_ms=5000, max_attempts=2)
+    result = JobResult(JobStatus.SUCCEEDED, "t0", FinishReason.LENGTH, 1, time.time())
+    assert store.finish(job.id, claim.fence, result, logged=0)
+    running = keys.running_jobs(keys.shard_of(job.id))
+    private_redis.zadd(running, {job.id: time.time()})  # as the sweep's earlier read saw it
+    assert store.leases.recover_orphans(time.time()) == {}
+    assert private_redis.zcard(running) == 0
+    finished = store.get(job.id)
+    assert finished is not None and finished.status is JobStatus.SUCCEEDED
+    assert finished.output == "t0" and finished.error is None
+
+
 def test_a_job_whose_end_token_is_stored_is_claimed_to_finish(private_redis: redis.Redis) -> None:
     """Ended early (its end token or a stop string, marked on its last entry): complete with
     fewer than max_tokens, so no later claim counts an attempt. A log without that mark is a
