@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,7 @@ SERVING_PATH = ("web", "worker", "redis")  # issue 53, item 3: its CPU per token
 
 @dataclass
 class Arrival:
+    due_at: float = 0.0  # when the open-loop schedule had it sent (perf_counter)
     sent_at: float = 0.0
     job_id: str = ""
     # When each chunk with text came: a chunk carries every token of one paced message, so
@@ -83,6 +87,15 @@ class Arrival:
         """When ``event`` of the trace came, in ms after the request was due to be sent."""
         at = next((t for name, t in self.trace if name == event), None)
         return (at - self.sent_at) * 1000 if at is not None else None
+
+    @property
+    def client_wait_ms(self) -> tuple[float, float] | None:
+        """The client's own delays: its task's start after the request was due (its event
+        loop's lag), and from there to the first network step (a new connection's connect,
+        or the request written on a kept one: the pool's and the loop's wait)."""
+        if not self.trace:
+            return None
+        return (self.sent_at - self.due_at) * 1000, (self.trace[0][1] - self.sent_at) * 1000
 
     @property
     def ttft_ms(self) -> float | None:
@@ -167,7 +180,7 @@ def start_stack(
     raise RuntimeError(f"the stack did not get ready; its log ends:\n{tail}")
 
 
-async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> None:
+async def send(client: KeptConnections, arrival: Arrival, max_tokens: int) -> None:
     body = {
         "model": SERVED_NAME,
         "prompt": PROMPT,
@@ -209,24 +222,88 @@ async def send(client: httpx.AsyncClient, arrival: Arrival, max_tokens: int) -> 
         )
 
 
-def keepalive_client(port: int) -> httpx.AsyncClient:
-    """The outside method's one client: keep-alive, no cap on connections (a stream holds
-    its connection, so open-loop arrivals never queue in the client), no timeout."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits)
+class KeptConnections:
+    """The outside method's client: ``httpx`` with keep-alive, every request on a connection
+    of its own, so open-loop arrivals never wait in the client.
+
+    One ``httpx.AsyncClient`` with an unbounded pool did not send open-loop: httpcore 1.0.9's
+    pool hands one idle connection to every request queued in the same pass
+    (``_assign_requests_to_connections``; encode/httpcore#1035, pydantic/httpx2#1075), the
+    losers wait for the pool's next pass, and at 0.5x on the demo the slowest requests
+    reached the network 15.7 s after they were sent (p99), while the client spent 274-304 µs
+    of CPU per token it read (docs/performance.md). So each connection is a client of its
+    own with one connection kept alive, lent to one request at a time: a request takes an
+    idle one, or a new one when none is idle, and gives it back when its response closes.
+    """
+
+    def __init__(self, port: int):
+        self._base_url = f"http://127.0.0.1:{port}"
+        # One for all: a client of its own builds one, 65 ms of CPU with the CA bundle loaded.
+        self._tls = ssl.create_default_context()
+        self._idle: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._idle:
+            return self._idle.pop()
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+        client = httpx.AsyncClient(
+            base_url=self._base_url, timeout=None, limits=limits, verify=self._tls
+        )
+        self._all.append(client)
+        return client
+
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, url: str, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        client = self._client()
+        try:
+            async with client.stream(method, url, **kwargs) as response:
+                yield response
+        finally:
+            self._idle.append(client)
+
+    async def __aenter__(self) -> KeptConnections:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        for client in self._all:
+            await client.aclose()
 
 
-async def run_rate(port: int, rate: float, count: int, max_tokens: int, seed: int) -> list[Arrival]:
+def keepalive_client(port: int) -> KeptConnections:
+    """The outside method's client (``KeptConnections``), no timeout."""
+    return KeptConnections(port)
+
+
+async def loop_lag(lags: list[float], stop: asyncio.Event, tick: float = 0.02) -> None:
+    """How late the client's event loop wakes a 20 ms sleep, in ms, until ``stop``: a
+    loop that falls behind delays every send and every chunk it reads by as much."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        due = loop.time() + tick
+        await asyncio.sleep(tick)
+        lags.append((loop.time() - due) * 1000)
+
+
+async def run_rate(
+    port: int, rate: float, count: int, max_tokens: int, seed: int, lags: list[float]
+) -> list[Arrival]:
+    """Send ``count`` streamed requests at Poisson times; ``lags`` gets the loop's lateness."""
     arrivals = [Arrival() for _ in range(count)]
+    stop = asyncio.Event()
+    monitor = asyncio.create_task(loop_lag(lags, stop))
     async with keepalive_client(port) as client:
         tasks = []
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        start, start_clock = loop.time(), time.perf_counter()
         # Each send is due at its offset from the start, so slow sends add no drift.
         for arrival, offset in zip(arrivals, poisson_offsets(rate, count, seed), strict=True):
+            arrival.due_at = start_clock + offset
             await asyncio.sleep(max(0.0, start + offset - loop.time()))
             tasks.append(asyncio.create_task(send(client, arrival, max_tokens)))
         await asyncio.gather(*tasks)
+    stop.set()
+    await monitor
     return arrivals
 
 
@@ -243,6 +320,18 @@ def job_lines(log: Path) -> dict[str, dict[str, Any]]:
 def delivered_tokens(arrivals: list[Arrival]) -> int:
     """Tokens the clients received: each stream's own count, its chunks where it gave none."""
     return sum(a.tokens or len(a.token_times) for a in arrivals if not a.error)
+
+
+def client_waits(arrivals: list[Arrival]) -> dict[str, dict[str, float | None]]:
+    """p50 and p99 of the client's own two waits (``Arrival.client_wait_ms``)."""
+    waits = [w for w in (a.client_wait_ms for a in arrivals) if w is not None]
+    return {
+        name: {
+            "p50": percentile([w[i] for w in waits], 50),
+            "p99": percentile([w[i] for w in waits], 99),
+        }
+        for i, name in enumerate(("task_start", "to_network"))
+    }
 
 
 def summarize(
@@ -269,6 +358,7 @@ def summarize(
         "failures": sorted({a.error or "no token" for a in arrivals if id(a) not in good})[:5],
         "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
         "itl_ms_p99": percentile(itls, 99),
+        "client_wait_ms": client_waits(ok),
         "tokens_per_second": delivered_tokens(ok) / span if span else 0,
         "chunks_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
         "cpu_us_per_token": cpu_us,
@@ -285,7 +375,10 @@ def summarize(
                 "job_id": a.job_id,
                 "ttft_ms": a.ttft_ms,
                 "worker_ttft_ms": 1000 * jobs.get(a.job_id, {}).get("ttft_seconds", float("nan")),
+                # "connected" empty: a kept-alive connection was reused.
+                "connected_ms": a.client_ms("connection.connect_tcp.complete"),
                 "sent_ms": a.client_ms("http11.send_request_body.complete"),
+                "trace_ms": [(name, (t - a.sent_at) * 1000) for name, t in a.trace],
                 "headers_ms": a.client_ms("http11.receive_response_headers.complete"),
                 **{hop: 1000 * jobs.get(a.job_id, {}).get(f"{hop}_seconds", 0.0) for hop in HOPS},
                 "lanes_at_arrival": jobs.get(a.job_id, {}).get("lanes_at_arrival", ""),
@@ -316,6 +409,17 @@ def print_report(
     for row in rows:
         for failure in row["failures"]:
             print(f"- {row['rate_x']}x failed: {failure}")
+    print("\nThe client's own wait before its request reached the network (ms, p50 / p99): its")
+    print("task's start after the request was due, then to its connect or its write:\n")
+    for row in rows:
+        task, network = row["client_wait_ms"]["task_start"], row["client_wait_ms"]["to_network"]
+        lag = row["client_loop_lag_ms"]
+        print(
+            f"- {row['rate_x']}x: task {task['p50'] or 0:.0f} / {task['p99'] or 0:.0f}, "
+            f"to the network {network['p50'] or 0:.0f} / {network['p99'] or 0:.0f}; the "
+            f"loop's lag (a 20 ms sleep's) {lag['p50'] or 0:.0f} / {lag['p99'] or 0:.0f}, "
+            f"at most {lag['max']:.0f}"
+        )
     print("\nCPU per delivered token (µs), the serving path (web + worker + Redis) against the")
     print("engine alone's own, and the tokens/s these cores allow at these costs:\n")
     print("| load | web | worker | engine | redis | other | client | path ÷ engine alone |")
@@ -334,18 +438,20 @@ def print_report(
             f"{c['engine_alone_and_client']:,.0f} for the engine alone beside the client"
         )
     print("\nThe worst five of each load, hop by hop (ms; worker log):\n")
-    print("(the client's own: when its request was written and the answer's headers read)\n")
+    print("(the client's own: when its new connection was made, blank for a reused one, its")
+    print("request written and the answer's headers read)\n")
     print(
-        "| load | client TTFT | request written | headers read | worker TTFT | "
+        "| load | client TTFT | connected | request written | headers read | worker TTFT | "
         + " | ".join(HOPS)
         + " |"
     )
-    print("|---|--:|--:|--:|--:|" + "--:|" * len(HOPS))
+    print("|---|--:|--:|--:|--:|--:|" + "--:|" * len(HOPS))
     for row in rows:
         for w in row["worst"]:
             hops = " | ".join(f"{w[hop]:.0f}" for hop in HOPS)
             client = " | ".join(
-                f"{w.get(k) or float('nan'):.0f}" for k in ("sent_ms", "headers_ms")
+                "" if w.get(k) is None else f"{w[k]:.0f}"
+                for k in ("connected_ms", "sent_ms", "headers_ms")
             )
             print(
                 f"| {row['rate_x']}x | {w['ttft_ms']:.0f} | {client} | "
@@ -400,13 +506,19 @@ def main(argv: list[str] | None = None) -> int:
                 req_s = rate_x * capacity / args.max_tokens
                 progress(f"{rate_x}x: {req_s:.2f} req/s, {args.requests} requests")
                 charge = CpuCharge(stack.pid)
+                lags: list[float] = []
                 arrivals = asyncio.run(
-                    run_rate(port, req_s, args.requests, args.max_tokens, args.seed)
+                    run_rate(port, req_s, args.requests, args.max_tokens, args.seed, lags)
                 )
                 cpu_us = charge.per_token(delivered_tokens(arrivals))
                 time.sleep(3)  # the finished lines are written just after the results
                 jobs = job_lines(work / "up.log")
                 rows.append(summarize(rate_x, req_s, arrivals, jobs, cpu_us, alone_us))
+                rows[-1]["client_loop_lag_ms"] = {
+                    "p50": percentile(lags, 50),
+                    "p99": percentile(lags, 99),
+                    "max": max(lags, default=0.0),
+                }
         finally:
             stack.terminate()
             if args.keep_log:
