@@ -7,7 +7,8 @@ The method (issue 53): the stack started as ``make up`` starts it (``trickle up`
 embedded Redis, the Procfile's web and worker), the model served by environment variables alone
 (``TRICKLE_DEFAULT_MODEL``, ``TRICKLE__MODELS__<NAME>__PATH``); open-loop Poisson arrivals
 (seeded) of streamed ``/v1/completions`` ("The socket module", ``ignore_eos``, temperature 0,
-``stream_options.include_usage``) from one asyncio ``httpx`` client with keep-alive, TTFT timed
+``stream_options.include_usage``) from asyncio ``httpx`` with keep-alive, each request on a
+connection of its own (``KeptConnections``: one pooled client held requests back), TTFT timed
 from just before each request is sent; the rate a fraction of CTranslate2's own
 ``generate_batch(32)`` tokens/s on the same model (best of its compute types and 1-2 intra
 threads), measured in the same run before the stack starts.
