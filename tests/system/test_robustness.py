@@ -4,6 +4,7 @@ page or a leaked subscription."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -362,31 +363,21 @@ def test_a_stream_response_never_read_closes_its_subscription(
     assert threading.active_count() <= threads
 
 
-def _http_get(sock: socket.socket, path: str) -> bytes:
-    """One HTTP/1.1 GET on ``sock``, kept alive: its status line (the body read and dropped)."""
-    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: trickle\r\n\r\n".encode())
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before the answer's headers")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
-    return head.split(b"\r\n", 1)[0]
-
-
 def test_an_idle_connection_outlives_the_clients_own_idle_expiry(stack_url: str) -> None:
     """httpx and the openai client reuse an idle connection for 5 s: the server keeps one
-    longer, so it never closes one a client is reusing (which reset the request, unread)."""
+    longer, so it never closes one a client is reusing (which reset the request, unread).
+    ``http.client`` keeps its one socket and never reconnects on its own: a close shows."""
     host, port = stack_url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
-        assert _http_get(sock, "/healthz") == b"HTTP/1.1 200 OK"
-        time.sleep(6.0)  # past the clients' 5 s, and past the server's old keep-alive
-        assert _http_get(sock, "/healthz") == b"HTTP/1.1 200 OK"
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        sockets = []
+        for pause in (0.0, 6.0):  # past the clients' 5 s, and past the server's old keep-alive
+            time.sleep(pause)
+            connection.request("GET", "/healthz")
+            sockets.append(connection.sock)
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200
+        assert sockets[0] is sockets[1]  # one connection, reused: nothing reopened it
+    finally:
+        connection.close()
