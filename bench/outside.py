@@ -271,11 +271,6 @@ class KeptConnections:
             await client.aclose()
 
 
-def keepalive_client(port: int) -> KeptConnections:
-    """The outside method's client (``KeptConnections``), no timeout."""
-    return KeptConnections(port)
-
-
 async def loop_lag(lags: list[float], stop: asyncio.Event, tick: float = 0.02) -> None:
     """How late the client's event loop wakes a 20 ms sleep, in ms, until ``stop``: a
     loop that falls behind delays every send and every chunk it reads by as much."""
@@ -293,7 +288,7 @@ async def run_rate(
     arrivals = [Arrival() for _ in range(count)]
     stop = asyncio.Event()
     monitor = asyncio.create_task(loop_lag(lags, stop))
-    async with keepalive_client(port) as client:
+    async with KeptConnections(port) as client:
         tasks = []
         loop = asyncio.get_running_loop()
         start, start_clock = loop.time(), time.perf_counter()
@@ -342,6 +337,7 @@ def summarize(
     jobs: dict[str, dict[str, Any]],
     cpu_us: dict[str, float],
     engine_alone_us: float,
+    loop_lags: list[float],
 ) -> dict[str, Any]:
     ok = [a for a in arrivals if a.ttft_ms is not None and not a.error]
     good = {id(a) for a in ok}
@@ -360,6 +356,11 @@ def summarize(
         "ttft_ms": {"p50": percentile(ttfts, 50), "p99": percentile(ttfts, 99)},
         "itl_ms_p99": percentile(itls, 99),
         "client_wait_ms": client_waits(ok),
+        "client_loop_lag_ms": {
+            "p50": percentile(loop_lags, 50),
+            "p99": percentile(loop_lags, 99),
+            "max": max(loop_lags, default=0.0),
+        },
         "tokens_per_second": delivered_tokens(ok) / span if span else 0,
         "chunks_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
         "cpu_us_per_token": cpu_us,
@@ -514,12 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_us = charge.per_token(delivered_tokens(arrivals))
                 time.sleep(3)  # the finished lines are written just after the results
                 jobs = job_lines(work / "up.log")
-                rows.append(summarize(rate_x, req_s, arrivals, jobs, cpu_us, alone_us))
-                rows[-1]["client_loop_lag_ms"] = {
-                    "p50": percentile(lags, 50),
-                    "p99": percentile(lags, 99),
-                    "max": max(lags, default=0.0),
-                }
+                rows.append(summarize(rate_x, req_s, arrivals, jobs, cpu_us, alone_us, lags))
         finally:
             stack.terminate()
             if args.keep_log:

@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.harness import models
 from bench.harness.log import progress
 from bench.harness.stack import cpu_of, up_roles
-from bench.outside import PROMPT, SERVED_NAME, keepalive_client, start_stack
+from bench.outside import PROMPT, SERVED_NAME, KeptConnections, start_stack
 from ops.redis_server import free_port
 
 
@@ -33,7 +33,7 @@ async def hold_streams(port: int, count: int, opened: list[int], stop: threading
     """Open ``count`` streams and keep reading them until ``stop``; ``opened`` gets each one's
     status as its headers come (a waiting reader's first refresh sends them)."""
     body = {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 16, "stream": True}
-    async with keepalive_client(port) as client:
+    async with KeptConnections(port) as client:
 
         async def one() -> None:
             async with client.stream("POST", "/v1/completions", json=body) as response:
