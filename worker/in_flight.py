@@ -16,10 +16,6 @@ class InFlight:
         self._lock = threading.Lock()
         self._jobs: dict[str, ScheduledJob] = {}
         self._models: dict[str, str] = {}
-        # Jobs whose final state is on its way to Redis: set once it is stored under their
-        # lease, which the FINISH script deletes (the job stays here a moment longer, for its
-        # accounts).
-        self._released: dict[str, threading.Event] = {}
         self._idle_since = time.time()
         self.lengths = LengthRatios()  # how much of max_tokens finished jobs used, per model
         # The latest claim whose fresh jobs were all added here (wall clock; the claim
@@ -37,19 +33,10 @@ class InFlight:
             self._jobs[job.job_id] = job
             self._models[job.job_id] = model
 
-    def finishing(self, job_id: str, released: threading.Event) -> None:
-        """``job_id``'s final state is queued; ``released`` is set once Redis stored it under
-        the job's lease, which it deletes: the job then holds no lease to renew (a renewal
-        finds none, and that is no lapse)."""
-        with self._lock:
-            if job_id in self._jobs:
-                self._released[job_id] = released
-
     def remove(self, job_id: str) -> None:
         with self._lock:
             job = self._jobs.pop(job_id, None)
             model = self._models.pop(job_id, None)
-            self._released.pop(job_id, None)
             self._idle_since = time.time()
         if job is not None and model is not None:
             self.lengths.finished(model, job)
@@ -64,13 +51,9 @@ class InFlight:
 
     def leases(self) -> dict[str, str]:
         """job id -> the fence this worker holds its lease with (a job whose final state is
-        stored holds none)."""
+        stored holds none until it leaves here, and its renewal says so: Leases.renew)."""
         with self._lock:
-            return {
-                job_id: job.fence
-                for job_id, job in self._jobs.items()
-                if not (job_id in self._released and self._released[job_id].is_set())
-            }
+            return {job_id: job.fence for job_id, job in self._jobs.items()}
 
     def fence_of(self, job_id: str) -> str | None:
         """The fence this worker holds a running job's lease with (None: not running here)."""

@@ -212,15 +212,8 @@ class Maintenance:
 
     def renew_leases(self) -> None:
         runtime = self._runtime
-        lost = runtime.store.leases.renew(runtime.in_flight.leases(), runtime.lease_ms)
-        if not lost:
-            return
-        # A job whose final state was stored while the renewal ran lost no lease: its FINISH
-        # deleted it (at 1.0x on the demo, a dozen such warnings a run, all of finished jobs).
-        held = runtime.in_flight.leases()
-        for job_id in lost:
-            if job_id in held:
-                runtime.lease_lost(job_id)
+        for job_id in runtime.store.leases.renew(runtime.in_flight.leases(), runtime.lease_ms):
+            runtime.lease_lost(job_id)
 
     def sweep(self) -> None:
         runtime = self._runtime

@@ -42,9 +42,6 @@ class FinishItem:
     fence: str
     result: JobResult
     persisted: threading.Event = field(default_factory=threading.Event)
-    # Set (before ``persisted``) when the final state was stored under this worker's lease:
-    # the FINISH script deleted the lease with it.
-    released: threading.Event = field(default_factory=threading.Event)
 
 
 class Recheck(NamedTuple):

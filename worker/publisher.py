@@ -127,11 +127,9 @@ class TokenPublisher:
         job_id: str,
         fence: str,
         result: JobResult,
-        released: threading.Event | None = None,
     ) -> threading.Event:
-        """Queue a job's final state after its tokens; the event is set once Redis answered.
-        ``released`` is set first when it was stored under this fence (its lease then gone)."""
-        item = FinishItem(job_id, fence, result, released=released or threading.Event())
+        """Queue a job's final state after its tokens; the event is set once Redis answered."""
+        item = FinishItem(job_id, fence, result)
         self._queue.put(item)
         self._urgent.set()
         return item.persisted
@@ -260,8 +258,6 @@ class TokenPublisher:
             outcome_of_finish = finish_outcome(reply)
             if isinstance(outcome_of_finish, bool):
                 self._kept.stored(item, outcome_of_finish, time.monotonic())
-                if outcome_of_finish:
-                    item.released.set()
                 item.persisted.set()
             else:
                 short[item.job_id] = min(

@@ -9,7 +9,6 @@ lost its lease can never write over the one that took the job over.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -319,9 +318,7 @@ class WorkerRuntime:
         """Store the final state (fenced), then account for it in metrics and the job log."""
         if result.error is not None:
             log.error("job %s failed: %s: %s", job.id, result.error.type, result.error.message)
-        released = threading.Event()
-        self.in_flight.finishing(job.id, released)
-        self.publisher.publish_finish(job.id, claim.fence, result, released).wait()
+        self.publisher.publish_finish(job.id, claim.fence, result).wait()
         if job.webhook_url:
             self._notify(job.id)
         key = tenant_label(self.tenants.name_of_digest(job.tenant_digest))

@@ -8,7 +8,6 @@ readers told to re-read.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -22,9 +21,8 @@ from trickle.job_result import JobResult
 from trickle.jobs import FinishReason, Job, JobStatus, new_job_id
 from trickle.params import GenerationParams
 from trickle.store.job_store import JobStore
+from trickle.store.leases import RecoveryOutcome
 from web.streams.hub import Signal, TokenHub
-from worker.engine.scheduled import ScheduledJob
-from worker.in_flight import InFlight
 from worker.publish_items import TokenItem
 from worker.publisher import TokenPublisher
 
@@ -156,25 +154,25 @@ def test_a_broken_subscription_is_taken_again_and_its_readers_re_read(
     subscription.close()
 
 
-def test_a_job_whose_final_state_is_stored_holds_no_lease_to_renew(
-    store: JobStore, publisher: TokenPublisher
+def test_a_job_whose_final_state_is_stored_has_lost_no_lease(
+    store: JobStore, publisher: TokenPublisher, private_redis: redis.Redis
 ) -> None:
     """A renewal between a job's stored final state and its removal from the worker's jobs
     found the lease its FINISH deleted and took that for a lapse (a warning, a stop, a lapse
-    forgiven: at 1.0x on the demo a dozen a run, every one of a finished job)."""
-    done, running = running_job(store), running_job(store)
-    in_flight = InFlight()
-    for job_id, fence in (done, running):
-        in_flight.add(ScheduledJob(job_id, fence, None, None), "demo")  # type: ignore[arg-type]
-    step(publisher, [done, running], 0)
-    released = threading.Event()
-    in_flight.finishing(done[0], released)
+    forgiven: at 1.0x on the demo a dozen a run, every one of a finished job). The renewal
+    now tells a job this fence ended from one whose lease lapsed or went to another attempt."""
+    done, running, lapsed, taken = (running_job(store) for _ in range(4))
+    step(publisher, [done, running, lapsed, taken], 0)
     result = JobResult(JobStatus.SUCCEEDED, "<0>", FinishReason.LENGTH, 1, time.time())
-    assert publisher.publish_finish(done[0], done[1], result, released).wait(10)
-    assert released.is_set()
-    assert in_flight.leases() == {running[0]: running[1]}  # the finished job's is gone
-    assert store.leases.renew(in_flight.leases(), 60_000) == []
-    # Stored under another fence (its lease lapsed and was taken): nothing released.
-    other = threading.Event()
-    late = publisher.publish_finish(running[0], "not-its-fence", result, other)
-    assert late.wait(10) and not other.is_set()
+    assert publisher.publish_finish(done[0], done[1], result).wait(10)
+    assert not private_redis.exists(keys.job_lease(done[0]))  # its FINISH deleted it
+    private_redis.delete(keys.job_lease(lapsed[0]), keys.job_lease(taken[0]))
+    # The lapsed job's sweep requeues it; here only ``taken`` is swept, claimed by another
+    # worker and finished by it: its end is not this fence's.
+    private_redis.zrem(keys.running_jobs(keys.shard_of(lapsed[0])), lapsed[0])
+    assert store.leases.recover_orphans(time.time()) == {taken[0]: RecoveryOutcome.REQUEUED}
+    again = store.leases.claim(taken[0], "w2", time.time(), 60_000, 3)
+    assert publisher.publish_finish(taken[0], again.fence, result).wait(10)
+    held = dict([done, running, lapsed, taken])
+    assert sorted(store.leases.renew(held, 60_000)) == sorted([lapsed[0], taken[0]])
+    assert private_redis.pttl(keys.job_lease(running[0])) > 50_000  # renewed

@@ -138,12 +138,15 @@ return 'finished'
 """
 )
 
-# KEYS: lease   ARGV: fence, lease_ms
+# KEYS: lease, job   ARGV: fence, lease_ms
+# Returns 1 (renewed), 2 (no lease: this fence stored the job's final state, which deleted it)
+# or 0 (lost: it lapsed, or another attempt holds it).
 RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
+if redis.call('HGET', KEYS[2], 'finished_fence') == ARGV[1] then return 2 end
 return 0
 """
 
@@ -331,6 +334,7 @@ local fields = {}
 for i = 7, #ARGV do table.insert(fields, ARGV[i]) end
 redis.call('HSET', KEYS[1], unpack(fields))
 redis.call('HDEL', KEYS[1], 'owner')
+redis.call('HSET', KEYS[1], 'finished_fence', ARGV[2])  -- its RENEW then says ended, not lost
 local ttl = kept(KEYS[1], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('EXPIRE', KEYS[2], ttl)
