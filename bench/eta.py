@@ -31,11 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from bench.harness.log import progress
 from bench.harness.stats import percentile
-from bench.outside import SERVED_NAME, job_lines, start_stack
+from bench.outside import SERVED_NAME, KeptConnections, job_lines, start_stack
 from ops.redis_server import free_port
 from trickle.config.settings import PROJECT_ROOT
 
@@ -78,7 +76,7 @@ class Waited:
         return max(self.started_at - self.eta_at, 0.0)
 
 
-async def one_job(client: httpx.AsyncClient, max_tokens: int, to_end: bool = False) -> Waited:
+async def one_job(client: KeptConnections, max_tokens: int, to_end: bool = False) -> Waited:
     """Submit one job and follow it until its first token (``to_end``: until its stream ends)."""
     body = {"model": SERVED_NAME, "prompt": "The", "max_tokens": max_tokens, "ignore_eos": True}
     waited = Waited(sent_at=time.time())
@@ -109,10 +107,9 @@ async def run(
     """``count`` jobs: Poisson arrivals at ``rate`` a second, or all at once (None); each
     followed until it starts (``to_end``: until it ends)."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(
-        base_url=f"http://127.0.0.1:{port}", timeout=None, limits=limits
-    ) as client:
+    # A connection per request: one pooled client held a burst's requests back (its pool
+    # hands one idle connection to every queued request: bench.outside.KeptConnections).
+    async with KeptConnections(port) as client:
         tasks = []
         for _ in range(count):
             tasks.append(asyncio.create_task(one_job(client, max_tokens, to_end)))

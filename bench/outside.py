@@ -52,6 +52,8 @@ import httpx
 from bench.harness import models
 from bench.harness.arrivals import poisson_offsets
 from bench.harness.capacity import Capacity, batch_capacity
+from bench.harness.engine_slots import ArrivedJob
+from bench.harness.goodput import goals_for, met_goals
 from bench.harness.log import progress
 from bench.harness.stack import cpu_of, up_roles, us_per_token
 from bench.harness.stats import percentile
@@ -263,6 +265,14 @@ class KeptConnections:
         finally:
             self._idle.append(client)
 
+    async def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        """A whole (not streamed) POST on a lent connection."""
+        client = self._client()
+        try:
+            return await client.post(url, **kwargs)
+        finally:
+            self._idle.append(client)
+
     async def __aenter__(self) -> KeptConnections:
         return self
 
@@ -347,6 +357,13 @@ def summarize(
     ]
     span = max(a.token_times[-1] for a in ok) - min(a.sent_at for a in ok) if ok else 0
     worst = sorted(ok, key=lambda a: a.ttft_ms or 0, reverse=True)[:5]
+    # Issue 53's goodput, as bench.engine_arrivals counts it on the same arrivals: the jobs
+    # that met both goals on their own (TTFT from the send, ITL between chunks), per second
+    # of the run, against the capacity in jobs/s; a failed request met none.
+    goals = goals_for(rate_x)
+    met = sum(
+        met_goals(ArrivedJob(i, a.sent_at, None, a.token_times), goals) for i, a in enumerate(ok)
+    )
     return {
         "rate_x": rate_x,
         "requests_per_second": req_s,
@@ -363,6 +380,8 @@ def summarize(
         },
         "tokens_per_second": delivered_tokens(ok) / span if span else 0,
         "chunks_per_second": sum(len(a.token_times) for a in ok) / span if span else 0,
+        "good_jobs": met,
+        "goodput_x_capacity": met / span / (req_s / rate_x) if span and req_s else 0,
         "cpu_us_per_token": cpu_us,
         "serving_path_x_engine": round(
             sum(cpu_us.get(role, 0.0) for role in SERVING_PATH) / engine_alone_us, 2
@@ -398,15 +417,16 @@ def print_report(
     print(f"\n## {model}: engine batch-32 {capacity:,.0f} tok/s ({how}{alone})\n")
     print(
         "| load | req/s | TTFT p50 | TTFT p99 | ITL p99 (chunks) | tok/s served | chunks/s "
-        "| failed |"
+        "| failed | met both goals | goodput x capacity |"
     )
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for row in rows:
         t = row["ttft_ms"]
         print(
             f"| {row['rate_x']}x | {row['requests_per_second']:.2f} | {t['p50']:.0f} ms | "
             f"{t['p99']:.0f} ms | {row['itl_ms_p99']:.0f} ms | "
-            f"{row['tokens_per_second']:.0f} | {row['chunks_per_second']:.0f} | {row['failed']} |"
+            f"{row['tokens_per_second']:.0f} | {row['chunks_per_second']:.0f} | {row['failed']} | "
+            f"{row['good_jobs']}/{row['ok'] + row['failed']} | {row['goodput_x_capacity']:.2f} |"
         )
     for row in rows:
         for failure in row["failures"]:
