@@ -1,6 +1,7 @@
 """What a streamed one-token job costs Trickle against the plainest Flask + Celery service.
 
     .venv/bin/python -m bench.floor [--model demo] [--jobs 400] [--rounds 3]
+        [--tokens 1] [--token-gap-ms 0]
 
 Three services on this machine, one embedded Redis each, measured in turns within each round
 so that the machine's drift touches all three alike:
@@ -16,6 +17,15 @@ SSE stream to its end; then as many ``Prefer: wait`` jobs (one POST that answers
 result; ``<service>_wait`` in the output). Printed per service: CPU per job by process
 (``/proc``), and p50 of the POST and of POST -> the stream's end as the client sees them.
 Trickle's engine process is reported apart; its POST -> end includes a one-token generation.
+
+``--tokens N`` (> 1): the floor of the token path too. Each job streams N tokens: the stock
+task publishes each as its own message (``--token-gap-ms`` apart, a decoding step's time), as
+a generation loop would, and its stream relays each as an event; Trickle's jobs are
+``max_tokens`` N with ``ignore_eos``, and its publisher paces them into messages as it does.
+Printed beside the per-job figures: µs of CPU per token by process, and the token events a
+stream carried (every token arrived: the stock service writes one message per event; Trickle's
+native stream one event per token, however many tokens a message carried). No bare service
+then (it answers one token).
 """
 
 from __future__ import annotations
@@ -48,8 +58,9 @@ Groups = dict[str, list[int]]
 class FloorService:
     """``bench.floor_app`` on its own Redis: gunicorn's gevent worker and a stock Celery worker."""
 
-    def __init__(self, mode: str, work: Path):
+    def __init__(self, mode: str, work: Path, tokens: int = 1, gap_ms: float = 0.0):
         self.mode = mode
+        self.tokens, self.gap_ms = tokens, gap_ms  # per job (``--tokens``, ``--token-gap-ms``)
         self.redis_port, self.web_port = free_port(), free_port()
         self.redis = start_redis(self.redis_port, work / f"redis-{mode}", append_only=False)
         env = dict(
@@ -92,10 +103,10 @@ class FloorService:
             groups["worker"] = [self.worker.pid, *child_pids(self.worker.pid)]
         return groups
 
-    @staticmethod
-    def post(conn: http.client.HTTPConnection, wait: bool = False) -> str:
-        """A one-token job's POST (with ``wait``, answered with its result); its id."""
-        body = json.dumps({"model": "demo", "prompt": PROMPT, "max_tokens": 1})
+    def post(self, conn: http.client.HTTPConnection, wait: bool = False) -> str:
+        """A job's POST (with ``wait``, answered with its result); its id."""
+        fields = {"prompt": PROMPT, "max_tokens": self.tokens, "token_gap_ms": self.gap_ms}
+        body = json.dumps({"model": "demo", **fields})
         headers = {"Content-Type": "application/json"}
         if wait:
             headers["Prefer"] = "wait=30"
@@ -106,11 +117,13 @@ class FloorService:
         return str(answer["id"])
 
     @staticmethod
-    def stream(conn: http.client.HTTPConnection, job_id: str) -> None:
-        """The job's stream, read to its end."""
+    def stream(conn: http.client.HTTPConnection, job_id: str) -> int:
+        """The job's stream, read to its end; the token events it carried."""
         conn.request("GET", f"/v1/jobs/{job_id}/stream")
-        if b"event: done" not in conn.getresponse().read():
+        body = conn.getresponse().read()
+        if b"event: done" not in body:
             raise RuntimeError("floor stream ended without done")
+        return body.count(b"event: token")
 
     def close(self) -> None:
         for process in (self.web, self.worker):
@@ -121,23 +134,33 @@ class FloorService:
 
 
 def timed_jobs(
-    post: Callable[[], Any], stream: Callable[[Any], None], groups: Groups, jobs: int
+    post: Callable[[], Any],
+    stream: Callable[[Any], int | None],
+    groups: Groups,
+    jobs: int,
+    tokens: int = 1,
 ) -> dict[str, Any]:
-    """``jobs`` sequential jobs: CPU ms per job by process group, and the client's p50s."""
+    """``jobs`` sequential jobs: CPU ms per job by process group, and the client's p50s; with
+    ``tokens`` > 1 also µs per token and the token events (messages) a stream carried."""
     for _ in range(10):
         stream(post())
-    posts, ends = [], []
+    posts, ends, events = [], [], 0
     before = cpu_of(groups)
     for _ in range(jobs):
         start = time.perf_counter()
         job = post()
         posts.append(time.perf_counter() - start)
-        stream(job)
+        events += stream(job) or 0
         ends.append(time.perf_counter() - start)
     after = cpu_of(groups)
     result: dict[str, Any] = {
         f"{name}_ms": round(1e3 * (after[name] - before[name]) / jobs, 3) for name in groups
     }
+    if tokens > 1:
+        for name in groups:
+            spent = after[name] - before[name]
+            result[f"{name}_us_per_token"] = round(1e6 * spent / jobs / tokens, 1)
+        result["token_events_per_stream"] = round(events / jobs, 1)
     result["post_p50_ms"] = round(1e3 * statistics.median(posts), 2)
     result["post_to_end_p50_ms"] = round(1e3 * statistics.median(ends), 2)
     return result
@@ -152,25 +175,27 @@ def measure_floor(service: FloorService, jobs: int, wait: bool) -> dict[str, Any
     try:
         post = partial(service.post, conn, wait)
         stream = no_stream if wait else partial(service.stream, conn)
-        return timed_jobs(post, stream, service.groups(), jobs)
+        return timed_jobs(post, stream, service.groups(), jobs, service.tokens)
     finally:
         conn.close()
 
 
-def measure_trickle(stack: Stack, model: str, jobs: int, wait: bool) -> dict[str, Any]:
+def measure_trickle(
+    stack: Stack, model: str, jobs: int, wait: bool, tokens: int = 1
+) -> dict[str, Any]:
     conn = http.client.HTTPConnection(HOST, stack.web_port, timeout=60)
     groups = process_groups(stack, model)
     del groups["client"]
 
     def post() -> dict[str, Any]:
-        job = post_job(conn, model, wait=wait)
+        job = post_job(conn, model, wait=wait, max_tokens=tokens)
         if wait and job.get("status") != "succeeded":
             raise RuntimeError(f"Prefer: wait answered {job.get('status')}")
         return job
 
     try:
         stream = no_stream if wait else partial(follow_stream, conn)
-        return timed_jobs(post, stream, groups, jobs)
+        return timed_jobs(post, stream, groups, jobs, tokens)
     finally:
         conn.close()
 
@@ -191,13 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="demo")
     parser.add_argument("--jobs", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--tokens", type=int, default=1, help="per job (> 1: no bare service; per-token figures)"
+    )
+    parser.add_argument(
+        "--token-gap-ms", type=float, default=0.0, help="the stock task's pause between tokens"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = models.prepare(args.model)
     work = Path(tempfile.mkdtemp(prefix="floor-", dir=args.out))
-    stack = Stack(args.out / f"work-floor-{args.model}", model, RunParams(), 64)
-    floors = [FloorService("bare", work), FloorService("stock", work)]
+    stack = Stack(args.out / f"work-floor-{args.model}", model, RunParams(), max(64, args.tokens))
+    modes = ("bare", "stock") if args.tokens == 1 else ("stock",)  # bare answers one token
+    floors = [FloorService(mode, work, args.tokens, args.token_gap_ms) for mode in modes]
     rounds: list[dict[str, dict[str, Any]]] = []
     try:
         stack.start()
@@ -209,14 +241,23 @@ def main(argv: list[str] | None = None) -> int:
             for wait, suffix in ((False, ""), (True, "_wait")):
                 for service in floors:
                     measured[service.mode + suffix] = measure_floor(service, args.jobs, wait)
-                measured["trickle" + suffix] = measure_trickle(stack, args.model, args.jobs, wait)
+                measured["trickle" + suffix] = measure_trickle(
+                    stack, args.model, args.jobs, wait, args.tokens
+                )
             rounds.append(measured)
             progress(f"round {index + 1}: {json.dumps(measured)}")
     finally:
         for service in floors:
             service.close()
         stack.close()
-    result = {"model": args.model, "jobs": args.jobs, "rounds": rounds, "median": summary(rounds)}
+    result = {
+        "model": args.model,
+        "jobs": args.jobs,
+        "tokens": args.tokens,
+        "token_gap_ms": args.token_gap_ms,
+        "rounds": rounds,
+        "median": summary(rounds),
+    }
     stamp = time.strftime("%Y%m%d-%H%M%S")
     (args.out / f"floor-{args.model}-{stamp}.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result["median"], indent=2))

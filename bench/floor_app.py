@@ -2,8 +2,9 @@
 
 Not Trickle: the floor under its per-request goals (``bench.floor`` serves this with gunicorn's
 gevent worker, as Trickle's web tier is served, and runs a stock Celery worker on it). A POST
-writes a record and sends a Celery task (stock kombu, acks late); the task writes the result and
-publishes a token and the end; the stream subscribes (one shared pub/sub connection and a
+writes a record and sends a Celery task (stock kombu, acks late); the task publishes its tokens
+(the body's ``max_tokens``, default 1, each its own message, ``token_gap_ms`` apart), writes the
+result and publishes the end; the stream subscribes (one shared pub/sub connection and a
 listener thread, as a careful minimal design has), reads the record, and relays what arrives.
 No validation, tokenizer, engine, leases, replay log, limits or keys. A POST with ``Prefer:
 wait`` follows the job's channel before it sends the task, and answers with the stored record
@@ -17,6 +18,7 @@ import json
 import os
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -42,11 +44,18 @@ app = Flask(__name__)
 
 
 @celery.task(name="floor.generate")  # type: ignore[untyped-decorator]
-def generate(job_id: str) -> None:
+def generate(job_id: str, tokens: int = 1, gap_ms: float = 0.0) -> None:
+    """``tokens`` tokens, each its own message as a generation loop publishes them, ``gap_ms``
+    apart (a decoding step's time); the result and the end with the last."""
+    channel = f"floor:events:{job_id}"
+    for _ in range(tokens - 1):
+        client.publish(channel, "t s")
+        if gap_ms:
+            time.sleep(gap_ms / 1000)
     pipe = client.pipeline(transaction=False)
-    pipe.hset(f"floor:{job_id}", mapping={"status": "succeeded", "output": "s"})
-    pipe.publish(f"floor:events:{job_id}", "t s")
-    pipe.publish(f"floor:events:{job_id}", "d")
+    pipe.hset(f"floor:{job_id}", mapping={"status": "succeeded", "output": "s" * tokens})
+    pipe.publish(channel, "t s")
+    pipe.publish(channel, "d")
     pipe.execute()
 
 
@@ -95,7 +104,8 @@ def submit() -> Any:
     events = relay.open(job_id) if waits else None
     try:
         client.hset(f"floor:{job_id}", mapping={"status": "queued", "prompt": body["prompt"]})
-        celery.send_task("floor.generate", args=[job_id])
+        tokens, gap_ms = int(body.get("max_tokens", 1)), float(body.get("token_gap_ms", 0))
+        celery.send_task("floor.generate", args=[job_id, tokens, gap_ms])
         if events is None:
             return jsonify({"id": job_id, "status": "queued"}), 201
         while events.get(timeout=30) != "d":

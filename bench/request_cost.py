@@ -45,8 +45,13 @@ from trickle.config.settings import PROJECT_ROOT
 PROMPT = "Once upon a time"
 
 
-def post_job(conn: http.client.HTTPConnection, model: str, wait: bool) -> dict[str, Any]:
-    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": 1})
+def post_job(
+    conn: http.client.HTTPConnection, model: str, wait: bool, max_tokens: int = 1
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {"model": model, "prompt": PROMPT, "max_tokens": max_tokens}
+    if max_tokens > 1:
+        fields["ignore_eos"] = True
+    body = json.dumps(fields)
     headers = {"Content-Type": "application/json"}
     if wait:
         headers["Prefer"] = "wait=30"
@@ -58,13 +63,15 @@ def post_job(conn: http.client.HTTPConnection, model: str, wait: bool) -> dict[s
     return job
 
 
-def follow_stream(conn: http.client.HTTPConnection, job: dict[str, Any]) -> None:
+def follow_stream(conn: http.client.HTTPConnection, job: dict[str, Any]) -> int:
+    """The job's stream, read to its end; the token events it carried."""
     url = job["urls"]["stream"]
     conn.request("GET", url[url.index("/v1/") :], headers={"Accept": "text/event-stream"})
     response = conn.getresponse()
     body = response.read()  # the stream ends after its done event
     if b"event: done" not in body:
         raise RuntimeError(f"stream of {job['id']} ended without done: {body[-200:]!r}")
+    return body.count(b"event: token")
 
 
 def one_job(conn: http.client.HTTPConnection, model: str, mode: str) -> None:
