@@ -29,7 +29,11 @@ class TuningSettings(Section):
     # rate, up to publish_max_interval_ms: each message costs the worker, Redis, the web tier
     # and the client CPU that the engine needs under load. 0 keeps publish_interval_ms.
     publish_max_messages_per_second: NonNegativeFloat = 1000.0
-    publish_max_interval_ms: NonNegativeFloat = 30.0
+    # At 1,000 messages/s the interval passes 30 ms only past 30 jobs in flight (and reaches
+    # this at 150), where the cores are full: at 1.0x on the demo (five lanes of 32) 150 ms
+    # served 11-21 % more tokens/s than 30 ms, the serving path's CPU a token down a quarter,
+    # ITL p99 no worse, and 0.15x and 0.3x were better too (docs/performance.md).
+    publish_max_interval_ms: NonNegativeFloat = 150.0
     # Python's GIL switch interval in the worker process. Its I/O threads (Celery's consumer,
     # the task threads that claim jobs, the publisher) each wait up to this long for the GIL
     # while the engine thread turns decoding steps into tokens, so a long interval delays
