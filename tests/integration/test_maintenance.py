@@ -38,6 +38,8 @@ class Calls:
 
 @pytest.fixture
 def store(private_redis: redis.Redis) -> JobStore:
+    """The module's Redis, emptied: a sweep acts on every running job it holds."""
+    private_redis.flushdb()
     return JobStore(private_redis, result_ttl_seconds=60, queued_ttl_seconds=60)
 
 
