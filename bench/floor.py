@@ -23,9 +23,10 @@ task publishes each as its own message (``--token-gap-ms`` apart, a decoding ste
 a generation loop would, and its stream relays each as an event; Trickle's jobs are
 ``max_tokens`` N with ``ignore_eos``, and its publisher paces them into messages as it does.
 Printed beside the per-job figures: µs of CPU per token by process, and the token events a
-stream carried (every token arrived: the stock service writes one message per event; Trickle's
-native stream one event per token, however many tokens a message carried). No bare service
-then (it answers one token).
+stream carried (whether every token arrived: the stock relay subscribes after the POST and
+keeps no log, so it can miss the first; it writes an event per message, Trickle's native
+stream an event per token however many a message carried). No bare service then (it answers
+one token).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def timed_jobs(
     tokens: int = 1,
 ) -> dict[str, Any]:
     """``jobs`` sequential jobs: CPU ms per job by process group, and the client's p50s; with
-    ``tokens`` > 1 also µs per token and the token events (messages) a stream carried."""
+    ``tokens`` > 1 also µs per token and the token events a stream carried."""
     for _ in range(10):
         stream(post())
     posts, ends, events = [], [], 0
